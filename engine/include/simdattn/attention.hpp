@@ -1,0 +1,92 @@
+// Scaled dot-product attention: the library's entry point.
+//
+//   O = softmax(Q K^T * scale + mask) V
+//
+// Shapes (all 4-D strided views, see tensor.hpp):
+//   q   [B, H,   Sq, D ]   f32 or f64
+//   k   [B, Hkv, Sk, D ]   same dtype as q
+//   v   [B, Hkv, Sk, Dv]   same dtype as q
+//   out [B, H,   Sq, Dv]   same dtype as q; must not overlap q, k, v or the mask
+// H % Hkv == 0: Hkv == H is multi-head, 1 < Hkv < H grouped-query, Hkv == 1 multi-query.
+// Query head h reads key/value head h / (H / Hkv).
+//
+// Visibility. Query i of batch b sits at key position p = i + offset, where offset = 0 for
+// Causal::top_left and offset = L[b] - Sq otherwise (Causal::bottom_right, and a window without
+// causal). Key j is visible to query i iff every given restriction allows it:
+//   key lengths     j < L[b]                       (L[b] = Sk when no key lengths are given)
+//   causal          j <= p
+//   window          p - left <= j <= p + right     (a side given as -1 is unbounded)
+//   boolean mask    mask[b, h, i, j] != 0
+// An additive mask is added to the scaled scores; -inf there gives exactly zero weight.
+// A query row with no visible key (or whose every score is -inf) outputs zeros, in every
+// backend. NaN in the inputs propagates to the affected rows as in the maths.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+enum class Causal : std::uint8_t { none, top_left, bottom_right };
+
+enum class Backend : std::uint8_t {
+  reference,  // double-precision plain loops: the oracle
+  native,     // this library's kernels (the default)
+  onednn,     // oneDNN primitives: cross-check and speed peer
+};
+
+enum class MaskKind : std::uint8_t {
+  none,
+  boolean,   // dtype u8, nonzero = attend
+  additive,  // dtype f32 or f64, added to the scaled scores
+};
+
+// Sliding window around each query's position p: keys p - left .. p + right are visible.
+// -1 on a side means unbounded on that side.
+struct Window {
+  std::int64_t left = -1;
+  std::int64_t right = -1;
+};
+
+struct AttentionOptions {
+  // Multiplies Q K^T. Default 1/sqrt(D). Must be finite.
+  std::optional<double> scale;
+
+  Causal causal = Causal::none;
+
+  // Boolean or additive mask, broadcastable to [B, H, Sq, Sk]: each dimension equals the target's
+  // or is 1 (e.g. [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk]). mask_kind selects how the
+  // values are read; a mask with MaskKind::none must be empty.
+  ConstTensorView mask;
+  MaskKind mask_kind = MaskKind::none;
+
+  // Per-batch key lengths L[b] in [0, Sk]; empty means L[b] = Sk. Size must be B.
+  std::span<const std::int64_t> key_lengths;
+
+  std::optional<Window> window;
+
+  // Threads for this call: 0 = OpenMP's default; 1 = run wholly on the calling thread, with
+  // no OpenMP region. Calls made from inside a parallel region always run on the calling thread.
+  int threads = 0;
+
+  Backend backend = Backend::native;
+};
+
+// Computes attention into `out`. Thread-safe: may be called concurrently from many threads.
+// Throws simdattn::Error (naming the argument and the shapes) on invalid input, before
+// anything is written.
+void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+               const TensorView& out, const AttentionOptions& options = {});
+
+// Names used by the CLI and in messages.
+std::string_view backend_name(Backend b) noexcept;
+std::string_view causal_name(Causal c) noexcept;
+
+// True if this build contains the backend (onednn needs SIMDATTN_WITH_ONEDNN).
+bool backend_available(Backend b) noexcept;
+
+}  // namespace simdattn

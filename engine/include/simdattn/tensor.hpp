@@ -1,0 +1,105 @@
+// Non-owning strided 4-D tensor views.
+//
+// A view is a pointer, a dtype, four sizes and four *element* strides (not bytes). Any layout
+// strides can express works without a copy: [B,H,S,D] contiguous, [B,S,H,D] (heads interleaved),
+// a slice of a packed QKV projection, or a broadcast (stride 0) input. Strides must be >= 0.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+
+namespace simdattn {
+
+enum class DType : std::uint8_t {
+  f32,  // float
+  f64,  // double
+  u8,   // bool / uint8 (masks: nonzero = attend)
+  i32,
+  i64,
+};
+
+constexpr std::size_t dtype_size(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return 4;
+    case DType::f64: return 8;
+    case DType::u8: return 1;
+    case DType::i32: return 4;
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+constexpr std::string_view dtype_name(DType t) noexcept {
+  switch (t) {
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::u8: return "u8";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+template <class T> constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::f32; }
+template <> constexpr DType dtype_of<double>() { return DType::f64; }
+template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
+template <> constexpr DType dtype_of<bool>() { return DType::u8; }
+template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
+template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+
+using Shape4 = std::array<std::int64_t, 4>;
+
+// Row-major (C order) element strides of a shape.
+constexpr Shape4 contiguous_strides(const Shape4& shape) noexcept {
+  return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
+}
+
+// Read-only view.
+struct ConstTensorView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  Shape4 shape{0, 0, 0, 0};
+  Shape4 strides{0, 0, 0, 0};
+
+  constexpr ConstTensorView() = default;
+  ConstTensorView(const void* d, DType t, const Shape4& s, const Shape4& st)
+      : data(d), dtype(t), shape(s), strides(st) {}
+  ConstTensorView(const void* d, DType t, const Shape4& s)
+      : data(d), dtype(t), shape(s), strides(contiguous_strides(s)) {}
+
+  template <class T>
+  ConstTensorView(const T* d, const Shape4& s) : ConstTensorView(d, dtype_of<T>(), s) {}
+  template <class T>
+  ConstTensorView(const T* d, const Shape4& s, const Shape4& st)
+      : ConstTensorView(d, dtype_of<T>(), s, st) {}
+
+  bool empty() const noexcept { return data == nullptr; }
+};
+
+// Writable view (outputs). Converts to a ConstTensorView.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  Shape4 shape{0, 0, 0, 0};
+  Shape4 strides{0, 0, 0, 0};
+
+  constexpr TensorView() = default;
+  TensorView(void* d, DType t, const Shape4& s, const Shape4& st)
+      : data(d), dtype(t), shape(s), strides(st) {}
+  TensorView(void* d, DType t, const Shape4& s) : data(d), dtype(t), shape(s),
+      strides(contiguous_strides(s)) {}
+
+  template <class T>
+  TensorView(T* d, const Shape4& s) : TensorView(d, dtype_of<T>(), s) {}
+  template <class T>
+  TensorView(T* d, const Shape4& s, const Shape4& st) : TensorView(d, dtype_of<T>(), s, st) {}
+
+  operator ConstTensorView() const noexcept {  // NOLINT: implicit by design
+    return ConstTensorView(data, dtype, shape, strides);
+  }
+};
+
+}  // namespace simdattn

@@ -1,0 +1,46 @@
+#include "simdattn/attention.hpp"
+
+#include <string>
+
+#include "problem.hpp"
+#include "simdattn/error.hpp"
+
+namespace simdattn {
+
+std::string_view backend_name(Backend b) noexcept {
+  switch (b) {
+    case Backend::reference: return "reference";
+    case Backend::native: return "native";
+    case Backend::onednn: return "onednn";
+  }
+  return "?";
+}
+
+std::string_view causal_name(Causal c) noexcept {
+  switch (c) {
+    case Causal::none: return "none";
+    case Causal::top_left: return "top-left";
+    case Causal::bottom_right: return "bottom-right";
+  }
+  return "?";
+}
+
+bool backend_available(Backend b) noexcept {
+  // The oneDNN backend is not implemented yet: a build with oneDNN links it for `info` only.
+  return b == Backend::reference || b == Backend::native;
+}
+
+void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+               const TensorView& out, const AttentionOptions& options) {
+  if (!backend_available(options.backend))
+    throw Error("options.backend", "backend '" + std::string(backend_name(options.backend)) +
+                                       "' is not available in this build");
+  const detail::Problem p = detail::make_problem(q, k, v, out, options);
+  switch (options.backend) {
+    case Backend::reference: detail::attention_reference(p); break;
+    case Backend::native: detail::attention_native(p); break;
+    case Backend::onednn: break;  // rejected above
+  }
+}
+
+}  // namespace simdattn

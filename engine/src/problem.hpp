@@ -1,0 +1,80 @@
+// The validated, normalised form of one attention() call that every backend consumes.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "simdattn/attention.hpp"
+
+namespace simdattn::detail {
+
+struct Problem {
+  DType dtype = DType::f32;  // of q, k, v and out
+  std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
+
+  // Element strides; data pointers are typed by `dtype`.
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  Shape4 qs{}, ks{}, vs{}, os{};
+
+  // Mask: strides are 0 on broadcast (size-1) dimensions, so mask_at(b, h, i, j) needs no
+  // broadcasting logic.
+  MaskKind mask_kind = MaskKind::none;
+  const void* mask = nullptr;
+  DType mask_dtype = DType::u8;
+  Shape4 ms{};
+
+  const std::int64_t* key_lengths = nullptr;  // nullptr: every batch has Sk keys
+
+  Causal causal = Causal::none;
+  bool has_window = false;
+  std::int64_t window_left = -1, window_right = -1;  // -1 = unbounded
+
+  double scale = 1.0;
+  int threads = 0;  // 0 = OpenMP default
+
+  std::int64_t key_len(std::int64_t b) const { return key_lengths ? key_lengths[b] : Sk; }
+
+  // Position of query 0 of batch b on the key axis (DESIGN.md's position rule).
+  std::int64_t query_offset(std::int64_t b) const {
+    return causal == Causal::top_left ? 0 : key_len(b) - Sq;
+  }
+
+  std::int64_t mask_offset(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
+  }
+  bool mask_allows(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    return static_cast<const std::uint8_t*>(mask)[mask_offset(b, h, i, j)] != 0;
+  }
+  double mask_add(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    const std::int64_t off = mask_offset(b, h, i, j);
+    return mask_dtype == DType::f32 ? static_cast<const float*>(mask)[off]
+                                    : static_cast<const double*>(mask)[off];
+  }
+};
+
+// Structural visibility of key j to query i of batch b: key lengths, causal and window (not the
+// explicit mask). This is DESIGN.md's position rule, stated once.
+inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
+  const std::int64_t L = p.key_len(b);
+  if (j >= L) return false;
+  const std::int64_t pos = i + p.query_offset(b);
+  if (p.causal != Causal::none && j > pos) return false;
+  if (p.has_window) {
+    if (p.window_left >= 0 && j < pos - p.window_left) return false;
+    if (p.window_right >= 0 && j > pos + p.window_right) return false;
+  }
+  return true;
+}
+
+// Validates the arguments of attention() and builds the Problem. Throws Error.
+Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     const TensorView& out, const AttentionOptions& options);
+
+// Backends. Each takes a validated problem and writes out; none throws.
+void attention_reference(const Problem& p);
+void attention_native(const Problem& p);
+
+}  // namespace simdattn::detail

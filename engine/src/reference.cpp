@@ -1,0 +1,93 @@
+// The reference backend: the maths of DESIGN.md as plain loops in double precision, one row at a
+// time, no SIMD, no threads. It is the oracle every other backend is tested against, so it is
+// written to be obviously correct, not fast:
+//
+//   s_j = scale * (q_i . k_j) + mask_ij          for every visible key j
+//   m   = max_j s_j                              (stable softmax: subtract the row maximum)
+//   w_j = exp(s_j - m) / sum_j exp(s_j - m)
+//   o_i = sum_j w_j v_j
+//
+// Masked keys are left out of the sums entirely (-inf semantics: exactly zero weight). A row with
+// no visible key, or whose every score is -inf, is all zeros.
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+template <class T>
+void reference_impl(const Problem& p) {
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  T* o = static_cast<T*>(p.o);
+  const std::int64_t group = p.H / p.Hkv;  // query heads per key/value head
+  const double neg_inf = -std::numeric_limits<double>::infinity();
+
+  std::vector<double> score(static_cast<std::size_t>(p.Sk));
+  std::vector<bool> visible(static_cast<std::size_t>(p.Sk));
+  std::vector<double> acc(static_cast<std::size_t>(p.Dv));
+
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      const std::int64_t hk = h / group;
+      for (std::int64_t i = 0; i < p.Sq; ++i) {
+        const T* qi = q + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
+
+        // scores of the visible keys
+        bool any_nan = false;
+        double m = neg_inf;
+        for (std::int64_t j = 0; j < p.Sk; ++j) {
+          visible[j] = position_visible(p, b, i, j) &&
+                       (p.mask_kind != MaskKind::boolean || p.mask_allows(b, h, i, j));
+          if (!visible[j]) continue;
+          const T* kj = k + b * p.ks[0] + hk * p.ks[1] + j * p.ks[2];
+          double dot = 0.0;
+          for (std::int64_t d = 0; d < p.D; ++d)
+            dot += static_cast<double>(qi[d * p.qs[3]]) * static_cast<double>(kj[d * p.ks[3]]);
+          double s = p.scale * dot;
+          if (p.mask_kind == MaskKind::additive) s += p.mask_add(b, h, i, j);
+          score[j] = s;
+          if (std::isnan(s)) any_nan = true;
+          else if (s > m) m = s;
+        }
+
+        // softmax weights and the weighted sum of values
+        for (auto& a : acc) a = 0.0;
+        double sum = 0.0;
+        if (any_nan) {
+          sum = std::numeric_limits<double>::quiet_NaN();
+        } else if (m != neg_inf) {
+          for (std::int64_t j = 0; j < p.Sk; ++j) {
+            if (!visible[j]) continue;
+            const double w = std::exp(score[j] - m);  // exp(-inf) = 0 for -inf scores
+            sum += w;
+            const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
+            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += w * static_cast<double>(vj[d * p.vs[3]]);
+          }
+        }
+
+        T* oi = o + b * p.os[0] + h * p.os[1] + i * p.os[2];
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+          double out = 0.0;  // fully masked row (m == -inf): zeros
+          if (any_nan) out = std::numeric_limits<double>::quiet_NaN();
+          else if (m != neg_inf) out = acc[d] / sum;
+          oi[d * p.os[3]] = static_cast<T>(out);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_reference(const Problem& p) {
+  if (p.dtype == DType::f32) reference_impl<float>(p);
+  else reference_impl<double>(p);
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,39 @@
+#include "simdattn/runtime.hpp"
+
+#include <exception>
+
+#include <omp.h>
+
+#include "simdattn/attention.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/simd/isa.hpp"
+#include "simdattn/version.hpp"
+
+#ifdef SIMDATTN_HAVE_ONEDNN
+#include <oneapi/dnnl/dnnl.hpp>
+#endif
+
+namespace simdattn {
+
+RuntimeInfo runtime_info() {
+  RuntimeInfo info;
+  info.version = kVersionString;
+  try {
+    info.isa = std::string(simd::isa_name(simd::selected_isa()));
+    info.isa_forced = simd::isa_forced();
+  } catch (const std::exception& e) {
+    throw Error("SIMDATTN_ISA", e.what());
+  }
+  for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
+  info.default_threads = omp_get_max_threads();
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
+    if (backend_available(b)) info.backends.emplace_back(backend_name(b));
+#ifdef SIMDATTN_HAVE_ONEDNN
+  const dnnl_version_t* v = dnnl_version();
+  info.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +
+                        std::to_string(v->patch);
+#endif
+  return info;
+}
+
+}  // namespace simdattn

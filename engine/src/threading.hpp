@@ -1,0 +1,39 @@
+// The engine's one way to run work in parallel.
+//
+// parallel_for(n, threads, min_per_thread, fn) calls fn(begin, end) over a partition of [0, n)
+// into contiguous, balanced chunks (thread t gets [n*t/T, n*(t+1)/T)), so the partition is a pure
+// function of (n, T). It opens an OpenMP region only when that can help: never for threads == 1,
+// never inside another parallel region (no nesting), and never with more threads than chunks of
+// `min_per_thread` items. fn must not throw.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include <omp.h>
+
+namespace simdattn::detail {
+
+inline int resolve_threads(int requested) {
+  if (omp_in_parallel()) return 1;
+  return requested > 0 ? requested : std::max(1, omp_get_max_threads());
+}
+
+template <class Fn>
+void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
+  if (n <= 0) return;
+  std::int64_t nt = resolve_threads(threads);
+  nt = std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+  if (nt <= 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    const std::int64_t t = omp_get_thread_num();
+    const std::int64_t T = omp_get_num_threads();
+    fn(n * t / T, n * (t + 1) / T);
+  }
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,229 @@
+// Argument validation for attention(): everything is checked here, before any backend runs,
+// so an invalid call throws without writing anything.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <numeric>
+#include <sstream>
+#include <string>
+
+#include "problem.hpp"
+#include "simdattn/error.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+std::string shape_str(const Shape4& s) {
+  std::ostringstream os;
+  os << '[' << s[0] << ", " << s[1] << ", " << s[2] << ", " << s[3] << ']';
+  return os.str();
+}
+
+// Byte span [lo, hi) a view touches; {0, 0} for an empty view. Throws on overflow.
+struct Span {
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+};
+
+bool any_zero(const Shape4& s) { return s[0] == 0 || s[1] == 0 || s[2] == 0 || s[3] == 0; }
+
+Span byte_span(const std::string& name, const void* data, DType dtype, const Shape4& shape,
+               const Shape4& strides) {
+  for (int d = 0; d < 4; ++d) {
+    if (shape[d] < 0)
+      throw Error(name, "negative size in shape " + shape_str(shape));
+    if (strides[d] < 0)
+      throw Error(name, "negative stride in strides " + shape_str(strides) +
+                            " (strides must be >= 0)");
+  }
+  if (any_zero(shape)) return {};
+  if (data == nullptr) throw Error(name, "null data pointer for shape " + shape_str(shape));
+  std::int64_t last = 0;  // element offset of the last element
+  for (int d = 0; d < 4; ++d) {
+    std::int64_t term = 0;
+    if (__builtin_mul_overflow(shape[d] - 1, strides[d], &term) ||
+        __builtin_add_overflow(last, term, &last))
+      throw Error(name, "size overflow: shape " + shape_str(shape) + " with strides " +
+                            shape_str(strides));
+  }
+  std::int64_t bytes = 0;
+  if (__builtin_add_overflow(last, 1, &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<std::int64_t>(dtype_size(dtype)), &bytes))
+    throw Error(name, "size overflow: shape " + shape_str(shape));
+  Span s;
+  s.lo = reinterpret_cast<std::uintptr_t>(data);
+  if (__builtin_add_overflow(s.lo, static_cast<std::uintptr_t>(bytes), &s.hi))
+    throw Error(name, "address range overflows for shape " + shape_str(shape));
+  return s;
+}
+
+// A sufficient condition for an output view to have no two elements at one address: ordered
+// by stride, each dimension's stride exceeds the extent of all smaller ones.
+void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides) {
+  if (any_zero(shape)) return;
+  std::array<int, 4> order{0, 1, 2, 3};
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return strides[a] < strides[b]; });
+  std::int64_t extent = 0;  // max element offset reachable with the dims seen so far
+  for (int d : order) {
+    if (shape[d] == 1) continue;
+    if (strides[d] <= extent)
+      throw Error(name, "strides " + shape_str(strides) + " make elements of shape " +
+                            shape_str(shape) + " overlap (an output needs distinct elements)");
+    extent += (shape[d] - 1) * strides[d];
+  }
+}
+
+bool overlaps(const Span& a, const Span& b) {
+  return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi;
+}
+
+void check_float(const std::string& name, DType t) {
+  if (t != DType::f32 && t != DType::f64)
+    throw Error(name, "dtype must be f32 or f64, got " + std::string(dtype_name(t)));
+}
+
+}  // namespace
+
+Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     const TensorView& out, const AttentionOptions& opt) {
+  Problem p;
+
+  // dtypes
+  check_float("q", q.dtype);
+  if (k.dtype != q.dtype)
+    throw Error("k", "dtype " + std::string(dtype_name(k.dtype)) + " differs from q's " +
+                         std::string(dtype_name(q.dtype)));
+  if (v.dtype != q.dtype)
+    throw Error("v", "dtype " + std::string(dtype_name(v.dtype)) + " differs from q's " +
+                         std::string(dtype_name(q.dtype)));
+  if (out.dtype != q.dtype)
+    throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from q's " +
+                           std::string(dtype_name(q.dtype)));
+  p.dtype = q.dtype;
+
+  // byte spans (also checks sizes, strides, null pointers and overflow)
+  const Span sq = byte_span("q", q.data, q.dtype, q.shape, q.strides);
+  const Span sk = byte_span("k", k.data, k.dtype, k.shape, k.strides);
+  const Span sv = byte_span("v", v.data, v.dtype, v.shape, v.strides);
+  const Span so = byte_span("out", out.data, out.dtype, out.shape, out.strides);
+
+  // shapes
+  p.B = q.shape[0];
+  p.H = q.shape[1];
+  p.Sq = q.shape[2];
+  p.D = q.shape[3];
+  p.Hkv = k.shape[1];
+  p.Sk = k.shape[2];
+  p.Dv = v.shape[3];
+  if (p.H < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs H >= 1 heads (dim 1)");
+  if (p.D < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs head size D >= 1 (dim 3)");
+  const std::string want_k = "[B=" + std::to_string(p.B) + ", Hkv, Sk, D=" + std::to_string(p.D) + "]";
+  if (k.shape[0] != p.B || k.shape[3] != p.D)
+    throw Error("k", "expected shape " + want_k + " (q is " + shape_str(q.shape) + "), got " +
+                         shape_str(k.shape));
+  if (p.Hkv < 1)
+    throw Error("k", "shape " + shape_str(k.shape) + " needs Hkv >= 1 heads (dim 1)");
+  if (p.H % p.Hkv != 0)
+    throw Error("k", "q's H=" + std::to_string(p.H) + " heads are not a multiple of k's Hkv=" +
+                         std::to_string(p.Hkv) + " (q " + shape_str(q.shape) + ", k " +
+                         shape_str(k.shape) + ")");
+  if (v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Sk)
+    throw Error("v", "expected shape [B=" + std::to_string(p.B) + ", Hkv=" + std::to_string(p.Hkv) +
+                         ", Sk=" + std::to_string(p.Sk) + ", Dv] (k is " + shape_str(k.shape) +
+                         "), got " + shape_str(v.shape));
+  if (p.Dv < 1) throw Error("v", "shape " + shape_str(v.shape) + " needs Dv >= 1 (dim 3)");
+  const Shape4 want_o{p.B, p.H, p.Sq, p.Dv};
+  if (out.shape != want_o)
+    throw Error("out", "expected shape [B, H, Sq, Dv] = " + shape_str(want_o) + ", got " +
+                           shape_str(out.shape));
+  // B*H*Sq*Sk pairs must be countable.
+  std::int64_t pairs = 0;
+  if (__builtin_mul_overflow(p.B, p.H, &pairs) || __builtin_mul_overflow(pairs, p.Sq, &pairs) ||
+      __builtin_mul_overflow(pairs, p.Sk, &pairs))
+    throw Error("q", "problem too large: B*H*Sq*Sk overflows 64 bits");
+
+  // the output must be writable element by element and must not alias any input
+  check_no_self_overlap("out", out.shape, out.strides);
+  if (overlaps(so, sq)) throw Error("out", "memory overlaps q");
+  if (overlaps(so, sk)) throw Error("out", "memory overlaps k");
+  if (overlaps(so, sv)) throw Error("out", "memory overlaps v");
+
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out.data;
+  p.qs = q.strides;
+  p.ks = k.strides;
+  p.vs = v.strides;
+  p.os = out.strides;
+
+  // mask
+  p.mask_kind = opt.mask_kind;
+  if (opt.mask_kind == MaskKind::none) {
+    if (opt.mask.data != nullptr)
+      throw Error("options.mask", "a mask is given but options.mask_kind is none "
+                                  "(set MaskKind::boolean or MaskKind::additive)");
+  } else {
+    const ConstTensorView& m = opt.mask;
+    if (opt.mask_kind == MaskKind::boolean && m.dtype != DType::u8)
+      throw Error("options.mask", "a boolean mask needs dtype u8 (bool), got " +
+                                      std::string(dtype_name(m.dtype)));
+    if (opt.mask_kind == MaskKind::additive && m.dtype != DType::f32 && m.dtype != DType::f64)
+      throw Error("options.mask", "an additive mask needs dtype f32 or f64, got " +
+                                      std::string(dtype_name(m.dtype)));
+    const Shape4 target{p.B, p.H, p.Sq, p.Sk};
+    for (int d = 0; d < 4; ++d)
+      if (m.shape[d] != 1 && m.shape[d] != target[d])
+        throw Error("options.mask", "shape " + shape_str(m.shape) +
+                                        " is not broadcastable to [B, H, Sq, Sk] = " +
+                                        shape_str(target) + " (each dimension must be 1 or equal)");
+    const Span sm = byte_span("options.mask", m.data, m.dtype, m.shape, m.strides);
+    if (overlaps(so, sm)) throw Error("out", "memory overlaps options.mask");
+    p.mask = m.data;
+    p.mask_dtype = m.dtype;
+    for (int d = 0; d < 4; ++d) p.ms[d] = m.shape[d] == 1 ? 0 : m.strides[d];
+  }
+
+  // key lengths
+  if (!opt.key_lengths.empty()) {
+    if (static_cast<std::int64_t>(opt.key_lengths.size()) != p.B)
+      throw Error("options.key_lengths", "expected " + std::to_string(p.B) +
+                                             " entries (one per batch), got " +
+                                             std::to_string(opt.key_lengths.size()));
+    for (std::size_t b = 0; b < opt.key_lengths.size(); ++b) {
+      const std::int64_t L = opt.key_lengths[b];
+      if (L < 0 || L > p.Sk)
+        throw Error("options.key_lengths", "entry " + std::to_string(b) + " is " +
+                                               std::to_string(L) + ", expected 0 <= L <= Sk=" +
+                                               std::to_string(p.Sk));
+    }
+    const auto kl = reinterpret_cast<std::uintptr_t>(opt.key_lengths.data());
+    if (overlaps(so, Span{kl, kl + opt.key_lengths.size_bytes()}))
+      throw Error("out", "memory overlaps options.key_lengths");
+    p.key_lengths = opt.key_lengths.data();
+  }
+
+  // causal, window, scale, threads, backend
+  if (opt.causal != Causal::none && opt.causal != Causal::top_left &&
+      opt.causal != Causal::bottom_right)
+    throw Error("options.causal", "unknown value " + std::to_string(int(opt.causal)));
+  p.causal = opt.causal;
+  if (opt.window) {
+    if (opt.window->left < -1 || opt.window->right < -1)
+      throw Error("options.window", "(" + std::to_string(opt.window->left) + ", " +
+                                        std::to_string(opt.window->right) +
+                                        "): each side must be >= 0, or -1 for unbounded");
+    p.has_window = true;
+    p.window_left = opt.window->left;
+    p.window_right = opt.window->right;
+  }
+  p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
+  if (!std::isfinite(p.scale))
+    throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));
+  if (opt.threads < 0)
+    throw Error("options.threads", "must be >= 0 (0 = default), got " + std::to_string(opt.threads));
+  p.threads = opt.threads;
+  return p;
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,76 @@
+// attention/<backend>/<workload>/t<threads>: DESIGN.md's standard workloads on each backend.
+// Counters: GFLOP/s (causal counts visible pairs only). The reference backend is registered only
+// for workloads it finishes in seconds.
+#include <benchmark/benchmark.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "simdattn/simdattn.hpp"
+
+namespace {
+
+struct Inputs {
+  std::vector<float> q, k, v, o;
+};
+
+Inputs make_inputs(const simdattn::Workload& w) {
+  std::mt19937 rng(42);
+  std::normal_distribution<float> n(0.f, 1.f);
+  Inputs in;
+  in.q.resize(std::size_t(w.B * w.H * w.Sq * w.D));
+  in.k.resize(std::size_t(w.B * w.Hkv * w.Sk * w.D));
+  in.v.resize(std::size_t(w.B * w.Hkv * w.Sk * w.D));
+  in.o.resize(std::size_t(w.B * w.H * w.Sq * w.D));
+  for (auto* vec : {&in.q, &in.k, &in.v})
+    for (auto& x : *vec) x = n(rng);
+  return in;
+}
+
+void bench_attention(benchmark::State& state, const simdattn::Workload& w, simdattn::Backend backend,
+                     int threads) {
+  Inputs in = make_inputs(w);
+  simdattn::AttentionOptions opt;
+  opt.causal = w.causal;
+  opt.backend = backend;
+  opt.threads = threads;
+  const simdattn::ConstTensorView q(in.q.data(), {w.B, w.H, w.Sq, w.D});
+  const simdattn::ConstTensorView k(in.k.data(), {w.B, w.Hkv, w.Sk, w.D});
+  const simdattn::ConstTensorView v(in.v.data(), {w.B, w.Hkv, w.Sk, w.D});
+  const simdattn::TensorView o(in.o.data(), {w.B, w.H, w.Sq, w.D});
+  for (auto _ : state) {
+    simdattn::attention(q, k, v, o, opt);
+    benchmark::DoNotOptimize(in.o.data());
+    benchmark::ClobberMemory();
+  }
+  const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// Pairs per call above which the reference backend is not registered (it would take minutes).
+constexpr double kReferenceMaxFlops = 2e9;
+
+int register_all() {
+  for (const auto& w : simdattn::standard_workloads()) {
+    for (simdattn::Backend b : {simdattn::Backend::reference, simdattn::Backend::native}) {
+      if (!simdattn::backend_available(b)) continue;
+      const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
+      if (b == simdattn::Backend::reference && flops > kReferenceMaxFlops) continue;
+      for (int t : {1, 2}) {
+        if (b == simdattn::Backend::reference && t != 1) continue;  // reference is single-threaded
+        const std::string name = "attention/" + std::string(simdattn::backend_name(b)) + "/" +
+                                 std::string(w.name) + "/t" + std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), bench_attention, w, b, t)
+            ->Unit(benchmark::kMillisecond)
+            ->UseRealTime();
+      }
+    }
+  }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

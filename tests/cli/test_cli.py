@@ -1,0 +1,296 @@
+#!/usr/bin/env python3
+"""End-to-end tests of the `simdattn` CLI against an independent NumPy float64 oracle.
+
+Usage: test_cli.py PATH_TO_SIMDATTN   (ctest passes the built binary)
+
+The oracle below is written from DESIGN.md's maths and position rule, not from the C++ code:
+scores = scale * Q K^T + additive mask, hidden keys get -inf, stable softmax, rows with no
+visible key are zero.
+"""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+BIN = None  # set from argv
+
+
+def oracle(q, k, v, scale=None, causal="none", mask=None, key_lengths=None, window=None):
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    group = H // Hkv
+    k = np.repeat(k, group, axis=1)
+    v = np.repeat(v, group, axis=1)
+    if scale is None:
+        scale = 1.0 / np.sqrt(D)
+    s = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    visible = np.ones((B, H, Sq, Sk), dtype=bool)
+    L = np.full(B, Sk) if key_lengths is None else np.asarray(key_lengths, dtype=np.int64)
+    i = np.arange(Sq)[:, None]
+    j = np.arange(Sk)[None, :]
+    for b in range(B):
+        offset = 0 if causal == "top-left" else L[b] - Sq
+        pos = i + offset
+        vis = j < L[b]
+        if causal != "none":
+            vis = vis & (j <= pos)
+        if window is not None:
+            left, right = window
+            if left >= 0:
+                vis = vis & (j >= pos - left)
+            if right >= 0:
+                vis = vis & (j <= pos + right)
+        visible[b] &= vis
+    if mask is not None:
+        m = np.broadcast_to(mask, (B, H, Sq, Sk))
+        if m.dtype in (np.bool_, np.uint8):
+            visible &= m != 0
+        else:
+            s = s + m.astype(np.float64)
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    safe_m = np.where(np.isfinite(m), m, 0.0)
+    w = np.where(visible, np.exp(s - safe_m), 0.0)
+    l = w.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.einsum("bhij,bhjd->bhid", w, v) / l
+    return np.where(l > 0, o, 0.0)
+
+
+class CliCase(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="simdattn_cli_")
+        self.dir = self.tmp.name
+        self.rng = np.random.default_rng(1234)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, name):
+        return os.path.join(self.dir, name)
+
+    def save(self, name, array):
+        p = self.path(name)
+        np.save(p, array)
+        return p
+
+    def run_cli(self, *args, env=None):
+        e = dict(os.environ)
+        if env:
+            e.update(env)
+        return subprocess.run([BIN, *args], capture_output=True, text=True, env=e, timeout=120)
+
+    def inputs(self, B=2, H=4, Hkv=2, Sq=5, Sk=7, D=8, Dv=6, dtype=np.float64):
+        q = self.rng.standard_normal((B, H, Sq, D)).astype(dtype)
+        k = self.rng.standard_normal((B, Hkv, Sk, D)).astype(dtype)
+        v = self.rng.standard_normal((B, Hkv, Sk, Dv)).astype(dtype)
+        return q, k, v
+
+    def run_attention(self, q, k, v, *extra):
+        args = ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k),
+                "--v", self.save("v.npy", v), "--out", self.path("o.npy"), *extra]
+        r = self.run_cli(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return np.load(self.path("o.npy"))
+
+
+class RunMatchesOracle(CliCase):
+    """`simdattn run --backend reference` agrees with the NumPy float64 oracle to 1e-12 relative."""
+
+    def check(self, q, k, v, extra=(), rtol=1e-12, backend="reference", **kw):
+        o = self.run_attention(q, k, v, "--backend", backend, *extra)
+        want = oracle(q, k, v, **kw)
+        self.assertEqual(o.shape, want.shape)
+        self.assertEqual(o.dtype, q.dtype)
+        scale = max(1.0, np.abs(v).max())
+        err = np.abs(o - want).max() / scale
+        self.assertLessEqual(err, rtol, f"max error {err} with {extra}")
+
+    def test_plain_and_scaled(self):
+        q, k, v = self.inputs()
+        self.check(q, k, v)
+        self.check(q, k, v, ["--scale", "0.3"], scale=0.3)
+
+    def test_causal_both_alignments(self):
+        for Sq, Sk in ((5, 7), (7, 5), (6, 6)):
+            q, k, v = self.inputs(Sq=Sq, Sk=Sk)
+            for c in ("top-left", "bottom-right"):
+                self.check(q, k, v, ["--causal", c], causal=c)
+
+    def test_masks(self):
+        q, k, v = self.inputs()
+        B, H, Sq, Sk = 2, 4, 5, 7
+        for shape in ((Sq, Sk), (B, 1, Sq, Sk), (B, H, Sq, Sk), (B, 1, 1, Sk)):
+            bmask = self.rng.random(shape) < 0.7
+            self.save("m.npy", bmask)
+            self.check(q, k, v, ["--mask", self.path("m.npy")], mask=bmask)
+            u8 = bmask.astype(np.uint8) * 3
+            self.save("m.npy", u8)
+            self.check(q, k, v, ["--mask", self.path("m.npy")], mask=u8)
+            add = self.rng.standard_normal(shape)
+            add[self.rng.random(shape) < 0.2] = -np.inf
+            for dt in (np.float32, np.float64):
+                self.save("m.npy", add.astype(dt))
+                self.check(q, k, v, ["--mask", self.path("m.npy")], mask=add.astype(dt))
+
+    def test_key_lengths_and_windows(self):
+        q, k, v = self.inputs()
+        for dt in (np.int32, np.int64):
+            L = np.array([3, 0], dtype=dt)
+            self.save("L.npy", L)
+            self.check(q, k, v, ["--key-lengths", self.path("L.npy")], key_lengths=L)
+            self.check(q, k, v, ["--key-lengths", self.path("L.npy"), "--causal", "bottom-right"],
+                       key_lengths=L, causal="bottom-right")
+        for w in ((1, 0), (0, 2), (-1, 1), (2, -1)):
+            self.check(q, k, v, ["--window", f"{w[0]},{w[1]}"], window=w)
+            self.check(q, k, v, ["--window", f"{w[0]},{w[1]}", "--causal", "top-left"],
+                       window=w, causal="top-left")
+
+    def test_multi_query_and_strange_sizes(self):
+        q, k, v = self.inputs(B=1, H=3, Hkv=1, Sq=1, Sk=1, D=1, Dv=3)
+        self.check(q, k, v)
+        q, k, v = self.inputs(B=1, H=2, Hkv=1, Sq=9, Sk=33, D=17, Dv=5)
+        self.check(q, k, v, ["--causal", "bottom-right"], causal="bottom-right")
+
+    def test_native_and_f32(self):
+        q, k, v = self.inputs(dtype=np.float32)
+        self.check(q, k, v, ["--causal", "top-left", "--threads", "2"], rtol=1e-5, backend="native",
+                   causal="top-left")
+        q, k, v = self.inputs()
+        self.check(q, k, v, ["--threads", "1"], backend="native")
+
+
+class BadInput(CliCase):
+    """Every bad input exits 2 with one line on stderr naming the flag, and leaves no file."""
+
+    def setUp(self):
+        super().setUp()
+        q, k, v = self.inputs(dtype=np.float32)
+        self.q, self.k, self.v = self.save("q.npy", q), self.save("k.npy", k), self.save("v.npy", v)
+
+    def expect_fail(self, args, fragment):
+        out = self.path("out.npy")
+        r = self.run_cli(*args)
+        self.assertEqual(r.returncode, 2, f"{args}: {r.stderr}")
+        lines = r.stderr.strip().splitlines()
+        self.assertEqual(len(lines), 1, r.stderr)
+        self.assertIn(fragment, lines[0])
+        self.assertFalse(os.path.exists(out), "output written despite the error")
+        leftovers = [f for f in os.listdir(self.dir) if ".tmp" in f]
+        self.assertEqual(leftovers, [])
+
+    def base(self, **override):
+        args = {"--q": self.q, "--k": self.k, "--v": self.v, "--out": self.path("out.npy")}
+        args.update(override)
+        flat = ["run"]
+        for key, val in args.items():
+            if val is not None:
+                flat += [key, val]
+        return flat
+
+    def bad_file(self, name, content):
+        p = self.path(name)
+        with open(p, "wb") as f:
+            f.write(content)
+        return p
+
+    def test_command_line(self):
+        self.expect_fail(self.base(**{"--q": None}), "--q")
+        self.expect_fail(self.base() + ["--bogus", "1"], "--bogus")
+        self.expect_fail(self.base() + ["--causal", "diagonal"], "--causal")
+        self.expect_fail(self.base() + ["--scale", "abc"], "--scale")
+        self.expect_fail(self.base() + ["--scale", "inf"], "--scale")
+        self.expect_fail(self.base() + ["--window", "3"], "--window")
+        self.expect_fail(self.base() + ["--window", "-2,1"], "--window")
+        self.expect_fail(self.base() + ["--window", "1,x"], "--window")
+        self.expect_fail(self.base() + ["--threads", "0"], "--threads")
+        self.expect_fail(self.base() + ["--threads", "two"], "--threads")
+        self.expect_fail(self.base() + ["--backend", "gpu"], "--backend")
+        self.expect_fail(["frobnicate"], "frobnicate")
+        self.expect_fail([], "no command")
+
+    def test_unreadable_and_malformed_files(self):
+        self.expect_fail(self.base(**{"--q": self.path("missing.npy")}), "--q")
+        with open(self.q, "rb") as f:
+            good = f.read()
+        self.expect_fail(self.base(**{"--k": self.bad_file("t.npy", good[:-5])}), "truncated")
+        self.expect_fail(self.base(**{"--k": self.bad_file("e.npy", b"")}), "--k")
+        self.expect_fail(self.base(**{"--k": self.bad_file("g.npy", b"garbage" * 20)}), "magic")
+        bad_header = good.replace(b"'shape'", b"'shapE'", 1)
+        self.expect_fail(self.base(**{"--k": self.bad_file("h.npy", bad_header)}), "header")
+        f = np.asfortranarray(self.rng.standard_normal((2, 2, 7, 8)).astype(np.float32))
+        self.expect_fail(self.base(**{"--k": self.save("f.npy", f)}), "Fortran")
+        self.expect_fail(self.base(**{"--k": self.save("be.npy", np.zeros((2, 2, 7, 8), ">f4"))}),
+                         "big-endian")
+        self.expect_fail(self.base(**{"--q": self.save("i.npy", np.zeros((2, 4, 5, 8), np.int32))}),
+                         "--q")
+        self.expect_fail(self.base(**{"--q": self.save("c.npy", np.zeros((2, 4, 5, 8), np.complex64))}),
+                         "unsupported dtype")
+
+    def test_shapes_and_dtypes(self):
+        self.expect_fail(self.base(**{"--q": self.save("r3.npy", np.zeros((4, 5, 8), np.float32))}),
+                         "4-D")
+        self.expect_fail(self.base(**{"--k": self.save("k64.npy", np.zeros((2, 2, 7, 8)))}), "--k")
+        self.expect_fail(self.base(**{"--k": self.save("kd.npy", np.zeros((2, 2, 7, 9), np.float32))}),
+                         "--k")
+        self.expect_fail(self.base(**{"--k": self.save("kh.npy", np.zeros((2, 3, 7, 8), np.float32)),
+                                      "--v": self.save("vh.npy", np.zeros((2, 3, 7, 6), np.float32))}),
+                         "not a multiple")
+        self.expect_fail(self.base(**{"--v": self.save("vs.npy", np.zeros((2, 2, 6, 6), np.float32))}),
+                         "--v")
+
+    def test_mask_and_key_lengths(self):
+        self.expect_fail(self.base() + ["--mask", self.save("m1.npy", np.ones((3, 7), bool))],
+                         "--mask")
+        self.expect_fail(self.base() + ["--mask", self.save("m2.npy", np.ones((5, 7), np.int32))],
+                         "--mask")
+        self.expect_fail(self.base() + ["--mask", self.save("m3.npy", np.ones((1, 1, 1, 5, 7), bool))],
+                         "--mask")
+        self.expect_fail(self.base() + ["--key-lengths", self.save("l1.npy", np.array([1, 2, 3]))],
+                         "--key-lengths")
+        self.expect_fail(self.base() + ["--key-lengths", self.save("l2.npy", np.array([1.0, 2.0]))],
+                         "--key-lengths")
+        self.expect_fail(self.base() + ["--key-lengths", self.save("l3.npy", np.array([1, 8]))],
+                         "--key-lengths")
+        self.expect_fail(self.base() + ["--key-lengths", self.save("l4.npy", np.array([-1, 2]))],
+                         "--key-lengths")
+
+    def test_unwritable_output(self):
+        self.expect_fail(self.base(**{"--out": os.path.join(self.dir, "no", "such", "dir.npy")}),
+                         "--out")
+
+    def test_existing_output_survives_a_failure(self):
+        out = self.path("keep.npy")
+        np.save(out, np.arange(3.0))
+        r = self.run_cli(*self.base(**{"--out": out}), "--causal", "sideways")
+        self.assertEqual(r.returncode, 2)
+        np.testing.assert_array_equal(np.load(out), np.arange(3.0))
+
+
+class Info(CliCase):
+    def test_info(self):
+        r = self.run_cli("info")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        fields = dict(line.split(": ", 1) for line in r.stdout.splitlines()[1:])
+        self.assertTrue(r.stdout.startswith("simdattn "))
+        self.assertIn(fields["isa"].split()[0], ("sse2", "avx2", "avx512"))
+        self.assertIn("sse2", fields["isa available"].split())
+        self.assertGreaterEqual(int(fields["threads"]), 1)
+        self.assertIn("reference", fields["backends"].split())
+
+    def test_forced_isa(self):
+        r = self.run_cli("info", env={"SIMDATTN_ISA": "sse2"})
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("isa: sse2 (forced by SIMDATTN_ISA)", r.stdout)
+        r = self.run_cli("info", env={"SIMDATTN_ISA": "mmx"})
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("SIMDATTN_ISA", r.stderr)
+
+
+if __name__ == "__main__":
+    BIN = os.path.abspath(sys.argv.pop(1))
+    unittest.main(verbosity=2)

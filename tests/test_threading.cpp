@@ -1,0 +1,83 @@
+// Threading contract: results do not depend on the thread count, concurrent calls are safe, and
+// calls from inside a parallel region run on the calling thread.
+#include <doctest/doctest.h>
+
+#include <omp.h>
+
+#include <random>
+#include <thread>
+
+#include "test_util.hpp"
+#include "threading.hpp"
+
+using namespace simdattn;
+using test::Buffer;
+
+TEST_CASE("parallel_for covers every index exactly once, in balanced chunks") {
+  for (std::int64_t n : {1, 2, 3, 7, 100, 1001}) {
+    for (int threads : {1, 2, 3, 7}) {
+      std::vector<int> hits(static_cast<std::size_t>(n), 0);
+      detail::parallel_for(n, threads, 1, [&](std::int64_t b, std::int64_t e) {
+        CHECK(e - b <= (n + threads - 1) / threads);
+        for (std::int64_t i = b; i < e; ++i) hits[static_cast<std::size_t>(i)] += 1;
+      });
+      for (int h : hits) CHECK(h == 1);
+    }
+  }
+}
+
+TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
+  std::mt19937_64 rng(test::base_seed() + 20);
+  const std::int64_t B = 2, H = 3, Sq = 37, Sk = 41, D = 24;
+  Buffer<float> q({B, H, Sq, D}), k({B, 1, Sk, D}), v({B, 1, Sk, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+    AttentionOptions opt;
+    opt.causal = causal;
+    opt.threads = 1;
+    Buffer<float> one({B, H, Sq, D});
+    attention(q.cview(), k.cview(), v.cview(), one.view(), opt);
+    for (int t : {2, 3, 7}) {
+      opt.threads = t;
+      Buffer<float> out({B, H, Sq, D});
+      attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+      CHECK(out.data == one.data);
+    }
+  }
+}
+
+TEST_CASE("concurrent calls from many threads, and calls inside a parallel region") {
+  std::mt19937_64 rng(test::base_seed() + 21);
+  const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
+  Buffer<float> q({B, H, Sq, D}), k({B, H, Sk, D}), v({B, H, Sk, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  Buffer<float> expect({B, H, Sq, D});
+  attention(q.cview(), k.cview(), v.cview(), expect.view());
+
+  std::vector<Buffer<float>> outs(4, Buffer<float>({B, H, Sq, D}));
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t)
+    pool.emplace_back([&, t] {
+      AttentionOptions opt;
+      opt.threads = 2;
+      for (int rep = 0; rep < 20; ++rep) attention(q.cview(), k.cview(), v.cview(), outs[t].view(), opt);
+    });
+  for (auto& th : pool) th.join();
+  for (const auto& o : outs) CHECK(o.data == expect.data);
+
+  std::vector<Buffer<float>> nested(3, Buffer<float>({B, H, Sq, D}));
+  int in_parallel_threads = 0;
+#pragma omp parallel num_threads(3)
+  {
+#pragma omp single
+    in_parallel_threads = omp_get_num_threads();
+    AttentionOptions opt;
+    opt.threads = 2;  // must not nest: runs on this thread
+    attention(q.cview(), k.cview(), v.cview(), nested[omp_get_thread_num()].view(), opt);
+  }
+  for (int t = 0; t < in_parallel_threads; ++t) CHECK(nested[t].data == expect.data);
+}

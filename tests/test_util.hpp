@@ -1,0 +1,95 @@
+// Shared helpers for the tests: random tensors, owning 4-D buffers with any layout, and an
+// error measure with DESIGN.md's tolerances.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "simdattn/simdattn.hpp"
+
+namespace simdattn::test {
+
+// Seed of all randomized tests: SIMDATTN_TEST_SEED or a fixed default, printed by main.
+inline std::uint64_t base_seed() {
+  static const std::uint64_t seed = [] {
+    const char* env = std::getenv("SIMDATTN_TEST_SEED");
+    return env ? std::strtoull(env, nullptr, 10) : 20261130ULL;
+  }();
+  return seed;
+}
+
+// An owning 4-D buffer that can be laid out as [B,H,S,D] or [B,S,H,D], with optional padding
+// between rows (odd strides).
+template <class T>
+struct Buffer {
+  Shape4 shape{};
+  Shape4 strides{};
+  std::vector<T> data;
+
+  Buffer() = default;
+  // heads_inner = false: [B,H,S,D]; true: stored as [B,S,H,D]. row_pad adds unused elements after
+  // each row of D.
+  explicit Buffer(Shape4 s, bool bshd = false, std::int64_t row_pad = 0) : shape(s) {
+    const std::int64_t row = s[3] + row_pad;
+    if (!bshd) strides = {s[1] * s[2] * row, s[2] * row, row, 1};
+    else strides = {s[2] * s[1] * row, row, s[1] * row, 1};
+    data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * row)), T(0));
+  }
+  T& at(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+    return data[static_cast<std::size_t>(a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3])];
+  }
+  const T& at(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) const {
+    return data[static_cast<std::size_t>(a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3])];
+  }
+  template <class F> void for_each(F&& f) {
+    for (std::int64_t a = 0; a < shape[0]; ++a)
+      for (std::int64_t b = 0; b < shape[1]; ++b)
+        for (std::int64_t c = 0; c < shape[2]; ++c)
+          for (std::int64_t d = 0; d < shape[3]; ++d) f(at(a, b, c, d), a, b, c, d);
+  }
+  void fill_normal(std::mt19937_64& rng, double sd = 1.0) {
+    std::normal_distribution<double> n(0.0, sd);
+    for_each([&](T& x, auto...) { x = static_cast<T>(n(rng)); });
+  }
+  ConstTensorView cview() const { return ConstTensorView(data.data(), shape, strides); }
+  TensorView view() { return TensorView(data.data(), shape, strides); }
+};
+
+// max |a - b| over all elements; NaN positions must match (a NaN in only one counts as +inf).
+template <class T>
+double max_abs_diff(const Buffer<T>& a, const Buffer<T>& b) {
+  double m = 0.0;
+  for (std::int64_t i = 0; i < a.shape[0]; ++i)
+    for (std::int64_t j = 0; j < a.shape[1]; ++j)
+      for (std::int64_t k = 0; k < a.shape[2]; ++k)
+        for (std::int64_t l = 0; l < a.shape[3]; ++l) {
+          const double x = a.at(i, j, k, l), y = b.at(i, j, k, l);
+          if (std::isnan(x) || std::isnan(y)) {
+            if (std::isnan(x) != std::isnan(y)) return INFINITY;
+            continue;
+          }
+          m = std::max(m, std::abs(x - y));
+        }
+  return m;
+}
+
+template <class T>
+double max_abs(const Buffer<T>& a) {
+  double m = 0.0;
+  for (T x : a.data)
+    if (!std::isnan(x)) m = std::max(m, std::abs(static_cast<double>(x)));
+  return m;
+}
+
+// DESIGN.md: fp32 <= 1e-5 * max(1, max|V|); f64 <= 1e-12 * max(1, max|V|).
+template <class T>
+double tolerance(double max_abs_v) {
+  return (sizeof(T) == 4 ? 1e-5 : 1e-12) * std::max(1.0, max_abs_v);
+}
+
+}  // namespace simdattn::test

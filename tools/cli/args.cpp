@@ -1,0 +1,78 @@
+#include "args.hpp"
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+
+namespace simdattn::cli {
+
+double parse_double(const std::string& flag, const std::string& text) {
+  errno = 0;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
+    throw UsageError(flag + ": expected a finite number, got '" + text + "'");
+  return v;
+}
+
+std::int64_t parse_int(const std::string& flag, const std::string& text, std::int64_t min,
+                       std::int64_t max) {
+  errno = 0;
+  char* end = nullptr;
+  const long long v = std::strtoll(text.c_str(), &end, 10);
+  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max)
+    throw UsageError(flag + ": expected an integer in [" + std::to_string(min) + ", " +
+                     std::to_string(max) + "], got '" + text + "'");
+  return v;
+}
+
+Causal parse_causal(const std::string& flag, const std::string& text) {
+  if (text == "none") return Causal::none;
+  if (text == "top-left") return Causal::top_left;
+  if (text == "bottom-right") return Causal::bottom_right;
+  throw UsageError(flag + ": expected none, top-left or bottom-right, got '" + text + "'");
+}
+
+Backend parse_backend(const std::string& flag, const std::string& text) {
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn}) {
+    if (text != backend_name(b)) continue;
+    if (!backend_available(b))
+      throw UsageError(flag + ": backend '" + text + "' is not available in this build");
+    return b;
+  }
+  throw UsageError(flag + ": expected reference, native or onednn, got '" + text + "'");
+}
+
+Window parse_window(const std::string& flag, const std::string& text) {
+  const auto comma = text.find(',');
+  if (comma == std::string::npos)
+    throw UsageError(flag + ": expected LEFT,RIGHT (integers >= 0, or -1 for unbounded), got '" +
+                     text + "'");
+  constexpr std::int64_t kMax = std::int64_t{1} << 62;
+  Window w;
+  w.left = parse_int(flag + " LEFT", text.substr(0, comma), -1, kMax);
+  w.right = parse_int(flag + " RIGHT", text.substr(comma + 1), -1, kMax);
+  return w;
+}
+
+NpyArray load_npy(const std::string& flag, const std::string& path) {
+  try {
+    return read_npy(path);
+  } catch (const Error& e) {
+    throw UsageError(flag + " " + e.what());
+  }
+}
+
+Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
+  if (a.dtype != DType::f32 && a.dtype != DType::f64)
+    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " +
+                     std::string(dtype_name(a.dtype)));
+  if (a.shape.size() != 4) {
+    std::string s = "(";
+    for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
+    throw UsageError(flag + " " + path + ": expected a 4-D array, got shape " + s + ")");
+  }
+  return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+}
+
+}  // namespace simdattn::cli

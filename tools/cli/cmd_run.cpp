@@ -1,0 +1,138 @@
+// `simdattn run`: attention on .npy files (DESIGN.md's command-line contract).
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "args.hpp"
+#include "commands.hpp"
+
+namespace simdattn::cli {
+namespace {
+
+struct RunArgs {
+  std::string q, k, v, out, mask, causal = "none", scale, key_lengths, window, backend = "native",
+      threads;
+};
+
+// Maps the API's argument names in an Error to the flags the user typed.
+std::string flag_for(const std::string& argument) {
+  if (argument == "q") return "--q";
+  if (argument == "k") return "--k";
+  if (argument == "v") return "--v";
+  if (argument == "out") return "--out";
+  if (argument == "options.mask") return "--mask";
+  if (argument == "options.key_lengths") return "--key-lengths";
+  if (argument == "options.window") return "--window";
+  if (argument == "options.scale") return "--scale";
+  if (argument == "options.threads") return "--threads";
+  if (argument == "options.backend") return "--backend";
+  return argument;
+}
+
+void run(const RunArgs& a) {
+  // Option values first: a typo fails fast, before any file is read.
+  AttentionOptions opt;
+  opt.causal = parse_causal("--causal", a.causal);
+  opt.backend = parse_backend("--backend", a.backend);
+  if (!a.scale.empty()) opt.scale = parse_double("--scale", a.scale);
+  if (!a.window.empty()) opt.window = parse_window("--window", a.window);
+  if (!a.threads.empty()) opt.threads = static_cast<int>(parse_int("--threads", a.threads, 1, 4096));
+
+  const NpyArray q = load_npy("--q", a.q);
+  const NpyArray k = load_npy("--k", a.k);
+  const NpyArray v = load_npy("--v", a.v);
+  const Shape4 qs = shape4("--q", a.q, q);
+  const Shape4 ks = shape4("--k", a.k, k);
+  const Shape4 vs = shape4("--v", a.v, v);
+  if (k.dtype != q.dtype)
+    throw UsageError("--k " + a.k + ": dtype " + std::string(dtype_name(k.dtype)) +
+                     " differs from --q's " + std::string(dtype_name(q.dtype)));
+  if (v.dtype != q.dtype)
+    throw UsageError("--v " + a.v + ": dtype " + std::string(dtype_name(v.dtype)) +
+                     " differs from --q's " + std::string(dtype_name(q.dtype)));
+
+  NpyArray mask;
+  if (!a.mask.empty()) {
+    mask = load_npy("--mask", a.mask);
+    if (mask.dtype == DType::u8) opt.mask_kind = MaskKind::boolean;
+    else if (mask.dtype == DType::f32 || mask.dtype == DType::f64) opt.mask_kind = MaskKind::additive;
+    else
+      throw UsageError("--mask " + a.mask + ": expected dtype |b1, |u1, <f4 or <f8, got " +
+                       std::string(dtype_name(mask.dtype)));
+    if (mask.shape.size() > 4)
+      throw UsageError("--mask " + a.mask + ": expected at most 4 dimensions (broadcastable to "
+                       "[B, H, Sq, Sk]), got " + std::to_string(mask.shape.size()));
+    // NumPy broadcasting: align to the right, missing leading dimensions are 1.
+    Shape4 ms{1, 1, 1, 1};
+    const std::size_t r = mask.shape.size();
+    for (std::size_t i = 0; i < r; ++i) ms[4 - r + i] = mask.shape[i];
+    opt.mask = ConstTensorView(mask.data.data(), mask.dtype, ms);
+  }
+
+  std::vector<std::int64_t> lengths;
+  if (!a.key_lengths.empty()) {
+    const NpyArray L = load_npy("--key-lengths", a.key_lengths);
+    if (L.dtype != DType::i32 && L.dtype != DType::i64)
+      throw UsageError("--key-lengths " + a.key_lengths + ": expected dtype <i4 or <i8, got " +
+                       std::string(dtype_name(L.dtype)));
+    if (L.shape.size() != 1 || L.shape[0] != qs[0])
+      throw UsageError("--key-lengths " + a.key_lengths + ": expected shape (" +
+                       std::to_string(qs[0]) + ",) (one length per batch)");
+    lengths.resize(static_cast<std::size_t>(L.shape[0]));
+    for (std::size_t b = 0; b < lengths.size(); ++b)
+      lengths[b] = L.dtype == DType::i32 ? L.as<std::int32_t>()[b] : L.as<std::int64_t>()[b];
+    opt.key_lengths = lengths;
+  }
+
+  NpyArray out;
+  out.dtype = q.dtype;
+  out.shape = {qs[0], qs[1], qs[2], vs[3]};
+  std::int64_t n = 1;
+  for (std::int64_t d : out.shape) {
+    if (__builtin_mul_overflow(n, d, &n)) throw UsageError("--out: output shape is too large");
+  }
+  out.data.resize(static_cast<std::size_t>(n) * dtype_size(q.dtype));
+
+  try {
+    attention(ConstTensorView(q.data.data(), q.dtype, qs), ConstTensorView(k.data.data(), k.dtype, ks),
+              ConstTensorView(v.data.data(), v.dtype, vs),
+              TensorView(out.data.data(), out.dtype, {out.shape[0], out.shape[1], out.shape[2], out.shape[3]}),
+              opt);
+  } catch (const Error& e) {
+    const std::string flag = flag_for(e.argument());
+    std::string msg = e.what();
+    if (flag != e.argument() && msg.rfind(e.argument() + ": ", 0) == 0)
+      msg = flag + ": " + msg.substr(e.argument().size() + 2);
+    throw UsageError(msg);
+  }
+  try {
+    write_npy(a.out, out);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--out ") + e.what());
+  }
+}
+
+}  // namespace
+
+Command add_run_command(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  CLI::App* sub = app.add_subcommand("run", "Attention on .npy files: O = softmax(Q K^T * scale + mask) V");
+  sub->add_option("--q", args->q, "Q [B, H, Sq, D] (.npy, <f4 or <f8)")->required();
+  sub->add_option("--k", args->k, "K [B, Hkv, Sk, D], same dtype as Q")->required();
+  sub->add_option("--v", args->v, "V [B, Hkv, Sk, Dv], same dtype as Q")->required();
+  sub->add_option("--out", args->out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
+  sub->add_option("--mask", args->mask,
+                  "bool/uint8 (nonzero = attend) or float (added to the scaled scores) mask, "
+                  "broadcastable to [B, H, Sq, Sk]");
+  sub->add_option("--causal", args->causal, "none | top-left | bottom-right (default none)");
+  sub->add_option("--scale", args->scale, "score scale (default 1/sqrt(D))");
+  sub->add_option("--key-lengths", args->key_lengths, "per-batch key lengths L [B] (<i4 or <i8)");
+  sub->add_option("--window", args->window, "sliding window LEFT,RIGHT (-1 = unbounded side)");
+  sub->add_option("--backend", args->backend, "reference | native | onednn (default native)");
+  sub->add_option("--threads", args->threads, "threads (>= 1; default: OpenMP's)");
+  return [args, sub] {
+    if (*sub) run(*args);
+  };
+}
+
+}  // namespace simdattn::cli
