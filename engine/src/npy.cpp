@@ -270,7 +270,7 @@ NpyArray read_npy(const std::string& path) {
   NpyArray a = make_array(*h);
   a.data.resize(static_cast<std::size_t>(h->data_bytes));
   const std::size_t from_head = std::min(head.size() - h->data_offset, a.data.size());
-  std::memcpy(a.data.data(), head.data() + h->data_offset, from_head);
+  if (from_head > 0) std::memcpy(a.data.data(), head.data() + h->data_offset, from_head);
   in.read(reinterpret_cast<char*>(a.data.data() + from_head),
           static_cast<std::streamsize>(a.data.size() - from_head));
   if (a.data.size() > from_head && !in) throw Error(path, "read error in the data section");
