@@ -1,0 +1,60 @@
+// The machine's limits, measured in the same run as everything else:
+//   peak/fma/t<N>        FP32 FMA throughput of the dispatched ISA (independent FMA chains)
+//   bandwidth/read/t<N>  streaming read of a 1 GiB buffer
+#include <benchmark/benchmark.h>
+#include <omp.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "simdattn/simd/kernels.hpp"
+
+namespace {
+
+void peak_fma(benchmark::State& state, int threads) {
+  const auto& probe = simdattn::simd::kernels().probe;
+  constexpr std::int64_t kIters = 1 << 22;
+  float sink = 0.f;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += probe.fma_chains(kIters, 0.5f + float(omp_get_thread_num()));
+  }
+  benchmark::DoNotOptimize(sink);
+  const double flops = double(kIters) * probe.flops_per_iter * threads;
+  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+void bandwidth_read(benchmark::State& state, int threads) {
+  constexpr std::int64_t kBytes = std::int64_t{1} << 30;
+  constexpr std::int64_t n = kBytes / sizeof(float);
+  std::unique_ptr<float[]> buf(new float[n]);
+#pragma omp parallel for num_threads(threads) schedule(static)
+  for (std::int64_t i = 0; i < n; ++i) buf[i] = 1.f;  // first touch by the reading thread
+  const auto& vec = simdattn::simd::kernels().vec_f32;
+  float sink = 0.f;
+  for (auto _ : state) {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    {
+      const std::int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
+      const std::int64_t b = n * t / T, e = n * (t + 1) / T;
+      sink += vec.sum(buf.get() + b, e - b);
+    }
+  }
+  benchmark::DoNotOptimize(sink);
+  state.counters["GB/s"] = benchmark::Counter(double(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+int register_all() {
+  for (int t : {1, 2}) {
+    benchmark::RegisterBenchmark(("peak/fma/t" + std::to_string(t)).c_str(), peak_fma, t)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+    benchmark::RegisterBenchmark(("bandwidth/read/t" + std::to_string(t)).c_str(), bandwidth_read, t)
+        ->Unit(benchmark::kMillisecond)->UseRealTime();
+  }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

@@ -1,0 +1,96 @@
+// The SIMD layer's kernels, one table per ISA, chosen once at run time.
+//
+// Callers (engine/) see plain function pointers over float/double arrays; only simd/src touches
+// xsimd batch types. Each ISA's table is built in its own translation unit compiled with that
+// ISA's flags (kernels_avx512.cpp, kernels_avx2.cpp, kernels_sse2.cpp) from the one set of
+// Arch-templated kernels in kernels_impl.hpp.
+#pragma once
+
+#include <cstdint>
+
+#include "simdattn/simd/isa.hpp"
+
+namespace simdattn::simd {
+
+// GEMM micro-kernel contract (BLIS-style), for T = float or double:
+//
+//   C[0:MR, 0:NR] := alpha * (Ap * Bp) + beta * C          (row-major C with leading dim ldc)
+//
+//   Ap: packed A micro-panel, kc steps of MR contiguous values (column k of the MR rows);
+//   Bp: packed B micro-panel, kc steps of NR contiguous values (row k of the NR columns),
+//       aligned to 64 bytes;
+//   kc >= 0 (kc == 0 gives alpha * 0 + beta * C). beta == 0 never reads C (C may hold NaN).
+//   The tile is always full: edge tiles are computed into a scratch tile by the caller.
+template <class T>
+using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, T* C, std::int64_t ldc,
+                             T alpha, T beta);
+
+// Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
+// reasoning behind each ISA's numbers.
+struct GemmBlocking {
+  int mr, nr;  // register tile (micro-kernel)
+  int mc;      // rows of A packed per block (A block mc x kc stays in L2), multiple of mr
+  int kc;      // depth of one pass (B micro-panel kc x nr stays in L1)
+  int nc;      // columns of B packed per block (B block kc x nc stays in L2/L3), multiple of nr
+};
+
+template <class T>
+struct GemmKernels {
+  GemmBlocking blocking;
+  GemmUkernel<T> ukernel;
+  // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
+  // beta == 0 never reads y. Streams B once.
+  void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
+                 T beta, T* y);
+  // y[0:n] := alpha * sum_k x[k] * B[0:n, k] + beta * y  (B is n x k row-major: dot products).
+  void (*gemv_t)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
+                 T beta, T* y);
+};
+
+template <class T>
+struct VectorKernels {
+  // y[i] = exp(x[i]); y may equal x. Max relative error 3 ulp over the finite range, including
+  // denormal results; exp(-inf) = 0, overflow gives +inf, NaN propagates.
+  void (*exp)(const T* x, T* y, std::int64_t n);
+  // Horizontal max (of an empty array: -inf) and sum (empty: 0).
+  T (*max)(const T* x, std::int64_t n);
+  T (*sum)(const T* x, std::int64_t n);
+  // Softmax pass 1, fused: x[i] = x[i] * scale + (add ? add[i] : 0); returns max_i x[i].
+  T (*scale_add_max)(T* x, std::int64_t n, T scale, const T* add);
+  // Softmax pass 2, fused: x[i] = exp(x[i] - max); returns the sum of the new x[i].
+  // max = -inf (a fully masked row) yields x[i] = 0 and sum 0, never NaN.
+  T (*exp_sub_max_sum)(T* x, std::int64_t n, T max);
+};
+
+// Machine-limit probes for the perf suite (perf/bench_machine.cpp).
+struct ProbeKernels {
+  // Runs `iters` steps of kFmaChains independent FMA chains on full-width f32 vectors; returns
+  // a value that depends on every chain (so nothing is optimised away).
+  float (*fma_chains)(std::int64_t iters, float seed);
+  int flops_per_iter;  // 2 * chains * lanes
+};
+
+struct KernelTable {
+  Isa isa;
+  ProbeKernels probe;
+  GemmKernels<float> gemm_f32;
+  GemmKernels<double> gemm_f64;
+  VectorKernels<float> vec_f32;
+  VectorKernels<double> vec_f64;
+
+  template <class T> const GemmKernels<T>& gemm() const;
+  template <class T> const VectorKernels<T>& vec() const;
+};
+
+template <> inline const GemmKernels<float>& KernelTable::gemm<float>() const { return gemm_f32; }
+template <> inline const GemmKernels<double>& KernelTable::gemm<double>() const { return gemm_f64; }
+template <> inline const VectorKernels<float>& KernelTable::vec<float>() const { return vec_f32; }
+template <> inline const VectorKernels<double>& KernelTable::vec<double>() const { return vec_f64; }
+
+// The table of selected_isa(), resolved once.
+const KernelTable& kernels();
+
+// The table of one ISA, or nullptr if this CPU cannot run it (for tests and comparisons).
+const KernelTable* kernels_for(Isa isa);
+
+}  // namespace simdattn::simd

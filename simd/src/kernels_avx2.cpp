@@ -1,0 +1,20 @@
+// AVX2 + FMA3 build of the kernels. Compiled with -mavx2 -mfma.
+//
+// Blocking: 16 ymm registers hold a 6 x 16 f32 tile (12 accumulators) + 2 B vectors + 1 A
+// broadcast; 12 chains cover 2 FMA pipes x 4-5 cycles. kc = 256 (B micro-panel 16 KiB in L1),
+// mc = 144 (A block 144 KiB in L2), nc = 4096. f64: 6 x 8 tiles, the same depths, nc = 2048.
+#include "kernels_impl.hpp"
+
+namespace simdattn::simd {
+
+KernelTable make_table_avx2() {
+  using A = xsimd::fma3<xsimd::avx2>;
+  return {Isa::avx2,
+          impl::make_probe_kernels<A>(),
+          impl::make_gemm_kernels<A, float, 6, 2>(144, 256, 4096),
+          impl::make_gemm_kernels<A, double, 6, 2>(144, 256, 2048),
+          impl::make_vector_kernels<A, float>(),
+          impl::make_vector_kernels<A, double>()};
+}
+
+}  // namespace simdattn::simd

@@ -1,0 +1,400 @@
+// Arch-templated SIMD kernels, written once and instantiated per ISA by kernels_<isa>.cpp.
+//
+// Include only from those files: everything here is compiled with the including file's ISA
+// flags. Every function is a template on Arch, so no two ISAs' builds share a symbol and the
+// linker cannot fold an AVX-512 body into the baseline path.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include <xsimd/xsimd.hpp>
+
+#include "simdattn/simd/kernels.hpp"
+
+namespace simdattn::simd::impl {
+
+template <class T, class Arch> using batch = xsimd::batch<T, Arch>;
+
+// ---------------------------------------------------------------------------------------------
+// exp
+//
+// 1/k! for the Taylor coefficients, computed in long double and rounded once.
+template <class T, int N>
+struct InvFactorials {
+  T v[N + 1];
+  constexpr InvFactorials() : v{} {
+    long double f = 1.0L;
+    for (int k = 0; k <= N; ++k) {
+      if (k > 0) f *= k;
+      v[k] = static_cast<T>(1.0L / f);
+    }
+  }
+  constexpr T operator[](int k) const { return v[k]; }
+};
+//
+// exp(x) = 2^n * e^r with n = round(x / ln 2) and r = x - n ln 2 (Cody-Waite: ln 2 split in a
+// high part with trailing zero bits, so n * ln2_hi is exact), |r| <= ln2/2. e^r is a Taylor
+// polynomial (degree 7 for f32, 13 for f64; truncation error < 0.05 ulp) in Horner form. 2^n is
+// applied as two exponent-field multiplies 2^n1 * 2^n2 (n1 = floor(n/2)), each a normal power of
+// two, so results in the denormal range come out correctly rounded-ish (one extra rounding)
+// without a slow path, overflow saturates to +inf, and -inf clamps to an exact 0.
+template <class T> struct ExpConst;
+template <> struct ExpConst<float> {
+  static constexpr float lo = -150.f, hi = 100.f;  // e^lo underflows to 0, e^hi overflows
+  static constexpr float log2e = 1.44269504088896341f;
+  static constexpr float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  static constexpr float round_magic = 12582912.f;      // 1.5 * 2^23: adds round to integer
+  static constexpr float exp_magic = 8388608.f + 127.f;  // 2^23 + bias: integer into low bits
+  static constexpr int mant_bits = 23;
+  static constexpr int degree = 7;
+  static constexpr InvFactorials<float, 7> inv_fact{};
+};
+template <> struct ExpConst<double> {
+  static constexpr double lo = -1100.0, hi = 720.0;
+  static constexpr double log2e = 1.44269504088896338700e+00;
+  static constexpr double ln2_hi = 6.93147180369123816490e-01, ln2_lo = 1.90821492927058770002e-10;
+  static constexpr double round_magic = 6755399441055744.0;           // 1.5 * 2^52
+  static constexpr double exp_magic = 4503599627370496.0 + 1023.0;    // 2^52 + bias
+  static constexpr int mant_bits = 52;
+  static constexpr int degree = 13;
+  static constexpr InvFactorials<double, 13> inv_fact{};
+};
+
+template <class T> using int_of = std::conditional_t<sizeof(T) == 4, std::int32_t, std::int64_t>;
+
+// 2^n for integral n in the normal exponent range, as the exponent field of a float.
+template <class Arch, class T>
+inline batch<T, Arch> pow2i(const batch<T, Arch>& n) {
+  using C = ExpConst<T>;
+  using I = int_of<T>;
+  // n + bias + 2^mant_bits has n + bias in its low mantissa bits; shifting them into the
+  // exponent field pushes the 2^mant_bits marker out of the word.
+  const batch<I, Arch> bits = xsimd::bitwise_cast<batch<I, Arch>>(n + batch<T, Arch>(C::exp_magic));
+  return xsimd::bitwise_cast<batch<T, Arch>>(bits << C::mant_bits);
+}
+
+template <class Arch, class T>
+inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
+  using B = batch<T, Arch>;
+  using C = ExpConst<T>;
+  // Clamp (NaN is restored at the end), round x / ln 2 to an integer.
+  const B xc = xsimd::min(xsimd::max(x, B(C::lo)), B(C::hi));
+  const B n = xsimd::fma(xc, B(C::log2e), B(C::round_magic)) - B(C::round_magic);
+  B r = xsimd::fnma(n, B(C::ln2_hi), xc);
+  r = xsimd::fnma(n, B(C::ln2_lo), r);
+  // Taylor polynomial of e^r: 1 + r + r^2/2! + ... + r^degree/degree!, Horner form.
+  B p(C::inv_fact[C::degree]);
+  for (int k = C::degree - 1; k >= 0; --k) p = xsimd::fma(p, r, B(C::inv_fact[k]));
+  // 2^n = 2^n1 * 2^n2 with both halves in the normal range.
+  const B n1 = xsimd::floor(n * B(T(0.5)));
+  const B y = (p * pow2i<Arch, T>(n1)) * pow2i<Arch, T>(n - n1);
+  return xsimd::select(xsimd::isnan(x), x, y);  // NaN in, NaN out
+}
+
+template <class Arch, class T>
+void exp_array(const T* x, T* y, std::int64_t n) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) exp_batch<Arch, T>(B::load_unaligned(x + i)).store_unaligned(y + i);
+  if (i < n) {  // tail through a padded buffer: the same arithmetic as the main loop
+    alignas(64) T buf[W] = {};
+    std::memcpy(buf, x + i, sizeof(T) * static_cast<std::size_t>(n - i));
+    exp_batch<Arch, T>(B::load_aligned(buf)).store_aligned(buf);
+    std::memcpy(y + i, buf, sizeof(T) * static_cast<std::size_t>(n - i));
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reductions and the fused softmax passes. Four independent accumulators hide the latency of
+// max/add (4 cycles) behind two issue ports.
+
+template <class Arch, class T>
+inline T hmax(const batch<T, Arch>& v) {
+  alignas(64) T buf[batch<T, Arch>::size];
+  v.store_aligned(buf);
+  T m = buf[0];
+  for (std::size_t i = 1; i < batch<T, Arch>::size; ++i) m = buf[i] > m ? buf[i] : m;
+  return m;
+}
+
+template <class Arch, class T>
+T max_array(const T* x, std::int64_t n) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  B m0(neg_inf), m1(neg_inf), m2(neg_inf), m3(neg_inf);
+  std::int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    m0 = xsimd::max(m0, B::load_unaligned(x + i));
+    m1 = xsimd::max(m1, B::load_unaligned(x + i + W));
+    m2 = xsimd::max(m2, B::load_unaligned(x + i + 2 * W));
+    m3 = xsimd::max(m3, B::load_unaligned(x + i + 3 * W));
+  }
+  for (; i + W <= n; i += W) m0 = xsimd::max(m0, B::load_unaligned(x + i));
+  T m = hmax<Arch, T>(xsimd::max(xsimd::max(m0, m1), xsimd::max(m2, m3)));
+  for (; i < n; ++i) m = x[i] > m ? x[i] : m;
+  return m;
+}
+
+template <class Arch, class T>
+T sum_array(const T* x, std::int64_t n) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  B s0(T(0)), s1(T(0)), s2(T(0)), s3(T(0));
+  std::int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    s0 += B::load_unaligned(x + i);
+    s1 += B::load_unaligned(x + i + W);
+    s2 += B::load_unaligned(x + i + 2 * W);
+    s3 += B::load_unaligned(x + i + 3 * W);
+  }
+  for (; i + W <= n; i += W) s0 += B::load_unaligned(x + i);
+  T s = xsimd::hadd((s0 + s1) + (s2 + s3));
+  for (; i < n; ++i) s += x[i];
+  return s;
+}
+
+template <class Arch, class T>
+T scale_add_max(T* x, std::int64_t n, T scale, const T* add) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B s(scale);
+  B m0(-std::numeric_limits<T>::infinity()), m1 = m0;
+  std::int64_t i = 0;
+  if (add != nullptr) {
+    for (; i + 2 * W <= n; i += 2 * W) {
+      const B a = xsimd::fma(B::load_unaligned(x + i), s, B::load_unaligned(add + i));
+      const B b = xsimd::fma(B::load_unaligned(x + i + W), s, B::load_unaligned(add + i + W));
+      a.store_unaligned(x + i);
+      b.store_unaligned(x + i + W);
+      m0 = xsimd::max(m0, a);
+      m1 = xsimd::max(m1, b);
+    }
+  } else {
+    for (; i + 2 * W <= n; i += 2 * W) {
+      const B a = B::load_unaligned(x + i) * s;
+      const B b = B::load_unaligned(x + i + W) * s;
+      a.store_unaligned(x + i);
+      b.store_unaligned(x + i + W);
+      m0 = xsimd::max(m0, a);
+      m1 = xsimd::max(m1, b);
+    }
+  }
+  T m = hmax<Arch, T>(xsimd::max(m0, m1));
+  for (; i < n; ++i) {
+    x[i] = add != nullptr ? x[i] * scale + add[i] : x[i] * scale;
+    m = x[i] > m ? x[i] : m;
+  }
+  return m;
+}
+
+template <class Arch, class T>
+T exp_sub_max_sum(T* x, std::int64_t n, T max) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  // A fully masked row has max = -inf and only -inf entries: exp(-inf - 0) = 0, never NaN.
+  const B m(max == -std::numeric_limits<T>::infinity() ? T(0) : max);
+  B s0(T(0)), s1(T(0));
+  std::int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    const B a = exp_batch<Arch, T>(B::load_unaligned(x + i) - m);
+    const B b = exp_batch<Arch, T>(B::load_unaligned(x + i + W) - m);
+    a.store_unaligned(x + i);
+    b.store_unaligned(x + i + W);
+    s0 += a;
+    s1 += b;
+  }
+  T s = xsimd::hadd(s0 + s1);
+  if (i < n) {
+    alignas(64) T buf[2 * W];
+    const std::int64_t r = n - i;
+    for (std::int64_t j = 0; j < 2 * W; ++j) buf[j] = j < r ? x[i + j] : -std::numeric_limits<T>::infinity();
+    const B a = exp_batch<Arch, T>(B::load_aligned(buf) - m);
+    const B b = exp_batch<Arch, T>(B::load_aligned(buf + W) - m);
+    a.store_aligned(buf);
+    b.store_aligned(buf + W);
+    s += xsimd::hadd(a + b);
+    std::memcpy(x + i, buf, sizeof(T) * static_cast<std::size_t>(r));
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------------------------------------
+// GEMM micro-kernel: an MR x (NV vectors) tile of C held in registers for the whole kc loop.
+// Per k step: NV aligned loads of the packed B row, MR broadcasts of packed A (folded into the
+// FMA as a memory-broadcast operand), MR * NV independent FMAs.
+template <class Arch, class T, int MR, int NV>
+void gemm_ukernel(std::int64_t kc, const T* __restrict Ap, const T* __restrict Bp, T* __restrict C,
+                  std::int64_t ldc, T alpha, T beta) {
+  using B = batch<T, Arch>;
+  constexpr int W = static_cast<int>(B::size);
+  B acc[MR][NV];
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) acc[i][j] = B(T(0));
+
+#pragma GCC unroll 4
+  for (std::int64_t k = 0; k < kc; ++k) {
+    B b[NV];
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) b[j] = B::load_aligned(Bp + j * W);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i) {
+      const B a(Ap[i]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) acc[i][j] = xsimd::fma(a, b[j], acc[i][j]);
+    }
+    Ap += MR;
+    Bp += NV * W;
+  }
+
+  const B va(alpha);
+  if (beta == T(0)) {
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) (acc[i][j] * va).store_unaligned(C + i * ldc + j * W);
+  } else {
+    const B vb(beta);
+#pragma GCC unroll 32
+    for (int i = 0; i < MR; ++i)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) {
+        T* c = C + i * ldc + j * W;
+        xsimd::fma(acc[i][j], va, B::load_unaligned(c) * vb).store_unaligned(c);
+      }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Matrix-vector products (M = 1: decode). Both stream B exactly once.
+
+template <class Arch, class T>
+void gemv_n(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* Bm, std::int64_t ldb, T beta,
+            T* y) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  // Columns in chunks of 4 vectors: 4 accumulators live across the whole k loop.
+  std::int64_t j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+    const T* row = Bm + j;
+    for (std::int64_t p = 0; p < k; ++p, row += ldb) {
+      const B xv(x[p]);
+      a0 = xsimd::fma(xv, B::load_unaligned(row), a0);
+      a1 = xsimd::fma(xv, B::load_unaligned(row + W), a1);
+      a2 = xsimd::fma(xv, B::load_unaligned(row + 2 * W), a2);
+      a3 = xsimd::fma(xv, B::load_unaligned(row + 3 * W), a3);
+    }
+    const B va(alpha);
+    B* acc[4] = {&a0, &a1, &a2, &a3};
+    for (int q = 0; q < 4; ++q) {
+      T* yq = y + j + q * W;
+      const B r = *acc[q] * va;
+      (beta == T(0) ? r : xsimd::fma(B::load_unaligned(yq), B(beta), r)).store_unaligned(yq);
+    }
+  }
+  for (; j + W <= n; j += W) {
+    B a0(T(0));
+    const T* row = Bm + j;
+    for (std::int64_t p = 0; p < k; ++p, row += ldb) a0 = xsimd::fma(B(x[p]), B::load_unaligned(row), a0);
+    const B r = a0 * B(alpha);
+    (beta == T(0) ? r : xsimd::fma(B::load_unaligned(y + j), B(beta), r)).store_unaligned(y + j);
+  }
+  for (; j < n; ++j) {
+    T s = T(0);
+    for (std::int64_t p = 0; p < k; ++p) s += x[p] * Bm[p * ldb + j];
+    y[j] = beta == T(0) ? alpha * s : alpha * s + beta * y[j];
+  }
+}
+
+template <class Arch, class T>
+void gemv_t(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* Bm, std::int64_t ldb, T beta,
+            T* y) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  auto finish = [&](std::int64_t j, T s) { y[j] = beta == T(0) ? alpha * s : alpha * s + beta * y[j]; };
+  std::int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {  // four rows of B at once: four independent dot products
+    const T* r0 = Bm + j * ldb;
+    const T* r1 = r0 + ldb;
+    const T* r2 = r1 + ldb;
+    const T* r3 = r2 + ldb;
+    B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
+    std::int64_t p = 0;
+    for (; p + W <= k; p += W) {
+      const B xv = B::load_unaligned(x + p);
+      a0 = xsimd::fma(xv, B::load_unaligned(r0 + p), a0);
+      a1 = xsimd::fma(xv, B::load_unaligned(r1 + p), a1);
+      a2 = xsimd::fma(xv, B::load_unaligned(r2 + p), a2);
+      a3 = xsimd::fma(xv, B::load_unaligned(r3 + p), a3);
+    }
+    T s0 = xsimd::hadd(a0), s1 = xsimd::hadd(a1), s2 = xsimd::hadd(a2), s3 = xsimd::hadd(a3);
+    for (; p < k; ++p) {
+      s0 += x[p] * r0[p];
+      s1 += x[p] * r1[p];
+      s2 += x[p] * r2[p];
+      s3 += x[p] * r3[p];
+    }
+    finish(j, s0);
+    finish(j + 1, s1);
+    finish(j + 2, s2);
+    finish(j + 3, s3);
+  }
+  for (; j < n; ++j) {
+    const T* r0 = Bm + j * ldb;
+    B a0(T(0));
+    std::int64_t p = 0;
+    for (; p + W <= k; p += W) a0 = xsimd::fma(B::load_unaligned(x + p), B::load_unaligned(r0 + p), a0);
+    T s = xsimd::hadd(a0);
+    for (; p < k; ++p) s += x[p] * r0[p];
+    finish(j, s);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// FMA throughput probe: 16 independent chains (2 FMA pipes x 4-cycle latency need 8; 16 leave
+// no doubt), each a = a * m + c, which stays finite for |m| < 1.
+constexpr int kFmaChains = 16;
+
+template <class Arch>
+float fma_chains(std::int64_t iters, float seed) {
+  using B = batch<float, Arch>;
+  B a[kFmaChains];
+  for (int i = 0; i < kFmaChains; ++i) a[i] = B(seed + float(i));
+  const B m(0.999f), c(0.001f);
+  for (std::int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kFmaChains; ++i) a[i] = xsimd::fma(a[i], m, c);
+  }
+  B s = a[0];
+  for (int i = 1; i < kFmaChains; ++i) s += a[i];
+  return xsimd::hadd(s);
+}
+
+template <class Arch>
+ProbeKernels make_probe_kernels() {
+  return {&fma_chains<Arch>, 2 * kFmaChains * static_cast<int>(batch<float, Arch>::size)};
+}
+
+// ---------------------------------------------------------------------------------------------
+
+template <class Arch, class T>
+VectorKernels<T> make_vector_kernels() {
+  return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
+          &exp_sub_max_sum<Arch, T>};
+}
+
+template <class Arch, class T, int MR, int NV>
+GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc) {
+  constexpr int NR = NV * static_cast<int>(batch<T, Arch>::size);
+  return {GemmBlocking{MR, NR, mc, kc, nc}, &gemm_ukernel<Arch, T, MR, NV>, &gemv_n<Arch, T>,
+          &gemv_t<Arch, T>};
+}
+
+}  // namespace simdattn::simd::impl

@@ -1,0 +1,172 @@
+// The native GEMM on every ISA this CPU supports, against a naive triple loop. Inputs are small
+// integers, so every product and sum is exact in any order and results must match bit for bit.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "gemm.hpp"
+#include "test_util.hpp"
+
+using namespace simdattn;
+using detail::GemmArgs;
+using detail::Trans;
+
+namespace {
+
+std::vector<const simd::KernelTable*> tables() {
+  std::vector<const simd::KernelTable*> out;
+  for (simd::Isa isa : simd::available_isas()) out.push_back(simd::kernels_for(isa));
+  return out;
+}
+
+template <class T>
+struct Problem {
+  GemmArgs<T> g;
+  std::vector<T> a, b, c;
+};
+
+// Leading dimensions get `pad` extra elements (odd strides when pad is odd).
+template <class T>
+Problem<T> make(std::mt19937_64& rng, Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K,
+                std::int64_t pad, T alpha, T beta) {
+  Problem<T> p;
+  std::uniform_int_distribution<int> small(-4, 4);
+  const std::int64_t a_rows = ta == Trans::N ? M : K, a_cols = ta == Trans::N ? K : M;
+  const std::int64_t b_rows = tb == Trans::N ? K : N, b_cols = tb == Trans::N ? N : K;
+  p.g.trans_a = ta;
+  p.g.trans_b = tb;
+  p.g.M = M, p.g.N = N, p.g.K = K;
+  p.g.lda = a_cols + pad, p.g.ldb = b_cols + pad, p.g.ldc = N + pad;
+  p.a.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, a_rows * p.g.lda)), T(0));
+  p.b.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, b_rows * p.g.ldb)), T(0));
+  p.c.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, M * p.g.ldc)), T(0));
+  for (auto& x : p.a) x = T(small(rng));
+  for (auto& x : p.b) x = T(small(rng));
+  for (auto& x : p.c) x = beta == T(0) ? std::numeric_limits<T>::quiet_NaN() : T(small(rng));
+  p.g.alpha = alpha, p.g.beta = beta;
+  p.g.A = p.a.data(), p.g.B = p.b.data(), p.g.C = p.c.data();
+  return p;
+}
+
+template <class T>
+std::vector<T> naive(const Problem<T>& p) {
+  const auto& g = p.g;
+  std::vector<T> c = p.c;
+  for (std::int64_t i = 0; i < g.M; ++i)
+    for (std::int64_t j = 0; j < g.N; ++j) {
+      T s = 0;
+      for (std::int64_t k = 0; k < g.K; ++k) {
+        const T a = g.trans_a == Trans::N ? g.A[i * g.lda + k] : g.A[k * g.lda + i];
+        const T b = g.trans_b == Trans::N ? g.B[k * g.ldb + j] : g.B[j * g.ldb + k];
+        s += a * b;
+      }
+      T& cij = c[static_cast<std::size_t>(i * g.ldc + j)];
+      cij = g.beta == T(0) ? g.alpha * s : g.alpha * s + g.beta * cij;
+    }
+  return c;
+}
+
+template <class T>
+void check(const simd::KernelTable& kt, std::mt19937_64& rng, Trans ta, Trans tb, std::int64_t M,
+           std::int64_t N, std::int64_t K, std::int64_t pad, T alpha, T beta, int threads) {
+  Problem<T> p = make<T>(rng, ta, tb, M, N, K, pad, alpha, beta);
+  const std::vector<T> want = naive(p);
+  detail::gemm(p.g, threads, &kt);
+  bool same = true;  // padding columns are not compared: with beta == 0 they hold NaN
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < N; ++j) {
+      const auto at = static_cast<std::size_t>(i * p.g.ldc + j);
+      if (!(p.c[at] == want[at])) same = false;
+    }
+  CAPTURE(simd::isa_name(kt.isa));
+  CAPTURE(M);
+  CAPTURE(N);
+  CAPTURE(K);
+  CAPTURE(int(ta));
+  CAPTURE(int(tb));
+  CAPTURE(pad);
+  CAPTURE(alpha);
+  CAPTURE(beta);
+  CAPTURE(threads);
+  CHECK(same);
+}
+
+}  // namespace
+
+TEST_CASE("gemm: sizes around every tile and block, all layouts, every ISA (f32 and f64)") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 40);
+  for (const simd::KernelTable* kt : tables()) {
+    const auto& b32 = kt->gemm_f32.blocking;
+    const std::int64_t mr = b32.mr, nr = b32.nr;
+    const std::vector<std::int64_t> ms{1, 2, mr - 1, mr, mr + 1, 2 * mr + 3, 127};
+    const std::vector<std::int64_t> ns{1, 2, nr - 1, nr, nr + 1, 3 * nr + 5, 257};
+    const std::vector<std::int64_t> ks{1, 2, 7, 64, 257};
+    int n = 0;
+    for (std::int64_t M : ms)
+      for (std::int64_t N : ns)
+        for (std::int64_t K : ks) {
+          const Trans ta = (n & 1) ? Trans::T : Trans::N, tb = (n & 2) ? Trans::T : Trans::N;
+          const std::int64_t pad = (n % 3 == 0) ? 0 : (n % 3 == 1 ? 1 : 7);
+          const float beta = (n % 4 == 0) ? 0.f : (n % 4 == 1 ? 1.f : -2.f);
+          const float alpha = (n % 5 == 0) ? 2.f : 1.f;
+          check<float>(*kt, rng, ta, tb, M, N, K, pad, alpha, beta, 1 + n % 3);
+          if (n % 3 == 0) check<double>(*kt, rng, ta, tb, M, N, K, pad, double(alpha), double(beta), 1 + n % 2);
+          ++n;
+        }
+  }
+}
+
+TEST_CASE("gemm: blocks larger than mc, kc and nc, at 1 and 2 threads") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 41);
+  for (const simd::KernelTable* kt : tables()) {
+    const auto& b = kt->gemm_f32.blocking;
+    for (Trans ta : {Trans::N, Trans::T})
+      for (Trans tb : {Trans::N, Trans::T}) {
+        check<float>(*kt, rng, ta, tb, b.mc + 3, 70, b.kc * 2 + 1, 1, 1.f, 0.f, 2);
+        check<float>(*kt, rng, ta, tb, 40, b.nc + 33, 33, 0, 1.f, 1.f, 2);
+      }
+    const auto& d = kt->gemm_f64.blocking;
+    check<double>(*kt, rng, Trans::N, Trans::N, d.mc + 1, d.nc + 1, d.kc + 1, 3, -1.0, 0.5, 2);
+  }
+}
+
+TEST_CASE("gemm: M = 1 (matrix-vector), K = 0, empty, alpha = 0") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 42);
+  for (const simd::KernelTable* kt : tables()) {
+    for (std::int64_t N : {1, 5, 16, 63, 64, 65, 300, 4096})
+      for (std::int64_t K : {1, 3, 16, 17, 128})
+        for (Trans ta : {Trans::N, Trans::T})
+          for (Trans tb : {Trans::N, Trans::T}) {
+            check<float>(*kt, rng, ta, tb, 1, N, K, 3, 1.f, 0.f, 2);
+            check<double>(*kt, rng, ta, tb, 1, N, K, 0, 2.0, -1.0, 1);
+          }
+    // K = 0: C = beta * C; beta = 0 gives zeros even over NaN
+    check<float>(*kt, rng, Trans::N, Trans::N, 5, 7, 0, 1, 1.f, 0.f, 1);
+    check<float>(*kt, rng, Trans::N, Trans::N, 5, 7, 0, 1, 1.f, 3.f, 1);
+    check<float>(*kt, rng, Trans::N, Trans::N, 5, 7, 9, 0, 0.f, 2.f, 1);
+    // M or N = 0: nothing happens
+    check<float>(*kt, rng, Trans::N, Trans::N, 0, 7, 9, 0, 1.f, 0.f, 1);
+    check<float>(*kt, rng, Trans::N, Trans::N, 7, 0, 9, 0, 1.f, 0.f, 1);
+  }
+}
+
+TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 43);
+  std::normal_distribution<float> nd;
+  const std::int64_t M = 301, N = 517, K = 300;
+  std::vector<float> a(M * K), b(K * N);
+  for (auto& x : a) x = nd(rng);
+  for (auto& x : b) x = nd(rng);
+  std::vector<float> ref;
+  for (int t : {1, 2, 3, 7}) {
+    std::vector<float> c(M * N);
+    GemmArgs<float> g;
+    g.M = M, g.N = N, g.K = K, g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = N, g.C = c.data(), g.ldc = N;
+    detail::gemm(g, t);
+    if (ref.empty()) ref = c;
+    else CHECK(c == ref);
+  }
+}

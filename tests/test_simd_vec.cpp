@@ -1,0 +1,156 @@
+// The SIMD layer's vector kernels on every ISA this CPU supports (so AVX2 and SSE2 builds are
+// tested on an AVX-512 machine too), against scalar twins in long double.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "simdattn/simd/kernels.hpp"
+#include "test_util.hpp"
+
+using namespace simdattn::simd;
+
+namespace {
+
+std::vector<const KernelTable*> tables() {
+  std::vector<const KernelTable*> out;
+  for (Isa isa : available_isas()) out.push_back(kernels_for(isa));
+  return out;
+}
+
+// Distance in units in the last place of `want` (denormal spacing below the normal range).
+template <class T>
+double ulp_error(T got, long double want) {
+  if (std::isnan(got) || std::isnan(want)) return std::isnan(got) == std::isnan(static_cast<double>(want)) ? 0 : 1e300;
+  if (std::isinf(static_cast<T>(want)) || std::isinf(got)) return static_cast<T>(want) == got ? 0 : 1e300;
+  const long double a = std::fabs(want);
+  int e = 0;
+  std::frexp(static_cast<double>(a == 0 ? std::numeric_limits<T>::min() : a), &e);
+  const int digits = std::numeric_limits<T>::digits;
+  const int min_exp = std::numeric_limits<T>::min_exponent;  // e of the smallest normal
+  const long double ulp = std::ldexp(1.0L, std::max(e, min_exp) - digits);
+  return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+}
+
+template <class T>
+void check_exp_sweep(const KernelTable& kt, std::vector<T> xs) {
+  std::vector<T> y(xs.size());
+  kt.vec<T>().exp(xs.data(), y.data(), static_cast<std::int64_t>(xs.size()));
+  double worst = 0;
+  T worst_x = 0;
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const double e = ulp_error<T>(y[i], std::exp(static_cast<long double>(xs[i])));
+    if (e > worst) worst = e, worst_x = xs[i];
+  }
+  CAPTURE(isa_name(kt.isa));
+  CAPTURE(worst_x);
+  CHECK(worst <= 3.0);
+}
+
+}  // namespace
+
+TEST_CASE("exp f32: <= 3 ulp over the whole finite range, on every ISA") {
+  // Every 61st float bit pattern from -104 (results deep in the denormal range) to 89
+  // (overflow), plus dense sweeps around 0 and around the underflow/overflow edges.
+  std::vector<float> xs;
+  for (std::uint32_t b = 0; b < 0x42B20000u; b += 61) {  // +0 .. 89.0
+    float x;
+    std::memcpy(&x, &b, 4);
+    xs.push_back(x);
+  }
+  for (std::uint32_t b = 0x80000000u; b < 0xC2D00000u; b += 61) {  // -0 .. -104.0
+    float x;
+    std::memcpy(&x, &b, 4);
+    xs.push_back(x);
+  }
+  for (float x = -103.99f; x < -86.f; x += 0.0013f) xs.push_back(x);
+  for (float x = 87.f; x < 88.8f; x += 0.0001f) xs.push_back(x);
+  for (const KernelTable* kt : tables()) check_exp_sweep<float>(*kt, xs);
+}
+
+TEST_CASE("exp f64: <= 3 ulp over the whole finite range, on every ISA") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 30);
+  std::vector<double> xs;
+  std::uniform_real_distribution<double> wide(-746.0, 710.0), narrow(-1.0, 1.0), sub(-745.2, -707.0);
+  for (int i = 0; i < 200000; ++i) xs.push_back(wide(rng));
+  for (int i = 0; i < 50000; ++i) xs.push_back(narrow(rng));
+  for (int i = 0; i < 50000; ++i) xs.push_back(sub(rng));
+  for (const KernelTable* kt : tables()) check_exp_sweep<double>(*kt, xs);
+}
+
+TEST_CASE("exp special values: -inf, +inf, NaN, overflow, underflow, every tail length") {
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+    for (int n = 1; n <= 40; ++n) {  // every tail length around the vector widths
+      std::vector<float> x(static_cast<std::size_t>(n)), y(x.size());
+      for (int i = 0; i < n; ++i) x[i] = (i % 5 == 0) ? -inf : (i % 5 == 1) ? inf : (i % 5 == 2) ? nan : (i % 5 == 3) ? 200.f : -200.f;
+      kt->vec_f32.exp(x.data(), y.data(), n);
+      for (int i = 0; i < n; ++i) {
+        if (i % 5 == 0) CHECK(y[i] == 0.f);
+        if (i % 5 == 1) CHECK(y[i] == inf);
+        if (i % 5 == 2) CHECK(std::isnan(y[i]));
+        if (i % 5 == 3) CHECK(y[i] == inf);
+        if (i % 5 == 4) CHECK(y[i] == 0.f);
+      }
+    }
+    const double dinf = std::numeric_limits<double>::infinity();
+    std::vector<double> d{-dinf, dinf, std::nan(""), 800.0, -800.0, 0.0, 1.0}, dy(d.size());
+    kt->vec_f64.exp(d.data(), dy.data(), 7);
+    CHECK(dy[0] == 0.0);
+    CHECK(dy[1] == dinf);
+    CHECK(std::isnan(dy[2]));
+    CHECK(dy[3] == dinf);
+    CHECK(dy[4] == 0.0);
+    CHECK(dy[5] == 1.0);
+    CHECK(dy[6] == doctest::Approx(std::exp(1.0)).epsilon(1e-15));
+  }
+}
+
+TEST_CASE("max, sum and the fused softmax passes against scalar twins, all lengths") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 31);
+  std::normal_distribution<double> nd(0.0, 3.0);
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    for (int n : {0, 1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 100, 257, 1000}) {
+      CAPTURE(n);
+      std::vector<float> x(static_cast<std::size_t>(n)), add(x.size());
+      for (auto& v : x) v = static_cast<float>(nd(rng));
+      for (auto& v : add) v = static_cast<float>(nd(rng));
+      long double mx = -INFINITY, sm = 0;
+      for (float v : x) mx = std::max<long double>(mx, v), sm += v;
+      CHECK(kt->vec_f32.max(x.data(), n) == static_cast<float>(mx));
+      CHECK(std::fabs(kt->vec_f32.sum(x.data(), n) - sm) <= 1e-5 * (1 + n));
+
+      // pass 1: x = x * scale + add, returns the max
+      std::vector<float> p = x;
+      const float m = kt->vec_f32.scale_add_max(p.data(), n, 0.37f, add.data());
+      float m_ref = -INFINITY;
+      for (int i = 0; i < n; ++i) {
+        const float want = x[i] * 0.37f + add[i];
+        CHECK(p[i] == doctest::Approx(want).epsilon(1e-6));
+        m_ref = std::max(m_ref, p[i]);
+      }
+      CHECK(m == m_ref);
+      // pass 2: p = exp(p - m), returns the sum
+      std::vector<float> e = p;
+      const float s = kt->vec_f32.exp_sub_max_sum(e.data(), n, m);
+      long double s_ref = 0;
+      for (int i = 0; i < n; ++i) {
+        const long double want = std::exp(static_cast<long double>(p[i] - m));  // the float difference
+        CHECK(ulp_error<float>(e[i], want) <= 3.0);
+        s_ref += e[i];
+      }
+      CHECK(std::fabs(s - s_ref) <= 1e-6 * (1 + s_ref));
+    }
+    // a fully masked row: max -inf, every entry -inf -> zeros and sum 0, no NaN
+    std::vector<double> row(19, -INFINITY);
+    CHECK(kt->vec_f64.max(row.data(), 19) == -INFINITY);
+    CHECK(kt->vec_f64.exp_sub_max_sum(row.data(), 19, -INFINITY) == 0.0);
+    for (double v : row) CHECK(v == 0.0);
+  }
+}
