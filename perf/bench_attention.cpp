@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "perf_util.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace {
@@ -39,14 +40,8 @@ void bench_attention(benchmark::State& state, const simdattn::Workload& w, simda
   const simdattn::ConstTensorView k(in.k.data(), {w.B, w.Hkv, w.Sk, w.D});
   const simdattn::ConstTensorView v(in.v.data(), {w.B, w.Hkv, w.Sk, w.D});
   const simdattn::TensorView o(in.o.data(), {w.B, w.H, w.Sq, w.D});
-  for (auto _ : state) {
-    simdattn::attention(q, k, v, o, opt);
-    benchmark::DoNotOptimize(in.o.data());
-    benchmark::ClobberMemory();
-  }
   const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
-  state.counters["GFLOP/s"] =
-      benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] { simdattn::attention(q, k, v, o, opt); });
 }
 
 // Pairs per call above which the reference backend is not registered (it would take minutes).
@@ -64,7 +59,7 @@ int register_all() {
                                  std::string(w.name) + "/t" + std::to_string(t);
         benchmark::RegisterBenchmark(name.c_str(), bench_attention, w, b, t)
             ->Unit(benchmark::kMillisecond)
-            ->UseRealTime();
+            ;
       }
     }
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "gemm.hpp"
+#include "perf_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -32,10 +33,7 @@ struct Operands {
   }
 };
 
-void set_flops(benchmark::State& state, const Shape& s) {
-  state.counters["GFLOP/s"] = benchmark::Counter(2.0 * double(s.M) * double(s.N) * double(s.K) * 1e-9,
-                                                 benchmark::Counter::kIsIterationInvariantRate);
-}
+double flops(const Shape& s) { return 2.0 * double(s.M) * double(s.N) * double(s.K); }
 
 void gemm_native(benchmark::State& state, Shape s, int threads) {
   Operands op(s);
@@ -44,11 +42,7 @@ void gemm_native(benchmark::State& state, Shape s, int threads) {
   g.A = op.a.data(), g.lda = s.K;
   g.B = op.b.data(), g.ldb = s.N;
   g.C = op.c.data(), g.ldc = s.N;
-  for (auto _ : state) {
-    simdattn::detail::gemm(g, threads);
-    benchmark::ClobberMemory();
-  }
-  set_flops(state, s);
+  simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] { simdattn::detail::gemm(g, threads); });
 }
 
 #ifdef SIMDATTN_HAVE_ONEDNN
@@ -64,12 +58,11 @@ void gemm_onednn(benchmark::State& state, Shape s, int threads) {
   const matmul prim(pd);
   memory a(a_md, eng, op.a.data()), b(b_md, eng, op.b.data()), c(c_md, eng, op.c.data());
   omp_set_num_threads(threads);
-  for (auto _ : state) {
+  simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] {
     prim.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     strm.wait();
-  }
+  });
   omp_set_num_threads(omp_get_num_procs());
-  set_flops(state, s);
 }
 #endif
 
@@ -78,10 +71,10 @@ int register_all() {
     const std::string shape = std::to_string(s.M) + "x" + std::to_string(s.N) + "x" + std::to_string(s.K);
     for (int t : {1, 2}) {
       benchmark::RegisterBenchmark(("gemm/native/" + shape + "/t" + std::to_string(t)).c_str(), gemm_native, s, t)
-          ->Unit(benchmark::kMicrosecond)->UseRealTime();
+          ->Unit(benchmark::kMicrosecond);
 #ifdef SIMDATTN_HAVE_ONEDNN
       benchmark::RegisterBenchmark(("gemm/onednn/" + shape + "/t" + std::to_string(t)).c_str(), gemm_onednn, s, t)
-          ->Unit(benchmark::kMicrosecond)->UseRealTime();
+          ->Unit(benchmark::kMicrosecond);
 #endif
     }
   }

@@ -8,6 +8,7 @@
 #include <memory>
 #include <vector>
 
+#include "perf_util.hpp"
 #include "simdattn/simd/kernels.hpp"
 
 namespace {
@@ -16,13 +17,12 @@ void peak_fma(benchmark::State& state, int threads) {
   const auto& probe = simdattn::simd::kernels().probe;
   constexpr std::int64_t kIters = 1 << 22;
   float sink = 0.f;
-  for (auto _ : state) {
+  const double flops = double(kIters) * probe.flops_per_iter * threads;
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     sink += probe.fma_chains(kIters, 0.5f + float(omp_get_thread_num()));
-  }
+  });
   benchmark::DoNotOptimize(sink);
-  const double flops = double(kIters) * probe.flops_per_iter * threads;
-  state.counters["GFLOP/s"] = benchmark::Counter(flops * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 void bandwidth_read(benchmark::State& state, int threads) {
@@ -33,24 +33,23 @@ void bandwidth_read(benchmark::State& state, int threads) {
   for (std::int64_t i = 0; i < n; ++i) buf[i] = 1.f;  // first touch by the reading thread
   const auto& vec = simdattn::simd::kernels().vec_f32;
   float sink = 0.f;
-  for (auto _ : state) {
+  simdattn::perf::timed_loop(state, double(kBytes), "GB/s", [&] {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     {
       const std::int64_t t = omp_get_thread_num(), T = omp_get_num_threads();
       const std::int64_t b = n * t / T, e = n * (t + 1) / T;
       sink += vec.sum(buf.get() + b, e - b);
     }
-  }
+  });
   benchmark::DoNotOptimize(sink);
-  state.counters["GB/s"] = benchmark::Counter(double(kBytes) * 1e-9, benchmark::Counter::kIsIterationInvariantRate);
 }
 
 int register_all() {
   for (int t : {1, 2}) {
     benchmark::RegisterBenchmark(("peak/fma/t" + std::to_string(t)).c_str(), peak_fma, t)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("bandwidth/read/t" + std::to_string(t)).c_str(), bandwidth_read, t)
-        ->Unit(benchmark::kMillisecond)->UseRealTime();
+        ->Unit(benchmark::kMillisecond);
   }
   return 0;
 }

@@ -6,6 +6,8 @@
 #include <new>
 #include <vector>
 
+#include <omp.h>
+
 #include "threading.hpp"
 
 namespace simdattn::detail {
@@ -35,7 +37,8 @@ struct Workspace {
   }
 };
 
-template <class T>
+// Two buffers per thread and dtype: slot 0 for packed B, slot 1 for packed A + an edge tile.
+template <class T, int kSlot>
 Workspace<T>& workspace() {
   thread_local Workspace<T> ws;
   return ws;
@@ -54,6 +57,15 @@ void pack_a(const GemmArgs<T>& g, std::int64_t i0, std::int64_t mc, std::int64_t
   for (std::int64_t ir = 0; ir < mc; ir += mr) {
     const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
     T* dst = Ap + ir * kc;
+    if (g.trans_a == Trans::N && m == mr) {
+      // k outer: mr sequential read streams, one contiguous write stream (writing column by
+      // column instead scatters every store and cost ~9% of a 1024^3 GEMM).
+      const T* src[32];
+      for (std::int64_t r = 0; r < m; ++r) src[r] = g.A + (i0 + ir + r) * g.lda + p0;
+      for (std::int64_t k = 0; k < kc; ++k)
+        for (std::int64_t r = 0; r < mr; ++r) dst[k * mr + r] = src[r][k];
+      continue;
+    }
     if (g.trans_a == Trans::N) {
       for (std::int64_t r = 0; r < m; ++r) {
         const T* src = g.A + (i0 + ir + r) * g.lda + p0;
@@ -71,11 +83,11 @@ void pack_a(const GemmArgs<T>& g, std::int64_t i0, std::int64_t mc, std::int64_t
 }
 
 // Bp: ceil(nc / nr) micro-panels; panel c holds, for each k < kc, columns j0 + c*nr .. + nr - 1
-// (zero past nc).
+// (zero past nc). Packs panels [panel_begin, panel_end) only, so threads can share the work.
 template <class T>
 void pack_b(const GemmArgs<T>& g, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
-            int nr, T* Bp) {
-  for (std::int64_t jr = 0; jr < nc; jr += nr) {
+            int nr, T* Bp, std::int64_t panel_begin, std::int64_t panel_end) {
+  for (std::int64_t jr = panel_begin * nr; jr < std::min(nc, panel_end * nr); jr += nr) {
     const std::int64_t n = std::min<std::int64_t>(nr, nc - jr);
     T* dst = Bp + jr * kc;
     if (g.trans_b == Trans::N) {
@@ -106,46 +118,96 @@ void scale_c(const GemmArgs<T>& g) {
   }
 }
 
-// The five loops for one thread's part of C.
+// A narrow C reuses each packed A micro-panel only ceil(N / nr) times: up to this many, the
+// micro-kernel reads A in place instead (perf: gemm 2048x64x2048, the P.V shape).
+constexpr std::int64_t kDirectAMaxPanels = 4;
+
+// Buffer sizes (elements) for one thread's part of the driver.
 template <class T>
-void gemm_serial(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk) {
+struct Extents {
+  std::int64_t kc, mc, nc;  // kc_max, mc_max rounded to mr, nc_max rounded to nr
+  Extents(const GemmArgs<T>& g, const simd::GemmBlocking& bs)
+      : kc(std::min<std::int64_t>(bs.kc, g.K)),
+        mc((std::min<std::int64_t>(bs.mc, g.M) + bs.mr - 1) / bs.mr * bs.mr),
+        nc((std::min<std::int64_t>(bs.nc, g.N) + bs.nr - 1) / bs.nr * bs.nr) {}
+  std::size_t b_size() const { return static_cast<std::size_t>(kc * nc); }
+  std::size_t a_size(const simd::GemmBlocking& bs) const {
+    return static_cast<std::size_t>(mc * kc + bs.mr * bs.nr);  // A block + an edge tile
+  }
+};
+
+// One micro-tile of C at rows ic + ir, columns jc + jr; edge tiles go through `tile`.
+template <class T>
+inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::int64_t kc, const T* a,
+                     std::int64_t lda, bool packed_a, const T* bp, std::int64_t i, std::int64_t j,
+                     std::int64_t m, std::int64_t n, T beta, T* tile) {
+  const int mr = gk.blocking.mr, nr = gk.blocking.nr;
+  T* c = g.C + i * g.ldc + j;
+  if (m == mr && n == nr) {
+    if (packed_a) gk.ukernel(kc, a, bp, c, g.ldc, g.alpha, beta);
+    else gk.ukernel_direct_a(kc, a, lda, bp, c, g.ldc, g.alpha, beta);
+    return;
+  }
+  if (packed_a) gk.ukernel(kc, a, bp, tile, nr, T(1), T(0));
+  else gk.ukernel_direct_a(kc, a, lda, bp, tile, nr, T(1), T(0));
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t q = 0; q < n; ++q) {
+      T& cij = c[r * g.ldc + q];
+      cij = beta == T(0) ? g.alpha * tile[r * nr + q] : g.alpha * tile[r * nr + q] + beta * cij;
+    }
+}
+
+// The five loops over rows [i_begin, i_end) of C (a multiple of mr apart, except at M), run by
+// thread `tid` of `nt`. Bp (shared by the nt threads) receives each kc x nc block of B, packed
+// cooperatively between two barriers; each thread packs its own A blocks into Aws.
+template <class T>
+void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::int64_t i_begin,
+               std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
   const simd::GemmBlocking& bs = gk.blocking;
   const int mr = bs.mr, nr = bs.nr;
   const std::int64_t MC = bs.mc, KC = bs.kc, NC = bs.nc;
-  const std::int64_t kc_max = std::min(KC, g.K);
-  const std::int64_t mc_max = (std::min(MC, g.M) + mr - 1) / mr * mr;
-  const std::int64_t nc_max = (std::min(NC, g.N) + nr - 1) / nr * nr;
-  T* buf = workspace<T>().get(static_cast<std::size_t>(mc_max * kc_max + kc_max * nc_max + mr * nr) + 16);
-  T* Bp = buf;                                         // kc x nc_max, 64-byte aligned
-  T* Ap = Bp + kc_max * nc_max;                        // mc_max x kc
-  T* tile = Ap + mc_max * kc_max;                      // mr x nr scratch for edge tiles
+  const Extents<T> ex(g, bs);
+  T* Ap = Aws;
+  T* tile = Aws + ex.mc * ex.kc;
+  const bool direct_a = g.trans_a == Trans::N && (g.N + nr - 1) / nr <= kDirectAMaxPanels;
 
   for (std::int64_t jc = 0; jc < g.N; jc += NC) {
     const std::int64_t nc = std::min(NC, g.N - jc);
+    const std::int64_t panels = (nc + nr - 1) / nr;
     for (std::int64_t pc = 0; pc < g.K; pc += KC) {
       const std::int64_t kc = std::min(KC, g.K - pc);
       const T beta = pc == 0 ? g.beta : T(1);
-      pack_b(g, pc, kc, jc, nc, nr, Bp);
-      for (std::int64_t ic = 0; ic < g.M; ic += MC) {
-        const std::int64_t mc = std::min(MC, g.M - ic);
-        pack_a(g, ic, mc, pc, kc, mr, Ap);
-        for (std::int64_t jr = 0; jr < nc; jr += nr) {
-          const std::int64_t n = std::min<std::int64_t>(nr, nc - jr);
-          for (std::int64_t ir = 0; ir < mc; ir += mr) {
-            const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
-            T* c = g.C + (ic + ir) * g.ldc + jc + jr;
-            if (m == mr && n == nr) {
-              gk.ukernel(kc, Ap + ir * kc, Bp + jr * kc, c, g.ldc, g.alpha, beta);
-            } else {
-              gk.ukernel(kc, Ap + ir * kc, Bp + jr * kc, tile, nr, T(1), T(0));
-              for (std::int64_t i = 0; i < m; ++i)
-                for (std::int64_t j = 0; j < n; ++j) {
-                  T& cij = c[i * g.ldc + j];
-                  cij = beta == T(0) ? g.alpha * tile[i * nr + j] : g.alpha * tile[i * nr + j] + beta * cij;
-                }
-            }
+      pack_b(g, pc, kc, jc, nc, nr, Bp, panels * tid / nt, panels * (tid + 1) / nt);
+      if (nt > 1) {
+#pragma omp barrier
+      }
+      for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
+        const std::int64_t mc = std::min(MC, i_end - ic);
+        if (direct_a) {
+          // Rows outer: the mr x kc slice of A stays in L1 across the few column panels.
+          const std::int64_t full = mc / mr * mr;
+          for (std::int64_t ir = 0; ir < full; ir += mr)
+            for (std::int64_t jr = 0; jr < nc; jr += nr)
+              run_tile(g, gk, kc, g.A + (ic + ir) * g.lda + pc, g.lda, false, Bp + jr * kc, ic + ir,
+                       jc + jr, mr, std::min<std::int64_t>(nr, nc - jr), beta, tile);
+          if (full < mc) {  // the last rows do not fill a tile: pack them (reads stay in bounds)
+            pack_a(g, ic + full, mc - full, pc, kc, mr, Ap);
+            for (std::int64_t jr = 0; jr < nc; jr += nr)
+              run_tile(g, gk, kc, Ap, 0, true, Bp + jr * kc, ic + full, jc + jr, mc - full,
+                       std::min<std::int64_t>(nr, nc - jr), beta, tile);
           }
+        } else {
+          // Columns outer: the kc x nr panel of B stays in L1 across the rows of the A block.
+          pack_a(g, ic, mc, pc, kc, mr, Ap);
+          for (std::int64_t jr = 0; jr < nc; jr += nr)
+            for (std::int64_t ir = 0; ir < mc; ir += mr)
+              run_tile(g, gk, kc, Ap + ir * kc, 0, true, Bp + jr * kc, ic + ir, jc + jr,
+                       std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta,
+                       tile);
         }
+      }
+      if (nt > 1) {
+#pragma omp barrier
       }
     }
   }
@@ -186,29 +248,67 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     gemv(g, gk, threads);
     return;
   }
-  const int mr = gk.blocking.mr, nr = gk.blocking.nr;
+  const simd::GemmBlocking& bs = gk.blocking;
+  const Extents<T> ex(g, bs);
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
-  // Split the wider dimension of C into units of the register tile: columns keep each thread's
-  // B block distinct; rows are used when C is too narrow (e.g. P.V with N = head size).
-  const bool split_n = g.N >= 4 * nr || g.N >= g.M;
-  const std::int64_t unit = split_n ? nr : mr;
-  const std::int64_t units = ((split_n ? g.N : g.M) + unit - 1) / unit;
-  const auto min_units = static_cast<std::int64_t>(kMinFlopsPerThread / (flops / double(units))) + 1;
-  parallel_for(units, threads, min_units, [&](std::int64_t u0, std::int64_t u1) {
-    GemmArgs<T> part = g;
-    if (split_n) {
-      const std::int64_t j0 = u0 * unit, j1 = std::min(g.N, u1 * unit);
-      part.N = j1 - j0;
-      part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
-      part.C = g.C + j0;
-    } else {
-      const std::int64_t i0 = u0 * unit, i1 = std::min(g.M, u1 * unit);
-      part.M = i1 - i0;
-      part.A = g.trans_a == Trans::N ? g.A + i0 * g.lda : g.A + i0;
-      part.C = g.C + i0 * g.ldc;
+  const int nt = static_cast<int>(std::clamp<double>(std::min<double>(resolve_threads(threads),
+                                                                      flops / kMinFlopsPerThread),
+                                                     1.0, 1e6));
+  const std::int64_t row_units = (g.M + bs.mr - 1) / bs.mr;
+
+  if (nt == 1 || row_units >= 4 * nt) {
+    // Rows split across threads, which share each packed block of B.
+    T* Bp = workspace<T, 0>().get(ex.b_size());
+    if (nt == 1) {
+      gemm_rows(g, gk, 0, g.M, 1, 0, Bp, workspace<T, 1>().get(ex.a_size(bs)));
+      return;
     }
-    if (part.M > 0 && part.N > 0) gemm_serial(part, gk);
+    bool failed = false;
+#pragma omp parallel num_threads(nt)
+    {
+      const int tid = omp_get_thread_num(), T_ = omp_get_num_threads();
+      T* Aws = nullptr;
+      try {
+        Aws = workspace<T, 1>().get(ex.a_size(bs));
+      } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+        failed = true;
+      }
+#pragma omp barrier
+      bool stop;
+#pragma omp atomic read
+      stop = failed;
+      if (!stop) {
+        const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
+        gemm_rows(g, gk, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
+      }
+    }
+    if (failed) throw std::bad_alloc();
+    return;
+  }
+
+  // Few rows: split the columns instead; each thread runs the whole driver on its own columns
+  // with its own buffers (packing the small A twice costs little).
+  const std::int64_t col_units = (g.N + bs.nr - 1) / bs.nr;
+  bool failed = false;
+  parallel_for(col_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
+    GemmArgs<T> part = g;
+    const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
+    part.N = j1 - j0;
+    part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
+    part.C = g.C + j0;
+    if (part.N <= 0) return;
+    const Extents<T> pex(part, bs);
+    try {
+      T* Bp = workspace<T, 0>().get(pex.b_size());
+      T* Aws = workspace<T, 1>().get(pex.a_size(bs));
+      gemm_rows(part, gk, 0, part.M, 1, 0, Bp, Aws);
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+    }
   });
+  if (failed) throw std::bad_alloc();
 }
 
 template void gemm<float>(const GemmArgs<float>&, int, const simd::KernelTable*);

@@ -225,31 +225,55 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
 
 // ---------------------------------------------------------------------------------------------
 // GEMM micro-kernel: an MR x (NV vectors) tile of C held in registers for the whole kc loop.
-// Per k step: NV aligned loads of the packed B row, MR broadcasts of packed A (folded into the
-// FMA as a memory-broadcast operand), MR * NV independent FMAs.
-template <class Arch, class T, int MR, int NV>
-void gemm_ukernel(std::int64_t kc, const T* __restrict Ap, const T* __restrict Bp, T* __restrict C,
-                  std::int64_t ldc, T alpha, T beta) {
+// Per k step: NV aligned loads of the packed B row, MR broadcasts of A (folded into the FMA as a
+// memory-broadcast operand), MR * NV independent FMAs. The k loop is unrolled 4x by hand: without
+// it the loop counter and pointer updates cost ~25% of the FMA rate (measured: 131 -> 172 GFLOP/s
+// for 14x32 on AVX-512 with L1-resident panels).
+//
+// kPackedA: element (i, k) of the A tile is A[k * MR + i] (packed) or A[i * lda + k] (in place).
+template <class Arch, class T, int MR, int NV, bool kPackedA>
+__attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* __restrict A, std::int64_t lda,
+                                                     const T* __restrict Bp, T* __restrict C, std::int64_t ldc,
+                                                     T alpha, T beta) {
   using B = batch<T, Arch>;
   constexpr int W = static_cast<int>(B::size);
+  // Start fetching the C tile now (for writing): its lines arrive while the k loop runs instead
+  // of stalling the stores at the end (C is usually not in cache).
+#pragma GCC unroll 32
+  for (int i = 0; i < MR; ++i) {
+    __builtin_prefetch(C + i * ldc, 1);
+    __builtin_prefetch(C + i * ldc + NV * W - 1, 1);
+  }
   B acc[MR][NV];
 #pragma GCC unroll 32
   for (int i = 0; i < MR; ++i)
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) acc[i][j] = B(T(0));
 
-#pragma GCC unroll 4
-  for (std::int64_t k = 0; k < kc; ++k) {
+  // One k step at offset u from the current A and B positions.
+  auto step = [&](std::int64_t u) __attribute__((always_inline)) {
     B b[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) b[j] = B::load_aligned(Bp + j * W);
+    for (int j = 0; j < NV; ++j) b[j] = B::load_aligned(Bp + u * NV * W + j * W);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
-      const B a(Ap[i]);
+      const B a(kPackedA ? A[u * MR + i] : A[i * lda + u]);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = xsimd::fma(a, b[j], acc[i][j]);
     }
-    Ap += MR;
+  };
+  std::int64_t k = 0;
+  for (; k + 4 <= kc; k += 4) {
+    step(0);
+    step(1);
+    step(2);
+    step(3);
+    A += kPackedA ? 4 * MR : 4;
+    Bp += 4 * NV * W;
+  }
+  for (; k < kc; ++k) {
+    step(0);
+    A += kPackedA ? MR : 1;
     Bp += NV * W;
   }
 
@@ -269,6 +293,17 @@ void gemm_ukernel(std::int64_t kc, const T* __restrict Ap, const T* __restrict B
         xsimd::fma(acc[i][j], va, B::load_unaligned(c) * vb).store_unaligned(c);
       }
   }
+}
+
+template <class Arch, class T, int MR, int NV>
+void gemm_ukernel(std::int64_t kc, const T* Ap, const T* Bp, T* C, std::int64_t ldc, T alpha, T beta) {
+  gemm_tile<Arch, T, MR, NV, true>(kc, Ap, MR, Bp, C, ldc, alpha, beta);
+}
+
+template <class Arch, class T, int MR, int NV>
+void gemm_ukernel_direct_a(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, T* C,
+                           std::int64_t ldc, T alpha, T beta) {
+  gemm_tile<Arch, T, MR, NV, false>(kc, A, lda, Bp, C, ldc, alpha, beta);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,8 +428,8 @@ VectorKernels<T> make_vector_kernels() {
 template <class Arch, class T, int MR, int NV>
 GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc) {
   constexpr int NR = NV * static_cast<int>(batch<T, Arch>::size);
-  return {GemmBlocking{MR, NR, mc, kc, nc}, &gemm_ukernel<Arch, T, MR, NV>, &gemv_n<Arch, T>,
-          &gemv_t<Arch, T>};
+  return {GemmBlocking{MR, NR, mc, kc, nc}, &gemm_ukernel<Arch, T, MR, NV>,
+          &gemm_ukernel_direct_a<Arch, T, MR, NV>, &gemv_n<Arch, T>, &gemv_t<Arch, T>};
 }
 
 }  // namespace simdattn::simd::impl

@@ -25,6 +25,14 @@ template <class T>
 using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, T* C, std::int64_t ldc,
                              T alpha, T beta);
 
+// The same tile with A read in place instead of packed: row i of the tile is A + i * lda, and
+// step k reads column k (A[i * lda + k]). For shapes whose packed A would be used only a few
+// times (narrow C, e.g. P.V with N = head size), where packing would cost more than it saves.
+// All MR rows must exist.
+template <class T>
+using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, T* C,
+                                    std::int64_t ldc, T alpha, T beta);
+
 // Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
 // reasoning behind each ISA's numbers.
 struct GemmBlocking {
@@ -38,6 +46,7 @@ template <class T>
 struct GemmKernels {
   GemmBlocking blocking;
   GemmUkernel<T> ukernel;
+  GemmUkernelDirectA<T> ukernel_direct_a;
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
   // beta == 0 never reads y. Streams B once.
   void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,

@@ -1,0 +1,29 @@
+// Shared helpers of the perf suite.
+#pragma once
+
+#include <benchmark/benchmark.h>
+
+#include <chrono>
+#include <utility>
+
+namespace simdattn::perf {
+
+// Runs `body` once per benchmark iteration and sets a throughput counter from *wall-clock* time
+// (the Time column is the main thread's CPU time, which undercounts waiting in multi-threaded
+// runs). `per_iter` is FLOPs (counter "GFLOP/s") or bytes (counter "GB/s") per call. Benchmarks
+// keep their plain `<op>/<backend>/<workload>/t<threads>` names (UseRealTime would append
+// "/real_time").
+template <class Body>
+void timed_loop(benchmark::State& state, double per_iter, const char* counter, Body&& body) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (auto _ : state) {
+    body();
+    benchmark::ClobberMemory();
+  }
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const double iters = static_cast<double>(state.iterations());
+  state.counters[counter] = per_iter * iters / wall * 1e-9;
+  state.counters["wall_ms"] = wall / iters * 1e3;
+}
+
+}  // namespace simdattn::perf
