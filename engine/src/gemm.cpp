@@ -118,9 +118,27 @@ void scale_c(const GemmArgs<T>& g) {
   }
 }
 
-// A narrow C reuses each packed A micro-panel only ceil(N / nr) times: up to this many, the
-// micro-kernel reads A in place instead (perf: gemm 2048x64x2048, the P.V shape).
-constexpr std::int64_t kDirectAMaxPanels = 4;
+// A narrow C reuses each packed A micro-panel only ceil(N / nr) times: up to this many columns
+// the in-place-A kernel runs instead (perf: gemm 2048x64x2048, the P.V shape).
+constexpr std::int64_t kDirectAMaxCols = 128;
+
+// With few rows, each packed B panel is reused by few tiles and packing B costs more than it
+// saves (perf: gemm 128x768x768, a BERT projection): up to this many rows the micro-kernel reads
+// a row-major B in place. Not when B's rows are a multiple of 4 KiB apart: they would all share
+// one L1 set.
+constexpr std::int64_t kDirectBMaxRows = 256;
+
+// Which micro-kernel the driver runs, its blocking, and whether B is read in place.
+template <class T>
+struct Mode {
+  const simd::GemmBlocking& bs;
+  bool direct_a, direct_b;
+  Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk)
+      : bs(g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking : gk.blocking),
+        direct_a(g.trans_a == Trans::N && g.N <= kDirectAMaxCols),
+        direct_b(!direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
+                 (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0) {}
+};
 
 // Buffer sizes (elements) for one thread's part of the driver.
 template <class T>
@@ -136,20 +154,22 @@ struct Extents {
   }
 };
 
-// One micro-tile of C at rows ic + ir, columns jc + jr; edge tiles go through `tile`.
+// One micro-tile of C at rows i, columns j (m x n valid). Short tiles (m < mr) run the m-row
+// kernel; narrow ones (n < nr) go through `tile`. B's rows are ldb apart.
 template <class T>
-inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::int64_t kc, const T* a,
-                     std::int64_t lda, bool packed_a, const T* bp, std::int64_t i, std::int64_t j,
-                     std::int64_t m, std::int64_t n, T beta, T* tile) {
-  const int mr = gk.blocking.mr, nr = gk.blocking.nr;
+inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode,
+                     std::int64_t kc, const T* a, std::int64_t lda, const T* bp, std::int64_t ldb,
+                     std::int64_t i, std::int64_t j, std::int64_t m, std::int64_t n, T beta, T* tile) {
+  const int nr = mode.bs.nr;
   T* c = g.C + i * g.ldc + j;
-  if (m == mr && n == nr) {
-    if (packed_a) gk.ukernel(kc, a, bp, c, g.ldc, g.alpha, beta);
-    else gk.ukernel_direct_a(kc, a, lda, bp, c, g.ldc, g.alpha, beta);
-    return;
-  }
-  if (packed_a) gk.ukernel(kc, a, bp, tile, nr, T(1), T(0));
-  else gk.ukernel_direct_a(kc, a, lda, bp, tile, nr, T(1), T(0));
+  const bool full = n == nr;
+  T* out = full ? c : tile;
+  const std::int64_t ldo = full ? g.ldc : nr;
+  const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
+  if (mode.direct_a) gk.ukernel_direct_a[m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
+  else if (ldb == nr) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
+  else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
+  if (full) return;
   for (std::int64_t r = 0; r < m; ++r)
     for (std::int64_t q = 0; q < n; ++q) {
       T& cij = c[r * g.ldc + q];
@@ -161,15 +181,14 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::
 // thread `tid` of `nt`. Bp (shared by the nt threads) receives each kc x nc block of B, packed
 // cooperatively between two barriers; each thread packs its own A blocks into Aws.
 template <class T>
-void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::int64_t i_begin,
-               std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
-  const simd::GemmBlocking& bs = gk.blocking;
+void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode,
+               std::int64_t i_begin, std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
+  const simd::GemmBlocking& bs = mode.bs;
   const int mr = bs.mr, nr = bs.nr;
   const std::int64_t MC = bs.mc, KC = bs.kc, NC = bs.nc;
   const Extents<T> ex(g, bs);
   T* Ap = Aws;
   T* tile = Aws + ex.mc * ex.kc;
-  const bool direct_a = g.trans_a == Trans::N && (g.N + nr - 1) / nr <= kDirectAMaxPanels;
 
   for (std::int64_t jc = 0; jc < g.N; jc += NC) {
     const std::int64_t nc = std::min(NC, g.N - jc);
@@ -177,31 +196,34 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, std::int64_
     for (std::int64_t pc = 0; pc < g.K; pc += KC) {
       const std::int64_t kc = std::min(KC, g.K - pc);
       const T beta = pc == 0 ? g.beta : T(1);
-      pack_b(g, pc, kc, jc, nc, nr, Bp, panels * tid / nt, panels * (tid + 1) / nt);
+      // B in place: only a partial last panel is packed (reads must stay inside B's rows).
+      const std::int64_t first = mode.direct_b ? nc / nr : 0;
+      pack_b(g, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
+             first + (panels - first) * (tid + 1) / nt);
+      // Panel jr of B for this pass, and the distance between its rows.
+      auto b_panel = [&](std::int64_t jr) {
+        return jr / nr < first ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
+      };
+      auto b_ld = [&](std::int64_t jr) { return jr / nr < first ? g.ldb : std::int64_t{nr}; };
       if (nt > 1) {
 #pragma omp barrier
       }
-      for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
-        const std::int64_t mc = std::min(MC, i_end - ic);
-        if (direct_a) {
-          // Rows outer: the mr x kc slice of A stays in L1 across the few column panels.
-          const std::int64_t full = mc / mr * mr;
-          for (std::int64_t ir = 0; ir < full; ir += mr)
-            for (std::int64_t jr = 0; jr < nc; jr += nr)
-              run_tile(g, gk, kc, g.A + (ic + ir) * g.lda + pc, g.lda, false, Bp + jr * kc, ic + ir,
-                       jc + jr, mr, std::min<std::int64_t>(nr, nc - jr), beta, tile);
-          if (full < mc) {  // the last rows do not fill a tile: pack them (reads stay in bounds)
-            pack_a(g, ic + full, mc - full, pc, kc, mr, Ap);
-            for (std::int64_t jr = 0; jr < nc; jr += nr)
-              run_tile(g, gk, kc, Ap, 0, true, Bp + jr * kc, ic + full, jc + jr, mc - full,
-                       std::min<std::int64_t>(nr, nc - jr), beta, tile);
-          }
-        } else {
+      if (mode.direct_a) {
+        // Rows outer: the mr x kc slice of A stays in L1 across the few column panels.
+        for (std::int64_t i = i_begin; i < i_end; i += mr) {
+          const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
+          for (std::int64_t jr = 0; jr < nc; jr += nr)
+            run_tile(g, gk, mode, kc, g.A + i * g.lda + pc, g.lda, b_panel(jr), b_ld(jr), i, jc + jr, m,
+                     std::min<std::int64_t>(nr, nc - jr), beta, tile);
+        }
+      } else {
+        for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
+          const std::int64_t mc = std::min(MC, i_end - ic);
           // Columns outer: the kc x nr panel of B stays in L1 across the rows of the A block.
           pack_a(g, ic, mc, pc, kc, mr, Ap);
           for (std::int64_t jr = 0; jr < nc; jr += nr)
             for (std::int64_t ir = 0; ir < mc; ir += mr)
-              run_tile(g, gk, kc, Ap + ir * kc, 0, true, Bp + jr * kc, ic + ir, jc + jr,
+              run_tile(g, gk, mode, kc, Ap + ir * kc, 0, b_panel(jr), b_ld(jr), ic + ir, jc + jr,
                        std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta,
                        tile);
         }
@@ -248,7 +270,8 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     gemv(g, gk, threads);
     return;
   }
-  const simd::GemmBlocking& bs = gk.blocking;
+  const Mode<T> mode(g, gk);
+  const simd::GemmBlocking& bs = mode.bs;
   const Extents<T> ex(g, bs);
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
   const int nt = static_cast<int>(std::clamp<double>(std::min<double>(resolve_threads(threads),
@@ -260,7 +283,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     // Rows split across threads, which share each packed block of B.
     T* Bp = workspace<T, 0>().get(ex.b_size());
     if (nt == 1) {
-      gemm_rows(g, gk, 0, g.M, 1, 0, Bp, workspace<T, 1>().get(ex.a_size(bs)));
+      gemm_rows(g, gk, mode, 0, g.M, 1, 0, Bp, workspace<T, 1>().get(ex.a_size(bs)));
       return;
     }
     bool failed = false;
@@ -280,7 +303,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
       stop = failed;
       if (!stop) {
         const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
-        gemm_rows(g, gk, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
+        gemm_rows(g, gk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
       }
     }
     if (failed) throw std::bad_alloc();
@@ -298,11 +321,12 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
     part.C = g.C + j0;
     if (part.N <= 0) return;
-    const Extents<T> pex(part, bs);
+    const Mode<T> pmode(part, gk);
+    const Extents<T> pex(part, pmode.bs);
     try {
       T* Bp = workspace<T, 0>().get(pex.b_size());
-      T* Aws = workspace<T, 1>().get(pex.a_size(bs));
-      gemm_rows(part, gk, 0, part.M, 1, 0, Bp, Aws);
+      T* Aws = workspace<T, 1>().get(pex.a_size(pmode.bs));
+      gemm_rows(part, gk, pmode, 0, part.M, 1, 0, Bp, Aws);
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;

@@ -5,8 +5,10 @@
 // linker cannot fold an AVX-512 body into the baseline path.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <utility>
 #include <limits>
 #include <type_traits>
 
@@ -230,19 +232,26 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
 // it the loop counter and pointer updates cost ~25% of the FMA rate (measured: 131 -> 172 GFLOP/s
 // for 14x32 on AVX-512 with L1-resident panels).
 //
-// kPackedA: element (i, k) of the A tile is A[k * MR + i] (packed) or A[i * lda + k] (in place).
-template <class Arch, class T, int MR, int NV, bool kPackedA>
+// MR rows are computed. kPackedA: element (i, k) of the A tile is A[k * AS + i] (packed with
+// panel height AS >= MR) or A[i * lda + k] (in place).
+// kPackedB: B rows are NV * W apart and 64-byte aligned (packed), else ldb apart (in place).
+// (A compile-time B stride matters: with a runtime one GCC interleaves the unrolled steps and
+// spills accumulators, 170 -> 130 GFLOP/s.)
+template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR>
 __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* __restrict A, std::int64_t lda,
-                                                     const T* __restrict Bp, T* __restrict C, std::int64_t ldc,
-                                                     T alpha, T beta) {
+                                                     const T* __restrict Bp, std::int64_t ldb,
+                                                     T* __restrict C, std::int64_t ldc, T alpha, T beta) {
   using B = batch<T, Arch>;
   constexpr int W = static_cast<int>(B::size);
-  // Start fetching the C tile now (for writing): its lines arrive while the k loop runs instead
-  // of stalling the stores at the end (C is usually not in cache).
+  // With a short k loop the C tile's stores dominate: start fetching its lines (for writing) now
+  // so they arrive while the k loop runs (gemm 2048x2048x64: 90 -> 130 GFLOP/s). With a long k
+  // loop the early lines only crowd L1 (1024^3: 140 -> 123), so not then.
+  if (kc <= 128) {
 #pragma GCC unroll 32
-  for (int i = 0; i < MR; ++i) {
-    __builtin_prefetch(C + i * ldc, 1);
-    __builtin_prefetch(C + i * ldc + NV * W - 1, 1);
+    for (int i = 0; i < MR; ++i) {
+      __builtin_prefetch(C + i * ldc, 1);
+      __builtin_prefetch(C + i * ldc + NV * W - 1, 1);
+    }
   }
   B acc[MR][NV];
 #pragma GCC unroll 32
@@ -252,12 +261,16 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
 
   // One k step at offset u from the current A and B positions.
   auto step = [&](std::int64_t u) __attribute__((always_inline)) {
+    // Keep each step's loads inside the step: left free, GCC hoists the next steps' loads and
+    // runs out of the 32 registers (spilled accumulators: 170 -> 120 GFLOP/s).
+    asm volatile("" ::: "memory");
     B b[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) b[j] = B::load_aligned(Bp + u * NV * W + j * W);
+    for (int j = 0; j < NV; ++j)
+      b[j] = kPackedB ? B::load_aligned(Bp + u * NV * W + j * W) : B::load_unaligned(Bp + u * ldb + j * W);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
-      const B a(kPackedA ? A[u * MR + i] : A[i * lda + u]);
+      const B a(kPackedA ? A[u * AS + i] : A[i * lda + u]);
 #pragma GCC unroll 4
       for (int j = 0; j < NV; ++j) acc[i][j] = xsimd::fma(a, b[j], acc[i][j]);
     }
@@ -268,13 +281,13 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
     step(1);
     step(2);
     step(3);
-    A += kPackedA ? 4 * MR : 4;
-    Bp += 4 * NV * W;
+    A += kPackedA ? 4 * AS : 4;
+    Bp += kPackedB ? 4 * NV * W : 4 * ldb;
   }
   for (; k < kc; ++k) {
     step(0);
-    A += kPackedA ? MR : 1;
-    Bp += NV * W;
+    A += kPackedA ? AS : 1;
+    Bp += kPackedB ? NV * W : ldb;
   }
 
   const B va(alpha);
@@ -295,15 +308,40 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
   }
 }
 
-template <class Arch, class T, int MR, int NV>
-void gemm_ukernel(std::int64_t kc, const T* Ap, const T* Bp, T* C, std::int64_t ldc, T alpha, T beta) {
-  gemm_tile<Arch, T, MR, NV, true>(kc, Ap, MR, Bp, C, ldc, alpha, beta);
+// M rows of a packed panel of height MR (M == MR: the full tile; M < MR: the last rows of C).
+// Each variant is its own function: inlining two tile bodies into one function costs the
+// register allocator dearly (measured 170 -> 77 GFLOP/s).
+template <class Arch, class T, int M, int NV, int MR>
+void gemm_ukernel(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
+                  T alpha, T beta) {
+  gemm_tile<Arch, T, M, NV, true, true, MR>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
 }
 
-template <class Arch, class T, int MR, int NV>
-void gemm_ukernel_direct_a(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, T* C,
-                           std::int64_t ldc, T alpha, T beta) {
-  gemm_tile<Arch, T, MR, NV, false>(kc, A, lda, Bp, C, ldc, alpha, beta);
+template <class Arch, class T, int M, int NV, int MR>
+void gemm_ukernel_b_in_place(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C,
+                             std::int64_t ldc, T alpha, T beta) {
+  gemm_tile<Arch, T, M, NV, true, false, MR>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
+}
+
+template <class Arch, class T, int M, int NV>
+void gemm_ukernel_direct_a(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, std::int64_t ldb,
+                           T* C, std::int64_t ldc, T alpha, T beta) {
+  gemm_tile<Arch, T, M, NV, false, true>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta);
+}
+
+// Tables indexed by the number of rows m = 1..MR (entry 0 unused).
+template <class Arch, class T, int NV, int MR, bool kPackedB, int... Ms>
+constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer_sequence<int, Ms...>) {
+  std::array<GemmUkernel<T>, kMaxMr + 1> t{};
+  if constexpr (kPackedB) ((t[Ms + 1] = &gemm_ukernel<Arch, T, Ms + 1, NV, MR>), ...);
+  else ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
+  return t;
+}
+template <class Arch, class T, int NV, int... Ms>
+constexpr std::array<GemmUkernelDirectA<T>, kMaxMr + 1> direct_row_kernels(std::integer_sequence<int, Ms...>) {
+  std::array<GemmUkernelDirectA<T>, kMaxMr + 1> t{};
+  ((t[Ms + 1] = &gemm_ukernel_direct_a<Arch, T, Ms + 1, NV>), ...);
+  return t;
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -425,11 +463,17 @@ VectorKernels<T> make_vector_kernels() {
           &exp_sub_max_sum<Arch, T>};
 }
 
-template <class Arch, class T, int MR, int NV>
-GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc) {
-  constexpr int NR = NV * static_cast<int>(batch<T, Arch>::size);
-  return {GemmBlocking{MR, NR, mc, kc, nc}, &gemm_ukernel<Arch, T, MR, NV>,
-          &gemm_ukernel_direct_a<Arch, T, MR, NV>, &gemv_n<Arch, T>, &gemv_t<Arch, T>};
+// Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.
+template <class Arch, class T, int MR, int NV, int DMR, int DNV>
+GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc) {
+  static_assert(MR <= kMaxMr && DMR <= kMaxMr);
+  constexpr int W = static_cast<int>(batch<T, Arch>::size);
+  return {GemmBlocking{MR, NV * W, mc, kc, nc},
+          packed_row_kernels<Arch, T, NV, MR, true>(std::make_integer_sequence<int, MR>{}),
+          packed_row_kernels<Arch, T, NV, MR, false>(std::make_integer_sequence<int, MR>{}),
+          GemmBlocking{DMR, DNV * W, DMR, direct_kc, nc},
+          direct_row_kernels<Arch, T, DNV>(std::make_integer_sequence<int, DMR>{}),
+          &gemv_n<Arch, T>, &gemv_t<Arch, T>};
 }
 
 }  // namespace simdattn::simd::impl

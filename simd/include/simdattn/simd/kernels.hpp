@@ -6,6 +6,7 @@
 // Arch-templated kernels in kernels_impl.hpp.
 #pragma once
 
+#include <array>
 #include <cstdint>
 
 #include "simdattn/simd/isa.hpp"
@@ -17,21 +18,22 @@ namespace simdattn::simd {
 //   C[0:MR, 0:NR] := alpha * (Ap * Bp) + beta * C          (row-major C with leading dim ldc)
 //
 //   Ap: packed A micro-panel, kc steps of MR contiguous values (column k of the MR rows);
-//   Bp: packed B micro-panel, kc steps of NR contiguous values (row k of the NR columns),
-//       aligned to 64 bytes;
+//   Bp: B micro-panel, kc rows of NR contiguous values (row k of the NR columns) spaced by
+//       ldb elements: packed (ldb = NR, 64-byte aligned) or read in place from a row-major B;
 //   kc >= 0 (kc == 0 gives alpha * 0 + beta * C). beta == 0 never reads C (C may hold NaN).
-//   The tile is always full: edge tiles are computed into a scratch tile by the caller.
+//   All NR columns are written: a narrower edge goes through a scratch tile (the caller's).
 template <class T>
-using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, T* C, std::int64_t ldc,
-                             T alpha, T beta);
+using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C,
+                             std::int64_t ldc, T alpha, T beta);
 
-// The same tile with A read in place instead of packed: row i of the tile is A + i * lda, and
-// step k reads column k (A[i * lda + k]). For shapes whose packed A would be used only a few
-// times (narrow C, e.g. P.V with N = head size), where packing would cost more than it saves.
-// All MR rows must exist.
+// A tile with A read in place instead of packed: row i of the tile is A + i * lda, and step k
+// reads column k (A[i * lda + k]). For narrow C (e.g. P.V with N = head size), where a packed A
+// would be reused too few times to pay for packing. Its tile is short and wide (e.g. 6 x 64 f32
+// on AVX-512) so that the MR rows of A, which may sit at a multiple of 4 KiB apart and so share
+// one L1 set, stay within the L1's associativity. All MR rows must exist.
 template <class T>
-using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, T* C,
-                                    std::int64_t ldc, T alpha, T beta);
+using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
+                                    std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta);
 
 // Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
 // reasoning behind each ISA's numbers.
@@ -42,11 +44,19 @@ struct GemmBlocking {
   int nc;      // columns of B packed per block (B block kc x nc stays in L2/L3), multiple of nr
 };
 
+// Largest register tile height of any ISA.
+inline constexpr int kMaxMr = 16;
+
 template <class T>
 struct GemmKernels {
-  GemmBlocking blocking;
-  GemmUkernel<T> ukernel;
-  GemmUkernelDirectA<T> ukernel_direct_a;
+  GemmBlocking blocking;  // packed A and B
+  // ukernel[m] computes the first m rows of the tile (m = 1..mr; ukernel[mr] is the full tile),
+  // so the last rows of C cost only what they have; entry 0 is null.
+  std::array<GemmUkernel<T>, kMaxMr + 1> ukernel;
+  // The same with B read in place (ldb = B's row stride; full NR-wide panels only).
+  std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_b_in_place;
+  GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
+  std::array<GemmUkernelDirectA<T>, kMaxMr + 1> ukernel_direct_a;  // likewise by rows; B packed
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
   // beta == 0 never reads y. Streams B once.
   void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
