@@ -159,7 +159,8 @@ struct Extents {
 template <class T>
 inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode,
                      std::int64_t kc, const T* a, std::int64_t lda, const T* bp, std::int64_t ldb,
-                     std::int64_t i, std::int64_t j, std::int64_t m, std::int64_t n, T beta, T* tile) {
+                     bool b_packed, std::int64_t i, std::int64_t j, std::int64_t m, std::int64_t n, T beta,
+                     T* tile) {
   const int nr = mode.bs.nr;
   T* c = g.C + i * g.ldc + j;
   const bool full = n == nr;
@@ -167,7 +168,7 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
   const std::int64_t ldo = full ? g.ldc : nr;
   const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
   if (mode.direct_a) gk.ukernel_direct_a[m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
-  else if (ldb == nr) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
+  else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
   if (full) return;
   for (std::int64_t r = 0; r < m; ++r)
@@ -205,6 +206,7 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<
         return jr / nr < first ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
       };
       auto b_ld = [&](std::int64_t jr) { return jr / nr < first ? g.ldb : std::int64_t{nr}; };
+      auto b_packed = [&](std::int64_t jr) { return jr / nr >= first; };
       if (nt > 1) {
 #pragma omp barrier
       }
@@ -213,7 +215,7 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<
         for (std::int64_t i = i_begin; i < i_end; i += mr) {
           const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
           for (std::int64_t jr = 0; jr < nc; jr += nr)
-            run_tile(g, gk, mode, kc, g.A + i * g.lda + pc, g.lda, b_panel(jr), b_ld(jr), i, jc + jr, m,
+            run_tile(g, gk, mode, kc, g.A + i * g.lda + pc, g.lda, b_panel(jr), b_ld(jr), b_packed(jr), i, jc + jr, m,
                      std::min<std::int64_t>(nr, nc - jr), beta, tile);
         }
       } else {
@@ -223,7 +225,7 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<
           pack_a(g, ic, mc, pc, kc, mr, Ap);
           for (std::int64_t jr = 0; jr < nc; jr += nr)
             for (std::int64_t ir = 0; ir < mc; ir += mr)
-              run_tile(g, gk, mode, kc, Ap + ir * kc, 0, b_panel(jr), b_ld(jr), ic + ir, jc + jr,
+              run_tile(g, gk, mode, kc, Ap + ir * kc, 0, b_panel(jr), b_ld(jr), b_packed(jr), ic + ir, jc + jr,
                        std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta,
                        tile);
         }
@@ -247,8 +249,10 @@ void gemv(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int threads) {
   }
   constexpr std::int64_t kChunk = 64;  // columns: a multiple of every ISA's vector width
   const std::int64_t chunks = (g.N + kChunk - 1) / kChunk;
-  const double flops_per_chunk = 2.0 * double(g.K) * double(kChunk);
-  const auto min_chunks = static_cast<std::int64_t>(kMinFlopsPerThread / flops_per_chunk) + 1;
+  // Bandwidth-bound: a thread is worth its fork/join (a few us) once it streams ~10 us of B.
+  constexpr double kMinGemvBytesPerThread = 256.0 * 1024;
+  const double bytes_per_chunk = double(g.K) * double(kChunk) * sizeof(T);
+  const auto min_chunks = static_cast<std::int64_t>(kMinGemvBytesPerThread / bytes_per_chunk) + 1;
   parallel_for(chunks, threads, min_chunks, [&](std::int64_t c0, std::int64_t c1) {
     const std::int64_t j0 = c0 * kChunk, j1 = std::min(g.N, c1 * kChunk);
     if (g.trans_b == Trans::N) gk.gemv_n(j1 - j0, g.K, g.alpha, x, g.B + j0, g.ldb, g.beta, g.C + j0);
