@@ -79,6 +79,8 @@ struct VectorKernels {
   // Softmax pass 2, fused: x[i] = exp(x[i] - max); returns the sum of the new x[i].
   // max = -inf (a fully masked row) yields x[i] = 0 and sum 0, never NaN.
   T (*exp_sub_max_sum)(T* x, std::int64_t n, T max);
+  // x[i] *= a (the online softmax's rescale of an output row).
+  void (*scale)(T* x, std::int64_t n, T a);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).

@@ -1,0 +1,373 @@
+// The native backend: fused flash-style attention on the simd/ micro-kernels.
+//
+// For each (batch b, head h, block of up to kBlockQ query rows):
+//   Q block, packed once as A panels                          [br, D]
+//   for each key block of kBlockK keys that the mask does not hide entirely:
+//     S = Q_blk K_blk^T             (packed GEMM micro-kernel)  [br, Bc]
+//     scale, mask (only where the block is not fully visible), row max m_new
+//     P = exp(S - m_new), row sums; O and l rescaled by exp(m_old - m_new) only when m grows
+//     O += P V_blk                  (in-place-A micro-kernel)   [br, Dv]
+//   out = O / l, with l == 0 (no visible key) giving a zero row.
+// The Sq x Sk score matrix is never formed: S is one [br, Bc] block in the thread's scratch.
+//
+// K^T and V are packed once per (batch, kv head) into the thread's scratch, in key blocks of
+// kBlockK: every query block (and every query head of a grouped-query group) of that head reuses
+// them. Threads take contiguous ranges of the flattened (b, h, query block) items, balanced by
+// the number of key blocks each item computes, so causal work splits evenly. Every row is
+// computed the same way whatever the thread count: results are bitwise identical for any count.
+#include <cmath>
+#include <cstdint>
+#include <algorithm>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include <omp.h>
+
+#include "problem.hpp"
+#include "simdattn/simd/kernels.hpp"
+#include "threading.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+// Query rows per block: a multiple of the AVX-512 tile heights (12 packed, 6 in place) so
+// that full blocks have no short tiles; 96 rows x 128 keys of S is 48 KiB (f32), in L2 beside
+// the packed K^T and V blocks.
+constexpr std::int64_t kBlockQ = 96;
+// Keys per block: a multiple of every ISA's panel width (32, 16, 8 f32 columns); also the
+// granularity at which causal masks and windows skip work.
+constexpr std::int64_t kBlockK = 128;
+// Below this many flops per thread a parallel region costs more than it saves.
+constexpr double kMinFlopsPerThread = 4e6;
+
+enum class Cover { hidden, full, mixed };
+
+// Structural visibility (key lengths, causal, window) of query rows [i0, i1) x keys [j0, j1)
+// of batch b: hidden (no pair visible), full (every pair visible, and no explicit mask), or mixed.
+Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i1, std::int64_t j0,
+               std::int64_t j1) {
+  const std::int64_t L = p.key_len(b);
+  if (j0 >= L) return Cover::hidden;
+  bool full = j1 <= L && p.mask_kind == MaskKind::none;
+  const std::int64_t off = p.query_offset(b);
+  const std::int64_t first = i0 + off, last = i1 - 1 + off;  // positions of the first/last query
+  if (p.causal != Causal::none) {
+    if (j0 > last) return Cover::hidden;
+    if (j1 - 1 > first) full = false;
+  }
+  if (p.has_window) {
+    if (p.window_left >= 0) {
+      if (j1 - 1 < first - p.window_left) return Cover::hidden;
+      if (j0 < last - p.window_left) full = false;
+    }
+    if (p.window_right >= 0) {
+      if (j0 > last + p.window_right) return Cover::hidden;
+      if (j1 - 1 > first + p.window_right) full = false;
+    }
+  }
+  return full ? Cover::full : Cover::mixed;
+}
+
+// Per-thread scratch, grown once and reused by later calls on the same thread.
+template <class T>
+struct Scratch {
+  T* data = nullptr;
+  std::size_t capacity = 0;
+  ~Scratch() { std::free(data); }
+  T* get(std::size_t n) {
+    if (n > capacity) {
+      std::free(data);
+      data = static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
+      if (data == nullptr) {
+        capacity = 0;
+        throw std::bad_alloc();
+      }
+      capacity = n;
+    }
+    return data;
+  }
+};
+
+template <class T>
+Scratch<T>& scratch() {
+  thread_local Scratch<T> s;
+  return s;
+}
+
+constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// Everything one call needs to know, shared by its threads.
+template <class T>
+struct Plan {
+  const Problem& p;
+  const simd::GemmKernels<T>& gk;
+  const simd::VectorKernels<T>& vk;
+  std::int64_t mr, nr;     // packed tile (Q K^T)
+  std::int64_t dmr, dnr;   // in-place-A tile (P V)
+  std::int64_t dvp;        // Dv rounded up to dnr
+  std::int64_t nqb, nkb;   // query blocks per head, key blocks
+  // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
+  // packed Q block, S block, O block, row max m and row sum l.
+  std::int64_t k_size, v_size, q_size, s_size, o_size, row_size;
+
+  Plan(const Problem& prob, const simd::KernelTable& kt)
+      : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
+    mr = gk.blocking.mr;
+    nr = gk.blocking.nr;
+    dmr = gk.direct_blocking.mr;
+    dnr = gk.direct_blocking.nr;
+    dvp = round_up(p.Dv, dnr);
+    nqb = (p.Sq + kBlockQ - 1) / kBlockQ;
+    nkb = (p.Sk + kBlockK - 1) / kBlockK;
+    const std::int64_t a = 64 / static_cast<std::int64_t>(sizeof(T));
+    k_size = round_up(nkb * p.D * kBlockK, a);
+    v_size = round_up(nkb * kBlockK * dvp, a);
+    q_size = round_up(round_up(kBlockQ, mr) * p.D, a);
+    s_size = round_up(kBlockQ * kBlockK, a);
+    o_size = round_up(kBlockQ * dvp, a);
+    row_size = round_up(kBlockQ, a);
+  }
+  std::size_t scratch_size() const {
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 2 * row_size);
+  }
+};
+
+template <class T>
+class Worker {
+ public:
+  Worker(const Plan<T>& plan, T* scratch_base) : P_(plan), p_(plan.p) {
+    T* s = scratch_base;
+    kp_ = s, s += plan.k_size;
+    vp_ = s, s += plan.v_size;
+    qp_ = s, s += plan.q_size;
+    sb_ = s, s += plan.s_size;
+    ob_ = s, s += plan.o_size;
+    m_ = s, s += plan.row_size;
+    l_ = s;
+  }
+
+  // Computes item (b, h, query block qb).
+  void run(std::int64_t b, std::int64_t h, std::int64_t qb) {
+    const std::int64_t hk = h / (p_.H / p_.Hkv);
+    if (b != packed_b_ || hk != packed_hk_) pack_kv(b, hk);
+    const std::int64_t i0 = qb * kBlockQ, br = std::min(kBlockQ, p_.Sq - i0);
+    pack_q(b, h, i0, br);
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    for (std::int64_t r = 0; r < br; ++r) m_[r] = neg_inf, l_[r] = T(0);
+    std::fill(ob_, ob_ + br * P_.dvp, T(0));
+
+    for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
+      const std::int64_t j0 = jb * kBlockK, nk = std::min(kBlockK, p_.Sk - j0);
+      const Cover cover = classify(p_, b, i0, i0 + br, j0, j0 + nk);
+      if (cover == Cover::hidden) continue;
+      scores(jb, br, nk);
+      softmax_update(b, h, i0, br, j0, nk, cover);
+      accumulate(jb, br, nk);
+    }
+    write_out(b, h, i0, br);
+  }
+
+ private:
+  // K^T of kv head (b, hk) as B panels of nr keys: block jb, panel c, row d holds keys
+  // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of dnr columns: block jb, panel c,
+  // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past Sk and Dv.
+  void pack_kv(std::int64_t b, std::int64_t hk) {
+    const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
+    const T* v = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
+    const std::int64_t nr = P_.nr, dnr = P_.dnr, D = p_.D;
+    for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
+      T* kb = kp_ + jb * D * kBlockK;
+      for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
+        T* panel = kb + c * D * nr;
+        for (std::int64_t q = 0; q < nr; ++q) {
+          const std::int64_t j = jb * kBlockK + c * nr + q;
+          if (j < p_.Sk) {
+            const T* row = k + j * p_.ks[2];
+            for (std::int64_t d = 0; d < D; ++d) panel[d * nr + q] = row[d * p_.ks[3]];
+          } else {
+            for (std::int64_t d = 0; d < D; ++d) panel[d * nr + q] = T(0);
+          }
+        }
+      }
+      T* vb = vp_ + jb * kBlockK * P_.dvp;
+      for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
+        T* panel = vb + c * kBlockK * dnr;
+        for (std::int64_t jj = 0; jj < kBlockK; ++jj) {
+          const std::int64_t j = jb * kBlockK + jj;
+          T* dst = panel + jj * dnr;
+          for (std::int64_t q = 0; q < dnr; ++q) {
+            const std::int64_t d = c * dnr + q;
+            dst[q] = (j < p_.Sk && d < p_.Dv) ? static_cast<const T*>(v)[j * p_.vs[2] + d * p_.vs[3]] : T(0);
+          }
+        }
+      }
+    }
+    packed_b_ = b;
+    packed_hk_ = hk;
+  }
+
+  // Q rows i0 .. i0 + br - 1 of head (b, h) as A panels of mr rows (zero past br).
+  void pack_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    const T* q = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1];
+    const std::int64_t mr = P_.mr, D = p_.D;
+    for (std::int64_t r0 = 0; r0 < br; r0 += mr) {
+      T* panel = qp_ + r0 * D;
+      for (std::int64_t r = 0; r < mr; ++r) {
+        if (r0 + r < br) {
+          const T* row = q + (i0 + r0 + r) * p_.qs[2];
+          for (std::int64_t d = 0; d < D; ++d) panel[d * mr + r] = row[d * p_.qs[3]];
+        } else {
+          for (std::int64_t d = 0; d < D; ++d) panel[d * mr + r] = T(0);
+        }
+      }
+    }
+  }
+
+  // S[0:br, 0:round_up(nk, nr)] = Q_blk K_blk^T (unscaled).
+  void scores(std::int64_t jb, std::int64_t br, std::int64_t nk) {
+    const std::int64_t mr = P_.mr, nr = P_.nr, D = p_.D;
+    const T* kb = kp_ + jb * D * kBlockK;
+    for (std::int64_t c = 0; c * nr < nk; ++c)
+      for (std::int64_t r0 = 0; r0 < br; r0 += mr) {
+        const std::int64_t m = std::min(mr, br - r0);
+        P_.gk.ukernel[m](D, qp_ + r0 * D, kb + c * D * nr, nr, sb_ + r0 * kBlockK + c * nr, kBlockK,
+                         T(1), T(0));
+      }
+  }
+
+  // Scale and mask S, then the online softmax step for each row: P = exp(S - m_new) in place,
+  // l and O rescaled when the row max grows.
+  void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
+                      std::int64_t nk, Cover cover) {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const T scale = static_cast<T>(p_.scale);
+    for (std::int64_t r = 0; r < br; ++r) {
+      T* row = sb_ + r * kBlockK;
+      T bm;
+      if (cover == Cover::full) {
+        bm = P_.vk.scale_add_max(row, nk, scale, nullptr);
+      } else {
+        const std::int64_t i = i0 + r;
+        bm = neg_inf;
+        for (std::int64_t j = 0; j < nk; ++j) {
+          const std::int64_t key = j0 + j;
+          bool visible = position_visible(p_, b, i, key);
+          if (visible && p_.mask_kind == MaskKind::boolean) visible = p_.mask_allows(b, h, i, key);
+          T x = neg_inf;
+          if (visible) {
+            x = row[j] * scale;
+            if (p_.mask_kind == MaskKind::additive) x += static_cast<T>(p_.mask_add(b, h, i, key));
+          }
+          row[j] = x;
+          bm = x > bm ? x : bm;
+        }
+      }
+      // NaN scores do not raise the max; they reach l and O through P instead.
+      const T m_old = m_[r];
+      const T m_new = bm > m_old ? bm : m_old;
+      const T sum = P_.vk.exp_sub_max_sum(row, nk, m_new);
+      if (m_new != m_old && m_old != neg_inf) {
+        const T alpha = std::exp(m_old - m_new);
+        l_[r] *= alpha;
+        P_.vk.scale(ob_ + r * P_.dvp, P_.dvp, alpha);
+      }
+      l_[r] += sum;
+      m_[r] = m_new;
+    }
+  }
+
+  // O[0:br, :] += P[0:br, 0:nk] V_blk[0:nk, :]
+  void accumulate(std::int64_t jb, std::int64_t br, std::int64_t nk) {
+    const std::int64_t dmr = P_.dmr, dnr = P_.dnr;
+    const T* vb = vp_ + jb * kBlockK * P_.dvp;
+    for (std::int64_t c = 0; c < P_.dvp / dnr; ++c)
+      for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
+        const std::int64_t m = std::min(dmr, br - r0);
+        P_.gk.ukernel_direct_a[m](nk, sb_ + r0 * kBlockK, kBlockK, vb + c * kBlockK * dnr, dnr,
+                                  ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), T(1));
+      }
+  }
+
+  void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1];
+    for (std::int64_t r = 0; r < br; ++r) {
+      const T l = l_[r];
+      const T inv = l == T(0) ? T(0) : T(1) / l;  // no visible key: a zero row
+      const T* src = ob_ + r * P_.dvp;
+      T* dst = o + (i0 + r) * p_.os[2];
+      for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = l == T(0) ? T(0) : src[d] * inv;
+    }
+  }
+
+  const Plan<T>& P_;
+  const Problem& p_;
+  T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_;
+  std::int64_t packed_b_ = -1, packed_hk_ = -1;
+};
+
+template <class T>
+void flash(const Problem& p) {
+  const Plan<T> plan(p, simd::kernels());
+  const std::int64_t items = p.B * p.H * plan.nqb;
+  if (items == 0) return;
+
+  // Cost of each item in key blocks, prefix-summed: threads take equal shares of the total.
+  // (thread_local storage of the calling thread; the workers reach it through this reference,
+  // not by name, which would give each worker its own empty vector)
+  thread_local std::vector<std::int64_t> prefix_storage;
+  std::vector<std::int64_t>& prefix = prefix_storage;
+  prefix.resize(static_cast<std::size_t>(items) + 1);
+  prefix[0] = 0;
+  for (std::int64_t it = 0; it < items; ++it) {
+    const std::int64_t qb = it % plan.nqb, b = it / (plan.nqb * p.H);
+    const std::int64_t i0 = qb * kBlockQ, i1 = std::min(p.Sq, i0 + kBlockQ);
+    std::int64_t cost = 1;  // packing Q and writing O
+    for (std::int64_t jb = 0; jb < plan.nkb; ++jb)
+      cost += classify(p, b, i0, i1, jb * kBlockK, std::min(p.Sk, (jb + 1) * kBlockK)) != Cover::hidden;
+    prefix[static_cast<std::size_t>(it) + 1] = prefix[static_cast<std::size_t>(it)] + cost;
+  }
+  const std::int64_t total = prefix.back();
+  const double flops_per_block = 2.0 * double(kBlockQ) * double(kBlockK) * double(p.D + p.Dv);
+  const auto nt = static_cast<int>(std::max<double>(
+      1.0, std::min<double>(resolve_threads(p.threads), std::min<double>(double(items), double(total) * flops_per_block / kMinFlopsPerThread))));
+
+  auto run_share = [&](int t, int T_) {
+    // Items whose cost prefix starts in this thread's share of the total.
+    const std::int64_t lo = total * t / T_, hi = total * (t + 1) / T_;
+    const auto begin = std::lower_bound(prefix.begin(), prefix.end() - 1, lo) - prefix.begin();
+    const auto end = std::lower_bound(prefix.begin(), prefix.end() - 1, hi) - prefix.begin();
+    if (begin >= end) return;
+    Worker<T> w(plan, scratch<T>().get(plan.scratch_size()));
+    for (std::int64_t it = begin; it < end; ++it) {
+      const std::int64_t qb = it % plan.nqb, h = (it / plan.nqb) % p.H, b = it / (plan.nqb * p.H);
+      w.run(b, h, qb);
+    }
+  };
+
+  if (nt == 1) {
+    run_share(0, 1);
+    return;
+  }
+  bool failed = false;
+#pragma omp parallel num_threads(nt)
+  {
+    try {
+      run_share(omp_get_thread_num(), omp_get_num_threads());
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+    }
+  }
+  if (failed) throw std::bad_alloc();
+}
+
+}  // namespace
+
+void attention_native(const Problem& p) {
+  if (p.dtype == DType::f32) flash<float>(p);
+  else flash<double>(p);
+}
+
+}  // namespace simdattn::detail
