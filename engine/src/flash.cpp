@@ -1,16 +1,17 @@
 // The native backend: fused flash-style attention on the simd/ micro-kernels.
 //
 // For each (batch b, head h, block of up to kBlockQ query rows):
-//   Q block, packed once as A panels                          [br, D]
+//   Q block, read in place (rows copied only if D is strided)  [br, D]
 //   for each key block of kBlockK keys that the mask does not hide entirely:
-//     S = Q_blk K_blk^T             (packed GEMM micro-kernel)  [br, Bc]
+//     S = Q_blk K_blk^T             (in-place-A micro-kernel)   [br, Bc]
 //     scale, mask (only where the block is not fully visible), row max m_new
 //     P = exp(S - m_new), row sums; O and l rescaled by exp(m_old - m_new) only when m grows
 //     O += P V_blk                  (in-place-A micro-kernel)   [br, Dv]
 //   out = O / l, with l == 0 (no visible key) giving a zero row.
 // The Sq x Sk score matrix is never formed: S is one [br, Bc] block in the thread's scratch.
 //
-// K^T and V are packed once per (batch, kv head) into the thread's scratch, in key blocks of
+// Both GEMMs run the short, wide in-place-A tile (6 x 64 f32 on AVX-512), so neither Q nor P is
+// packed. K^T and V are packed once per (batch, kv head) into the thread's scratch, in key blocks of
 // kBlockK: every query block (and every query head of a grouped-query group) of that head reuses
 // them. Threads take contiguous ranges of the flattened (b, h, query block) items, balanced by
 // the number of key blocks each item computes, so causal work splits evenly. Every row is
@@ -19,6 +20,7 @@
 #include <cstdint>
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <vector>
@@ -39,6 +41,8 @@ constexpr std::int64_t kBlockQ = 96;
 // Keys per block: a multiple of every ISA's panel width (32, 16, 8 f32 columns); also the
 // granularity at which causal masks and windows skip work.
 constexpr std::int64_t kBlockK = 128;
+// Largest register-tile height or panel width of any ISA (bounds the row-pointer arrays).
+constexpr std::int64_t kMaxTile = 64;
 // Below this many flops per thread a parallel region costs more than it saves.
 constexpr double kMinFlopsPerThread = 4e6;
 
@@ -104,8 +108,7 @@ struct Plan {
   const Problem& p;
   const simd::GemmKernels<T>& gk;
   const simd::VectorKernels<T>& vk;
-  std::int64_t mr, nr;     // packed tile (Q K^T)
-  std::int64_t dmr, dnr;   // in-place-A tile (P V)
+  std::int64_t dmr, dnr;   // the in-place-A tile both GEMMs run on
   std::int64_t dvp;        // Dv rounded up to dnr
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
@@ -114,17 +117,16 @@ struct Plan {
 
   Plan(const Problem& prob, const simd::KernelTable& kt)
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
-    mr = gk.blocking.mr;
-    nr = gk.blocking.nr;
     dmr = gk.direct_blocking.mr;
     dnr = gk.direct_blocking.nr;
+    if (dnr > kMaxTile || kBlockK % dnr != 0) std::abort();  // ISA table invariant
     dvp = round_up(p.Dv, dnr);
     nqb = (p.Sq + kBlockQ - 1) / kBlockQ;
     nkb = (p.Sk + kBlockK - 1) / kBlockK;
     const std::int64_t a = 64 / static_cast<std::int64_t>(sizeof(T));
     k_size = round_up(nkb * p.D * kBlockK, a);
     v_size = round_up(nkb * kBlockK * dvp, a);
-    q_size = round_up(round_up(kBlockQ, mr) * p.D, a);
+    q_size = round_up(kBlockQ * p.D, a);
     s_size = round_up(kBlockQ * kBlockK, a);
     o_size = round_up(kBlockQ * dvp, a);
     row_size = round_up(kBlockQ, a);
@@ -153,54 +155,67 @@ class Worker {
     const std::int64_t hk = h / (p_.H / p_.Hkv);
     if (b != packed_b_ || hk != packed_hk_) pack_kv(b, hk);
     const std::int64_t i0 = qb * kBlockQ, br = std::min(kBlockQ, p_.Sq - i0);
-    pack_q(b, h, i0, br);
+    prepare_q(b, h, i0, br);
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (std::int64_t r = 0; r < br; ++r) m_[r] = neg_inf, l_[r] = T(0);
-    std::fill(ob_, ob_ + br * P_.dvp, T(0));
 
+    // O is not cleared: the first computed block writes it (beta = 0); until then every row
+    // max is -inf, so no rescale reads it. A query block with no visible key never reads it.
+    bool first = true;
     for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
       const std::int64_t j0 = jb * kBlockK, nk = std::min(kBlockK, p_.Sk - j0);
       const Cover cover = classify(p_, b, i0, i0 + br, j0, j0 + nk);
       if (cover == Cover::hidden) continue;
       scores(jb, br, nk);
       softmax_update(b, h, i0, br, j0, nk, cover);
-      accumulate(jb, br, nk);
+      accumulate(jb, br, nk, first ? T(0) : T(1));
+      first = false;
     }
     write_out(b, h, i0, br);
   }
 
  private:
-  // K^T of kv head (b, hk) as B panels of nr keys: block jb, panel c, row d holds keys
+  // K^T of kv head (b, hk) as B panels of dnr keys: block jb, panel c, row d holds keys
   // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of dnr columns: block jb, panel c,
   // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past Sk and Dv.
   void pack_kv(std::int64_t b, std::int64_t hk) {
     const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
     const T* v = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
-    const std::int64_t nr = P_.nr, dnr = P_.dnr, D = p_.D;
+    const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
     for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
       T* kb = kp_ + jb * D * kBlockK;
       for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
         T* panel = kb + c * D * nr;
-        for (std::int64_t q = 0; q < nr; ++q) {
-          const std::int64_t j = jb * kBlockK + c * nr + q;
-          if (j < p_.Sk) {
-            const T* row = k + j * p_.ks[2];
-            for (std::int64_t d = 0; d < D; ++d) panel[d * nr + q] = row[d * p_.ks[3]];
-          } else {
-            for (std::int64_t d = 0; d < D; ++d) panel[d * nr + q] = T(0);
-          }
+        const std::int64_t j0 = jb * kBlockK + c * nr;
+        const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, p_.Sk - j0));
+        // d outer: one contiguous write stream, n sequential read streams
+        const T* rows[kMaxTile];
+        for (std::int64_t q = 0; q < n; ++q) rows[q] = k + (j0 + q) * p_.ks[2];
+        for (std::int64_t d = 0; d < D; ++d) {
+          T* dst = panel + d * nr;
+          const std::int64_t off = d * p_.ks[3];
+          for (std::int64_t q = 0; q < n; ++q) dst[q] = rows[q][off];
+          for (std::int64_t q = n; q < nr; ++q) dst[q] = T(0);
         }
       }
       T* vb = vp_ + jb * kBlockK * P_.dvp;
       for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
         T* panel = vb + c * kBlockK * dnr;
+        const std::int64_t d0 = c * dnr, nd = std::max<std::int64_t>(0, std::min(dnr, p_.Dv - d0));
         for (std::int64_t jj = 0; jj < kBlockK; ++jj) {
           const std::int64_t j = jb * kBlockK + jj;
           T* dst = panel + jj * dnr;
-          for (std::int64_t q = 0; q < dnr; ++q) {
-            const std::int64_t d = c * dnr + q;
-            dst[q] = (j < p_.Sk && d < p_.Dv) ? static_cast<const T*>(v)[j * p_.vs[2] + d * p_.vs[3]] : T(0);
+          std::int64_t q = 0;
+          if (j < p_.Sk) {
+            const T* src = v + j * p_.vs[2] + d0 * p_.vs[3];
+            if (p_.vs[3] == 1) {
+              std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(nd));
+              q = nd;
+            } else {
+              for (; q < nd; ++q) dst[q] = src[q * p_.vs[3]];
+            }
           }
+          for (; q < dnr; ++q) dst[q] = T(0);
         }
       }
     }
@@ -208,32 +223,30 @@ class Worker {
     packed_hk_ = hk;
   }
 
-  // Q rows i0 .. i0 + br - 1 of head (b, h) as A panels of mr rows (zero past br).
-  void pack_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-    const T* q = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1];
-    const std::int64_t mr = P_.mr, D = p_.D;
-    for (std::int64_t r0 = 0; r0 < br; r0 += mr) {
-      T* panel = qp_ + r0 * D;
-      for (std::int64_t r = 0; r < mr; ++r) {
-        if (r0 + r < br) {
-          const T* row = q + (i0 + r0 + r) * p_.qs[2];
-          for (std::int64_t d = 0; d < D; ++d) panel[d * mr + r] = row[d * p_.qs[3]];
-        } else {
-          for (std::int64_t d = 0; d < D; ++d) panel[d * mr + r] = T(0);
-        }
-      }
+  // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
+  // read in place: Q itself when its rows are contiguous in D, else a copy.
+  void prepare_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    const T* q = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i0 * p_.qs[2];
+    if (p_.qs[3] == 1) {
+      q_ = q;
+      ldq_ = p_.qs[2];
+      return;
     }
+    for (std::int64_t r = 0; r < br; ++r)
+      for (std::int64_t d = 0; d < p_.D; ++d) qp_[r * p_.D + d] = q[r * p_.qs[2] + d * p_.qs[3]];
+    q_ = qp_;
+    ldq_ = p_.D;
   }
 
-  // S[0:br, 0:round_up(nk, nr)] = Q_blk K_blk^T (unscaled).
+  // S[0:br, 0:round_up(nk, dnr)] = Q_blk K_blk^T (unscaled).
   void scores(std::int64_t jb, std::int64_t br, std::int64_t nk) {
-    const std::int64_t mr = P_.mr, nr = P_.nr, D = p_.D;
+    const std::int64_t dmr = P_.dmr, dnr = P_.dnr, D = p_.D;
     const T* kb = kp_ + jb * D * kBlockK;
-    for (std::int64_t c = 0; c * nr < nk; ++c)
-      for (std::int64_t r0 = 0; r0 < br; r0 += mr) {
-        const std::int64_t m = std::min(mr, br - r0);
-        P_.gk.ukernel[m](D, qp_ + r0 * D, kb + c * D * nr, nr, sb_ + r0 * kBlockK + c * nr, kBlockK,
-                         T(1), T(0));
+    for (std::int64_t c = 0; c * dnr < nk; ++c)
+      for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
+        const std::int64_t m = std::min(dmr, br - r0);
+        P_.gk.ukernel_direct_a[m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr, dnr, sb_ + r0 * kBlockK + c * dnr,
+                                  kBlockK, T(1), T(0));
       }
   }
 
@@ -278,15 +291,15 @@ class Worker {
     }
   }
 
-  // O[0:br, :] += P[0:br, 0:nk] V_blk[0:nk, :]
-  void accumulate(std::int64_t jb, std::int64_t br, std::int64_t nk) {
+  // O[0:br, :] = P[0:br, 0:nk] V_blk[0:nk, :] + beta * O
+  void accumulate(std::int64_t jb, std::int64_t br, std::int64_t nk, T beta) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr;
     const T* vb = vp_ + jb * kBlockK * P_.dvp;
     for (std::int64_t c = 0; c < P_.dvp / dnr; ++c)
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
         P_.gk.ukernel_direct_a[m](nk, sb_ + r0 * kBlockK, kBlockK, vb + c * kBlockK * dnr, dnr,
-                                  ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), T(1));
+                                  ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta);
       }
   }
 
@@ -294,16 +307,23 @@ class Worker {
     T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1];
     for (std::int64_t r = 0; r < br; ++r) {
       const T l = l_[r];
-      const T inv = l == T(0) ? T(0) : T(1) / l;  // no visible key: a zero row
-      const T* src = ob_ + r * P_.dvp;
+      T* src = ob_ + r * P_.dvp;
       T* dst = o + (i0 + r) * p_.os[2];
-      for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = l == T(0) ? T(0) : src[d] * inv;
+      if (l == T(0)) {  // no visible key: a zero row (O was never written for it)
+        for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = T(0);
+        continue;
+      }
+      P_.vk.scale(src, p_.Dv, T(1) / l);
+      if (p_.os[3] == 1) std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(p_.Dv));
+      else for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = src[d];
     }
   }
 
   const Plan<T>& P_;
   const Problem& p_;
   T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_;
+  const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
+  std::int64_t ldq_ = 0;
   std::int64_t packed_b_ = -1, packed_hk_ = -1;
 };
 

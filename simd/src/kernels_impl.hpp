@@ -78,6 +78,8 @@ inline batch<T, Arch> pow2i(const batch<T, Arch>& n) {
   return xsimd::bitwise_cast<batch<T, Arch>>(bits << C::mant_bits);
 }
 
+template <class Arch> constexpr bool kHasAvx512 = std::is_base_of_v<xsimd::avx512f, Arch>;
+
 template <class Arch, class T>
 inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   using B = batch<T, Arch>;
@@ -90,9 +92,17 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   // Taylor polynomial of e^r: 1 + r + r^2/2! + ... + r^degree/degree!, Horner form.
   B p(C::inv_fact[C::degree]);
   for (int k = C::degree - 1; k >= 0; --k) p = xsimd::fma(p, r, B(C::inv_fact[k]));
-  // 2^n = 2^n1 * 2^n2 with both halves in the normal range.
-  const B n1 = xsimd::floor(n * B(T(0.5)));
-  const B y = (p * pow2i<Arch, T>(n1)) * pow2i<Arch, T>(n - n1);
+  B y;
+  if constexpr (kHasAvx512<Arch>) {
+    // vscalefps/pd: p * 2^n in one instruction, correctly rounded into the denormal range,
+    // +inf on overflow, 0 on underflow.
+    if constexpr (sizeof(T) == 4) y = _mm512_scalef_ps(p, n);
+    else y = _mm512_scalef_pd(p, n);
+  } else {
+    // 2^n = 2^n1 * 2^n2 with both halves in the normal range.
+    const B n1 = xsimd::floor(n * B(T(0.5)));
+    y = (p * pow2i<Arch, T>(n1)) * pow2i<Arch, T>(n - n1);
+  }
   return xsimd::select(xsimd::isnan(x), x, y);  // NaN in, NaN out
 }
 
