@@ -262,19 +262,33 @@ class Worker {
       if (cover == Cover::full) {
         bm = P_.vk.scale_add_max(row, nk, scale, nullptr);
       } else {
+        // Key lengths, causal and window leave each row one interval [lo, hi) of visible keys:
+        // scale it (adding the mask), fill the rest with -inf.
         const std::int64_t i = i0 + r;
+        const std::int64_t pos = i + p_.query_offset(b);
+        std::int64_t lo = 0, hi = p_.key_len(b);
+        if (p_.causal != Causal::none) hi = std::min(hi, pos + 1);
+        if (p_.has_window && p_.window_left >= 0) lo = std::max(lo, pos - p_.window_left);
+        if (p_.has_window && p_.window_right >= 0) hi = std::min(hi, pos + p_.window_right + 1);
+        lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
+        hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
+        for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
+        for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
+        const T* add = nullptr;
+        if (p_.mask_kind == MaskKind::additive && p_.mask_dtype == p_.dtype && p_.ms[3] == 1)
+          add = static_cast<const T*>(p_.mask) + p_.mask_offset(b, h, i, j0);
         bm = neg_inf;
-        for (std::int64_t j = 0; j < nk; ++j) {
-          const std::int64_t key = j0 + j;
-          bool visible = position_visible(p_, b, i, key);
-          if (visible && p_.mask_kind == MaskKind::boolean) visible = p_.mask_allows(b, h, i, key);
-          T x = neg_inf;
-          if (visible) {
-            x = row[j] * scale;
-            if (p_.mask_kind == MaskKind::additive) x += static_cast<T>(p_.mask_add(b, h, i, key));
+        if (lo < hi) bm = P_.vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
+        if ((p_.mask_kind == MaskKind::additive && add == nullptr) || p_.mask_kind == MaskKind::boolean) {
+          for (std::int64_t j = lo; j < hi; ++j) {
+            const std::int64_t key = j0 + j;
+            if (p_.mask_kind == MaskKind::boolean) {
+              if (!p_.mask_allows(b, h, i, key)) row[j] = neg_inf;
+            } else {
+              row[j] += static_cast<T>(p_.mask_add(b, h, i, key));
+            }
           }
-          row[j] = x;
-          bm = x > bm ? x : bm;
+          bm = lo < hi ? P_.vk.max(row + lo, hi - lo) : neg_inf;
         }
       }
       // NaN scores do not raise the max; they reach l and O through P instead.

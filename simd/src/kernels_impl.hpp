@@ -80,12 +80,17 @@ inline batch<T, Arch> pow2i(const batch<T, Arch>& n) {
 
 template <class Arch> constexpr bool kHasAvx512 = std::is_base_of_v<xsimd::avx512f, Arch>;
 
-template <class Arch, class T>
+// kFlush: results below the smallest normal become 0 instead of denormals. Softmax weights that
+// small are invisible next to the row maximum's weight of 1, and producing denormals costs a
+// microcode assist per instruction on Intel cores (exp of masked scores: 29% of a causal run).
+template <class Arch, class T, bool kFlush = false>
 inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   using B = batch<T, Arch>;
   using C = ExpConst<T>;
+  // ln of the smallest normal number
+  constexpr T kMinNormalLog = sizeof(T) == 4 ? T(-87.33654) : T(-708.3964185322641);
   // Clamp (NaN is restored at the end), round x / ln 2 to an integer.
-  const B xc = xsimd::min(xsimd::max(x, B(C::lo)), B(C::hi));
+  const B xc = xsimd::min(xsimd::max(x, B(kFlush ? kMinNormalLog : C::lo)), B(C::hi));
   const B n = xsimd::fma(xc, B(C::log2e), B(C::round_magic)) - B(C::round_magic);
   B r = xsimd::fnma(n, B(C::ln2_hi), xc);
   r = xsimd::fnma(n, B(C::ln2_lo), r);
@@ -103,6 +108,7 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
     const B n1 = xsimd::floor(n * B(T(0.5)));
     y = (p * pow2i<Arch, T>(n1)) * pow2i<Arch, T>(n - n1);
   }
+  if constexpr (kFlush) y = xsimd::select(x < B(kMinNormalLog), B(T(0)), y);
   return xsimd::select(xsimd::isnan(x), x, y);  // NaN in, NaN out
 }
 
@@ -213,8 +219,8 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
   B s0(T(0)), s1(T(0));
   std::int64_t i = 0;
   for (; i + 2 * W <= n; i += 2 * W) {
-    const B a = exp_batch<Arch, T>(B::load_unaligned(x + i) - m);
-    const B b = exp_batch<Arch, T>(B::load_unaligned(x + i + W) - m);
+    const B a = exp_batch<Arch, T, true>(B::load_unaligned(x + i) - m);
+    const B b = exp_batch<Arch, T, true>(B::load_unaligned(x + i + W) - m);
     a.store_unaligned(x + i);
     b.store_unaligned(x + i + W);
     s0 += a;
@@ -225,8 +231,8 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
     alignas(64) T buf[2 * W];
     const std::int64_t r = n - i;
     for (std::int64_t j = 0; j < 2 * W; ++j) buf[j] = j < r ? x[i + j] : -std::numeric_limits<T>::infinity();
-    const B a = exp_batch<Arch, T>(B::load_aligned(buf) - m);
-    const B b = exp_batch<Arch, T>(B::load_aligned(buf + W) - m);
+    const B a = exp_batch<Arch, T, true>(B::load_aligned(buf) - m);
+    const B b = exp_batch<Arch, T, true>(B::load_aligned(buf + W) - m);
     a.store_aligned(buf);
     b.store_aligned(buf + W);
     s += xsimd::hadd(a + b);

@@ -77,7 +77,8 @@ struct VectorKernels {
   // Softmax pass 1, fused: x[i] = x[i] * scale + (add ? add[i] : 0); returns max_i x[i].
   T (*scale_add_max)(T* x, std::int64_t n, T scale, const T* add);
   // Softmax pass 2, fused: x[i] = exp(x[i] - max); returns the sum of the new x[i].
-  // max = -inf (a fully masked row) yields x[i] = 0 and sum 0, never NaN.
+  // max = -inf (a fully masked row) yields x[i] = 0 and sum 0, never NaN. Results below the
+  // smallest normal number are 0 (no denormals: they would cost a microcode assist each).
   T (*exp_sub_max_sum)(T* x, std::int64_t n, T max);
   // x[i] *= a (the online softmax's rescale of an output row).
   void (*scale)(T* x, std::int64_t n, T a);
