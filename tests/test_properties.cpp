@@ -144,7 +144,10 @@ TEST_CASE("grouped-query attention equals multi-head attention with K/V heads re
       k2.for_each([&](double& x, auto b, auto h, auto j, auto d) { x = c.k.at(b, h / group, j, d); });
       v2.for_each([&](double& x, auto b, auto h, auto j, auto d) { x = c.v.at(b, h / group, j, d); });
       const Buffer<double> gqa = run(c, c.k, c.v, opt), mha = run(c, k2, v2, opt);
-      CHECK(test::max_abs_diff(gqa, mha) == 0.0);
+      // Exact for the reference; the native kernels may group the rows of a GQA head group into
+      // one product, which sums in another order.
+      const double tol = be == Backend::reference ? 0.0 : test::tolerance<double>(test::max_abs(c.v));
+      CHECK(test::max_abs_diff(gqa, mha) <= tol);
     }
   }
 }

@@ -27,6 +27,7 @@
 
 #include <omp.h>
 
+#include "gemm.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "threading.hpp"
@@ -72,6 +73,45 @@ Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i
     }
   }
   return full ? Cover::full : Cover::mixed;
+}
+
+// Scales row[0:nk] (the raw scores of query i of head (b, h) against keys j0 .. j0 + nk - 1),
+// adds the additive mask, sets hidden keys to -inf and returns the row max. `full`: every key is
+// visible and there is no explicit mask.
+template <class T>
+T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std::int64_t b,
+                 std::int64_t h, std::int64_t i, std::int64_t j0, std::int64_t nk, bool full) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T scale = static_cast<T>(p.scale);
+  if (full) return vk.scale_add_max(row, nk, scale, nullptr);
+  // Key lengths, causal and window leave the row one interval [lo, hi) of visible keys: scale
+  // it (adding the mask), fill the rest with -inf.
+  const std::int64_t pos = i + p.query_offset(b);
+  std::int64_t lo = 0, hi = p.key_len(b);
+  if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
+  if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
+  if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
+  lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
+  hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
+  for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
+  for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
+  const T* add = nullptr;
+  if (p.mask_kind == MaskKind::additive && p.mask_dtype == p.dtype && p.ms[3] == 1)
+    add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
+  T bm = neg_inf;
+  if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
+  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const std::int64_t key = j0 + j;
+      if (p.mask_kind == MaskKind::boolean) {
+        if (!p.mask_allows(b, h, i, key)) row[j] = neg_inf;
+      } else {
+        row[j] += static_cast<T>(p.mask_add(b, h, i, key));
+      }
+    }
+    bm = lo < hi ? vk.max(row + lo, hi - lo) : neg_inf;
+  }
+  return bm;
 }
 
 // Per-thread scratch, grown once and reused by later calls on the same thread.
@@ -255,42 +295,9 @@ class Worker {
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
                       std::int64_t nk, Cover cover) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
-    const T scale = static_cast<T>(p_.scale);
     for (std::int64_t r = 0; r < br; ++r) {
       T* row = sb_ + r * kBlockK;
-      T bm;
-      if (cover == Cover::full) {
-        bm = P_.vk.scale_add_max(row, nk, scale, nullptr);
-      } else {
-        // Key lengths, causal and window leave each row one interval [lo, hi) of visible keys:
-        // scale it (adding the mask), fill the rest with -inf.
-        const std::int64_t i = i0 + r;
-        const std::int64_t pos = i + p_.query_offset(b);
-        std::int64_t lo = 0, hi = p_.key_len(b);
-        if (p_.causal != Causal::none) hi = std::min(hi, pos + 1);
-        if (p_.has_window && p_.window_left >= 0) lo = std::max(lo, pos - p_.window_left);
-        if (p_.has_window && p_.window_right >= 0) hi = std::min(hi, pos + p_.window_right + 1);
-        lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
-        hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
-        for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
-        for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
-        const T* add = nullptr;
-        if (p_.mask_kind == MaskKind::additive && p_.mask_dtype == p_.dtype && p_.ms[3] == 1)
-          add = static_cast<const T*>(p_.mask) + p_.mask_offset(b, h, i, j0);
-        bm = neg_inf;
-        if (lo < hi) bm = P_.vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
-        if ((p_.mask_kind == MaskKind::additive && add == nullptr) || p_.mask_kind == MaskKind::boolean) {
-          for (std::int64_t j = lo; j < hi; ++j) {
-            const std::int64_t key = j0 + j;
-            if (p_.mask_kind == MaskKind::boolean) {
-              if (!p_.mask_allows(b, h, i, key)) row[j] = neg_inf;
-            } else {
-              row[j] += static_cast<T>(p_.mask_add(b, h, i, key));
-            }
-          }
-          bm = lo < hi ? P_.vk.max(row + lo, hi - lo) : neg_inf;
-        }
-      }
+      const T bm = mask_scale_max(p_, P_.vk, row, b, h, i0 + r, j0, nk, cover == Cover::full);
       // NaN scores do not raise the max; they reach l and O through P instead.
       const T m_old = m_[r];
       const T m_new = bm > m_old ? bm : m_old;
@@ -341,8 +348,93 @@ class Worker {
   std::int64_t packed_b_ = -1, packed_hk_ = -1;
 };
 
+// ---------------------------------------------------------------------------------------------
+// Decode: few query rows per kv head (Sq * H / Hkv <= kDecodeMaxRows), e.g. one new token
+// against a KV cache. The work is a matrix-vector product per head, bound by reading K and V:
+// nothing is packed; the GEMV kernels stream K (scores) and then V (weighted sum) exactly once.
+// Per (batch, kv head): the group's query rows are gathered into one small matrix Qg, then
+//   S = Qg K^T (all keys; a few rows of Sk scores), softmax per row, O = S V / l.
+
+constexpr std::int64_t kDecodeMaxRows = 8;
+
+template <class T>
+void decode(const Problem& p, const simd::KernelTable& kt) {
+  const std::int64_t group = p.H / p.Hkv, rows = group * p.Sq;
+  const simd::VectorKernels<T>& vk = kt.vec<T>();
+  const auto a = static_cast<std::int64_t>(64 / sizeof(T));
+  const std::int64_t q_size = round_up(rows * p.D, a), s_size = round_up(rows * p.Sk, a);
+  const std::int64_t o_size = round_up(rows * p.Dv, a);
+  const std::int64_t items = p.B * p.Hkv;
+  const double bytes = double(p.Sk) * double(p.D + p.Dv) * sizeof(T);  // per item
+  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
+
+  bool failed = false;
+  parallel_for(items, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+    T* base = nullptr;
+    try {
+      base = scratch<T>().get(static_cast<std::size_t>(q_size + s_size + o_size));
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+      return;
+    }
+    T* qg = base;
+    T* sc = qg + q_size;
+    T* og = sc + s_size;
+    for (std::int64_t it = it0; it < it1; ++it) {
+      const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
+      // Qg: row r = (head h0 + r / Sq, query r % Sq)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* src = static_cast<const T*>(p.q) + b * p.qs[0] + (hk * group + r / p.Sq) * p.qs[1] +
+                       (r % p.Sq) * p.qs[2];
+        std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
+      }
+      const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+      const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+      GemmArgs<T> qk;  // S = Qg K^T
+      qk.trans_b = Trans::T;
+      qk.M = rows, qk.N = p.Sk, qk.K = p.D;
+      qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.ks[2], qk.C = sc, qk.ldc = p.Sk;
+      gemm(qk, 1, &kt);
+      std::int64_t visible_rows = 0;
+      T l[kDecodeMaxRows];
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+        T* row = sc + r * p.Sk;
+        const bool full = classify(p, b, i, i + 1, 0, p.Sk) == Cover::full;
+        const T m = mask_scale_max(p, vk, row, b, h, i, 0, p.Sk, full);
+        l[r] = vk.exp_sub_max_sum(row, p.Sk, m);
+        visible_rows += l[r] != T(0);
+      }
+      if (visible_rows > 0) {
+        GemmArgs<T> pv;  // O = P V
+        pv.M = rows, pv.N = p.Dv, pv.K = p.Sk;
+        pv.A = sc, pv.lda = p.Sk, pv.B = v, pv.ldb = p.vs[2], pv.C = og, pv.ldc = p.Dv;
+        gemm(pv, 1, &kt);
+      }
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+        T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+        if (l[r] == T(0)) {  // no visible key: a zero row
+          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
+          continue;
+        }
+        T* src = og + r * p.Dv;
+        vk.scale(src, p.Dv, T(1) / l[r]);
+        for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
+      }
+    }
+  });
+  if (failed) throw std::bad_alloc();
+}
+
 template <class T>
 void flash(const Problem& p) {
+  if (p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.qs[3] == 1 && p.ks[3] == 1 &&
+      p.vs[3] == 1) {
+    decode<T>(p, simd::kernels());
+    return;
+  }
   const Plan<T> plan(p, simd::kernels());
   const std::int64_t items = p.B * p.H * plan.nqb;
   if (items == 0) return;
