@@ -149,6 +149,8 @@ struct Plan {
   const simd::GemmKernels<T>& gk;
   const simd::VectorKernels<T>& vk;
   std::int64_t dmr, dnr;   // the in-place-A tile both GEMMs run on
+  std::int64_t lanes;      // elements per vector
+  std::int64_t dvu;        // Dv rounded up to a vector: the columns of O that are computed
   std::int64_t dvp;        // Dv rounded up to dnr
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
@@ -159,6 +161,8 @@ struct Plan {
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
     dmr = gk.direct_blocking.mr;
     dnr = gk.direct_blocking.nr;
+    lanes = gk.direct_blocking.lanes;
+    dvu = round_up(p.Dv, lanes);
     if (dnr > kMaxTile || kBlockK % dnr != 0) std::abort();  // ISA table invariant
     dvp = round_up(p.Dv, dnr);
     nqb = (p.Sq + kBlockQ - 1) / kBlockQ;
@@ -278,16 +282,19 @@ class Worker {
     ldq_ = p_.D;
   }
 
-  // S[0:br, 0:round_up(nk, dnr)] = Q_blk K_blk^T (unscaled).
+  // S[0:br, 0:round_up(nk, lanes)] = Q_blk K_blk^T (unscaled). The last panel runs only the
+  // vectors it has keys for.
   void scores(std::int64_t jb, std::int64_t br, std::int64_t nk) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr, D = p_.D;
     const T* kb = kp_ + jb * D * kBlockK;
-    for (std::int64_t c = 0; c * dnr < nk; ++c)
+    for (std::int64_t c = 0; c * dnr < nk; ++c) {
+      const std::int64_t nv = (std::min(dnr, nk - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        P_.gk.ukernel_direct_a[m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr, dnr, sb_ + r0 * kBlockK + c * dnr,
-                                  kBlockK, T(1), T(0));
+        P_.gk.ukernel_direct_a[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr, dnr,
+                                      sb_ + r0 * kBlockK + c * dnr, kBlockK, T(1), T(0));
       }
+    }
   }
 
   // Scale and mask S, then the online softmax step for each row: P = exp(S - m_new) in place,
@@ -305,7 +312,7 @@ class Worker {
       if (m_new != m_old && m_old != neg_inf) {
         const T alpha = std::exp(m_old - m_new);
         l_[r] *= alpha;
-        P_.vk.scale(ob_ + r * P_.dvp, P_.dvp, alpha);
+        P_.vk.scale(ob_ + r * P_.dvp, P_.dvu, alpha);
       }
       l_[r] += sum;
       m_[r] = m_new;
@@ -316,12 +323,14 @@ class Worker {
   void accumulate(std::int64_t jb, std::int64_t br, std::int64_t nk, T beta) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr;
     const T* vb = vp_ + jb * kBlockK * P_.dvp;
-    for (std::int64_t c = 0; c < P_.dvp / dnr; ++c)
+    for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
+      const std::int64_t nv = (std::min(dnr, p_.Dv - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        P_.gk.ukernel_direct_a[m](nk, sb_ + r0 * kBlockK, kBlockK, vb + c * kBlockK * dnr, dnr,
-                                  ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta);
+        P_.gk.ukernel_direct_a[nv][m](nk, sb_ + r0 * kBlockK, kBlockK, vb + c * kBlockK * dnr, dnr,
+                                      ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta);
       }
+    }
   }
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {

@@ -167,7 +167,7 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
   T* out = full ? c : tile;
   const std::int64_t ldo = full ? g.ldc : nr;
   const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
-  if (mode.direct_a) gk.ukernel_direct_a[m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
+  if (mode.direct_a) gk.ukernel_direct_a[nr / mode.bs.lanes][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
   else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
   if (full) return;

@@ -80,6 +80,48 @@ inline batch<T, Arch> pow2i(const batch<T, Arch>& n) {
 
 template <class Arch> constexpr bool kHasAvx512 = std::is_base_of_v<xsimd::avx512f, Arch>;
 
+// The first n < W elements of p into a batch, `fill` in the other lanes; and the reverse. On
+// AVX-512 these are single masked loads/stores, elsewhere a trip through a stack buffer.
+template <class Arch, class T>
+inline batch<T, Arch> load_tail(const T* p, std::int64_t n, T fill) {
+  using B = batch<T, Arch>;
+  if constexpr (kHasAvx512<Arch>) {
+    if constexpr (sizeof(T) == 4) return _mm512_mask_loadu_ps(B(fill), static_cast<unsigned short>((1u << n) - 1), p);
+    else return _mm512_mask_loadu_pd(B(fill), static_cast<unsigned char>((1u << n) - 1), p);
+  } else {
+    alignas(64) T buf[B::size];
+    for (std::size_t i = 0; i < B::size; ++i) buf[i] = static_cast<std::int64_t>(i) < n ? p[i] : fill;
+    return B::load_aligned(buf);
+  }
+}
+// Lanes n and above of v replaced by `value`.
+template <class Arch, class T>
+inline batch<T, Arch> blend_tail(const batch<T, Arch>& v, std::int64_t n, T value) {
+  using B = batch<T, Arch>;
+  if constexpr (kHasAvx512<Arch>) {
+    if constexpr (sizeof(T) == 4) return _mm512_mask_blend_ps(static_cast<unsigned short>((1u << n) - 1), B(value), v);
+    else return _mm512_mask_blend_pd(static_cast<unsigned char>((1u << n) - 1), B(value), v);
+  } else {
+    alignas(64) T buf[B::size];
+    v.store_aligned(buf);
+    for (std::size_t i = static_cast<std::size_t>(n); i < B::size; ++i) buf[i] = value;
+    return B::load_aligned(buf);
+  }
+}
+
+template <class Arch, class T>
+inline void store_tail(T* p, std::int64_t n, const batch<T, Arch>& v) {
+  using B = batch<T, Arch>;
+  if constexpr (kHasAvx512<Arch>) {
+    if constexpr (sizeof(T) == 4) _mm512_mask_storeu_ps(p, static_cast<unsigned short>((1u << n) - 1), v);
+    else _mm512_mask_storeu_pd(p, static_cast<unsigned char>((1u << n) - 1), v);
+  } else {
+    alignas(64) T buf[B::size];
+    v.store_aligned(buf);
+    for (std::int64_t i = 0; i < n; ++i) p[i] = buf[i];
+  }
+}
+
 // kFlush: results below the smallest normal become 0 instead of denormals. Softmax weights that
 // small are invisible next to the row maximum's weight of 1, and producing denormals costs a
 // microcode assist per instruction on Intel cores (exp of masked scores: 29% of a causal run).
@@ -202,12 +244,19 @@ T scale_add_max(T* x, std::int64_t n, T scale, const T* add) {
       m1 = xsimd::max(m1, b);
     }
   }
-  T m = hmax<Arch, T>(xsimd::max(m0, m1));
-  for (; i < n; ++i) {
-    x[i] = add != nullptr ? x[i] * scale + add[i] : x[i] * scale;
-    m = x[i] > m ? x[i] : m;
+  for (; i + W <= n; i += W) {
+    B a = B::load_unaligned(x + i) * s;
+    if (add != nullptr) a += B::load_unaligned(add + i);
+    a.store_unaligned(x + i);
+    m0 = xsimd::max(m0, a);
   }
-  return m;
+  if (i < n) {
+    B a = load_tail<Arch, T>(x + i, n - i, T(0)) * s;
+    if (add != nullptr) a += load_tail<Arch, T>(add + i, n - i, T(0));
+    store_tail<Arch, T>(x + i, n - i, a);
+    m1 = xsimd::max(m1, blend_tail<Arch, T>(a, n - i, -std::numeric_limits<T>::infinity()));
+  }
+  return hmax<Arch, T>(xsimd::max(m0, m1));
 }
 
 template <class Arch, class T>
@@ -226,19 +275,17 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
     s0 += a;
     s1 += b;
   }
-  T s = xsimd::hadd(s0 + s1);
-  if (i < n) {
-    alignas(64) T buf[2 * W];
-    const std::int64_t r = n - i;
-    for (std::int64_t j = 0; j < 2 * W; ++j) buf[j] = j < r ? x[i + j] : -std::numeric_limits<T>::infinity();
-    const B a = exp_batch<Arch, T, true>(B::load_aligned(buf) - m);
-    const B b = exp_batch<Arch, T, true>(B::load_aligned(buf + W) - m);
-    a.store_aligned(buf);
-    b.store_aligned(buf + W);
-    s += xsimd::hadd(a + b);
-    std::memcpy(x + i, buf, sizeof(T) * static_cast<std::size_t>(r));
+  for (; i + W <= n; i += W) {
+    const B a = exp_batch<Arch, T, true>(B::load_unaligned(x + i) - m);
+    a.store_unaligned(x + i);
+    s0 += a;
   }
-  return s;
+  if (i < n) {  // -inf in the missing lanes: exp gives 0 there, nothing reaches the sum
+    const B a = exp_batch<Arch, T, true>(load_tail<Arch, T>(x + i, n - i, -std::numeric_limits<T>::infinity()) - m);
+    store_tail<Arch, T>(x + i, n - i, a);
+    s1 += a;
+  }
+  return xsimd::hadd(s0 + s1);
 }
 
 template <class Arch, class T>
@@ -263,12 +310,14 @@ void scale_array(T* x, std::int64_t n, T a) {
 // kPackedB: B rows are NV * W apart and 64-byte aligned (packed), else ldb apart (in place).
 // (A compile-time B stride matters: with a runtime one GCC interleaves the unrolled steps and
 // spills accumulators, 170 -> 130 GFLOP/s.)
-template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR>
+// BS: the packed B panel's row stride (its width), >= NV * W.
+template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR, int BS = -1>
 __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* __restrict A, std::int64_t lda,
                                                      const T* __restrict Bp, std::int64_t ldb,
                                                      T* __restrict C, std::int64_t ldc, T alpha, T beta) {
   using B = batch<T, Arch>;
   constexpr int W = static_cast<int>(B::size);
+  constexpr int kBS = BS > 0 ? BS : NV * W;
   // With a short k loop the C tile's stores dominate: start fetching its lines (for writing) now
   // so they arrive while the k loop runs (gemm 2048x2048x64: 90 -> 130 GFLOP/s). With a long k
   // loop the early lines only crowd L1 (1024^3: 140 -> 123), so not then.
@@ -293,7 +342,7 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
     B b[NV];
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j)
-      b[j] = kPackedB ? B::load_aligned(Bp + u * NV * W + j * W) : B::load_unaligned(Bp + u * ldb + j * W);
+      b[j] = kPackedB ? B::load_aligned(Bp + u * kBS + j * W) : B::load_unaligned(Bp + u * ldb + j * W);
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
       const B a(kPackedA ? A[u * AS + i] : A[i * lda + u]);
@@ -308,12 +357,12 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
     step(2);
     step(3);
     A += kPackedA ? 4 * AS : 4;
-    Bp += kPackedB ? 4 * NV * W : 4 * ldb;
+    Bp += kPackedB ? 4 * kBS : 4 * ldb;
   }
   for (; k < kc; ++k) {
     step(0);
     A += kPackedA ? AS : 1;
-    Bp += kPackedB ? NV * W : ldb;
+    Bp += kPackedB ? kBS : ldb;
   }
 
   const B va(alpha);
@@ -349,10 +398,12 @@ void gemm_ukernel_b_in_place(std::int64_t kc, const T* Ap, const T* Bp, std::int
   gemm_tile<Arch, T, M, NV, true, false, MR>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
 }
 
-template <class Arch, class T, int M, int NV>
+// M rows by NV vectors of a packed B panel NVP vectors wide.
+template <class Arch, class T, int M, int NV, int NVP>
 void gemm_ukernel_direct_a(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, std::int64_t ldb,
                            T* C, std::int64_t ldc, T alpha, T beta) {
-  gemm_tile<Arch, T, M, NV, false, true>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta);
+  constexpr int W = static_cast<int>(batch<T, Arch>::size);
+  gemm_tile<Arch, T, M, NV, false, true, M, NVP * W>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta);
 }
 
 // Tables indexed by the number of rows m = 1..MR (entry 0 unused).
@@ -363,10 +414,17 @@ constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer
   else ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
   return t;
 }
-template <class Arch, class T, int NV, int... Ms>
+template <class Arch, class T, int NV, int NVP, int... Ms>
 constexpr std::array<GemmUkernelDirectA<T>, kMaxMr + 1> direct_row_kernels(std::integer_sequence<int, Ms...>) {
   std::array<GemmUkernelDirectA<T>, kMaxMr + 1> t{};
-  ((t[Ms + 1] = &gemm_ukernel_direct_a<Arch, T, Ms + 1, NV>), ...);
+  ((t[Ms + 1] = &gemm_ukernel_direct_a<Arch, T, Ms + 1, NV, NVP>), ...);
+  return t;
+}
+template <class Arch, class T, int MR, int NVP, int... Vs>
+constexpr std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> direct_kernels(
+    std::integer_sequence<int, Vs...>) {
+  std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> t{};
+  ((t[Vs + 1] = direct_row_kernels<Arch, T, Vs + 1, NVP>(std::make_integer_sequence<int, MR>{})), ...);
   return t;
 }
 
@@ -492,13 +550,13 @@ VectorKernels<T> make_vector_kernels() {
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.
 template <class Arch, class T, int MR, int NV, int DMR, int DNV>
 GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc) {
-  static_assert(MR <= kMaxMr && DMR <= kMaxMr);
+  static_assert(MR <= kMaxMr && DMR <= kMaxMr && DNV <= kMaxNv);
   constexpr int W = static_cast<int>(batch<T, Arch>::size);
-  return {GemmBlocking{MR, NV * W, mc, kc, nc},
+  return {GemmBlocking{MR, NV * W, W, mc, kc, nc},
           packed_row_kernels<Arch, T, NV, MR, true>(std::make_integer_sequence<int, MR>{}),
           packed_row_kernels<Arch, T, NV, MR, false>(std::make_integer_sequence<int, MR>{}),
-          GemmBlocking{DMR, DNV * W, DMR, direct_kc, nc},
-          direct_row_kernels<Arch, T, DNV>(std::make_integer_sequence<int, DMR>{}),
+          GemmBlocking{DMR, DNV * W, W, DMR, direct_kc, nc},
+          direct_kernels<Arch, T, DMR, DNV>(std::make_integer_sequence<int, DNV>{}),
           &gemv_n<Arch, T>, &gemv_t<Arch, T>};
 }
 

@@ -39,13 +39,15 @@ using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t ld
 // reasoning behind each ISA's numbers.
 struct GemmBlocking {
   int mr, nr;  // register tile (micro-kernel)
+  int lanes;   // elements per vector (nr is a multiple)
   int mc;      // rows of A packed per block (A block mc x kc stays in L2), multiple of mr
   int kc;      // depth of one pass (B micro-panel kc x nr stays in L1)
   int nc;      // columns of B packed per block (B block kc x nc stays in L2/L3), multiple of nr
 };
 
-// Largest register tile height of any ISA.
+// Largest register tile height, and width in vectors, of any ISA.
 inline constexpr int kMaxMr = 16;
+inline constexpr int kMaxNv = 4;
 
 template <class T>
 struct GemmKernels {
@@ -56,7 +58,10 @@ struct GemmKernels {
   // The same with B read in place (ldb = B's row stride; full NR-wide panels only).
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_b_in_place;
   GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
-  std::array<GemmUkernelDirectA<T>, kMaxMr + 1> ukernel_direct_a;  // likewise by rows; B packed
+  // ukernel_direct_a[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
+  // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
+  // cost only the vectors they have.
+  std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a;
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
   // beta == 0 never reads y. Streams B once.
   void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
