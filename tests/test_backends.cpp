@@ -57,8 +57,10 @@ Config random_config(std::mt19937_64& rng) {
   c.B = pick(1, 3);
   c.Hkv = pick(1, 3);
   c.H = c.Hkv * pick(1, 3);
-  c.Sq = pick(1, 40);
-  c.Sk = pick(1, 40);
+  // Mostly small; one in eight crosses the native kernel's query (96) and key (128) blocks.
+  const bool big = pick(0, 7) == 0;
+  c.Sq = big ? pick(1, 300) : pick(1, 40);
+  c.Sk = big ? pick(1, 300) : pick(1, 40);
   const std::int64_t dims[] = {1, 3, 8, 15, 16, 17, 33, 64};
   c.D = dims[pick(0, 7)];
   c.Dv = pick(0, 2) == 0 ? dims[pick(0, 7)] : c.D;
@@ -71,7 +73,7 @@ Config random_config(std::mt19937_64& rng) {
     c.mask_shape = shapes[pick(0, 3)];
   }
   c.key_lengths = pick(0, 2) == 0;
-  if (pick(0, 3) == 0) c.window = Window{pick(-1, 6), pick(-1, 6)};
+  if (pick(0, 3) == 0) c.window = big ? Window{pick(-1, 150), pick(-1, 150)} : Window{pick(-1, 6), pick(-1, 6)};
   if (pick(0, 3) == 0) c.scale = std::uniform_real_distribution<double>(-1.0, 2.0)(rng);
   return c;
 }
@@ -129,9 +131,9 @@ void check_config(const Config& c, std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("backends agree with the reference on random configurations") {
+TEST_CASE("backends agree with the reference on 500 random configurations") {
   std::mt19937_64 rng(test::base_seed() + 10);
-  for (int trial = 0; trial < 300; ++trial) {
+  for (int trial = 0; trial < 500; ++trial) {
     const Config c = random_config(rng);
     if (trial % 2 == 0) check_config<float>(c, rng);
     else check_config<double>(c, rng);
@@ -155,6 +157,102 @@ TEST_CASE("edge cases: Sk = 1, Sq = 1, D = 1, D = 257, Sq != Sk") {
       c.causal = causal;
       check_config<float>(c, rng);
       check_config<double>(c, rng);
+    }
+  }
+}
+
+TEST_CASE("sizes one below, at and above the native block sizes") {
+  std::mt19937_64 rng(test::base_seed() + 14);
+  const std::int64_t sq[] = {95, 96, 97, 191, 193};
+  const std::int64_t sk[] = {63, 64, 65, 127, 128, 129, 255, 257};
+  int n = 0;
+  for (std::int64_t Sq : sq)
+    for (std::int64_t Sk : sk) {
+      Config c;
+      c.B = 1;
+      c.H = 2;
+      c.Hkv = 1;
+      c.Sq = Sq;
+      c.Sk = Sk;
+      c.D = (n % 3 == 0) ? 64 : 17;
+      c.Dv = (n % 2 == 0) ? 64 : 40;
+      c.causal = static_cast<Causal>(n % 3);
+      check_config<float>(c, rng);
+      ++n;
+    }
+}
+
+TEST_CASE("a band that hides whole key blocks in the middle of every row") {
+  std::mt19937_64 rng(test::base_seed() + 15);
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Config c;
+    c.B = 2;
+    c.H = 2;
+    c.Hkv = 2;
+    c.Sq = 700;
+    c.Sk = 700;
+    c.D = 32;
+    c.Dv = 32;
+    c.causal = causal;
+    c.window = Window{40, causal == Causal::none ? 40 : 0};
+    c.key_lengths = true;
+    check_config<float>(c, rng);
+  }
+  // The same band as an explicit boolean mask, plus the first keys (a global-token pattern):
+  // rows see keys 0-7, then nothing until their band.
+  const std::int64_t S = 600, D = 16;
+  Buffer<float> q({1, 1, S, D}), k({1, 1, S, D}), v({1, 1, S, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  Buffer<std::uint8_t> m({1, 1, S, S});
+  m.for_each([](std::uint8_t& x, auto, auto, auto i, auto j) { x = (j < 8 || (j >= i - 20 && j <= i + 20)) ? 1 : 0; });
+  AttentionOptions opt;
+  opt.mask = m.cview();
+  opt.mask_kind = MaskKind::boolean;
+  Buffer<float> ref({1, 1, S, D}), out({1, 1, S, D});
+  opt.backend = Backend::reference;
+  attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
+  opt.backend = Backend::native;
+  attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+  CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
+}
+
+TEST_CASE("poison V: 1e6 at every hidden key never reaches an output") {
+  // Keys hidden from every query (past the key length, or masked out) hold V = 1e6; causal and a
+  // window hide more per query. Outputs are convex combinations of visible V rows, all of
+  // magnitude < 10, so a leak of even 1e-5 of a poisoned row shows.
+  std::mt19937_64 rng(test::base_seed() + 16);
+  const std::int64_t B = 2, H = 4, Hkv = 2, Sq = 150, Sk = 300, D = 24;
+  Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  const std::int64_t L[] = {250, 180};
+  Buffer<std::uint8_t> m({B, 1, 1, Sk});
+  m.for_each([](std::uint8_t& x, auto, auto, auto, auto j) { x = (j % 7 == 3) ? 0 : 1; });
+  for (Causal causal : {Causal::top_left, Causal::bottom_right}) {
+    AttentionOptions opt;
+    opt.causal = causal;
+    opt.key_lengths = L;
+    opt.window = Window{60, -1};
+    opt.mask = m.cview();
+    opt.mask_kind = MaskKind::boolean;
+    Buffer<float> vp = v;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t j = 0; j < Sk; ++j)
+        if (j >= L[b] || j % 7 == 3)
+          for (std::int64_t hk = 0; hk < Hkv; ++hk)
+            for (std::int64_t d = 0; d < D; ++d) vp.at(b, hk, j, d) = 1e6f;
+    for (Backend be : fast_backends()) {
+      opt.backend = be;
+      Buffer<float> out({B, H, Sq, D}), ref({B, H, Sq, D});
+      attention(q.cview(), k.cview(), vp.cview(), out.view(), opt);
+      opt.backend = Backend::reference;
+      attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);  // unpoisoned V
+      CAPTURE(backend_name(be));
+      CHECK(test::max_abs(out) < 10.0);
+      CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
     }
   }
 }

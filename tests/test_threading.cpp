@@ -28,22 +28,30 @@ TEST_CASE("parallel_for covers every index exactly once, in balanced chunks") {
 
 TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
   std::mt19937_64 rng(test::base_seed() + 20);
-  const std::int64_t B = 2, H = 3, Sq = 37, Sk = 41, D = 24;
-  Buffer<float> q({B, H, Sq, D}), k({B, 1, Sk, D}), v({B, 1, Sk, D});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
-  for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
-    AttentionOptions opt;
-    opt.causal = causal;
-    opt.threads = 1;
-    Buffer<float> one({B, H, Sq, D});
-    attention(q.cview(), k.cview(), v.cview(), one.view(), opt);
-    for (int t : {2, 3, 7}) {
-      opt.threads = t;
-      Buffer<float> out({B, H, Sq, D});
-      attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
-      CHECK(out.data == one.data);
+  // Small, multi-block (several query and key blocks, causal work to balance), and decode-like
+  // (one query per head, grouped-query heads).
+  const std::int64_t shapes[][6] = {{2, 3, 1, 37, 41, 24}, {1, 4, 2, 400, 520, 64}, {3, 8, 2, 1, 700, 64},
+                                    {1, 2, 2, 2, 3000, 32}};
+  for (const auto& sh : shapes) {
+    const std::int64_t B = sh[0], H = sh[1], Hkv = sh[2], Sq = sh[3], Sk = sh[4], D = sh[5];
+    Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+      AttentionOptions opt;
+      opt.causal = causal;
+      opt.threads = 1;
+      Buffer<float> one({B, H, Sq, D});
+      attention(q.cview(), k.cview(), v.cview(), one.view(), opt);
+      for (int t : {2, 3, 7}) {
+        opt.threads = t;
+        Buffer<float> out({B, H, Sq, D});
+        attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+        CAPTURE(Sq);
+        CAPTURE(Sk);
+        CHECK(out.data == one.data);
+      }
     }
   }
 }

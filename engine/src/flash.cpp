@@ -153,6 +153,7 @@ struct Plan {
   std::int64_t dvu;        // Dv rounded up to a vector: the columns of O that are computed
   std::int64_t dvp;        // Dv rounded up to dnr
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
+  std::int64_t bq;         // query rows per block (the last may have fewer)
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
   // packed Q block, S block, O block, row max m and row sum l.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size;
@@ -165,7 +166,11 @@ struct Plan {
     dvu = round_up(p.Dv, lanes);
     if (dnr > kMaxTile || kBlockK % dnr != 0) std::abort();  // ISA table invariant
     dvp = round_up(p.Dv, dnr);
+    // Equal blocks of at most kBlockQ rows, rounded to the tile height: Sq = 128 gives 66 + 62
+    // rather than 96 + 32.
     nqb = (p.Sq + kBlockQ - 1) / kBlockQ;
+    bq = nqb > 0 ? std::min(kBlockQ, round_up((p.Sq + nqb - 1) / nqb, dmr)) : kBlockQ;
+    nqb = nqb > 0 ? (p.Sq + bq - 1) / bq : 0;
     nkb = (p.Sk + kBlockK - 1) / kBlockK;
     const std::int64_t a = 64 / static_cast<std::int64_t>(sizeof(T));
     k_size = round_up(nkb * p.D * kBlockK, a);
@@ -198,7 +203,7 @@ class Worker {
   void run(std::int64_t b, std::int64_t h, std::int64_t qb) {
     const std::int64_t hk = h / (p_.H / p_.Hkv);
     if (b != packed_b_ || hk != packed_hk_) pack_kv(b, hk);
-    const std::int64_t i0 = qb * kBlockQ, br = std::min(kBlockQ, p_.Sq - i0);
+    const std::int64_t i0 = qb * P_.bq, br = std::min(P_.bq, p_.Sq - i0);
     prepare_q(b, h, i0, br);
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (std::int64_t r = 0; r < br; ++r) m_[r] = neg_inf, l_[r] = T(0);
@@ -457,14 +462,14 @@ void flash(const Problem& p) {
   prefix[0] = 0;
   for (std::int64_t it = 0; it < items; ++it) {
     const std::int64_t qb = it % plan.nqb, b = it / (plan.nqb * p.H);
-    const std::int64_t i0 = qb * kBlockQ, i1 = std::min(p.Sq, i0 + kBlockQ);
+    const std::int64_t i0 = qb * plan.bq, i1 = std::min(p.Sq, i0 + plan.bq);
     std::int64_t cost = 1;  // packing Q and writing O
     for (std::int64_t jb = 0; jb < plan.nkb; ++jb)
       cost += classify(p, b, i0, i1, jb * kBlockK, std::min(p.Sk, (jb + 1) * kBlockK)) != Cover::hidden;
     prefix[static_cast<std::size_t>(it) + 1] = prefix[static_cast<std::size_t>(it)] + cost;
   }
   const std::int64_t total = prefix.back();
-  const double flops_per_block = 2.0 * double(kBlockQ) * double(kBlockK) * double(p.D + p.Dv);
+  const double flops_per_block = 2.0 * double(plan.bq) * double(kBlockK) * double(p.D + p.Dv);
   const auto nt = static_cast<int>(std::max<double>(
       1.0, std::min<double>(resolve_threads(p.threads), std::min<double>(double(items), double(total) * flops_per_block / kMinFlopsPerThread))));
 
