@@ -131,8 +131,10 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   using C = ExpConst<T>;
   // ln of the smallest normal number
   constexpr T kMinNormalLog = sizeof(T) == 4 ? T(-87.33654) : T(-708.3964185322641);
-  // Clamp (NaN is restored at the end), round x / ln 2 to an integer.
-  const B xc = xsimd::min(xsimd::max(x, B(kFlush ? kMinNormalLog : C::lo)), B(C::hi));
+  // Clamp, round x / ln 2 to an integer. The clamp keeps NaN: x86 min/max return their second
+  // operand when either is NaN (xsimd maps max(a, b) to maxps(a, b)), and NaN then flows through
+  // every later step, so no separate NaN test is needed.
+  const B xc = xsimd::min(B(C::hi), xsimd::max(B(kFlush ? kMinNormalLog : C::lo), x));
   const B n = xsimd::fma(xc, B(C::log2e), B(C::round_magic)) - B(C::round_magic);
   B r = xsimd::fnma(n, B(C::ln2_hi), xc);
   r = xsimd::fnma(n, B(C::ln2_lo), r);
@@ -150,8 +152,8 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
     const B n1 = xsimd::floor(n * B(T(0.5)));
     y = (p * pow2i<Arch, T>(n1)) * pow2i<Arch, T>(n - n1);
   }
-  if constexpr (kFlush) y = xsimd::select(x < B(kMinNormalLog), B(T(0)), y);
-  return xsimd::select(xsimd::isnan(x), x, y);  // NaN in, NaN out
+  if constexpr (kFlush) y = xsimd::select(x < B(kMinNormalLog), B(T(0)), y);  // NaN < a is false
+  return y;
 }
 
 template <class Arch, class T>
