@@ -154,3 +154,20 @@ TEST_CASE("max, sum and the fused softmax passes against scalar twins, all lengt
     for (double v : row) CHECK(v == 0.0);
   }
 }
+
+TEST_CASE("scale and scale_to on every ISA, all lengths") {
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    for (int n : {0, 1, 7, 15, 16, 17, 40, 64, 65}) {
+      std::vector<float> x(static_cast<std::size_t>(n) + 1, 0.f), y(x.size(), -1.f);
+      for (int i = 0; i < n; ++i) x[i] = 0.5f * float(i) - 3.f;
+      kt->vec_f32.scale_to(x.data(), y.data(), n, 3.f);
+      for (int i = 0; i < n; ++i) CHECK(y[i] == x[i] * 3.f);
+      CHECK(y[n] == -1.f);  // nothing past n is written
+      std::vector<double> d(x.begin(), x.end());
+      kt->vec_f64.scale(d.data(), n, -2.0);
+      for (int i = 0; i < n; ++i) CHECK(d[i] == double(x[i]) * -2.0);
+      CHECK(d[n] == 0.0);
+    }
+  }
+}

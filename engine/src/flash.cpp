@@ -348,9 +348,12 @@ class Worker {
         for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = T(0);
         continue;
       }
-      P_.vk.scale(src, p_.Dv, T(1) / l);
-      if (p_.os[3] == 1) std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(p_.Dv));
-      else for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = src[d];
+      if (p_.os[3] == 1) {
+        P_.vk.scale_to(src, dst, p_.Dv, T(1) / l);
+      } else {
+        P_.vk.scale(src, p_.Dv, T(1) / l);
+        for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = src[d];
+      }
     }
   }
 
@@ -434,8 +437,12 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
           continue;
         }
         T* src = og + r * p.Dv;
-        vk.scale(src, p.Dv, T(1) / l[r]);
-        for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
+        if (p.os[3] == 1) {
+          vk.scale_to(src, dst, p.Dv, T(1) / l[r]);
+        } else {
+          vk.scale(src, p.Dv, T(1) / l[r]);
+          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
+        }
       }
     }
   });

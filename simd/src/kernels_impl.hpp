@@ -300,6 +300,16 @@ void scale_array(T* x, std::int64_t n, T a) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+template <class Arch, class T>
+void scale_to_array(const T* x, T* y, std::int64_t n, T a) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B va(a);
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) (B::load_unaligned(x + i) * va).store_unaligned(y + i);
+  if (i < n) store_tail<Arch, T>(y + i, n - i, load_tail<Arch, T>(x + i, n - i, T(0)) * va);
+}
+
 // ---------------------------------------------------------------------------------------------
 // GEMM micro-kernel: an MR x (NV vectors) tile of C held in registers for the whole kc loop.
 // Per k step: NV aligned loads of the packed B row, MR broadcasts of A (folded into the FMA as a
@@ -546,7 +556,7 @@ ProbeKernels make_probe_kernels() {
 template <class Arch, class T>
 VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
-          &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>};
+          &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

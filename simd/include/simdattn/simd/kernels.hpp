@@ -87,6 +87,8 @@ struct VectorKernels {
   T (*exp_sub_max_sum)(T* x, std::int64_t n, T max);
   // x[i] *= a (the online softmax's rescale of an output row).
   void (*scale)(T* x, std::int64_t n, T a);
+  // y[i] = x[i] * a (an output row's final 1 / l, written where it belongs).
+  void (*scale_to)(const T* x, T* y, std::int64_t n, T a);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
