@@ -237,15 +237,12 @@ class Worker {
         T* panel = kb + c * D * nr;
         const std::int64_t j0 = jb * kBlockK + c * nr;
         const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, p_.Sk - j0));
-        // d outer: one contiguous write stream, n sequential read streams
-        const T* rows[kMaxTile];
-        for (std::int64_t q = 0; q < n; ++q) rows[q] = k + (j0 + q) * p_.ks[2];
-        for (std::int64_t d = 0; d < D; ++d) {
-          T* dst = panel + d * nr;
-          const std::int64_t off = d * p_.ks[3];
-          for (std::int64_t q = 0; q < n; ++q) dst[q] = rows[q][off];
-          for (std::int64_t q = n; q < nr; ++q) dst[q] = T(0);
+        if (p_.ks[3] == 1) {
+          P_.vk.pack_transpose(n > 0 ? k + j0 * p_.ks[2] : k, p_.ks[2], n, D, panel, nr);
+          continue;
         }
+        for (std::int64_t d = 0; d < D; ++d)
+          for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k[(j0 + q) * p_.ks[2] + d * p_.ks[3]] : T(0);
       }
       T* vb = vp_ + jb * kBlockK * P_.dvp;
       for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {

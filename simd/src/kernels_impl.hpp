@@ -310,6 +310,39 @@ void scale_to_array(const T* x, T* y, std::int64_t n, T a) {
   if (i < n) store_tail<Arch, T>(y + i, n - i, load_tail<Arch, T>(x + i, n - i, T(0)) * va);
 }
 
+template <class Arch, class T>
+void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
+                    std::int64_t dst_ld) {
+  // AVX-512: one masked gather per W rows and column (32-bit offsets: used while they fit).
+  // (Preprocessor-guarded too: the intrinsic types exist only in the AVX-512 translation unit.)
+#if defined(__AVX512F__)
+  if constexpr (kHasAvx512<Arch> && sizeof(T) == 4) {
+    constexpr std::int64_t W = 16;
+    if (ld > 0 && ld * dst_ld < (std::int64_t{1} << 31) / 4) {
+      for (std::int64_t r0 = 0; r0 < dst_ld; r0 += W) {
+        const __m512i idx = _mm512_mullo_epi32(
+            _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(r0)),
+                             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
+            _mm512_set1_epi32(static_cast<int>(ld)));
+        const std::int64_t valid = std::max<std::int64_t>(0, std::min<std::int64_t>(W, rows - r0));
+        const auto mask = static_cast<unsigned short>(valid >= 16 ? 0xffffu : (1u << valid) - 1);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, idx, src + c, 4);
+          _mm512_storeu_ps(dst + c * dst_ld + r0, v);
+        }
+      }
+      return;
+    }
+  }
+#endif
+  // c outer: one contiguous write stream, `rows` sequential read streams
+  for (std::int64_t c = 0; c < cols; ++c) {
+    T* d = dst + c * dst_ld;
+    for (std::int64_t r = 0; r < rows; ++r) d[r] = src[r * ld + c];
+    for (std::int64_t r = rows; r < dst_ld; ++r) d[r] = T(0);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // GEMM micro-kernel: an MR x (NV vectors) tile of C held in registers for the whole kc loop.
 // Per k step: NV aligned loads of the packed B row, MR broadcasts of A (folded into the FMA as a
@@ -556,7 +589,8 @@ ProbeKernels make_probe_kernels() {
 template <class Arch, class T>
 VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
-          &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>};
+          &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
+          &pack_transpose<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

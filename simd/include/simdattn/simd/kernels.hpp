@@ -89,6 +89,10 @@ struct VectorKernels {
   void (*scale)(T* x, std::int64_t n, T a);
   // y[i] = x[i] * a (an output row's final 1 / l, written where it belongs).
   void (*scale_to)(const T* x, T* y, std::int64_t n, T a);
+  // Transposing pack (K^T panels): dst[c * dst_ld + r] = src[r * ld + c] for r < rows, c < cols,
+  // and 0 for rows <= r < dst_ld. dst_ld is a multiple of the vector width.
+  void (*pack_transpose)(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
+                         std::int64_t dst_ld);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
