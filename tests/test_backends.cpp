@@ -257,6 +257,59 @@ TEST_CASE("poison V: 1e6 at every hidden key never reaches an output") {
   }
 }
 
+TEST_CASE("NaN and Inf in K/V past the key lengths (a KV cache's unused tail) are never read") {
+  std::mt19937_64 rng(test::base_seed() + 17);
+  // Sq = 1 and 2 take the decode path; 200 the blocked one. Causal rows also see their first key
+  // only in a later key block.
+  for (std::int64_t Sq : {1, 2, 200}) {
+    const std::int64_t B = 2, H = 4, Hkv = 2, Sk = 300, D = 32;
+    Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
+    q.fill_normal(rng);
+    k.fill_normal(rng);
+    v.fill_normal(rng);
+    const std::int64_t L[] = {170, 260};
+    Buffer<float> kp = k, vp = v;
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t hk = 0; hk < Hkv; ++hk)
+        for (std::int64_t j = L[b]; j < Sk; ++j)
+          for (std::int64_t d = 0; d < D; ++d) {
+            kp.at(b, hk, j, d) = (j + d) % 2 ? NAN : INFINITY;
+            vp.at(b, hk, j, d) = (j + d) % 2 ? INFINITY : NAN;
+          }
+    for (Causal causal : {Causal::none, Causal::bottom_right}) {
+      AttentionOptions opt;
+      opt.causal = causal;
+      opt.key_lengths = L;
+      Buffer<float> ref({B, H, Sq, D}), out({B, H, Sq, D});
+      opt.backend = Backend::reference;
+      attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
+      opt.backend = Backend::native;
+      attention(q.cview(), kp.cview(), vp.cview(), out.view(), opt);
+      CAPTURE(Sq);
+      CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
+    }
+  }
+}
+
+TEST_CASE("window sides far beyond the sequence behave as unbounded") {
+  std::mt19937_64 rng(test::base_seed() + 18);
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  Config c;
+  c.B = 1;
+  c.H = 2;
+  c.Hkv = 1;
+  c.Sq = 150;
+  c.Sk = 300;
+  c.D = 16;
+  c.Dv = 16;
+  for (Window w : {Window{-1, big}, Window{big, -1}, Window{big, big}, Window{big - 1, 3}}) {
+    c.window = w;
+    c.causal = Causal::bottom_right;
+    c.key_lengths = true;
+    check_config<float>(c, rng);
+  }
+}
+
 TEST_CASE("large-magnitude logits stay finite and agree") {
   // Scores of magnitude ~1e4: exp would overflow without the max subtraction.
   std::mt19937_64 rng(test::base_seed() + 12);

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "gemm.hpp"
@@ -156,17 +157,20 @@ TEST_CASE("gemm: M = 1 (matrix-vector), K = 0, empty, alpha = 0") {
 TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 43);
   std::normal_distribution<float> nd;
-  const std::int64_t M = 301, N = 517, K = 300;
-  std::vector<float> a(M * K), b(K * N);
-  for (auto& x : a) x = nd(rng);
-  for (auto& x : b) x = nd(rng);
-  std::vector<float> ref;
-  for (int t : {1, 2, 3, 7}) {
-    std::vector<float> c(M * N);
-    GemmArgs<float> g;
-    g.M = M, g.N = N, g.K = K, g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = N, g.C = c.data(), g.ldc = N;
-    detail::gemm(g, t);
-    if (ref.empty()) ref = c;
-    else CHECK(c == ref);
+  // Many rows (split by rows), and few rows with a long K (split by columns into slices that
+  // are narrow enough for another kernel, were the slice to choose it).
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{301, 517, 300}, {16, 256, 1024}}) {
+    std::vector<float> a(M * K), b(K * N);
+    for (auto& x : a) x = nd(rng);
+    for (auto& x : b) x = nd(rng);
+    std::vector<float> ref;
+    for (int t : {1, 2, 3, 7}) {
+      std::vector<float> c(M * N);
+      GemmArgs<float> g;
+      g.M = M, g.N = N, g.K = K, g.A = a.data(), g.lda = K, g.B = b.data(), g.ldb = N, g.C = c.data(), g.ldc = N;
+      detail::gemm(g, t);
+      if (ref.empty()) ref = c;
+      else CHECK(c == ref);
+    }
   }
 }

@@ -216,7 +216,7 @@ class Worker {
       const Cover cover = classify(p_, b, i0, i0 + br, j0, j0 + nk);
       if (cover == Cover::hidden) continue;
       scores(jb, br, nk);
-      softmax_update(b, h, i0, br, j0, nk, cover);
+      softmax_update(b, h, i0, br, j0, nk, cover, first);
       accumulate(jb, br, nk, first ? T(0) : T(1));
       first = false;
     }
@@ -231,6 +231,7 @@ class Worker {
     const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
     const T* v = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
     const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
+    const std::int64_t key_len = p_.key_len(b);
     for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
       T* kb = kp_ + jb * D * kBlockK;
       for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
@@ -252,7 +253,7 @@ class Worker {
           const std::int64_t j = jb * kBlockK + jj;
           T* dst = panel + jj * dnr;
           std::int64_t q = 0;
-          if (j < p_.Sk) {
+          if (j < key_len) {  // keys past L[b] are never read: V there may hold anything (a cache tail)
             const T* src = v + j * p_.vs[2] + d0 * p_.vs[3];
             if (p_.vs[3] == 1) {
               std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(nd));
@@ -302,7 +303,7 @@ class Worker {
   // Scale and mask S, then the online softmax step for each row: P = exp(S - m_new) in place,
   // l and O rescaled when the row max grows.
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
-                      std::int64_t nk, Cover cover) {
+                      std::int64_t nk, Cover cover, bool first) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (std::int64_t r = 0; r < br; ++r) {
       T* row = sb_ + r * kBlockK;
@@ -315,6 +316,10 @@ class Worker {
         const T alpha = std::exp(m_old - m_new);
         l_[r] *= alpha;
         P_.vk.scale(ob_ + r * P_.dvp, P_.dvu, alpha);
+      } else if (m_old == neg_inf && m_new != neg_inf && !first) {
+        // The row's first visible key: what earlier blocks left in its O row is 0 * V of keys
+        // it cannot see, which is NaN where such V is Inf or NaN. Start from exact zeros.
+        std::fill(ob_ + r * P_.dvp, ob_ + r * P_.dvp + P_.dvu, T(0));
       }
       l_[r] += sum;
       m_[r] = m_new;
@@ -395,52 +400,59 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
     T* qg = base;
     T* sc = qg + q_size;
     T* og = sc + s_size;
-    for (std::int64_t it = it0; it < it1; ++it) {
-      const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
-      // Qg: row r = (head h0 + r / Sq, query r % Sq)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* src = static_cast<const T*>(p.q) + b * p.qs[0] + (hk * group + r / p.Sq) * p.qs[1] +
-                       (r % p.Sq) * p.qs[2];
-        std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
-      }
-      const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
-      const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
-      GemmArgs<T> qk;  // S = Qg K^T
-      qk.trans_b = Trans::T;
-      qk.M = rows, qk.N = p.Sk, qk.K = p.D;
-      qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.ks[2], qk.C = sc, qk.ldc = p.Sk;
-      gemm(qk, 1, &kt);
-      std::int64_t visible_rows = 0;
-      T l[kDecodeMaxRows];
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-        T* row = sc + r * p.Sk;
-        const bool full = classify(p, b, i, i + 1, 0, p.Sk) == Cover::full;
-        const T m = mask_scale_max(p, vk, row, b, h, i, 0, p.Sk, full);
-        l[r] = vk.exp_sub_max_sum(row, p.Sk, m);
-        visible_rows += l[r] != T(0);
-      }
-      if (visible_rows > 0) {
-        GemmArgs<T> pv;  // O = P V
-        pv.M = rows, pv.N = p.Dv, pv.K = p.Sk;
-        pv.A = sc, pv.lda = p.Sk, pv.B = v, pv.ldb = p.vs[2], pv.C = og, pv.ldc = p.Dv;
-        gemm(pv, 1, &kt);
-      }
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-        T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
-        if (l[r] == T(0)) {  // no visible key: a zero row
-          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
-          continue;
+    try {  // gemm may need to grow its packing buffers: no exception may leave the region
+      for (std::int64_t it = it0; it < it1; ++it) {
+        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
+        // Qg: row r = (head h0 + r / Sq, query r % Sq)
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const T* src = static_cast<const T*>(p.q) + b * p.qs[0] + (hk * group + r / p.Sq) * p.qs[1] +
+                         (r % p.Sq) * p.qs[2];
+          std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
         }
-        T* src = og + r * p.Dv;
-        if (p.os[3] == 1) {
-          vk.scale_to(src, dst, p.Dv, T(1) / l[r]);
-        } else {
-          vk.scale(src, p.Dv, T(1) / l[r]);
-          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
+        const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+        const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+        GemmArgs<T> qk;  // S = Qg K^T
+        qk.trans_b = Trans::T;
+        // Keys past L[b] are never read (V there may be a cache tail holding anything).
+        const std::int64_t L = p.key_len(b);
+        qk.M = rows, qk.N = L, qk.K = p.D;
+        qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.ks[2], qk.C = sc, qk.ldc = p.Sk;
+        gemm(qk, 1, &kt);  // L == 0: nothing
+        std::int64_t visible_rows = 0;
+        T l[kDecodeMaxRows];
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+          T* row = sc + r * p.Sk;
+          const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
+          const T m = mask_scale_max(p, vk, row, b, h, i, 0, L, full);
+          l[r] = vk.exp_sub_max_sum(row, L, m);
+          visible_rows += l[r] != T(0);
+        }
+        if (visible_rows > 0) {
+          GemmArgs<T> pv;  // O = P V
+          pv.M = rows, pv.N = p.Dv, pv.K = L;
+          pv.A = sc, pv.lda = p.Sk, pv.B = v, pv.ldb = p.vs[2], pv.C = og, pv.ldc = p.Dv;
+          gemm(pv, 1, &kt);
+        }
+        for (std::int64_t r = 0; r < rows; ++r) {
+          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+          T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+          if (l[r] == T(0)) {  // no visible key: a zero row
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
+            continue;
+          }
+          T* src = og + r * p.Dv;
+          if (p.os[3] == 1) {
+            vk.scale_to(src, dst, p.Dv, T(1) / l[r]);
+          } else {
+            vk.scale(src, p.Dv, T(1) / l[r]);
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
+          }
         }
       }
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
     }
   });
   if (failed) throw std::bad_alloc();

@@ -30,7 +30,10 @@ struct Workspace {
       std::free(data);
       const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
       data = static_cast<T*>(std::aligned_alloc(64, bytes));
-      if (data == nullptr) throw std::bad_alloc();
+      if (data == nullptr) {
+        capacity = 0;  // a later, smaller request must not get the freed buffer
+        throw std::bad_alloc();
+      }
       capacity = n;
     }
     return data;
@@ -325,7 +328,9 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
     part.C = g.C + j0;
     if (part.N <= 0) return;
-    const Mode<T> pmode(part, gk);
+    // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
+    // (and k blocking), and results would depend on the thread count.
+    const Mode<T>& pmode = mode;
     const Extents<T> pex(part, pmode.bs);
     try {
       T* Bp = workspace<T, 0>().get(pex.b_size());

@@ -214,8 +214,11 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
                                         std::to_string(opt.window->right) +
                                         "): each side must be >= 0, or -1 for unbounded");
     p.has_window = true;
-    p.window_left = opt.window->left;
-    p.window_right = opt.window->right;
+    // A side longer than Sq + Sk reaches every key either way: saturate so that position
+    // arithmetic (|p| <= Sq + Sk) cannot overflow.
+    const std::int64_t reach = p.Sq + p.Sk;
+    p.window_left = std::min(opt.window->left, reach);
+    p.window_right = std::min(opt.window->right, reach);
   }
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   if (!std::isfinite(p.scale))
