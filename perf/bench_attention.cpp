@@ -44,7 +44,7 @@ void bench_attention(benchmark::State& state, const simdattn::Workload& w, simda
   simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] { simdattn::attention(q, k, v, o, opt); });
 }
 
-// Pairs per call above which the reference backend is not registered (it would take minutes).
+// FLOPs per call above which the reference backend is not registered (it would take minutes).
 constexpr double kReferenceMaxFlops = 2e9;
 
 int register_all() {

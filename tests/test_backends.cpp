@@ -35,6 +35,14 @@ struct Config {
   std::optional<Window> window;
   std::optional<double> scale;
 
+  // A configuration of the given sizes with every option off.
+  static Config sized(std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Sq, std::int64_t Sk,
+                      std::int64_t D, std::int64_t Dv) {
+    Config c;
+    c.B = B, c.H = H, c.Hkv = Hkv, c.Sq = Sq, c.Sk = Sk, c.D = D, c.Dv = Dv;
+    return c;
+  }
+
   std::string describe() const {
     char buf[512];
     std::snprintf(buf, sizeof buf,
@@ -146,14 +154,7 @@ TEST_CASE("edge cases: Sk = 1, Sq = 1, D = 1, D = 257, Sq != Sk") {
                                     {33, 1, 16, 5}, {1, 65, 64, 64}, {17, 18, 2, 31}};
   for (const auto& s : shapes) {
     for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
-      Config c;
-      c.B = 2;
-      c.H = 2;
-      c.Hkv = 1;
-      c.Sq = s[0];
-      c.Sk = s[1];
-      c.D = s[2];
-      c.Dv = s[3];
+      Config c = Config::sized(2, 2, 1, s[0], s[1], s[2], s[3]);
       c.causal = causal;
       check_config<float>(c, rng);
       check_config<double>(c, rng);
@@ -168,14 +169,7 @@ TEST_CASE("sizes one below, at and above the native block sizes") {
   int n = 0;
   for (std::int64_t Sq : sq)
     for (std::int64_t Sk : sk) {
-      Config c;
-      c.B = 1;
-      c.H = 2;
-      c.Hkv = 1;
-      c.Sq = Sq;
-      c.Sk = Sk;
-      c.D = (n % 3 == 0) ? 64 : 17;
-      c.Dv = (n % 2 == 0) ? 64 : 40;
+      Config c = Config::sized(1, 2, 1, Sq, Sk, (n % 3 == 0) ? 64 : 17, (n % 2 == 0) ? 64 : 40);
       c.causal = static_cast<Causal>(n % 3);
       check_config<float>(c, rng);
       ++n;
@@ -185,14 +179,7 @@ TEST_CASE("sizes one below, at and above the native block sizes") {
 TEST_CASE("a band that hides whole key blocks in the middle of every row") {
   std::mt19937_64 rng(test::base_seed() + 15);
   for (Causal causal : {Causal::none, Causal::bottom_right}) {
-    Config c;
-    c.B = 2;
-    c.H = 2;
-    c.Hkv = 2;
-    c.Sq = 700;
-    c.Sk = 700;
-    c.D = 32;
-    c.Dv = 32;
+    Config c = Config::sized(2, 2, 2, 700, 700, 32, 32);
     c.causal = causal;
     c.window = Window{40, causal == Causal::none ? 40 : 0};
     c.key_lengths = true;
@@ -294,14 +281,7 @@ TEST_CASE("NaN and Inf in K/V past the key lengths (a KV cache's unused tail) ar
 TEST_CASE("window sides far beyond the sequence behave as unbounded") {
   std::mt19937_64 rng(test::base_seed() + 18);
   const std::int64_t big = std::numeric_limits<std::int64_t>::max();
-  Config c;
-  c.B = 1;
-  c.H = 2;
-  c.Hkv = 1;
-  c.Sq = 150;
-  c.Sk = 300;
-  c.D = 16;
-  c.Dv = 16;
+  Config c = Config::sized(1, 2, 1, 150, 300, 16, 16);
   for (Window w : {Window{-1, big}, Window{big, -1}, Window{big, big}, Window{big - 1, 3}}) {
     c.window = w;
     c.causal = Causal::bottom_right;

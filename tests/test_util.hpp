@@ -32,7 +32,7 @@ struct Buffer {
   std::vector<T> data;
 
   Buffer() = default;
-  // heads_inner = false: [B,H,S,D]; true: stored as [B,S,H,D]. row_pad adds unused elements after
+  // bshd = false: [B,H,S,D]; true: stored as [B,S,H,D]. row_pad adds unused elements after
   // each row of D.
   explicit Buffer(Shape4 s, bool bshd = false, std::int64_t row_pad = 0) : shape(s) {
     const std::int64_t row = s[3] + row_pad;

@@ -16,9 +16,9 @@
 // them. Threads take contiguous ranges of the flattened (b, h, query block) items, balanced by
 // the number of key blocks each item computes, so causal work splits evenly. Every row is
 // computed the same way whatever the thread count: results are bitwise identical for any count.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -31,6 +31,7 @@
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "threading.hpp"
+#include "workspace.hpp"
 
 namespace simdattn::detail {
 namespace {
@@ -44,8 +45,6 @@ constexpr std::int64_t kBlockQ = 96;
 constexpr std::int64_t kBlockK = 128;
 // Largest register-tile height or panel width of any ISA (bounds the row-pointer arrays).
 constexpr std::int64_t kMaxTile = 64;
-// Below this many flops per thread a parallel region costs more than it saves.
-constexpr double kMinFlopsPerThread = 4e6;
 
 enum class Cover { hidden, full, mixed };
 
@@ -114,30 +113,20 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   return bm;
 }
 
-// Per-thread scratch, grown once and reused by later calls on the same thread.
+// Writes one output row: acc[0:Dv] / l to dst (stride os[3]); l == 0 (no visible key) writes
+// zeros without reading acc, which then may never have been written. acc may be overwritten.
 template <class T>
-struct Scratch {
-  T* data = nullptr;
-  std::size_t capacity = 0;
-  ~Scratch() { std::free(data); }
-  T* get(std::size_t n) {
-    if (n > capacity) {
-      std::free(data);
-      data = static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
-      if (data == nullptr) {
-        capacity = 0;
-        throw std::bad_alloc();
-      }
-      capacity = n;
-    }
-    return data;
+void write_row(const Problem& p, const simd::VectorKernels<T>& vk, T* acc, T l, T* dst) {
+  if (l == T(0)) {
+    for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
+    return;
   }
-};
-
-template <class T>
-Scratch<T>& scratch() {
-  thread_local Scratch<T> s;
-  return s;
+  if (p.os[3] == 1) {
+    vk.scale_to(acc, dst, p.Dv, T(1) / l);
+    return;
+  }
+  vk.scale(acc, p.Dv, T(1) / l);
+  for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = acc[d];
 }
 
 constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
@@ -342,21 +331,7 @@ class Worker {
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
     T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1];
-    for (std::int64_t r = 0; r < br; ++r) {
-      const T l = l_[r];
-      T* src = ob_ + r * P_.dvp;
-      T* dst = o + (i0 + r) * p_.os[2];
-      if (l == T(0)) {  // no visible key: a zero row (O was never written for it)
-        for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = T(0);
-        continue;
-      }
-      if (p_.os[3] == 1) {
-        P_.vk.scale_to(src, dst, p_.Dv, T(1) / l);
-      } else {
-        P_.vk.scale(src, p_.Dv, T(1) / l);
-        for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.os[3]] = src[d];
-      }
-    }
+    for (std::int64_t r = 0; r < br; ++r) write_row(p_, P_.vk, ob_ + r * P_.dvp, l_[r], o + (i0 + r) * p_.os[2]);
   }
 
   const Plan<T>& P_;
@@ -391,7 +366,7 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
   parallel_for(items, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     T* base = nullptr;
     try {
-      base = scratch<T>().get(static_cast<std::size_t>(q_size + s_size + o_size));
+      base = thread_buffer<T, kAttention>().get(static_cast<std::size_t>(q_size + s_size + o_size));
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;
@@ -437,17 +412,7 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
         for (std::int64_t r = 0; r < rows; ++r) {
           const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
           T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
-          if (l[r] == T(0)) {  // no visible key: a zero row
-            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
-            continue;
-          }
-          T* src = og + r * p.Dv;
-          if (p.os[3] == 1) {
-            vk.scale_to(src, dst, p.Dv, T(1) / l[r]);
-          } else {
-            vk.scale(src, p.Dv, T(1) / l[r]);
-            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = src[d];
-          }
+          write_row(p, vk, og + r * p.Dv, l[r], dst);
         }
       }
     } catch (const std::bad_alloc&) {
@@ -495,7 +460,7 @@ void flash(const Problem& p) {
     const auto begin = std::lower_bound(prefix.begin(), prefix.end() - 1, lo) - prefix.begin();
     const auto end = std::lower_bound(prefix.begin(), prefix.end() - 1, hi) - prefix.begin();
     if (begin >= end) return;
-    Worker<T> w(plan, scratch<T>().get(plan.scratch_size()));
+    Worker<T> w(plan, thread_buffer<T, kAttention>().get(plan.scratch_size()));
     for (std::int64_t it = begin; it < end; ++it) {
       const std::int64_t qb = it % plan.nqb, h = (it / plan.nqb) % p.H, b = it / (plan.nqb * p.H);
       w.run(b, h, qb);

@@ -1,7 +1,6 @@
 #include "gemm.hpp"
 
 #include <algorithm>
-#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <vector>
@@ -9,48 +8,10 @@
 #include <omp.h>
 
 #include "threading.hpp"
+#include "workspace.hpp"
 
 namespace simdattn::detail {
 namespace {
-
-// Below this many flops per thread a parallel region costs more than it saves (an OpenMP
-// fork/join is a few microseconds; 4 MFLOP is ~16 us at this machine's per-core peak).
-// perf/bench_gemm.cpp's 128x768x768 and 1x4096x128 cases sit on either side of it.
-constexpr double kMinFlopsPerThread = 4e6;
-
-// Per-thread packing buffers, grown once and reused: no allocation after the first call of a
-// given size on a thread. 64-byte aligned for the micro-kernel's aligned B loads.
-template <class T>
-struct Workspace {
-  T* data = nullptr;
-  std::size_t capacity = 0;  // elements
-  ~Workspace() { std::free(data); }
-  T* get(std::size_t n) {
-    if (n > capacity) {
-      std::free(data);
-      const std::size_t bytes = (n * sizeof(T) + 63) / 64 * 64;
-      data = static_cast<T*>(std::aligned_alloc(64, bytes));
-      if (data == nullptr) {
-        capacity = 0;  // a later, smaller request must not get the freed buffer
-        throw std::bad_alloc();
-      }
-      capacity = n;
-    }
-    return data;
-  }
-};
-
-// Two buffers per thread and dtype: slot 0 for packed B, slot 1 for packed A + an edge tile.
-template <class T, int kSlot>
-Workspace<T>& workspace() {
-  thread_local Workspace<T> ws;
-  return ws;
-}
-
-template <class T>
-inline T at_a(const GemmArgs<T>& g, std::int64_t i, std::int64_t p) {
-  return g.trans_a == Trans::N ? g.A[i * g.lda + p] : g.A[p * g.lda + i];
-}
 
 // Ap: ceil(mc / mr) micro-panels; panel r holds, for each k < kc, rows i0 + r*mr .. + mr - 1
 // (zero past mc).
@@ -288,9 +249,9 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
 
   if (nt == 1 || row_units >= 4 * nt) {
     // Rows split across threads, which share each packed block of B.
-    T* Bp = workspace<T, 0>().get(ex.b_size());
+    T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
     if (nt == 1) {
-      gemm_rows(g, gk, mode, 0, g.M, 1, 0, Bp, workspace<T, 1>().get(ex.a_size(bs)));
+      gemm_rows(g, gk, mode, 0, g.M, 1, 0, Bp, thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
       return;
     }
     bool failed = false;
@@ -299,7 +260,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
       const int tid = omp_get_thread_num(), T_ = omp_get_num_threads();
       T* Aws = nullptr;
       try {
-        Aws = workspace<T, 1>().get(ex.a_size(bs));
+        Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
       } catch (const std::bad_alloc&) {
 #pragma omp atomic write
         failed = true;
@@ -333,8 +294,8 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     const Mode<T>& pmode = mode;
     const Extents<T> pex(part, pmode.bs);
     try {
-      T* Bp = workspace<T, 0>().get(pex.b_size());
-      T* Aws = workspace<T, 1>().get(pex.a_size(pmode.bs));
+      T* Bp = thread_buffer<T, kGemmPackedB>().get(pex.b_size());
+      T* Aws = thread_buffer<T, kGemmPackedA>().get(pex.a_size(pmode.bs));
       gemm_rows(part, gk, pmode, 0, part.M, 1, 0, Bp, Aws);
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write

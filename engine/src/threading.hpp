@@ -14,6 +14,11 @@
 
 namespace simdattn::detail {
 
+// Below this many flops per thread a parallel region costs more than it saves (an OpenMP
+// fork/join is a few microseconds; 4 MFLOP is ~16 us at this machine's per-core peak).
+// perf/bench_gemm.cpp's 128x768x768 and 1x4096x128 cases sit on either side of it.
+constexpr double kMinFlopsPerThread = 4e6;
+
 inline int resolve_threads(int requested) {
   if (omp_in_parallel()) return 1;
   return requested > 0 ? requested : std::max(1, omp_get_max_threads());

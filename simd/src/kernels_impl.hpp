@@ -7,7 +7,6 @@
 
 #include <array>
 #include <cstdint>
-#include <cstring>
 #include <utility>
 #include <limits>
 #include <type_traits>
@@ -162,12 +161,8 @@ void exp_array(const T* x, T* y, std::int64_t n) {
   constexpr std::int64_t W = B::size;
   std::int64_t i = 0;
   for (; i + W <= n; i += W) exp_batch<Arch, T>(B::load_unaligned(x + i)).store_unaligned(y + i);
-  if (i < n) {  // tail through a padded buffer: the same arithmetic as the main loop
-    alignas(64) T buf[W] = {};
-    std::memcpy(buf, x + i, sizeof(T) * static_cast<std::size_t>(n - i));
-    exp_batch<Arch, T>(B::load_aligned(buf)).store_aligned(buf);
-    std::memcpy(y + i, buf, sizeof(T) * static_cast<std::size_t>(n - i));
-  }
+  if (i < n)  // the same arithmetic as the main loop, on a partial vector
+    store_tail<Arch, T>(y + i, n - i, exp_batch<Arch, T>(load_tail<Arch, T>(x + i, n - i, T(0))));
 }
 
 // ---------------------------------------------------------------------------------------------
