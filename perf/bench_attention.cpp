@@ -1,5 +1,6 @@
 // attention/<backend>/<workload>/t<threads>: DESIGN.md's standard workloads on each backend.
-// Counters: GFLOP/s (causal counts visible pairs only). The reference backend is registered only
+// Counters: GFLOP/s (causal counts visible pairs only). Every backend of the build is registered;
+// the reference only
 // for workloads it finishes in seconds.
 #include <benchmark/benchmark.h>
 
@@ -49,7 +50,8 @@ constexpr double kReferenceMaxFlops = 2e9;
 
 int register_all() {
   for (const auto& w : simdattn::standard_workloads()) {
-    for (simdattn::Backend b : {simdattn::Backend::reference, simdattn::Backend::native}) {
+    for (simdattn::Backend b :
+         {simdattn::Backend::reference, simdattn::Backend::native, simdattn::Backend::onednn}) {
       if (!simdattn::backend_available(b)) continue;
       const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
       if (b == simdattn::Backend::reference && flops > kReferenceMaxFlops) continue;

@@ -7,9 +7,14 @@
 #include <cstdio>
 #include <limits>
 #include <optional>
+#include <string>
 #include <random>
 
 #include "test_util.hpp"
+
+#ifdef SIMDATTN_HAVE_ONEDNN
+#include "problem.hpp"  // detail::onednn_primitives_created
+#endif
 
 using namespace simdattn;
 using test::Buffer;
@@ -270,10 +275,13 @@ TEST_CASE("NaN and Inf in K/V past the key lengths (a KV cache's unused tail) ar
       Buffer<float> ref({B, H, Sq, D}), out({B, H, Sq, D});
       opt.backend = Backend::reference;
       attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
-      opt.backend = Backend::native;
-      attention(q.cview(), kp.cview(), vp.cview(), out.view(), opt);
-      CAPTURE(Sq);
-      CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
+      for (Backend be : fast_backends()) {
+        opt.backend = be;
+        attention(q.cview(), kp.cview(), vp.cview(), out.view(), opt);
+        CAPTURE(Sq);
+        CAPTURE(backend_name(be));
+        CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
+      }
     }
   }
 }
@@ -342,3 +350,51 @@ TEST_CASE("NaN in Q poisons exactly its own row; masked poison in V never leaks"
         }
   }
 }
+
+#ifdef SIMDATTN_HAVE_ONEDNN
+TEST_CASE("onednn: a second call with the same shapes and options creates no primitive") {
+  std::mt19937_64 rng(test::base_seed() + 19);
+  // Grouped-query heads, causal with Sq != Sk, a key-padding mask and key lengths: several steps.
+  const std::int64_t B = 2, H = 4, Hkv = 2, Sq = 37, Sk = 53, D = 24;
+  Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  Buffer<std::uint8_t> m({B, 1, 1, Sk});
+  m.for_each([](std::uint8_t& x, auto, auto, auto, auto j) { x = j % 5 != 3; });
+  const std::int64_t L[] = {40, 53};
+  AttentionOptions opt;
+  opt.backend = Backend::onednn;
+  opt.causal = Causal::bottom_right;
+  opt.mask = m.cview();
+  opt.mask_kind = MaskKind::boolean;
+  opt.key_lengths = L;
+  Buffer<float> first({B, H, Sq, D}), second({B, H, Sq, D});
+  const std::uint64_t before = detail::onednn_primitives_created();
+  attention(q.cview(), k.cview(), v.cview(), first.view(), opt);
+  const std::uint64_t after_first = detail::onednn_primitives_created();
+  CHECK(after_first > before);
+  q.fill_normal(rng);  // new values, same shapes
+  attention(q.cview(), k.cview(), v.cview(), second.view(), opt);
+  CHECK(detail::onednn_primitives_created() == after_first);
+  Buffer<float> ref({B, H, Sq, D});
+  opt.backend = Backend::reference;
+  attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
+  CHECK(test::max_abs_diff(second, ref) <= test::tolerance<float>(test::max_abs(v)));
+}
+
+TEST_CASE("onednn: f64 inputs are refused with a clear error and nothing written") {
+  Buffer<double> q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4}), out({1, 2, 3, 4});
+  std::fill(out.data.begin(), out.data.end(), 7.0);
+  AttentionOptions opt;
+  opt.backend = Backend::onednn;
+  try {
+    attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+    FAIL("expected simdattn::Error");
+  } catch (const Error& e) {
+    CHECK(e.argument() == "options.backend");
+    CHECK(std::string(e.what()).find("f32") != std::string::npos);
+  }
+  for (double x : out.data) CHECK(x == 7.0);
+}
+#endif

@@ -22,20 +22,31 @@ std::vector<Backend> backends() {
   return out;
 }
 
-// Runs [1,1,Sq,D] x [1,1,Sk,D] attention in double and returns O [Sq][Dv] row-major.
+// Runs [1,1,Sq,D] x [1,1,Sk,D] attention and returns O [Sq][Dv] row-major. The reference and
+// native backends run in f64; onednn, which has no f64, in f32.
 std::vector<double> run(Backend backend, const std::vector<double>& q, const std::vector<double>& k,
                         const std::vector<double>& v, std::int64_t Sq, std::int64_t Sk, std::int64_t D,
                         std::int64_t Dv, AttentionOptions opt) {
-  std::vector<double> o(static_cast<std::size_t>(Sq * Dv), -1.0);
   opt.backend = backend;
+  if (backend == Backend::onednn) {
+    const std::vector<float> qf(q.begin(), q.end()), kf(k.begin(), k.end()), vf(v.begin(), v.end());
+    std::vector<float> o(static_cast<std::size_t>(Sq * Dv), -1.f);
+    attention(ConstTensorView(qf.data(), {1, 1, Sq, D}), ConstTensorView(kf.data(), {1, 1, Sk, D}),
+              ConstTensorView(vf.data(), {1, 1, Sk, Dv}), TensorView(o.data(), {1, 1, Sq, Dv}), opt);
+    return {o.begin(), o.end()};
+  }
+  std::vector<double> o(static_cast<std::size_t>(Sq * Dv), -1.0);
   attention(ConstTensorView(q.data(), {1, 1, Sq, D}), ConstTensorView(k.data(), {1, 1, Sk, D}),
             ConstTensorView(v.data(), {1, 1, Sk, Dv}), TensorView(o.data(), {1, 1, Sq, Dv}), opt);
   return o;
 }
 
-void check_close(const std::vector<double>& got, const std::vector<double>& want) {
+// Relative agreement: 1e-13 for the f64 backends, 2e-6 for onednn's f32 (a few roundings of
+// 2^-24 on numbers of a few units).
+void check_close(const std::vector<double>& got, const std::vector<double>& want, Backend backend) {
+  const double eps = backend == Backend::onednn ? 2e-6 : 1e-13;
   REQUIRE(got.size() == want.size());
-  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(1e-13));
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == doctest::Approx(want[i]).epsilon(eps));
 }
 
 // The 3x3 case: Q = [0, 1, 2]^T, K = [0, 1, 2]^T (D = 1), scale = ln 2, so exp(s_ij) = 2^(q_i k_j):
@@ -55,9 +66,9 @@ TEST_CASE("hand-computed 2x2: scores, softmax, weighted values") {
   opt.scale = 1.0;
   for (Backend be : backends()) {
     CAPTURE(backend_name(be));
-    check_close(run(be, q, k, v, 2, 2, 2, 2, opt), {1 + a, 2 + a, 1 + b, 2 + b});
+    check_close(run(be, q, k, v, 2, 2, 2, 2, opt), {1 + a, 2 + a, 1 + b, 2 + b}, be);
     opt.causal = Causal::top_left;  // row 0 sees key 0 only
-    check_close(run(be, q, k, v, 2, 2, 2, 2, opt), {1, 2, 1 + b, 2 + b});
+    check_close(run(be, q, k, v, 2, 2, 2, 2, opt), {1, 2, 1 + b, 2 + b}, be);
     opt.causal = Causal::none;
   }
 }
@@ -69,12 +80,12 @@ TEST_CASE("hand-computed 3x3 with and without the causal mask") {
     CAPTURE(backend_name(be));
     // row 0: (7+14+0)/3, (0+21+42)/3; row 1: (7+28+0)/7, (0+42+168)/7; row 2: (7+56)/21, (84+672)/21
     opt.causal = Causal::none;
-    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 5, 30, 3, 36});
+    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 5, 30, 3, 36}, be);
     // causal: row 0 sees key 0; row 1 keys 0-1 with weights 1/3, 2/3; row 2 all keys
     opt.causal = Causal::top_left;
-    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 3, 36});
+    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 3, 36}, be);
     opt.causal = Causal::bottom_right;  // Sq == Sk: the same
-    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 3, 36});
+    check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 3, 36}, be);
   }
 }
 
@@ -88,11 +99,11 @@ TEST_CASE("hand-computed Sq != Sk: the two causal alignments differ") {
     // top-left: query 0 at position 0 sees key 0; query 1 at position 1 sees keys 0-1 with
     // weights 1/5, 4/5: (7 + 56)/5, (0 + 84)/5
     opt.causal = Causal::top_left;
-    check_close(run(be, q, K3, V3, 2, 3, 1, 2, opt), {7, 0, 12.6, 16.8});
+    check_close(run(be, q, K3, V3, 2, 3, 1, 2, opt), {7, 0, 12.6, 16.8}, be);
     // bottom-right: offset Sk - Sq = 1; query 0 at position 1 sees keys 0-1 (weights 1/3, 2/3),
     // query 1 at position 2 sees all keys (weights 1/21, 4/21, 16/21)
     opt.causal = Causal::bottom_right;
-    check_close(run(be, q, K3, V3, 2, 3, 1, 2, opt), {35.0 / 3, 14, 3, 36});
+    check_close(run(be, q, K3, V3, 2, 3, 1, 2, opt), {35.0 / 3, 14, 3, 36}, be);
   }
 }
 
@@ -105,25 +116,25 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       AttentionOptions opt = base;
       const std::int64_t L[] = {2};
       opt.key_lengths = L;
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {10.5, 10.5, 35.0 / 3, 14, 12.6, 16.8});
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {10.5, 10.5, 35.0 / 3, 14, 12.6, 16.8}, be);
     }
     {  // window (0, 0): each query sees only the key at its own position
       AttentionOptions opt = base;
       opt.window = Window{0, 0};
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), V3);
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), V3, be);
     }
     {  // window (1, 0) with causal: row 2 sees keys 1-2 (weights 4/20, 16/20)
       AttentionOptions opt = base;
       opt.window = Window{1, 0};
       opt.causal = Causal::top_left;
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 2.8, 37.8});
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 0, 35.0 / 3, 14, 2.8, 37.8}, be);
     }
     {  // boolean mask hiding key 1 everywhere: row 1 weights 1/5, 4/5 over keys 0 and 2
       AttentionOptions opt = base;
       const std::uint8_t m[] = {1, 0, 1};
       opt.mask = ConstTensorView(m, {1, 1, 1, 3});
       opt.mask_kind = MaskKind::boolean;
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {3.5, 21, 1.4, 33.6, 7.0 / 17, 672.0 / 17});
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {3.5, 21, 1.4, 33.6, 7.0 / 17, 672.0 / 17}, be);
     }
     {  // additive mask: -inf on key 1 is the same as hiding it; +ln2 on key 0 doubles its weight
       AttentionOptions opt = base;
@@ -133,14 +144,14 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       opt.mask_kind = MaskKind::additive;
       // row 0: weights 2, 1 -> (14 + 0)/3, (0 + 42)/3; row 1: 2, 4 -> 14/6, 168/6;
       // row 2: 2, 16 -> 14/18, 672/18
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {14.0 / 3, 14, 14.0 / 6, 28, 14.0 / 18, 672.0 / 18});
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {14.0 / 3, 14, 14.0 / 6, 28, 14.0 / 18, 672.0 / 18}, be);
     }
     {  // a fully masked row is zero: boolean mask row 1 all false
       AttentionOptions opt = base;
       const std::uint8_t m[] = {1, 1, 1, 0, 0, 0, 1, 1, 1};
       opt.mask = ConstTensorView(m, {1, 1, 3, 3});
       opt.mask_kind = MaskKind::boolean;
-      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 0, 0, 3, 36});
+      check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 0, 0, 3, 36}, be);
     }
   }
 }

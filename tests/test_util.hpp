@@ -60,6 +60,16 @@ struct Buffer {
   TensorView view() { return TensorView(data.data(), shape, strides); }
 };
 
+// The same tensor in another dtype, with the same layout.
+template <class To, class From>
+Buffer<To> cast(const Buffer<From>& a) {
+  Buffer<To> out;
+  out.shape = a.shape;
+  out.strides = a.strides;
+  out.data.assign(a.data.begin(), a.data.end());
+  return out;
+}
+
 // max |a - b| over all elements; NaN positions must match (a NaN in only one counts as +inf).
 template <class T>
 double max_abs_diff(const Buffer<T>& a, const Buffer<T>& b) {

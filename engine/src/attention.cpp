@@ -26,7 +26,9 @@ std::string_view causal_name(Causal c) noexcept {
 }
 
 bool backend_available(Backend b) noexcept {
-  // The oneDNN backend is not implemented yet: a build with oneDNN links it for `info` only.
+#ifdef SIMDATTN_HAVE_ONEDNN
+  if (b == Backend::onednn) return true;
+#endif
   return b == Backend::reference || b == Backend::native;
 }
 
@@ -39,7 +41,11 @@ void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTe
   switch (options.backend) {
     case Backend::reference: detail::attention_reference(p); break;
     case Backend::native: detail::attention_native(p); break;
-    case Backend::onednn: break;  // rejected above
+    case Backend::onednn:
+#ifdef SIMDATTN_HAVE_ONEDNN
+      detail::attention_onednn(p);
+#endif
+      break;
   }
 }
 

@@ -73,8 +73,14 @@ inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, s
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      const TensorView& out, const AttentionOptions& options);
 
-// Backends. Each takes a validated problem and writes out; none throws.
+// Backends. Each takes a validated problem and writes out. reference and native never throw;
+// onednn throws Error for f64 (oneDNN has none) or when oneDNN fails, before writing anything.
 void attention_reference(const Problem& p);
 void attention_native(const Problem& p);
+#ifdef SIMDATTN_HAVE_ONEDNN
+void attention_onednn(const Problem& p);
+// Primitives the onednn backend has created so far in this process (its cache's misses x 3).
+std::uint64_t onednn_primitives_created() noexcept;
+#endif
 
 }  // namespace simdattn::detail

@@ -1,0 +1,433 @@
+// The onednn backend: attention from oneDNN 2.6 primitives, unfused, as an independent
+// cross-check and speed peer of the native kernels.
+//
+// A call is cut into steps: one batch b, one block of query rows (at most kScoreBudget bytes of
+// scores) and one group of heads. Each step runs three primitives:
+//   S = (Q K^T) * scale + M    matmul; scale is the primitive's output scale, the mask M a
+//                              binary-add post-op
+//   S = softmax(S)             softmax along keys, in place
+//   O = S V                    matmul, written straight into `out`
+// M is one additive f32 mask (0 or -inf from key lengths, causal, window and a boolean mask, plus
+// the values of an additive mask), built once per (batch, row block) and shared by every head:
+// its head and row dimensions have size 1 whenever nothing depends on them, and the post-op
+// broadcasts it. A block whose keys are all visible gets no mask and no post-op.
+//
+// Keys: only the range [jlo, jhi) that some row of the block can see goes to oneDNN, so keys at
+// or past the batch's key length are never read and a causal block skips the keys after its
+// last row. Heads: one step covers every head when Hkv == H or Hkv == 1 (the matmuls broadcast a
+// single K/V head); grouped-query problems take one step per key/value head and its group of
+// query heads. K and V are read in place through pointers and strides, never copied, unless a
+// view's innermost stride is not 1 (then q, k, v or out go through a dense copy).
+//
+// A row with no visible key gets NaN from softmax (exp(-inf - -inf)); such rows are known from
+// M and overwritten with zeros after the PV matmul.
+//
+// Primitives are cached per step geometry (sizes, strides, mask shape, scale, threads): a second
+// call with the same shapes creates nothing. Every primitive a call needs is created, and every
+// buffer allocated, before the first one runs, so a failure leaves `out` untouched.
+#include <oneapi/dnnl/dnnl.hpp>
+#include <omp.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <new>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "problem.hpp"
+#include "simdattn/error.hpp"
+#include "threading.hpp"
+#include "workspace.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+using dnnl::memory;
+using Dims = memory::dims;
+
+// Scores held at once per step: bounds the memory of long sequences (e.g. 128 query rows of the
+// `long` workload) while keeping each matmul large enough for oneDNN to run at speed.
+constexpr std::int64_t kScoreBudget = std::int64_t{32} << 20;
+constexpr std::size_t kCacheCapacity = 512;  // step geometries kept; the cache is cleared beyond
+
+// Everything one step's primitives depend on.
+struct StepKey {
+  // Hc, Hk, rows, W, D, Dv; strides (head, row, inner) of q, k, v, out; mask heads and rows
+  // (0 = no mask); scale bits; threads.
+  std::array<std::int64_t, 22> v{};
+  bool operator==(const StepKey&) const = default;
+};
+
+struct StepKeyHash {
+  std::size_t operator()(const StepKey& k) const noexcept {
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
+    for (std::int64_t x : k.v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+    return static_cast<std::size_t>(h);
+  }
+};
+
+struct StepPrims {
+  memory::desc q, kt, v, o, scores, mask;
+  dnnl::matmul qk;
+  dnnl::softmax_forward softmax;
+  dnnl::matmul pv;
+};
+
+struct Onednn {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  std::mutex mutex;
+  std::unordered_map<StepKey, std::shared_ptr<const StepPrims>, StepKeyHash> cache;
+  std::atomic<std::uint64_t> created{0};
+};
+
+Onednn& onednn() {
+  static Onednn instance;
+  return instance;
+}
+
+// A 4-D view [1, d1, d2, d3] with strides s1, s2, s3. Size-1 dimensions get a stride past the
+// view's extent, so oneDNN sees an ordinary outer dimension.
+memory::desc view_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3, std::int64_t s1,
+                       std::int64_t s2, std::int64_t s3) {
+  const std::int64_t extent = 1 + (d1 - 1) * s1 + (d2 - 1) * s2 + (d3 - 1) * s3;
+  if (d1 == 1) s1 = extent;
+  if (d2 == 1) s2 = extent;
+  if (d3 == 1) s3 = extent;
+  return memory::desc(Dims{1, d1, d2, d3}, memory::data_type::f32, Dims{extent, s1, s2, s3});
+}
+
+memory::desc dense_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3) {
+  return memory::desc(Dims{1, d1, d2, d3}, memory::data_type::f32, memory::format_tag::abcd);
+}
+
+std::shared_ptr<const StepPrims> create_prims(const StepKey& key, const dnnl::engine& eng) {
+  const auto& k = key.v;
+  const std::int64_t Hc = k[0], Hk = k[1], rows = k[2], W = k[3], D = k[4], Dv = k[5];
+  auto p = std::make_shared<StepPrims>();
+  p->q = view_desc(Hc, rows, D, k[6], k[7], k[8]);
+  p->kt = view_desc(Hk, D, W, k[9], k[11], k[10]);  // K^T: K's row and inner strides swap
+  p->v = view_desc(Hk, W, Dv, k[12], k[13], k[14]);
+  p->o = view_desc(Hc, rows, Dv, k[15], k[16], k[17]);
+  p->scores = dense_desc(Hc, rows, W);
+  float scale = 0.f;
+  std::memcpy(&scale, &k[20], sizeof scale);
+
+  dnnl::primitive_attr attr;
+  attr.set_output_scales(0, {scale});
+  if (k[18] > 0) {
+    p->mask = dense_desc(k[18], k[19], W);
+    dnnl::post_ops po;
+    po.append_binary(dnnl::algorithm::binary_add, p->mask);
+    attr.set_post_ops(po);
+  }
+  p->qk = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng));
+  p->softmax = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
+      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), eng));
+  p->pv = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->scores, p->v, p->o), eng));
+  return p;
+}
+
+std::shared_ptr<const StepPrims> get_prims(const StepKey& key) {
+  Onednn& o = onednn();
+  std::lock_guard<std::mutex> lock(o.mutex);
+  auto it = o.cache.find(key);
+  if (it != o.cache.end()) return it->second;
+  if (o.cache.size() >= kCacheCapacity) o.cache.clear();
+  auto prims = create_prims(key, o.engine);
+  o.created.fetch_add(3, std::memory_order_relaxed);
+  o.cache.emplace(key, prims);
+  return prims;
+}
+
+// Sets OpenMP's thread count for this thread while alive (oneDNN reads it when it creates and
+// runs primitives); threads <= 0 keeps the default.
+class ThreadScope {
+ public:
+  explicit ThreadScope(int threads) {
+    if (threads > 0 && !omp_in_parallel()) {
+      saved_ = omp_get_max_threads();
+      omp_set_num_threads(threads);
+    }
+  }
+  ~ThreadScope() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  ThreadScope(const ThreadScope&) = delete;
+  ThreadScope& operator=(const ThreadScope&) = delete;
+
+ private:
+  int saved_ = 0;
+};
+
+// One (batch, row block) of the call.
+struct Block {
+  std::int64_t b = 0, i0 = 0, i1 = 0;
+  std::int64_t jlo = 0, jhi = 0;    // keys handed to oneDNN; empty: every row is zero
+  std::int64_t mask_heads = 0;      // 0: no mask; else 1 or H
+  std::int64_t mask_rows = 0;       // 1 or i1 - i0
+  std::shared_ptr<const StepPrims> prims;
+};
+
+// Buffers of the calling thread, reused across calls.
+enum OnednnSlot : int {
+  kScores = 3,
+  kMask = 4,
+  kDenseQ = 5,
+  kDenseK = 6,
+  kDenseV = 7,
+  kDenseO = 8,
+};
+
+struct Operands {
+  const float* q;
+  const float* k;
+  const float* v;
+  float* o;
+  Shape4 qs, ks, vs, os;
+};
+
+bool inner_contiguous(const Shape4& shape, const Shape4& strides) {
+  return shape[3] == 1 || strides[3] == 1;
+}
+
+Shape4 dense_strides(const Shape4& shape) {
+  return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
+}
+
+// Copies the first `rows(b)` rows of every (b, h) of a strided view into a dense buffer.
+template <class RowsFn>
+void copy_dense(const float* src, const Shape4& shape, const Shape4& strides, float* dst,
+                RowsFn rows) {
+  const Shape4 ds = dense_strides(shape);
+  for (std::int64_t b = 0; b < shape[0]; ++b)
+    for (std::int64_t h = 0; h < shape[1]; ++h)
+      for (std::int64_t i = 0; i < rows(b); ++i)
+        for (std::int64_t d = 0; d < shape[3]; ++d)
+          dst[b * ds[0] + h * ds[1] + i * ds[2] + d] =
+              src[b * strides[0] + h * strides[1] + i * strides[2] + d * strides[3]];
+}
+
+// Keys [jlo, jhi) some row of the block can see, and whether any key in that range is hidden from
+// some row by the structure (key length, causal, window).
+void key_range(const Problem& p, Block& blk, bool& structure_hides) {
+  const std::int64_t L = p.key_len(blk.b), off = p.query_offset(blk.b);
+  const std::int64_t first = blk.i0 + off, last = blk.i1 - 1 + off;  // positions
+  std::int64_t jlo = 0, jhi = L;
+  const bool causal = p.causal != Causal::none;
+  const bool left = p.has_window && p.window_left >= 0;
+  const bool right = p.has_window && p.window_right >= 0;
+  if (causal) jhi = std::min(jhi, last + 1);
+  if (right) jhi = std::min(jhi, last + p.window_right + 1);
+  if (left) jlo = std::max(jlo, first - p.window_left);
+  blk.jlo = jlo;
+  blk.jhi = std::max(jlo, jhi);
+  structure_hides = blk.jhi > blk.jlo && ((causal && blk.jhi - 1 > first) ||
+                                          (right && blk.jhi - 1 > first + p.window_right) ||
+                                          (left && blk.jlo < last - p.window_left));
+}
+
+// Fills the block's mask [mask_heads, mask_rows, W] and flags[mask_heads * mask_rows] (1 for a
+// row with no visible key).
+void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* flags) {
+  const float neg_inf = -std::numeric_limits<float>::infinity();
+  const std::int64_t W = blk.jhi - blk.jlo, off = p.query_offset(blk.b), L = p.key_len(blk.b);
+  for (std::int64_t hh = 0; hh < blk.mask_heads; ++hh) {
+    for (std::int64_t r = 0; r < blk.mask_rows; ++r) {
+      const std::int64_t i = blk.i0 + r;
+      // The structure leaves row i one interval [lo, hi) of keys.
+      const std::int64_t pos = i + off;
+      std::int64_t lo = 0, hi = L;
+      if (blk.mask_rows > 1 || blk.i1 - blk.i0 == 1) {
+        if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
+        if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
+        if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
+      }
+      float* row = mask + (hh * blk.mask_rows + r) * W;
+      bool any = false;
+      for (std::int64_t c = 0; c < W; ++c) {
+        const std::int64_t j = blk.jlo + c;
+        float x = neg_inf;
+        if (j >= lo && j < hi) {
+          if (p.mask_kind == MaskKind::boolean) {
+            if (p.mask_allows(blk.b, hh, i, j)) x = 0.f;
+          } else if (p.mask_kind == MaskKind::additive) {
+            x = static_cast<float>(p.mask_add(blk.b, hh, i, j));
+          } else {
+            x = 0.f;
+          }
+        }
+        row[c] = x;
+        any = any || x != neg_inf;
+      }
+      flags[hh * blk.mask_rows + r] = any ? 0 : 1;
+    }
+  }
+}
+
+void zero_row(float* o, const Shape4& os, std::int64_t Dv) {
+  for (std::int64_t d = 0; d < Dv; ++d) o[d * os[3]] = 0.f;
+}
+
+void run(const Problem& p) {
+  const std::int64_t B = p.B, H = p.H, Hkv = p.Hkv, Sq = p.Sq, Sk = p.Sk, D = p.D, Dv = p.Dv;
+  if (B == 0 || H == 0 || Sq == 0 || Dv == 0) return;
+  const ThreadScope scope(p.threads);
+  const int threads = resolve_threads(p.threads);
+  const std::int64_t group = H / Hkv;
+  // Heads per step and the K/V heads it reads: all heads at once unless grouped-query.
+  const bool per_group = group > 1 && Hkv > 1;
+  const std::int64_t Hc = per_group ? group : H;
+  const std::int64_t Hk = per_group ? 1 : Hkv;
+  const std::int64_t units = per_group ? Hkv : 1;
+  const std::int64_t rows_per_block =
+      std::clamp<std::int64_t>(kScoreBudget / 4 / (Hc * std::max<std::int64_t>(Sk, 1)), 1, Sq);
+
+  Operands op{static_cast<const float*>(p.q), static_cast<const float*>(p.k),
+              static_cast<const float*>(p.v), static_cast<float*>(p.o), p.qs, p.ks, p.vs, p.os};
+  const Shape4 qshape{B, H, Sq, D}, kshape{B, Hkv, Sk, D}, vshape{B, Hkv, Sk, Dv}, oshape{B, H, Sq, Dv};
+  const bool dense_q = !inner_contiguous(qshape, p.qs), dense_k = !inner_contiguous(kshape, p.ks);
+  const bool dense_v = !inner_contiguous(vshape, p.vs), dense_o = !inner_contiguous(oshape, p.os);
+  if (dense_q) op.qs = dense_strides(qshape);
+  if (dense_k) op.ks = dense_strides(kshape);
+  if (dense_v) op.vs = dense_strides(vshape);
+  if (dense_o) op.os = dense_strides(oshape);
+
+  const bool user_mask = p.mask_kind != MaskKind::none;
+  const bool mask_by_head = user_mask && p.ms[1] != 0 && H > 1;
+  const bool mask_by_row = user_mask && p.ms[2] != 0 && Sq > 1;
+  float scale_f = static_cast<float>(p.scale);
+
+  // Plan: every block, its primitives and the buffer sizes, before anything runs.
+  thread_local std::vector<Block> blocks;
+  blocks.clear();
+  std::int64_t score_elems = 0, mask_elems = 0, flag_elems = 0;
+  try {
+    for (std::int64_t b = 0; b < B; ++b) {
+      for (std::int64_t i0 = 0; i0 < Sq; i0 += rows_per_block) {
+        Block blk;
+        blk.b = b, blk.i0 = i0, blk.i1 = std::min(Sq, i0 + rows_per_block);
+        bool structure_hides = false;
+        key_range(p, blk, structure_hides);
+        const std::int64_t rows = blk.i1 - blk.i0, W = blk.jhi - blk.jlo;
+        if (W > 0) {
+          if (structure_hides || user_mask) {
+            blk.mask_heads = mask_by_head ? H : 1;
+            blk.mask_rows = structure_hides || mask_by_row || mask_by_head ? rows : 1;
+          }
+          StepKey key;
+          const std::int64_t mh = blk.mask_heads == 0 ? 0 : (mask_by_head ? Hc : 1);
+          key.v = {Hc,        Hk,        rows,      W,         D,         Dv,
+                   op.qs[1],  op.qs[2],  op.qs[3],  op.ks[1],  op.ks[2],  op.ks[3],
+                   op.vs[1],  op.vs[2],  op.vs[3],  op.os[1],  op.os[2],  op.os[3],
+                   mh,        mh ? blk.mask_rows : 0, 0, threads};
+          std::memcpy(&key.v[20], &scale_f, sizeof scale_f);
+          blk.prims = get_prims(key);
+          score_elems = std::max(score_elems, Hc * rows * W);
+          mask_elems = std::max(mask_elems, blk.mask_heads * blk.mask_rows * W);
+          flag_elems = std::max(flag_elems, blk.mask_heads * blk.mask_rows);
+        }
+        blocks.push_back(std::move(blk));
+      }
+    }
+  } catch (const dnnl::error& e) {
+    throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
+  }
+  float* scores = thread_buffer<float, kScores>().get(static_cast<std::size_t>(score_elems));
+  float* mask = thread_buffer<float, kMask>().get(static_cast<std::size_t>(mask_elems + flag_elems));
+  auto* flags = reinterpret_cast<std::uint8_t*>(mask + mask_elems);
+  auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
+  float* q_copy = dense_q ? thread_buffer<float, kDenseQ>().get(numel(qshape)) : nullptr;
+  float* k_copy = dense_k ? thread_buffer<float, kDenseK>().get(numel(kshape)) : nullptr;
+  float* v_copy = dense_v ? thread_buffer<float, kDenseV>().get(numel(vshape)) : nullptr;
+  float* o_copy = dense_o ? thread_buffer<float, kDenseO>().get(numel(oshape)) : nullptr;
+  const auto all_rows = [&](std::int64_t) { return Sq; };
+  const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
+  if (dense_q) copy_dense(op.q, qshape, p.qs, q_copy, all_rows), op.q = q_copy;
+  if (dense_k) copy_dense(op.k, kshape, p.ks, k_copy, key_rows), op.k = k_copy;
+  if (dense_v) copy_dense(op.v, vshape, p.vs, v_copy, key_rows), op.v = v_copy;
+  if (dense_o) op.o = o_copy;
+
+  thread_local dnnl::stream stream(onednn().engine);
+  try {
+    for (const Block& blk : blocks) {
+      const std::int64_t rows = blk.i1 - blk.i0, W = blk.jhi - blk.jlo;
+      float* o_blk = op.o + blk.b * op.os[0] + blk.i0 * op.os[2];
+      if (W == 0) {  // no row of the block sees a key
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t r = 0; r < rows; ++r) zero_row(o_blk + h * op.os[1] + r * op.os[2], op.os, Dv);
+        continue;
+      }
+      if (blk.mask_heads > 0) build_mask(p, blk, mask, flags);
+      const StepPrims& prims = *blk.prims;
+      const dnnl::engine& eng = onednn().engine;
+      for (std::int64_t u = 0; u < units; ++u) {
+        const std::int64_t h0 = u * Hc, hk0 = per_group ? u : 0;
+        const float* q_u = op.q + blk.b * op.qs[0] + h0 * op.qs[1] + blk.i0 * op.qs[2];
+        const float* k_u = op.k + blk.b * op.ks[0] + hk0 * op.ks[1] + blk.jlo * op.ks[2];
+        const float* v_u = op.v + blk.b * op.vs[0] + hk0 * op.vs[1] + blk.jlo * op.vs[2];
+        float* o_u = o_blk + h0 * op.os[1];
+        memory q_mem(prims.q, eng, const_cast<float*>(q_u));
+        memory k_mem(prims.kt, eng, const_cast<float*>(k_u));
+        memory s_mem(prims.scores, eng, scores);
+        std::unordered_map<int, memory> qk_args{
+            {DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
+        if (blk.mask_heads > 0) {
+          float* m_u = mask + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
+          qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
+        }
+        prims.qk.execute(stream, qk_args);
+        prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_DST, s_mem}});
+        memory v_mem(prims.v, eng, const_cast<float*>(v_u));
+        memory o_mem(prims.o, eng, o_u);
+        prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_WEIGHTS, v_mem}, {DNNL_ARG_DST, o_mem}});
+        stream.wait();
+        if (blk.mask_heads > 0) {
+          for (std::int64_t h = 0; h < Hc; ++h)
+            for (std::int64_t r = 0; r < rows; ++r) {
+              const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) +
+                                     (blk.mask_rows > 1 ? r : 0);
+              if (flags[f]) zero_row(o_u + h * op.os[1] + r * op.os[2], op.os, Dv);
+            }
+        }
+      }
+    }
+  } catch (const dnnl::error& e) {
+    throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
+  }
+  blocks.clear();  // drop the primitive references
+
+  if (dense_o) {
+    float* o = static_cast<float*>(p.o);
+    const Shape4 ds = dense_strides(oshape);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Sq; ++i)
+          for (std::int64_t d = 0; d < Dv; ++d)
+            o[b * p.os[0] + h * p.os[1] + i * p.os[2] + d * p.os[3]] =
+                o_copy[b * ds[0] + h * ds[1] + i * ds[2] + d];
+  }
+}
+
+}  // namespace
+
+void attention_onednn(const Problem& p) {
+  if (p.dtype != DType::f32)
+    throw Error("options.backend",
+                "the onednn backend computes in f32 only (oneDNN 2.6 has no f64 matmul); "
+                "use the native or reference backend for f64 inputs");
+  run(p);
+}
+
+std::uint64_t onednn_primitives_created() noexcept {
+  return onednn().created.load(std::memory_order_relaxed);
+}
+
+}  // namespace simdattn::detail
