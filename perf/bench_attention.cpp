@@ -1,7 +1,7 @@
 // attention/<backend>/<workload>/t<threads>: DESIGN.md's standard workloads on each backend.
-// Counters: GFLOP/s (causal counts visible pairs only). Every backend of the build is registered;
-// the reference only
-// for workloads it finishes in seconds.
+// Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
+// reading K and V. Every backend of the build is registered, the reference only for workloads it
+// finishes in seconds.
 #include <benchmark/benchmark.h>
 
 #include <random>
@@ -41,8 +41,14 @@ void bench_attention(benchmark::State& state, const simdattn::Workload& w, simda
   const simdattn::ConstTensorView k(in.k.data(), {w.B, w.Hkv, w.Sk, w.D});
   const simdattn::ConstTensorView v(in.v.data(), {w.B, w.Hkv, w.Sk, w.D});
   const simdattn::TensorView o(in.o.data(), {w.B, w.H, w.Sq, w.D});
-  const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
-  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] { simdattn::attention(q, k, v, o, opt); });
+  const auto call = [&] { simdattn::attention(q, k, v, o, opt); };
+  if (w.Sq == 1) {  // decode: bound by reading K and V, so measured in GB/s of K, V, Q and O
+    const double bytes = 4.0 * double(w.B * w.Hkv * w.Sk * 2 * w.D + w.B * w.H * w.Sq * 2 * w.D);
+    simdattn::perf::timed_loop(state, bytes, "GB/s", call);
+  } else {
+    const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
+    simdattn::perf::timed_loop(state, flops, "GFLOP/s", call);
+  }
 }
 
 // FLOPs per call above which the reference backend is not registered (it would take minutes).

@@ -16,7 +16,8 @@ PACKAGES=(
   libdnnl-dev                         # oneDNN backend
   doctest-dev libbenchmark-dev        # tests, perf suite
   libcli11-dev nlohmann-json3-dev     # CLI parsing, JSON
-  python3 python3-numpy               # CLI end-to-end tests and the example
+  python3 python3-numpy               # CLI end-to-end tests
+  python3-matplotlib                  # tools/perf_report.py plot
 )
 
 missing=()

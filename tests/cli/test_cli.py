@@ -7,6 +7,7 @@ The oracle below is written from DESIGN.md's maths and position rule, not from t
 scores = scale * Q K^T + additive mask, hidden keys get -inf, stable softmax, rows with no
 visible key are zero.
 """
+import json
 import os
 import subprocess
 import sys
@@ -163,6 +164,26 @@ class RunMatchesOracle(CliCase):
         q, k, v = self.inputs()
         self.check(q, k, v, ["--threads", "1"], backend="native")
 
+    def test_onednn(self):
+        if "onednn" not in backends():
+            self.skipTest("the onednn backend is not built")
+        q, k, v = self.inputs(dtype=np.float32)
+        self.check(q, k, v, ["--causal", "bottom-right"], rtol=1e-5, backend="onednn",
+                   causal="bottom-right")
+        mask = self.rng.random((2, 1, 5, 7)) < 0.7
+        L = np.array([7, 3], dtype=np.int64)
+        self.check(q, k, v, ["--mask", self.save("m.npy", mask), "--key-lengths", self.save("L.npy", L),
+                             "--window", "2,1"], rtol=1e-5, backend="onednn", mask=mask,
+                   key_lengths=L, window=(2, 1))
+        # f64 is refused: oneDNN has none
+        q, k, v = self.inputs()
+        args = ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k),
+                "--v", self.save("v.npy", v), "--out", self.path("o64.npy"), "--backend", "onednn"]
+        r = self.run_cli(*args)
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("--backend", r.stderr)
+        self.assertFalse(os.path.exists(self.path("o64.npy")))
+
 
 class BadInput(CliCase):
     """Every bad input exits 2 with one line on stderr naming the flag, and leaves no file."""
@@ -269,6 +290,66 @@ class BadInput(CliCase):
         r = self.run_cli(*self.base(**{"--out": out}), "--causal", "sideways")
         self.assertEqual(r.returncode, 2)
         np.testing.assert_array_equal(np.load(out), np.arange(3.0))
+
+
+def backends():
+    r = subprocess.run([BIN, "info"], capture_output=True, text=True, timeout=60)
+    fields = dict(line.split(": ", 1) for line in r.stdout.splitlines()[1:])
+    return fields["backends"].split()
+
+
+class Compare(CliCase):
+    """`simdattn compare`: one JSON entry per backend, errors within tolerance, bad input exits 2."""
+
+    def compare_json(self, *args):
+        r = self.run_cli("compare", "--json", *args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return json.loads(r.stdout)
+
+    def test_named_workload(self):
+        entries = self.compare_json("--workload", "bert", "--threads", "2")
+        self.assertEqual(sorted(e["backend"] for e in entries), sorted(backends()))
+        for e in entries:
+            self.assertEqual(e["workload"], "bert")
+            self.assertEqual(e["threads"], 1 if e["backend"] == "reference" else 2)
+            self.assertGreater(e["median_ms"], 0.0)
+            self.assertGreater(e["gflops"], 0.0)
+            self.assertLessEqual(e["max_abs_err"], e["tolerance"])
+            self.assertEqual(e["rows_checked"], 128)
+            # GFLOP/s is the workload's FLOPs over the median time
+            self.assertAlmostEqual(e["gflops"], e["flops"] / (e["median_ms"] * 1e-3) * 1e-9,
+                                   delta=1e-6 * e["gflops"])
+        self.assertEqual(entries[0]["flops"], 4 * 12 * 128 * 128 * 64)
+
+    def test_explicit_sizes_and_table(self):
+        entries = self.compare_json("--b", "2", "--h", "6", "--hkv", "3", "--sq", "33", "--sk", "70",
+                                    "--d", "20", "--dv", "12", "--causal", "bottom-right", "--threads", "1")
+        self.assertEqual(len(entries), len(backends()))
+        for e in entries:
+            self.assertTrue(e["workload"].startswith("custom:"), e["workload"])
+            self.assertLessEqual(e["max_abs_err"], e["tolerance"])
+        r = self.run_cli("compare", "--sq", "16", "--h", "2", "--d", "8")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for name in backends():
+            self.assertIn("\n" + name + " ", r.stdout)
+        self.assertIn("max abs err", r.stdout)
+
+    def test_bad_arguments(self):
+        for args, fragment in ((["--workload", "gpt5"], "--workload"),
+                               (["--workload", "bert", "--sq", "4"], "--workload"),
+                               (["--h", "6", "--hkv", "4"], "--hkv"),
+                               (["--sq", "0"], "--sq"),
+                               (["--d", "-3"], "--d"),
+                               (["--b", "x"], "--b"),
+                               (["--threads", "0"], "--threads"),
+                               (["--causal", "left"], "--causal"),
+                               (["--h", "64", "--sq", "100000", "--sk", "100000"], "GiB")):
+            r = self.run_cli("compare", *args)
+            self.assertEqual(r.returncode, 2, f"{args}: {r.stderr}")
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn(fragment, lines[0])
+            self.assertEqual(r.stdout, "")
 
 
 class Info(CliCase):
