@@ -8,6 +8,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <thread>
+#include <vector>
 #include <random>
 
 #include "test_util.hpp"
@@ -381,6 +383,47 @@ TEST_CASE("onednn: a second call with the same shapes and options creates no pri
   opt.backend = Backend::reference;
   attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
   CHECK(test::max_abs_diff(second, ref) <= test::tolerance<float>(test::max_abs(v)));
+}
+
+TEST_CASE("onednn: concurrent calls from many threads, with primitives created meanwhile") {
+  std::mt19937_64 rng(test::base_seed() + 20);
+  // Each thread alternates between its own new shape (created concurrently with the others) and
+  // one shape all threads share.
+  struct Case {
+    Buffer<float> q, k, v, ref;
+  };
+  auto make = [&](std::int64_t Sq, std::int64_t Sk) {
+    Case c{Buffer<float>({2, 4, Sq, 16}), Buffer<float>({2, 2, Sk, 16}), Buffer<float>({2, 2, Sk, 16}),
+           Buffer<float>({2, 4, Sq, 16})};
+    c.q.fill_normal(rng);
+    c.k.fill_normal(rng);
+    c.v.fill_normal(rng);
+    AttentionOptions opt;
+    opt.backend = Backend::reference;
+    opt.causal = Causal::bottom_right;
+    attention(c.q.cview(), c.k.cview(), c.v.cview(), c.ref.view(), opt);
+    return c;
+  };
+  std::vector<Case> cases;
+  for (int t = 0; t < 4; ++t) cases.push_back(make(11 + t, 29 + 3 * t));
+  cases.push_back(make(23, 31));
+  std::vector<double> err(4, 0.0);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t)
+    pool.emplace_back([&, t] {
+      AttentionOptions opt;
+      opt.backend = Backend::onednn;
+      opt.causal = Causal::bottom_right;
+      opt.threads = 1 + t % 2;
+      for (int rep = 0; rep < 6; ++rep) {
+        const Case& c = cases[rep % 2 ? 4 : t];
+        Buffer<float> out(c.ref.shape);
+        attention(c.q.cview(), c.k.cview(), c.v.cview(), out.view(), opt);
+        err[t] = std::max(err[t], test::max_abs_diff(out, c.ref) / std::max(1.0, test::max_abs(c.v)));
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (double e : err) CHECK(e <= 1e-5);
 }
 
 TEST_CASE("onednn: f64 inputs are refused with a clear error and nothing written") {
