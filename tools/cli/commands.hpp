@@ -13,5 +13,6 @@ using Command = std::function<void()>;
 Command add_run_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
+Command add_mha_command(CLI::App& app);
 
 }  // namespace simdattn::cli

@@ -1,0 +1,148 @@
+// Multi-head attention layer (torch.nn.MultiheadAttention semantics, batch_first) and its KV
+// cache for incremental decoding.
+//
+//   q = x_q Wq^T + bq,  k = x_k Wk^T + bk,  v = x_v Wv^T + bv     (torch's nn.Linear)
+//   heads: q [B, Sq, H*hd] read as [B, H, Sq, hd], k/v as [B, Hkv, Sk, hd] (strided views of the
+//          projection outputs, never copied); o = attention(q, k, v) written as [B, Sq, H*hd]
+//   y = o Wo^T + bo
+//
+// Weights use torch's layout: W [out_features, in_features], row-major. Wq [H*hd, d_model],
+// Wk [Hkv*hd, kdim], Wv [Hkv*hd, vdim], Wo [d_model, H*hd]; every bias is optional.
+// Self-attention (kdim == vdim == d_model) runs the three input projections as one GEMM.
+//
+// Embedding: a layer is immutable after construction and forward() may run concurrently from
+// any number of threads. Scratch comes from per-thread buffers that grow on first use, so after
+// the first call with a given size forward() allocates nothing on the native and reference
+// backends (the onednn backend allocates oneDNN's memory handles per call). A KvCache belongs
+// to one caller at a time.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "simdattn/attention.hpp"
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+struct MhaConfig {
+  std::int64_t d_model = 0;   // query input and output width
+  std::int64_t heads = 0;     // query heads H
+  std::int64_t kv_heads = 0;  // key/value heads Hkv (0: = heads); H % Hkv == 0
+  std::int64_t head_dim = 0;  // hd (0: d_model / heads)
+  std::int64_t kdim = 0;      // key input width (0: d_model)
+  std::int64_t vdim = 0;      // value input width (0: d_model)
+};
+
+// Weights in torch's layout, f32 or f64 (the layer's dtype). Empty bias = no bias.
+template <class T>
+struct MhaWeights {
+  std::vector<T> wq, wk, wv, wo;
+  std::vector<T> bq, bk, bv, bo;
+};
+
+// A batch of sequences [B, S, E], C order (row stride E).
+struct ConstSeqView {
+  const void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t B = 0, S = 0, E = 0;
+  ConstSeqView() = default;
+  template <class T>
+  ConstSeqView(const T* d, std::int64_t b, std::int64_t s, std::int64_t e)
+      : data(d), dtype(dtype_of<T>()), B(b), S(s), E(e) {}
+};
+struct SeqView {
+  void* data = nullptr;
+  DType dtype = DType::f32;
+  std::int64_t B = 0, S = 0, E = 0;
+  SeqView() = default;
+  template <class T>
+  SeqView(T* d, std::int64_t b, std::int64_t s, std::int64_t e)
+      : data(d), dtype(dtype_of<T>()), B(b), S(s), E(e) {}
+};
+
+struct MhaOptions {
+  Causal causal = Causal::none;
+  // [B, Sk], nonzero = padding (that key is ignored), as torch's key_padding_mask. Empty: none.
+  std::span<const std::uint8_t> key_padding_mask;
+  // Additive float mask (f32 or f64), broadcastable to [B, H, Sq, Sk] as in attention().
+  ConstTensorView attn_mask;
+  int threads = 0;
+  Backend backend = Backend::native;
+};
+
+class KvCache;
+
+class MultiHeadAttention {
+ public:
+  // Validates the configuration and the weight sizes; throws Error naming the weight.
+  MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights);
+  MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights);
+
+  // Loads one layer from a safetensors file (see DESIGN.md for the two naming conventions):
+  // torch's in_proj_weight / q_proj_weight+k_proj_weight+v_proj_weight, in_proj_bias,
+  // out_proj.weight, out_proj.bias; or Hugging Face's q_proj/k_proj/v_proj/o_proj .weight with
+  // optional .bias. Names are looked up under `prefix`. d_model, head_dim, kdim and vdim come
+  // from the shapes; kv_heads too when given as 0. F32/F64 tensors convert to `dtype`.
+  static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads,
+                                             std::int64_t kv_heads = 0, const std::string& prefix = "",
+                                             DType dtype = DType::f32);
+
+  ~MultiHeadAttention();
+  MultiHeadAttention(MultiHeadAttention&&) noexcept;
+  MultiHeadAttention& operator=(MultiHeadAttention&&) noexcept;
+
+  const MhaConfig& config() const noexcept;  // with every 0 resolved
+  DType dtype() const noexcept;
+
+  // Self-attention: query [B, S, d_model] -> out [B, S, d_model]. Needs kdim == vdim == d_model.
+  void forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options = {}) const;
+
+  // Cross-attention: query [B, Sq, d_model], key [B, Sk, kdim], value [B, Sk, vdim].
+  void forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
+               const SeqView& out, const MhaOptions& options = {}) const;
+
+  // Incremental self-attention: appends the projected K/V of the T new tokens of every sequence
+  // (query [B, T, d_model]) to `cache`, then attends with bottom-right causal alignment over
+  // each sequence's cached keys (so T = 1 is a decode step and T > 1 a prefill or chunk).
+  // options.causal must be none or bottom_right; masks are not supported here. Throws (leaving
+  // the cache as it was) when a sequence would exceed the cache's capacity.
+  void forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
+               const MhaOptions& options = {}) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// Keys and values of one layer for a batch of sequences, each with its own length.
+// Storage: K and V [B, Hkv, capacity, head_dim], so a decode step streams each head's keys
+// contiguously.
+class KvCache {
+ public:
+  KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity);
+
+  std::int64_t batch() const noexcept { return batch_; }
+  std::int64_t capacity() const noexcept { return capacity_; }
+  std::span<const std::int64_t> lengths() const noexcept { return lengths_; }
+
+  void reset() noexcept;                                   // every sequence back to length 0
+  void truncate(std::int64_t sequence, std::int64_t length);  // keep the first `length` tokens
+
+  // Views of the cached keys/values, [B, Hkv, capacity, head_dim] (rows past lengths() unused).
+  ConstTensorView keys() const noexcept;
+  ConstTensorView values() const noexcept;
+
+ private:
+  friend class MultiHeadAttention;
+  DType dtype_;
+  std::int64_t batch_, kv_heads_, head_dim_, capacity_;
+  std::vector<std::int64_t> lengths_, next_lengths_;
+  std::vector<std::byte> k_, v_;
+};
+
+}  // namespace simdattn

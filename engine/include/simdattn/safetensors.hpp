@@ -1,0 +1,68 @@
+// safetensors files: a memory-mapped, fully validated reader and an atomic writer.
+//
+// Format: an 8-byte little-endian header length N, N bytes of JSON
+//   {"name": {"dtype": "F32", "shape": [rows, cols], "data_offsets": [begin, end]}, ...,
+//    "__metadata__": {"key": "value", ...}}
+// then the data section; offsets are relative to its start. The reader checks everything before
+// handing out a tensor: the header length fits in the file, the JSON is well formed, every entry
+// has a known dtype, a shape of non-negative integers, offsets with begin <= end inside the data
+// section, end - begin == elements x dtype size, and no two tensors overlap. Each violation is
+// an Error naming the file and the tensor.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+struct SafetensorsEntry {
+  std::string dtype;                 // as in the file: F32, F64, F16, BF16, I64, ...
+  std::vector<std::int64_t> shape;
+  const std::byte* data = nullptr;   // inside the mapping; not aligned in general
+  std::size_t bytes = 0;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps and validates `path`. Throws Error(path, ...).
+  explicit SafetensorsFile(const std::string& path);
+  ~SafetensorsFile();
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+
+  const std::string& path() const noexcept { return path_; }
+  const std::map<std::string, SafetensorsEntry>& tensors() const noexcept { return tensors_; }
+  const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
+
+  // The tensor `name` converted to T (float or double) from F32 or F64, checked against
+  // `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another shape or a
+  // dtype other than F32/F64.
+  template <class T>
+  std::vector<T> read(const std::string& name, const std::vector<std::int64_t>& shape) const;
+
+ private:
+  std::string path_;
+  void* map_ = nullptr;
+  std::size_t size_ = 0;
+  std::map<std::string, SafetensorsEntry> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+// One tensor to write: F32 or F64 elements in C order.
+struct SafetensorsTensor {
+  DType dtype = DType::f32;
+  std::vector<std::int64_t> shape;
+  const void* data = nullptr;
+};
+
+// Writes atomically (temporary file + rename). Throws Error(path, ...).
+void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace simdattn

@@ -1,0 +1,513 @@
+// The multi-head attention layer and its KV cache (see mha.hpp). Projections run on the native
+// GEMM (torch's weight layout is op(B) = W^T, which the GEMM reads in place); the attention core
+// runs on the backend the options name, over strided views of the projection outputs.
+#include "simdattn/mha.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "gemm.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/safetensors.hpp"
+#include "workspace.hpp"
+
+namespace simdattn {
+namespace {
+
+using detail::AlignedBuffer;
+using detail::GemmArgs;
+using detail::thread_buffer;
+using detail::Trans;
+
+// Per-thread scratch of the layer (slots after the attention kernels' and the onednn backend's).
+enum MhaSlot : int {
+  kProjIn = 9,      // packed q|k|v projection, or q in cross-attention
+  kProjKv = 10,     // k and v projections in cross-attention
+  kAttnOut = 11,    // attention output [B, Sq, H*hd]
+  kMask = 12,       // combined mask
+  kMaskBool = 13,   // key padding as a boolean mask
+};
+
+std::string dims(std::initializer_list<std::int64_t> d) {
+  std::string s = "[";
+  bool first = true;
+  for (std::int64_t x : d) {
+    s += (first ? "" : ", ") + std::to_string(x);
+    first = false;
+  }
+  return s + "]";
+}
+
+// y[M, N] = x[M, K] W^T + b, W [N, K] row-major (torch's nn.Linear).
+template <class T>
+void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const T* w, std::int64_t N,
+            const T* bias, T* y, std::int64_t ldy, int threads) {
+  if (M == 0 || N == 0) return;
+  GemmArgs<T> g;
+  g.trans_b = Trans::T;
+  g.M = M, g.N = N, g.K = K;
+  g.A = x, g.lda = ldx;
+  g.B = w, g.ldb = K;
+  g.C = y, g.ldc = ldy;
+  if (bias != nullptr) {
+    for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
+    g.beta = T(1);
+  }
+  detail::gemm(g, threads);
+}
+
+}  // namespace
+
+// Weights of one dtype, resolved configuration, and the packed input projection.
+template <class T>
+struct Layer {
+  MhaConfig cfg;
+  std::int64_t nq = 0, nkv = 0;   // rows of Wq (H*hd) and of Wk / Wv (Hkv*hd)
+  std::vector<T> w_in;            // Wq rows, then Wk rows, then Wv rows
+  std::vector<T> b_in;            // bq | bk | bv (zeros for a missing one); empty if none given
+  std::vector<T> wo, bo;
+  bool packed = false;            // kdim == vdim == d_model: [Wq; Wk; Wv] is one [nq+2nkv, d] matrix
+
+  const T* wq() const { return w_in.data(); }
+  const T* wk() const { return w_in.data() + nq * cfg.d_model; }
+  const T* wv() const { return wk() + nkv * cfg.kdim; }
+  const T* bq() const { return b_in.empty() ? nullptr : b_in.data(); }
+  const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + nq; }
+  const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + nq + nkv; }
+};
+
+struct MultiHeadAttention::Impl {
+  DType dtype = DType::f32;
+  MhaConfig cfg;
+  Layer<float> f32;
+  Layer<double> f64;
+  template <class T> const Layer<T>& layer() const {
+    if constexpr (sizeof(T) == 4) return f32;
+    else return f64;
+  }
+};
+
+namespace {
+
+MhaConfig resolve(MhaConfig c) {
+  if (c.d_model < 1) throw Error("config.d_model", "expected >= 1, got " + std::to_string(c.d_model));
+  if (c.heads < 1) throw Error("config.heads", "expected >= 1, got " + std::to_string(c.heads));
+  if (c.kv_heads == 0) c.kv_heads = c.heads;
+  if (c.kv_heads < 1 || c.heads % c.kv_heads != 0)
+    throw Error("config.kv_heads", "expected a divisor of heads " + std::to_string(c.heads) + ", got " +
+                                       std::to_string(c.kv_heads));
+  if (c.head_dim == 0) {
+    if (c.d_model % c.heads != 0)
+      throw Error("config.heads", "d_model " + std::to_string(c.d_model) + " is not a multiple of heads " +
+                                      std::to_string(c.heads) + " (give head_dim explicitly)");
+    c.head_dim = c.d_model / c.heads;
+  }
+  if (c.head_dim < 1) throw Error("config.head_dim", "expected >= 1, got " + std::to_string(c.head_dim));
+  if (c.kdim == 0) c.kdim = c.d_model;
+  if (c.vdim == 0) c.vdim = c.d_model;
+  if (c.kdim < 1) throw Error("config.kdim", "expected >= 1, got " + std::to_string(c.kdim));
+  if (c.vdim < 1) throw Error("config.vdim", "expected >= 1, got " + std::to_string(c.vdim));
+  return c;
+}
+
+template <class T>
+Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
+  Layer<T> L;
+  L.cfg = cfg;
+  L.nq = cfg.heads * cfg.head_dim;
+  L.nkv = cfg.kv_heads * cfg.head_dim;
+  auto check = [](const std::vector<T>& v, std::int64_t rows, std::int64_t cols, const char* name,
+                  const char* what) {
+    if (static_cast<std::int64_t>(v.size()) != rows * cols)
+      throw Error(name, std::string("expected ") + what + " " + dims({rows, cols}) + " = " +
+                            std::to_string(rows * cols) + " elements, got " + std::to_string(v.size()));
+  };
+  auto check_bias = [](const std::vector<T>& v, std::int64_t n, const char* name) {
+    if (!v.empty() && static_cast<std::int64_t>(v.size()) != n)
+      throw Error(name, "expected " + std::to_string(n) + " elements (or none), got " + std::to_string(v.size()));
+  };
+  check(w.wq, L.nq, cfg.d_model, "weights.wq", "[heads*head_dim, d_model]");
+  check(w.wk, L.nkv, cfg.kdim, "weights.wk", "[kv_heads*head_dim, kdim]");
+  check(w.wv, L.nkv, cfg.vdim, "weights.wv", "[kv_heads*head_dim, vdim]");
+  check(w.wo, cfg.d_model, L.nq, "weights.wo", "[d_model, heads*head_dim]");
+  check_bias(w.bq, L.nq, "weights.bq");
+  check_bias(w.bk, L.nkv, "weights.bk");
+  check_bias(w.bv, L.nkv, "weights.bv");
+  check_bias(w.bo, cfg.d_model, "weights.bo");
+  L.w_in.reserve(w.wq.size() + w.wk.size() + w.wv.size());
+  for (const auto* part : {&w.wq, &w.wk, &w.wv}) L.w_in.insert(L.w_in.end(), part->begin(), part->end());
+  if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
+    L.b_in.assign(static_cast<std::size_t>(L.nq + 2 * L.nkv), T(0));
+    std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
+    std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.nq);
+    std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.nq + L.nkv);
+  }
+  L.wo = std::move(w.wo);
+  L.bo = std::move(w.bo);
+  L.packed = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
+  return L;
+}
+
+void check_seq(const char* name, const ConstSeqView& s, DType dtype, std::int64_t B, std::int64_t E) {
+  if (s.dtype != dtype)
+    throw Error(name, "dtype " + std::string(dtype_name(s.dtype)) + " differs from the layer's " +
+                          std::string(dtype_name(dtype)));
+  if (s.B < 0 || s.S < 0 || (B >= 0 && s.B != B) || s.E != E)
+    throw Error(name, "expected shape " + std::string(B >= 0 ? "[B=" + std::to_string(B) : "[B") +
+                          ", S, E=" + std::to_string(E) + "], got " + dims({s.B, s.S, s.E}));
+  if (s.data == nullptr && s.B * s.S * s.E != 0) throw Error(name, "null data");
+}
+
+void check_out(const SeqView& o, DType dtype, std::int64_t B, std::int64_t S, std::int64_t E) {
+  if (o.dtype != dtype)
+    throw Error("out", "dtype " + std::string(dtype_name(o.dtype)) + " differs from the layer's " +
+                           std::string(dtype_name(dtype)));
+  if (o.B != B || o.S != S || o.E != E)
+    throw Error("out", "expected shape " + dims({B, S, E}) + ", got " + dims({o.B, o.S, o.E}));
+  if (o.data == nullptr && B * S * E != 0) throw Error("out", "null data");
+}
+
+// The attention options of one call: causal, threads, backend, and the key padding mask and
+// additive mask combined into one mask from this thread's buffers.
+template <class T>
+AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int64_t H, std::int64_t Sq,
+                                   std::int64_t Sk) {
+  AttentionOptions a;
+  a.causal = o.causal;
+  a.threads = o.threads;
+  a.backend = o.backend;
+  const bool padding = !o.key_padding_mask.empty();
+  const bool additive = o.attn_mask.data != nullptr || o.attn_mask.shape != Shape4{};
+  if (padding && static_cast<std::int64_t>(o.key_padding_mask.size()) != B * Sk)
+    throw Error("options.key_padding_mask", "expected B*Sk = " + std::to_string(B) + "*" + std::to_string(Sk) +
+                                                " entries ([B, Sk]), got " + std::to_string(o.key_padding_mask.size()));
+  if (padding && !additive) {
+    std::uint8_t* m = thread_buffer<std::uint8_t, kMaskBool>().get(static_cast<std::size_t>(B * Sk));
+    for (std::int64_t i = 0; i < B * Sk; ++i) m[i] = o.key_padding_mask[static_cast<std::size_t>(i)] ? 0 : 1;
+    a.mask = ConstTensorView(m, DType::u8, {B, 1, 1, Sk});
+    a.mask_kind = MaskKind::boolean;
+  } else if (additive && !padding) {
+    a.mask = o.attn_mask;
+    a.mask_kind = MaskKind::additive;
+  } else if (additive && padding) {
+    const ConstTensorView& am = o.attn_mask;
+    if (am.dtype != DType::f32 && am.dtype != DType::f64)
+      throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " + std::string(dtype_name(am.dtype)));
+    const Shape4 target{B, H, Sq, Sk};
+    for (int d = 0; d < 4; ++d)
+      if (am.shape[d] != target[d] && am.shape[d] != 1)
+        throw Error("options.attn_mask", "shape " + dims({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
+                                             " does not broadcast to " + dims({B, H, Sq, Sk}));
+    const std::int64_t mh = am.shape[1], mi = am.shape[2];
+    T* m = thread_buffer<T, kMask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < mh; ++h)
+        for (std::int64_t i = 0; i < mi; ++i)
+          for (std::int64_t j = 0; j < Sk; ++j) {
+            const std::int64_t off = (am.shape[0] == 1 ? 0 : b) * am.strides[0] + h * am.strides[1] +
+                                     i * am.strides[2] + (am.shape[3] == 1 ? 0 : j) * am.strides[3];
+            const T x = am.dtype == DType::f32 ? static_cast<T>(static_cast<const float*>(am.data)[off])
+                                               : static_cast<T>(static_cast<const double*>(am.data)[off]);
+            m[((b * mh + h) * mi + i) * Sk + j] = o.key_padding_mask[static_cast<std::size_t>(b * Sk + j)] ? neg_inf : x;
+          }
+    a.mask = ConstTensorView(m, {B, mh, mi, Sk});
+    a.mask_kind = MaskKind::additive;
+  }
+  return a;
+}
+
+template <class T>
+void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& out, const MhaOptions& opt) {
+  const MhaConfig& c = L.cfg;
+  if (!L.packed)
+    throw Error("key", "self-attention needs kdim == vdim == d_model (this layer has kdim " + std::to_string(c.kdim) +
+                           ", vdim " + std::to_string(c.vdim) + "); pass key and value");
+  check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  const std::int64_t B = query.B, S = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
+  check_out(out, dtype_of<T>(), B, S, c.d_model);
+  const AttentionOptions a = attention_options<T>(opt, B, H, S, S);
+  const std::int64_t M = B * S, N = L.nq + 2 * L.nkv;
+  T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
+  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in.data(), N, L.bq(), p, N, opt.threads);
+  const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
+  const ConstTensorView k(p + L.nq, {B, Hkv, S, hd}, {S * N, hd, N, 1});
+  const ConstTensorView v(p + L.nq + L.nkv, {B, Hkv, S, hd}, {S * N, hd, N, 1});
+  attention(q, k, v, TensorView(o, {B, H, S, hd}, {S * L.nq, hd, L.nq, 1}), a);
+  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
+         static_cast<T*>(out.data), c.d_model, opt.threads);
+}
+
+template <class T>
+void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
+                   const SeqView& out, const MhaOptions& opt) {
+  const MhaConfig& c = L.cfg;
+  check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  const std::int64_t B = query.B, Sq = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
+  check_seq("key", key, dtype_of<T>(), B, c.kdim);
+  check_seq("value", value, dtype_of<T>(), B, c.vdim);
+  if (value.S != key.S)
+    throw Error("value", "has " + std::to_string(value.S) + " positions, key has " + std::to_string(key.S));
+  const std::int64_t Sk = key.S;
+  check_out(out, dtype_of<T>(), B, Sq, c.d_model);
+  const AttentionOptions a = attention_options<T>(opt, B, H, Sq, Sk);
+  T* pq = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  T* pkv = thread_buffer<T, kProjKv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
+  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  // k and v side by side in one [B*Sk, 2*nkv] buffer.
+  const std::int64_t ldkv = 2 * L.nkv;
+  linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.wq(), L.nq, L.bq(), pq, L.nq, opt.threads);
+  linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.nkv, L.bk(), pkv, ldkv, opt.threads);
+  linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.nkv, L.bv(), pkv + L.nkv, ldkv,
+         opt.threads);
+  const ConstTensorView q(pq, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1});
+  const ConstTensorView k(pkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
+  const ConstTensorView v(pkv + L.nkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
+  attention(q, k, v, TensorView(o, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1}), a);
+  linear(o, B * Sq, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
+         static_cast<T*>(out.data), c.d_model, opt.threads);
+}
+
+template <class T>
+void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache, std::vector<std::byte>& kbuf,
+                    std::vector<std::byte>& vbuf, std::vector<std::int64_t>& lengths, std::vector<std::int64_t>& next,
+                    std::int64_t capacity, const SeqView& out, const MhaOptions& opt) {
+  (void)cache;
+  const MhaConfig& c = L.cfg;
+  if (!L.packed)
+    throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
+  check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(lengths.size()), c.d_model);
+  const std::int64_t B = query.B, Tn = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
+  check_out(out, dtype_of<T>(), B, Tn, c.d_model);
+  if (opt.causal == Causal::top_left)
+    throw Error("options.causal", "incremental decoding attends with bottom-right alignment; top-left is not "
+                                  "meaningful over a cache (use none or bottom_right)");
+  if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
+    throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
+  std::int64_t Sk = 0;
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (lengths[b] + Tn > capacity)
+      throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(lengths[b]) + " tokens; " +
+                               std::to_string(Tn) + " more exceed the capacity " + std::to_string(capacity));
+    next[b] = lengths[b] + Tn;
+    Sk = std::max(Sk, next[b]);
+  }
+  if (Tn == 0) return;
+  const std::int64_t M = B * Tn, N = L.nq + 2 * L.nkv;
+  T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(M * L.nq));
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in.data(), N, L.bq(), p, N, opt.threads);
+  // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head). Rows past lengths[] are not part
+  // of the cache, so a failure below leaves it as it was.
+  T* kc = reinterpret_cast<T*>(kbuf.data());
+  T* vc = reinterpret_cast<T*>(vbuf.data());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t hk = 0; hk < Hkv; ++hk)
+      for (std::int64_t t = 0; t < Tn; ++t) {
+        const T* src = p + (b * Tn + t) * N + L.nq + hk * hd;
+        const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd;
+        std::memcpy(kc + row, src, sizeof(T) * hd);
+        std::memcpy(vc + row, src + L.nkv, sizeof(T) * hd);
+      }
+  AttentionOptions a;
+  a.causal = Causal::bottom_right;
+  a.threads = opt.threads;
+  a.backend = opt.backend;
+  a.key_lengths = next;
+  const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
+  const ConstTensorView q(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1});
+  attention(q, ConstTensorView(kc, {B, Hkv, Sk, hd}, kvs), ConstTensorView(vc, {B, Hkv, Sk, hd}, kvs),
+            TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
+  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
+         static_cast<T*>(out.data), c.d_model, opt.threads);
+  lengths.swap(next);
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = resolve(config);
+  impl_->dtype = DType::f32;
+  impl_->f32 = build_layer(impl_->cfg, std::move(weights));
+}
+
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = resolve(config);
+  impl_->dtype = DType::f64;
+  impl_->f64 = build_layer(impl_->cfg, std::move(weights));
+}
+
+MultiHeadAttention::~MultiHeadAttention() = default;
+MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
+MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept = default;
+
+const MhaConfig& MultiHeadAttention::config() const noexcept { return impl_->cfg; }
+DType MultiHeadAttention::dtype() const noexcept { return impl_->dtype; }
+
+void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
+  if (impl_->dtype == DType::f32) self_forward(impl_->f32, query, out, options);
+  else self_forward(impl_->f64, query, out, options);
+}
+
+void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
+                                 const SeqView& out, const MhaOptions& options) const {
+  if (impl_->dtype == DType::f32) cross_forward(impl_->f32, query, key, value, out, options);
+  else cross_forward(impl_->f64, query, key, value, out, options);
+}
+
+void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
+                                 const MhaOptions& options) const {
+  const MhaConfig& c = impl_->cfg;
+  if (cache.dtype_ != impl_->dtype || cache.kv_heads_ != c.kv_heads || cache.head_dim_ != c.head_dim)
+    throw Error("cache", "was made for another layer (dtype " + std::string(dtype_name(cache.dtype_)) + ", kv_heads " +
+                             std::to_string(cache.kv_heads_) + ", head_dim " + std::to_string(cache.head_dim_) + ")");
+  if (impl_->dtype == DType::f32)
+    cached_forward(impl_->f32, query, cache, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
+                   out, options);
+  else
+    cached_forward(impl_->f64, query, cache, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
+                   out, options);
+}
+
+// ---- KvCache -----------------------------------------------------------------------------------
+
+KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity)
+    : dtype_(layer.dtype()),
+      batch_(batch),
+      kv_heads_(layer.config().kv_heads),
+      head_dim_(layer.config().head_dim),
+      capacity_(capacity) {
+  if (batch < 1) throw Error("batch", "expected >= 1, got " + std::to_string(batch));
+  if (capacity < 1) throw Error("capacity", "expected >= 1, got " + std::to_string(capacity));
+  const std::size_t bytes =
+      static_cast<std::size_t>(batch * kv_heads_ * capacity * head_dim_) * dtype_size(dtype_);
+  lengths_.assign(static_cast<std::size_t>(batch), 0);
+  next_lengths_.assign(static_cast<std::size_t>(batch), 0);
+  k_.resize(bytes);
+  v_.resize(bytes);
+}
+
+void KvCache::reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), 0); }
+
+void KvCache::truncate(std::int64_t sequence, std::int64_t length) {
+  if (sequence < 0 || sequence >= batch_)
+    throw Error("sequence", "expected 0 <= sequence < " + std::to_string(batch_) + ", got " + std::to_string(sequence));
+  const std::int64_t cur = lengths_[static_cast<std::size_t>(sequence)];
+  if (length < 0 || length > cur)
+    throw Error("length", "expected 0 <= length <= " + std::to_string(cur) + " (the sequence's length), got " +
+                              std::to_string(length));
+  lengths_[static_cast<std::size_t>(sequence)] = length;
+}
+
+ConstTensorView KvCache::keys() const noexcept {
+  return ConstTensorView(k_.data(), dtype_, {batch_, kv_heads_, capacity_, head_dim_});
+}
+ConstTensorView KvCache::values() const noexcept {
+  return ConstTensorView(v_.data(), dtype_, {batch_, kv_heads_, capacity_, head_dim_});
+}
+
+// ---- safetensors -------------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std::int64_t kv_heads,
+                              const std::string& prefix) {
+  const auto& t = f.tensors();
+  auto shape_of = [&](const std::string& name) -> const std::vector<std::int64_t>& {
+    const auto it = t.find(prefix + name);
+    if (it == t.end()) throw Error(f.path(), "no tensor named '" + prefix + name + "'");
+    if (it->second.shape.size() != 2 && name.find("bias") == std::string::npos)
+      throw Error(f.path(), "tensor '" + prefix + name + "' must be 2-D [out, in], has " +
+                                std::to_string(it->second.shape.size()) + " dimensions");
+    return it->second.shape;
+  };
+  auto has = [&](const std::string& name) { return t.count(prefix + name) != 0; };
+  auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
+    return f.read<T>(prefix + name, shape);
+  };
+  if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
+  MhaConfig cfg;
+  cfg.heads = heads;
+  MhaWeights<T> w;
+  if (has("q_proj.weight")) {  // Hugging Face naming
+    const auto qs = shape_of("q_proj.weight");
+    const auto ks = shape_of("k_proj.weight");
+    const auto vs = shape_of("v_proj.weight");
+    const auto os = shape_of("o_proj.weight");
+    cfg.d_model = qs[1];
+    if (qs[0] % heads != 0)
+      throw Error(f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a multiple of heads " +
+                                std::to_string(heads));
+    cfg.head_dim = qs[0] / heads;
+    if (kv_heads == 0) {
+      if (ks[0] % cfg.head_dim != 0)
+        throw Error(f.path(), "k_proj.weight has " + std::to_string(ks[0]) + " rows, not a multiple of head_dim " +
+                                  std::to_string(cfg.head_dim));
+      kv_heads = ks[0] / cfg.head_dim;
+    }
+    cfg.kv_heads = kv_heads;
+    cfg.kdim = ks[1];
+    cfg.vdim = vs[1];
+    const std::int64_t nq = heads * cfg.head_dim, nkv = kv_heads * cfg.head_dim;
+    w.wq = read("q_proj.weight", {nq, cfg.d_model});
+    w.wk = read("k_proj.weight", {nkv, cfg.kdim});
+    w.wv = read("v_proj.weight", {nkv, cfg.vdim});
+    w.wo = read("o_proj.weight", {cfg.d_model, nq});
+    (void)os;
+    if (has("q_proj.bias")) w.bq = read("q_proj.bias", {nq});
+    if (has("k_proj.bias")) w.bk = read("k_proj.bias", {nkv});
+    if (has("v_proj.bias")) w.bv = read("v_proj.bias", {nkv});
+    if (has("o_proj.bias")) w.bo = read("o_proj.bias", {cfg.d_model});
+  } else if (has("in_proj_weight") || has("q_proj_weight")) {  // torch.nn.MultiheadAttention
+    if (kv_heads != 0 && kv_heads != heads)
+      throw Error("kv_heads", "torch.nn.MultiheadAttention weights have kv_heads == heads; got " +
+                                  std::to_string(kv_heads));
+    cfg.kv_heads = heads;
+    const std::int64_t d = shape_of("out_proj.weight")[0];
+    cfg.d_model = d;
+    if (has("in_proj_weight")) {
+      const auto packed = read("in_proj_weight", {3 * d, d});
+      w.wq.assign(packed.begin(), packed.begin() + d * d);
+      w.wk.assign(packed.begin() + d * d, packed.begin() + 2 * d * d);
+      w.wv.assign(packed.begin() + 2 * d * d, packed.end());
+    } else {
+      cfg.kdim = shape_of("k_proj_weight")[1];
+      cfg.vdim = shape_of("v_proj_weight")[1];
+      w.wq = read("q_proj_weight", {d, d});
+      w.wk = read("k_proj_weight", {d, cfg.kdim});
+      w.wv = read("v_proj_weight", {d, cfg.vdim});
+    }
+    w.wo = read("out_proj.weight", {d, d});
+    if (has("in_proj_bias")) {
+      const auto b = read("in_proj_bias", {3 * d});
+      w.bq.assign(b.begin(), b.begin() + d);
+      w.bk.assign(b.begin() + d, b.begin() + 2 * d);
+      w.bv.assign(b.begin() + 2 * d, b.end());
+    }
+    if (has("out_proj.bias")) w.bo = read("out_proj.bias", {d});
+  } else {
+    throw Error(f.path(), "no attention weights under prefix '" + prefix +
+                              "' (expected in_proj_weight, q_proj_weight or q_proj.weight)");
+  }
+  return MultiHeadAttention(cfg, std::move(w));
+}
+
+}  // namespace
+
+MultiHeadAttention MultiHeadAttention::from_safetensors(const std::string& path, std::int64_t heads,
+                                                        std::int64_t kv_heads, const std::string& prefix,
+                                                        DType dtype) {
+  const SafetensorsFile f(path);
+  if (dtype == DType::f32) return load_layer<float>(f, heads, kv_heads, prefix);
+  if (dtype == DType::f64) return load_layer<double>(f, heads, kv_heads, prefix);
+  throw Error("dtype", "expected f32 or f64, got " + std::string(dtype_name(dtype)));
+}
+
+}  // namespace simdattn

@@ -1,0 +1,227 @@
+#include "simdattn/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <utility>
+
+#include <nlohmann/json.hpp>
+
+#include "file_io.hpp"
+#include "simdattn/error.hpp"
+
+namespace simdattn {
+namespace {
+
+// The spec's dtypes and their element sizes.
+std::size_t dtype_bytes(const std::string& dtype) {
+  static const std::pair<const char*, std::size_t> kDtypes[] = {
+      {"BOOL", 1}, {"U8", 1},   {"I8", 1},   {"F8_E5M2", 1}, {"F8_E4M3", 1}, {"I16", 2},
+      {"U16", 2},  {"F16", 2},  {"BF16", 2}, {"I32", 4},     {"U32", 4},     {"F32", 4},
+      {"F64", 8},  {"I64", 8},  {"U64", 8}};
+  for (const auto& [name, size] : kDtypes)
+    if (dtype == name) return size;
+  return 0;
+}
+
+// Headers larger than this are refused before allocating for them (the format's own limit).
+constexpr std::uint64_t kMaxHeader = 100u << 20;
+
+std::string shape_str(const std::vector<std::int64_t>& s) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path, "not a regular file");
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ < 8) {
+    ::close(fd);
+    throw Error(path, "file of " + std::to_string(size_) +
+                          " bytes is too short for a safetensors header (8-byte length + JSON)");
+  }
+  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  ::close(fd);
+  if (map_ == MAP_FAILED) {
+    map_ = nullptr;
+    throw Error(path, std::string("cannot map: ") + std::strerror(errno));
+  }
+  try {
+    const auto* bytes = static_cast<const std::byte*>(map_);
+    std::uint64_t n = 0;
+    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(bytes[i]);
+    if (n > size_ - 8)
+      throw Error(path, "header length " + std::to_string(n) + " exceeds the file (" +
+                            std::to_string(size_ - 8) + " bytes after the length)");
+    if (n > kMaxHeader)
+      throw Error(path, "header length " + std::to_string(n) + " exceeds the format's 100 MiB limit");
+    const char* text = reinterpret_cast<const char*>(bytes + 8);
+    nlohmann::json header;
+    try {
+      header = nlohmann::json::parse(text, text + n);
+    } catch (const nlohmann::json::exception& e) {
+      throw Error(path, std::string("header is not valid JSON: ") + e.what());
+    }
+    if (!header.is_object()) throw Error(path, "header is not a JSON object");
+    const std::byte* data = bytes + 8 + n;
+    const std::uint64_t data_size = size_ - 8 - n;
+
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [begin, end) per tensor
+    std::vector<std::string> span_names;
+    for (const auto& [name, entry] : header.items()) {
+      if (name == "__metadata__") {
+        if (!entry.is_object()) throw Error(path, "__metadata__ is not a JSON object");
+        for (const auto& [key, value] : entry.items()) {
+          if (!value.is_string()) throw Error(path, "__metadata__ value of '" + key + "' is not a string");
+          metadata_[key] = value.get<std::string>();
+        }
+        continue;
+      }
+      const std::string where = "tensor '" + name + "'";
+      if (!entry.is_object()) throw Error(path, where + ": entry is not a JSON object");
+      if (!entry.contains("dtype") || !entry["dtype"].is_string())
+        throw Error(path, where + ": missing or non-string \"dtype\"");
+      if (!entry.contains("shape") || !entry["shape"].is_array())
+        throw Error(path, where + ": missing or non-array \"shape\"");
+      if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
+          entry["data_offsets"].size() != 2)
+        throw Error(path, where + ": \"data_offsets\" must be an array [begin, end]");
+      SafetensorsEntry t;
+      t.dtype = entry["dtype"].get<std::string>();
+      const std::size_t esize = dtype_bytes(t.dtype);
+      if (esize == 0) throw Error(path, where + ": unknown dtype '" + t.dtype + "'");
+      std::uint64_t numel = 1;
+      for (const auto& d : entry["shape"]) {
+        if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
+          throw Error(path, where + ": shape " + entry["shape"].dump() + " must hold integers >= 0");
+        const std::uint64_t dim = d.get<std::uint64_t>();
+        if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+            __builtin_mul_overflow(numel, dim, &numel))
+          throw Error(path, where + ": shape " + entry["shape"].dump() + " overflows");
+        t.shape.push_back(static_cast<std::int64_t>(dim));
+      }
+      const auto& off = entry["data_offsets"];
+      if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+        throw Error(path, where + ": data_offsets " + off.dump() + " must be integers >= 0");
+      const std::uint64_t begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+      if (begin > end) throw Error(path, where + ": data_offsets " + off.dump() + " has begin > end");
+      if (end > data_size)
+        throw Error(path, where + ": data_offsets " + off.dump() + " run past the data section (" +
+                              std::to_string(data_size) + " bytes)");
+      std::uint64_t want = 0;
+      if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want) || want != end - begin)
+        throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs " +
+                              std::to_string(want) + " bytes, data_offsets " + off.dump() + " span " +
+                              std::to_string(end - begin));
+      t.data = data + begin;
+      t.bytes = static_cast<std::size_t>(end - begin);
+      spans.emplace_back(begin, end);
+      span_names.push_back(name);
+      tensors_.emplace(name, std::move(t));
+    }
+    // No overlaps: sorted by begin, each tensor ends before the next begins (empty ones excepted).
+    std::vector<std::size_t> order(spans.size());
+    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return spans[a] < spans[b]; });
+    std::uint64_t reach = 0;
+    std::size_t reach_of = 0;
+    for (std::size_t idx : order) {
+      const auto [begin, end] = spans[idx];
+      if (begin == end) continue;
+      if (begin < reach)
+        throw Error(path, "tensors '" + span_names[reach_of] + "' and '" + span_names[idx] + "' overlap");
+      reach = end;
+      reach_of = idx;
+    }
+  } catch (...) {
+    ::munmap(map_, size_);
+    map_ = nullptr;
+    throw;
+  }
+}
+
+SafetensorsFile::~SafetensorsFile() {
+  if (map_ != nullptr) ::munmap(map_, size_);
+}
+
+template <class T>
+std::vector<T> SafetensorsFile::read(const std::string& name, const std::vector<std::int64_t>& shape) const {
+  const auto it = tensors_.find(name);
+  if (it == tensors_.end()) throw Error(path_, "no tensor named '" + name + "'");
+  const SafetensorsEntry& t = it->second;
+  if (t.shape != shape)
+    throw Error(path_, "tensor '" + name + "' has shape " + shape_str(t.shape) + ", expected " + shape_str(shape));
+  std::size_t n = 1;
+  for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
+  std::vector<T> out(n);
+  if (t.dtype == "F32") {
+    for (std::size_t i = 0; i < n; ++i) {
+      float x;
+      std::memcpy(&x, t.data + i * sizeof x, sizeof x);
+      out[i] = static_cast<T>(x);
+    }
+  } else if (t.dtype == "F64") {
+    for (std::size_t i = 0; i < n; ++i) {
+      double x;
+      std::memcpy(&x, t.data + i * sizeof x, sizeof x);
+      out[i] = static_cast<T>(x);
+    }
+  } else {
+    throw Error(path_, "tensor '" + name + "' has dtype " + t.dtype + ", expected F32 or F64");
+  }
+  return out;
+}
+
+template std::vector<float> SafetensorsFile::read<float>(const std::string&, const std::vector<std::int64_t>&) const;
+template std::vector<double> SafetensorsFile::read<double>(const std::string&, const std::vector<std::int64_t>&) const;
+
+void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  nlohmann::json header = nlohmann::json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : tensors) {
+    if (name == "__metadata__") throw Error(path, "'__metadata__' is reserved and cannot name a tensor");
+    if (t.dtype != DType::f32 && t.dtype != DType::f64)
+      throw Error(path, "tensor '" + name + "': only f32 and f64 can be written");
+    std::uint64_t bytes = dtype_size(t.dtype);
+    for (std::int64_t d : t.shape) {
+      if (d < 0) throw Error(path, "tensor '" + name + "': negative dimension in " + shape_str(t.shape));
+      bytes *= static_cast<std::uint64_t>(d);
+    }
+    header[name] = {{"dtype", t.dtype == DType::f32 ? "F32" : "F64"},
+                    {"shape", t.shape},
+                    {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data section to 8 bytes
+  std::vector<std::byte> image(8 + text.size() + offset);
+  const std::uint64_t n = text.size();
+  for (int i = 0; i < 8; ++i) image[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
+  std::memcpy(image.data() + 8, text.data(), text.size());
+  std::byte* data = image.data() + 8 + text.size();
+  for (const auto& [name, t] : tensors) {
+    const auto& off = header[name]["data_offsets"];
+    const std::uint64_t begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+    if (end > begin) std::memcpy(data + begin, t.data, end - begin);
+  }
+  detail::write_file_atomic(path, image.data(), image.size());
+}
+
+}  // namespace simdattn

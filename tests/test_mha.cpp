@@ -1,0 +1,308 @@
+// The multi-head attention layer against a float64 computation from first principles
+// (projections, heads, softmax, output projection), incremental decoding with the KV cache
+// against the full causal forward, and loading weights from safetensors in both naming
+// conventions.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_util.hpp"
+
+using namespace simdattn;
+
+namespace {
+
+std::vector<double> randn(std::mt19937_64& rng, std::size_t n, double sd = 1.0) {
+  std::normal_distribution<double> d(0.0, sd);
+  std::vector<double> v(n);
+  for (double& x : v) x = d(rng);
+  return v;
+}
+
+template <class To>
+std::vector<To> conv(const std::vector<double>& v) {
+  return std::vector<To>(v.begin(), v.end());
+}
+
+struct Model {
+  MhaConfig cfg;  // resolved: every field set
+  MhaWeights<double> w;
+};
+
+Model random_model(std::mt19937_64& rng, std::int64_t d, std::int64_t H, std::int64_t Hkv, std::int64_t hd,
+                   std::int64_t kdim, std::int64_t vdim, bool bias) {
+  Model m;
+  m.cfg = MhaConfig{d, H, Hkv, hd, kdim, vdim};
+  const double sd = 1.0 / std::sqrt(double(d));
+  m.w.wq = randn(rng, std::size_t(H * hd * d), sd);
+  m.w.wk = randn(rng, std::size_t(Hkv * hd * kdim), sd);
+  m.w.wv = randn(rng, std::size_t(Hkv * hd * vdim), sd);
+  m.w.wo = randn(rng, std::size_t(d * H * hd), sd);
+  if (bias) {
+    m.w.bq = randn(rng, std::size_t(H * hd), 0.1);
+    m.w.bk = randn(rng, std::size_t(Hkv * hd), 0.1);
+    m.w.bv = randn(rng, std::size_t(Hkv * hd), 0.1);
+    m.w.bo = randn(rng, std::size_t(d), 0.1);
+  }
+  return m;
+}
+
+template <class T>
+MhaWeights<T> weights_as(const MhaWeights<double>& w) {
+  return {conv<T>(w.wq), conv<T>(w.wk), conv<T>(w.wv), conv<T>(w.wo),
+          conv<T>(w.bq), conv<T>(w.bk), conv<T>(w.bv), conv<T>(w.bo)};
+}
+
+// y[r, o] = sum_i x[r, i] W[o, i] + b[o]
+std::vector<double> linear(const std::vector<double>& x, std::int64_t rows, std::int64_t in,
+                           const std::vector<double>& W, std::int64_t out, const std::vector<double>& b) {
+  std::vector<double> y(std::size_t(rows * out));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t o = 0; o < out; ++o) {
+      double s = b.empty() ? 0.0 : b[std::size_t(o)];
+      for (std::int64_t i = 0; i < in; ++i) s += x[std::size_t(r * in + i)] * W[std::size_t(o * in + i)];
+      y[std::size_t(r * out + o)] = s;
+    }
+  return y;
+}
+
+// torch.nn.MultiheadAttention's forward (batch_first) in double, written from the definition.
+// padding [B, Sk] (nonzero = ignore), additive [Sq, Sk] (or empty).
+std::vector<double> mha_reference(const Model& m, const std::vector<double>& xq, const std::vector<double>& xk,
+                                  const std::vector<double>& xv, std::int64_t B, std::int64_t Sq, std::int64_t Sk,
+                                  Causal causal, const std::vector<std::uint8_t>& padding = {},
+                                  const std::vector<double>& additive = {}) {
+  const MhaConfig& c = m.cfg;
+  const std::int64_t H = c.heads, Hkv = c.kv_heads, hd = c.head_dim, nq = H * hd, nkv = Hkv * hd;
+  const auto q = linear(xq, B * Sq, c.d_model, m.w.wq, nq, m.w.bq);
+  const auto k = linear(xk, B * Sk, c.kdim, m.w.wk, nkv, m.w.bk);
+  const auto v = linear(xv, B * Sk, c.vdim, m.w.wv, nkv, m.w.bv);
+  std::vector<double> o(std::size_t(B * Sq * nq), 0.0);
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t h = 0; h < H; ++h) {
+      const std::int64_t hk = h / (H / Hkv);
+      for (std::int64_t i = 0; i < Sq; ++i) {
+        std::vector<double> s(std::size_t(Sk), -INFINITY);
+        double mx = -INFINITY;
+        for (std::int64_t j = 0; j < Sk; ++j) {
+          const std::int64_t pos = causal == Causal::top_left ? i : i + Sk - Sq;
+          if (causal != Causal::none && j > pos) continue;
+          if (!padding.empty() && padding[std::size_t(b * Sk + j)]) continue;
+          double dot = 0;
+          for (std::int64_t e = 0; e < hd; ++e)
+            dot += q[std::size_t((b * Sq + i) * nq + h * hd + e)] * k[std::size_t((b * Sk + j) * nkv + hk * hd + e)];
+          s[std::size_t(j)] = dot / std::sqrt(double(hd)) + (additive.empty() ? 0.0 : additive[std::size_t(i * Sk + j)]);
+          mx = std::max(mx, s[std::size_t(j)]);
+        }
+        if (mx == -INFINITY) continue;  // no visible key: zeros
+        double l = 0;
+        for (double& x : s) l += (x = std::exp(x - mx));
+        for (std::int64_t e = 0; e < hd; ++e) {
+          double acc = 0;
+          for (std::int64_t j = 0; j < Sk; ++j) acc += s[std::size_t(j)] * v[std::size_t((b * Sk + j) * nkv + hk * hd + e)];
+          o[std::size_t((b * Sq + i) * nq + h * hd + e)] = acc / l;
+        }
+      }
+    }
+  return linear(o, B * Sq, nq, m.w.wo, c.d_model, m.w.bo);
+}
+
+template <class T>
+double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  double scale = 1.0, err = 0.0;
+  for (double x : want) scale = std::max(scale, std::abs(x));
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const double d = std::abs(double(got[i]) - want[i]);
+    err = std::max(err, std::isnan(d) ? INFINITY : d);
+  }
+  return err / scale;
+}
+
+std::vector<Backend> core_backends(bool f64) {
+  std::vector<Backend> out;
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
+    if (backend_available(b) && !(f64 && b == Backend::onednn)) out.push_back(b);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("MHA self-attention equals the float64 definition (f64 and f32, every backend)") {
+  std::mt19937_64 rng(test::base_seed() + 31);
+  const std::int64_t B = 2, S = 11, d = 24;
+  for (auto [H, Hkv, bias] : {std::tuple{4, 4, true}, std::tuple{6, 2, false}, std::tuple{4, 1, true}}) {
+    const Model m = random_model(rng, d, H, Hkv, d / H, d, d, bias);
+    const auto x = randn(rng, std::size_t(B * S * d));
+    std::vector<std::uint8_t> padding(std::size_t(B * S), 0);
+    padding[3] = padding[S + 7] = padding[S + 10] = 1;
+    for (Causal causal : {Causal::none, Causal::top_left}) {
+      for (bool pad : {false, true}) {
+        const auto want = mha_reference(m, x, x, x, B, S, S, causal, pad ? padding : std::vector<std::uint8_t>{});
+        MhaOptions opt;
+        opt.causal = causal;
+        if (pad) opt.key_padding_mask = padding;
+        CAPTURE(H);
+        CAPTURE(Hkv);
+        CAPTURE(int(causal));
+        CAPTURE(pad);
+        const MultiHeadAttention l64(m.cfg, m.w);
+        for (Backend be : core_backends(true)) {
+          opt.backend = be;
+          std::vector<double> y(std::size_t(B * S * d));
+          l64.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), opt);
+          CHECK(max_rel_err(y, want) <= 1e-12);
+        }
+        const MultiHeadAttention l32(m.cfg, weights_as<float>(m.w));
+        const auto xf = conv<float>(x);
+        for (Backend be : core_backends(false)) {
+          opt.backend = be;
+          std::vector<float> y(std::size_t(B * S * d));
+          l32.forward(ConstSeqView(xf.data(), B, S, d), SeqView(y.data(), B, S, d), opt);
+          CHECK(max_rel_err(y, want) <= 2e-5);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("MHA cross-attention with kdim and vdim != d_model, padding and an additive mask") {
+  std::mt19937_64 rng(test::base_seed() + 32);
+  const std::int64_t B = 2, Sq = 5, Sk = 8, d = 12, kdim = 10, vdim = 7;
+  const Model m = random_model(rng, d, 3, 3, 4, kdim, vdim, true);
+  const auto xq = randn(rng, std::size_t(B * Sq * d)), xk = randn(rng, std::size_t(B * Sk * kdim)),
+             xv = randn(rng, std::size_t(B * Sk * vdim));
+  std::vector<std::uint8_t> padding(std::size_t(B * Sk), 0);
+  padding[6] = padding[Sk + 0] = 1;
+  std::vector<double> additive = randn(rng, std::size_t(Sq * Sk));
+  additive[2 * Sk + 1] = -INFINITY;
+  const MultiHeadAttention layer(m.cfg, m.w);
+  CHECK(layer.config().kdim == kdim);
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    for (int variant = 0; variant < 3; ++variant) {  // padding, additive, both
+      const bool pad = variant != 1, add = variant != 0;
+      const auto want = mha_reference(m, xq, xk, xv, B, Sq, Sk, causal, pad ? padding : std::vector<std::uint8_t>{},
+                                      add ? additive : std::vector<double>{});
+      MhaOptions opt;
+      opt.causal = causal;
+      if (pad) opt.key_padding_mask = padding;
+      if (add) opt.attn_mask = ConstTensorView(additive.data(), {1, 1, Sq, Sk});
+      std::vector<double> y(std::size_t(B * Sq * d));
+      layer.forward(ConstSeqView(xq.data(), B, Sq, d), ConstSeqView(xk.data(), B, Sk, kdim),
+                    ConstSeqView(xv.data(), B, Sk, vdim), SeqView(y.data(), B, Sq, d), opt);
+      CAPTURE(variant);
+      CAPTURE(int(causal));
+      CHECK(max_rel_err(y, want) <= 1e-12);
+    }
+  }
+  // Self-attention is refused for such a layer, naming the argument.
+  std::vector<double> y(std::size_t(B * Sq * d));
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(xq.data(), B, Sq, d), SeqView(y.data(), B, Sq, d)),
+                       doctest::Contains("kdim"), Error);
+}
+
+TEST_CASE("MHA validates weights, inputs and options") {
+  std::mt19937_64 rng(test::base_seed() + 33);
+  Model m = random_model(rng, 8, 2, 2, 4, 8, 8, true);
+  m.w.wk.pop_back();
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(m.cfg, m.w), doctest::Contains("weights.wk"), Error);
+  m = random_model(rng, 8, 2, 2, 4, 8, 8, true);
+  MhaConfig bad = m.cfg;
+  bad.kv_heads = 3;
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, m.w), doctest::Contains("config.kv_heads"), Error);
+  const MultiHeadAttention layer(m.cfg, m.w);
+  const auto x = randn(rng, 2 * 3 * 8);
+  std::vector<double> y(2 * 3 * 8);
+  std::vector<float> yf(2 * 3 * 8);
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 3, 8), SeqView(yf.data(), 2, 3, 8)),
+                       doctest::Contains("out"), Error);
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 4, 6), SeqView(y.data(), 2, 4, 6)),
+                       doctest::Contains("query"), Error);
+  MhaOptions opt;
+  const std::uint8_t pad[5] = {};
+  opt.key_padding_mask = pad;
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 3, 8), SeqView(y.data(), 2, 3, 8), opt),
+                       doctest::Contains("key_padding_mask"), Error);
+}
+
+TEST_CASE("KV cache: decoding token by token and in chunks of 3 equals the full causal forward") {
+  std::mt19937_64 rng(test::base_seed() + 34);
+  const std::int64_t d = 16, H = 4, Hkv = 2, hd = 4;
+  const Model m = random_model(rng, d, H, Hkv, hd, d, d, true);
+  const MultiHeadAttention layer(m.cfg, m.w);
+  // Two sequences of different lengths: prompts of 5 and 9 tokens, then 7 generated tokens each.
+  const std::int64_t prompt[2] = {5, 9}, gen = 7, P = 9;
+  std::vector<std::vector<double>> tokens(2);
+  for (auto& t : tokens) t = randn(rng, std::size_t((P + gen) * d));
+  // Expected: the full causal forward of each sequence alone.
+  std::vector<std::vector<double>> full(2);
+  for (int s = 0; s < 2; ++s) {
+    const std::int64_t n = prompt[s] + gen;
+    const std::vector<double> x(tokens[s].begin(), tokens[s].begin() + n * d);
+    full[s] = mha_reference(m, x, x, x, 1, n, n, Causal::top_left);
+  }
+  for (std::int64_t chunk : {1, 3}) {
+    CAPTURE(chunk);
+    KvCache cache(layer, 2, 32);
+    // Prefill both prompts right-padded to P tokens, then drop the padding from sequence 0.
+    std::vector<double> x(std::size_t(2 * P * d), 0.0), y(std::size_t(2 * P * d));
+    for (int s = 0; s < 2; ++s)
+      std::copy(tokens[s].begin(), tokens[s].begin() + prompt[s] * d, x.begin() + s * P * d);
+    layer.forward(ConstSeqView(x.data(), 2, P, d), cache, SeqView(y.data(), 2, P, d));
+    cache.truncate(0, prompt[0]);
+    for (int s = 0; s < 2; ++s)
+      for (std::int64_t t = 0; t < prompt[s]; ++t)
+        for (std::int64_t e = 0; e < d; ++e)
+          CHECK(std::abs(y[std::size_t((s * P + t) * d + e)] - full[s][std::size_t(t * d + e)]) <= 1e-12);
+    // Generate in steps of `chunk` tokens (the last step may be shorter).
+    for (std::int64_t done = 0; done < gen; done += chunk) {
+      const std::int64_t T = std::min(chunk, gen - done);
+      std::vector<double> xs(std::size_t(2 * T * d)), ys(std::size_t(2 * T * d));
+      for (int s = 0; s < 2; ++s)
+        std::copy(tokens[s].begin() + (prompt[s] + done) * d, tokens[s].begin() + (prompt[s] + done + T) * d,
+                  xs.begin() + s * T * d);
+      layer.forward(ConstSeqView(xs.data(), 2, T, d), cache, SeqView(ys.data(), 2, T, d));
+      for (int s = 0; s < 2; ++s) {
+        CHECK(cache.lengths()[std::size_t(s)] == prompt[s] + done + T);
+        for (std::int64_t t = 0; t < T; ++t)
+          for (std::int64_t e = 0; e < d; ++e)
+            CHECK(std::abs(ys[std::size_t((s * T + t) * d + e)] - full[s][std::size_t((prompt[s] + done + t) * d + e)]) <=
+                  1e-12);
+      }
+    }
+  }
+}
+
+TEST_CASE("KV cache: capacity, truncate and layer checks leave the cache as it was") {
+  std::mt19937_64 rng(test::base_seed() + 35);
+  const Model m = random_model(rng, 8, 2, 1, 4, 8, 8, false);
+  const MultiHeadAttention layer(m.cfg, m.w);
+  KvCache cache(layer, 1, 4);
+  const auto x = randn(rng, 3 * 8);
+  std::vector<double> y(3 * 8);
+  layer.forward(ConstSeqView(x.data(), 1, 3, 8), cache, SeqView(y.data(), 1, 3, 8));
+  CHECK(cache.lengths()[0] == 3);
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 1, 2, 8), cache, SeqView(y.data(), 1, 2, 8)),
+                       doctest::Contains("capacity"), Error);
+  CHECK(cache.lengths()[0] == 3);
+  MhaOptions opt;
+  opt.causal = Causal::top_left;
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 1, 1, 8), cache, SeqView(y.data(), 1, 1, 8), opt),
+                       doctest::Contains("options.causal"), Error);
+  CHECK(cache.lengths()[0] == 3);
+  CHECK_THROWS_AS(cache.truncate(0, 4), Error);
+  CHECK_THROWS_AS(cache.truncate(1, 0), Error);
+  cache.truncate(0, 1);
+  CHECK(cache.lengths()[0] == 1);
+  cache.reset();
+  CHECK(cache.lengths()[0] == 0);
+  const Model other = random_model(rng, 8, 2, 2, 4, 8, 8, false);
+  const MultiHeadAttention layer2(other.cfg, other.w);
+  CHECK_THROWS_WITH_AS(layer2.forward(ConstSeqView(x.data(), 1, 1, 8), cache, SeqView(y.data(), 1, 1, 8)),
+                       doctest::Contains("cache"), Error);
+}
