@@ -215,18 +215,21 @@ class Worker {
  private:
   // K^T of kv head (b, hk) as B panels of dnr keys: block jb, panel c, row d holds keys
   // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of dnr columns: block jb, panel c,
-  // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past Sk and Dv.
+  // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past the key length L[b] and Dv; only the
+  // blocks that hold keys below L[b] are packed (the others are hidden and never visited), so
+  // K/V past L[b] are never read and a large, mostly empty KV cache costs only its used part.
   void pack_kv(std::int64_t b, std::int64_t hk) {
     const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
     const T* v = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
     const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
     const std::int64_t key_len = p_.key_len(b);
-    for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
+    const std::int64_t blocks = std::min(P_.nkb, (key_len + kBlockK - 1) / kBlockK);
+    for (std::int64_t jb = 0; jb < blocks; ++jb) {
       T* kb = kp_ + jb * D * kBlockK;
       for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
         T* panel = kb + c * D * nr;
         const std::int64_t j0 = jb * kBlockK + c * nr;
-        const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, p_.Sk - j0));
+        const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len - j0));
         if (p_.ks[3] == 1) {
           P_.vk.pack_transpose(n > 0 ? k + j0 * p_.ks[2] : k, p_.ks[2], n, D, panel, nr);
           continue;
@@ -376,6 +379,12 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
     T* sc = qg + q_size;
     T* og = sc + s_size;
     try {  // gemm may need to grow its packing buffers: no exception may leave the region
+      // Packing buffers for the largest key length this problem allows (Sk): a KV cache passes
+      // its capacity as Sk, so decode steps whose lengths grow allocate nothing.
+      GemmArgs<T> bound;
+      bound.trans_b = Trans::T;
+      bound.M = rows, bound.N = std::max(p.Sk, p.Dv), bound.K = std::max(p.D, p.Sk);
+      gemm_reserve(bound, &kt);
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
         // Qg: row r = (head h0 + r / Sq, query r % Sq)

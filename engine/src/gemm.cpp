@@ -305,7 +305,23 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
   if (failed) throw std::bad_alloc();
 }
 
+template <class T>
+void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
+  if (g.M <= 1 || g.N <= 0 || g.K <= 0) return;  // gemv and empty problems use no buffers
+  const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
+  std::size_t b = 0, a = 0;
+  for (const simd::GemmBlocking* bs : {&gk.blocking, &gk.direct_blocking}) {
+    const Extents<T> ex(g, *bs);
+    b = std::max(b, ex.b_size());
+    a = std::max(a, ex.a_size(*bs));
+  }
+  thread_buffer<T, kGemmPackedB>().get(b);
+  thread_buffer<T, kGemmPackedA>().get(a);
+}
+
 template void gemm<float>(const GemmArgs<float>&, int, const simd::KernelTable*);
 template void gemm<double>(const GemmArgs<double>&, int, const simd::KernelTable*);
+template void gemm_reserve<float>(const GemmArgs<float>&, const simd::KernelTable*);
+template void gemm_reserve<double>(const GemmArgs<double>&, const simd::KernelTable*);
 
 }  // namespace simdattn::detail

@@ -288,13 +288,11 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache
                                   "meaningful over a cache (use none or bottom_right)");
   if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
     throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
-  std::int64_t Sk = 0;
   for (std::int64_t b = 0; b < B; ++b) {
     if (lengths[b] + Tn > capacity)
       throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(lengths[b]) + " tokens; " +
                                std::to_string(Tn) + " more exceed the capacity " + std::to_string(capacity));
     next[b] = lengths[b] + Tn;
-    Sk = std::max(Sk, next[b]);
   }
   if (Tn == 0) return;
   const std::int64_t M = B * Tn, N = L.nq + 2 * L.nkv;
@@ -318,9 +316,11 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache
   a.threads = opt.threads;
   a.backend = opt.backend;
   a.key_lengths = next;
+  // K/V views span the whole capacity (key lengths say how much is filled), so the attention
+  // kernels size their scratch by the capacity once and decode steps allocate nothing.
   const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
   const ConstTensorView q(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1});
-  attention(q, ConstTensorView(kc, {B, Hkv, Sk, hd}, kvs), ConstTensorView(vc, {B, Hkv, Sk, hd}, kvs),
+  attention(q, ConstTensorView(kc, {B, Hkv, capacity, hd}, kvs), ConstTensorView(vc, {B, Hkv, capacity, hd}, kvs),
             TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
   linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
          static_cast<T*>(out.data), c.d_model, opt.threads);

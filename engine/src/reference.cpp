@@ -28,9 +28,13 @@ void reference_impl(const Problem& p) {
   const std::int64_t group = p.H / p.Hkv;  // query heads per key/value head
   const double neg_inf = -std::numeric_limits<double>::infinity();
 
-  std::vector<double> score(static_cast<std::size_t>(p.Sk));
-  std::vector<bool> visible(static_cast<std::size_t>(p.Sk));
-  std::vector<double> acc(static_cast<std::size_t>(p.Dv));
+  // Row scratch, kept per thread so that a call allocates nothing once the thread has seen the
+  // sizes (the MHA layer's hot path runs on this backend too).
+  thread_local std::vector<double> score, acc;
+  thread_local std::vector<bool> visible;
+  score.resize(static_cast<std::size_t>(p.Sk));
+  visible.resize(static_cast<std::size_t>(p.Sk));
+  acc.resize(static_cast<std::size_t>(p.Dv));
 
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t h = 0; h < p.H; ++h) {

@@ -116,10 +116,9 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   p.Dv = v.shape[3];
   if (p.H < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs H >= 1 heads (dim 1)");
   if (p.D < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs head size D >= 1 (dim 3)");
-  const std::string want_k = "[B=" + std::to_string(p.B) + ", Hkv, Sk, D=" + std::to_string(p.D) + "]";
   if (k.shape[0] != p.B || k.shape[3] != p.D)
-    throw Error("k", "expected shape " + want_k + " (q is " + shape_str(q.shape) + "), got " +
-                         shape_str(k.shape));
+    throw Error("k", "expected shape [B=" + std::to_string(p.B) + ", Hkv, Sk, D=" + std::to_string(p.D) +
+                         "] (q is " + shape_str(q.shape) + "), got " + shape_str(k.shape));
   if (p.Hkv < 1)
     throw Error("k", "shape " + shape_str(k.shape) + " needs Hkv >= 1 heads (dim 1)");
   if (p.H % p.Hkv != 0)

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <cstddef>
-#include <cstdlib>
 #include <new>
 
 namespace simdattn::detail {
@@ -16,13 +15,13 @@ struct AlignedBuffer {
   AlignedBuffer() = default;
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
-  ~AlignedBuffer() { std::free(data); }
+  ~AlignedBuffer() { release(); }
 
   // At least n elements; the old contents are not kept. Throws std::bad_alloc.
   T* get(std::size_t n) {
     if (n > capacity) {
-      std::free(data);
-      data = static_cast<T*>(std::aligned_alloc(64, (n * sizeof(T) + 63) / 64 * 64));
+      release();
+      data = static_cast<T*>(::operator new((n * sizeof(T) + 63) / 64 * 64, kAlign, std::nothrow));
       if (data == nullptr) {
         capacity = 0;  // a later, smaller request must not get the freed buffer
         throw std::bad_alloc();
@@ -30,6 +29,14 @@ struct AlignedBuffer {
       capacity = n;
     }
     return data;
+  }
+
+ private:
+  static constexpr std::align_val_t kAlign{64};
+  void release() noexcept {
+    if (data != nullptr) ::operator delete(data, kAlign);
+    data = nullptr;
+    capacity = 0;
   }
 };
 
