@@ -41,16 +41,18 @@ std::string dims(std::initializer_list<std::int64_t> d) {
   return s + "]";
 }
 
-// y[M, N] = x[M, K] W^T + b, W [N, K] row-major (torch's nn.Linear).
+// y[M, N] = x[M, K] W^T + b (torch's nn.Linear), with W^T stored [K, N] row-major at wt with
+// leading dimension ldw: the layer keeps its weights transposed, so the GEMM reads them in
+// place (few rows) or packs contiguous rows, and a decode step's matrix-vector product streams
+// them once.
 template <class T>
-void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const T* w, std::int64_t N,
-            const T* bias, T* y, std::int64_t ldy, int threads) {
+void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const T* wt, std::int64_t ldw,
+            std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
   if (M == 0 || N == 0) return;
   GemmArgs<T> g;
-  g.trans_b = Trans::T;
   g.M = M, g.N = N, g.K = K;
   g.A = x, g.lda = ldx;
-  g.B = w, g.ldb = K;
+  g.B = wt, g.ldb = ldw;
   g.C = y, g.ldc = ldy;
   if (bias != nullptr) {
     for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
@@ -59,24 +61,38 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
   detail::gemm(g, threads);
 }
 
+// dst[c * rows + r] = src[r * cols + c]: W [rows, cols] -> W^T [cols, rows].
+template <class T>
+void transpose_into(const std::vector<T>& src, std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld) {
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) dst[c * ld + r] = src[static_cast<std::size_t>(r * cols + c)];
+}
+
 }  // namespace
 
-// Weights of one dtype, resolved configuration, and the packed input projection.
+// Weights of one dtype, transposed to [in, out], and the resolved configuration.
 template <class T>
 struct Layer {
   MhaConfig cfg;
   std::int64_t nq = 0, nkv = 0;   // rows of Wq (H*hd) and of Wk / Wv (Hkv*hd)
-  std::vector<T> w_in;            // Wq rows, then Wk rows, then Wv rows
+  bool packed = false;            // kdim == vdim == d_model: [Wq; Wk; Wv]^T is one [d, nq+2nkv] matrix
+  // packed: w_in = [Wq; Wk; Wv]^T, [d_model, nq + 2 nkv]; otherwise Wq^T [d_model, nq], then
+  // Wk^T [kdim, nkv], then Wv^T [vdim, nkv].
+  std::vector<T> w_in;
   std::vector<T> b_in;            // bq | bk | bv (zeros for a missing one); empty if none given
-  std::vector<T> wo, bo;
-  bool packed = false;            // kdim == vdim == d_model: [Wq; Wk; Wv] is one [nq+2nkv, d] matrix
+  std::vector<T> wo;              // Wo^T [nq, d_model]
+  std::vector<T> bo;
 
+  std::int64_t n_in() const { return nq + 2 * nkv; }
   const T* wq() const { return w_in.data(); }
-  const T* wk() const { return w_in.data() + nq * cfg.d_model; }
-  const T* wv() const { return wk() + nkv * cfg.kdim; }
+  const T* wk() const { return packed ? w_in.data() + nq : w_in.data() + cfg.d_model * nq; }
+  const T* wv() const { return packed ? w_in.data() + nq + nkv : wk() + cfg.kdim * nkv; }
+  std::int64_t ldq() const { return packed ? n_in() : nq; }
+  std::int64_t ldkv() const { return packed ? n_in() : nkv; }
   const T* bq() const { return b_in.empty() ? nullptr : b_in.data(); }
   const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + nq; }
   const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + nq + nkv; }
+  const T* bo_or_null() const { return bo.empty() ? nullptr : bo.data(); }
 };
 
 struct MultiHeadAttention::Impl {
@@ -137,17 +153,20 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   check_bias(w.bk, L.nkv, "weights.bk");
   check_bias(w.bv, L.nkv, "weights.bv");
   check_bias(w.bo, cfg.d_model, "weights.bo");
-  L.w_in.reserve(w.wq.size() + w.wk.size() + w.wv.size());
-  for (const auto* part : {&w.wq, &w.wk, &w.wv}) L.w_in.insert(L.w_in.end(), part->begin(), part->end());
+  L.packed = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
+  L.w_in.resize(w.wq.size() + w.wk.size() + w.wv.size());
+  transpose_into(w.wq, L.nq, cfg.d_model, const_cast<T*>(L.wq()), L.ldq());
+  transpose_into(w.wk, L.nkv, cfg.kdim, const_cast<T*>(L.wk()), L.ldkv());
+  transpose_into(w.wv, L.nkv, cfg.vdim, const_cast<T*>(L.wv()), L.ldkv());
   if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
     L.b_in.assign(static_cast<std::size_t>(L.nq + 2 * L.nkv), T(0));
     std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
     std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.nq);
     std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.nq + L.nkv);
   }
-  L.wo = std::move(w.wo);
+  L.wo.resize(w.wo.size());
+  transpose_into(w.wo, cfg.d_model, L.nq, L.wo.data(), cfg.d_model);
   L.bo = std::move(w.bo);
-  L.packed = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
   return L;
 }
 
@@ -233,13 +252,13 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   const std::int64_t M = B * S, N = L.nq + 2 * L.nkv;
   T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in.data(), N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.wq(), N, N, L.bq(), p, N, opt.threads);
   const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView k(p + L.nq, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView v(p + L.nq + L.nkv, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   attention(q, k, v, TensorView(o, {B, H, S, hd}, {S * L.nq, hd, L.nq, 1}), a);
-  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
-         static_cast<T*>(out.data), c.d_model, opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
+         opt.threads);
 }
 
 template <class T>
@@ -260,16 +279,18 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   // k and v side by side in one [B*Sk, 2*nkv] buffer.
   const std::int64_t ldkv = 2 * L.nkv;
-  linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.wq(), L.nq, L.bq(), pq, L.nq, opt.threads);
-  linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.nkv, L.bk(), pkv, ldkv, opt.threads);
-  linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.nkv, L.bv(), pkv + L.nkv, ldkv,
+  linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.wq(), L.ldq(), L.nq, L.bq(), pq, L.nq,
          opt.threads);
+  linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.ldkv(), L.nkv, L.bk(), pkv, ldkv,
+         opt.threads);
+  linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.ldkv(), L.nkv, L.bv(), pkv + L.nkv,
+         ldkv, opt.threads);
   const ConstTensorView q(pq, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1});
   const ConstTensorView k(pkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   const ConstTensorView v(pkv + L.nkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   attention(q, k, v, TensorView(o, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1}), a);
-  linear(o, B * Sq, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
-         static_cast<T*>(out.data), c.d_model, opt.threads);
+  linear(o, B * Sq, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data),
+         c.d_model, opt.threads);
 }
 
 template <class T>
@@ -298,7 +319,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache
   const std::int64_t M = B * Tn, N = L.nq + 2 * L.nkv;
   T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(M * N));
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(M * L.nq));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in.data(), N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.wq(), N, N, L.bq(), p, N, opt.threads);
   // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head). Rows past lengths[] are not part
   // of the cache, so a failure below leaves it as it was.
   T* kc = reinterpret_cast<T*>(kbuf.data());
@@ -322,8 +343,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache
   const ConstTensorView q(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1});
   attention(q, ConstTensorView(kc, {B, Hkv, capacity, hd}, kvs), ConstTensorView(vc, {B, Hkv, capacity, hd}, kvs),
             TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
-  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, L.bo.empty() ? nullptr : L.bo.data(),
-         static_cast<T*>(out.data), c.d_model, opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
+         opt.threads);
   lengths.swap(next);
 }
 

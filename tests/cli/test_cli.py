@@ -16,6 +16,9 @@ import unittest
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mha_weights  # noqa: E402  (tests/cli/mha_weights.py)
+
 BIN = None  # set from argv
 
 
@@ -290,6 +293,81 @@ class BadInput(CliCase):
         r = self.run_cli(*self.base(**{"--out": out}), "--causal", "sideways")
         self.assertEqual(r.returncode, 2)
         np.testing.assert_array_equal(np.load(out), np.arange(3.0))
+
+
+class Mha(CliCase):
+    """`simdattn mha` on weights written by mha_weights.py (NumPy only) matches the float64 layer."""
+
+    def run_mha(self, weights, heads, xq, *extra, xk=None, xv=None, rc=0):
+        args = ["mha", "--weights", weights, "--heads", str(heads), "--query", self.save("x.npy", xq),
+                "--out", self.path("y.npy"), *extra]
+        if xk is not None:
+            args += ["--key", self.save("xk.npy", xk), "--value", self.save("xv.npy", xv)]
+        r = self.run_cli(*args)
+        self.assertEqual(r.returncode, rc, r.stderr)
+        return np.load(self.path("y.npy")) if rc == 0 else r
+
+    def test_torch_names_self_attention(self):
+        t, w = mha_weights.make_weights(self.rng, 16, 4, dtype=np.float64)
+        path = self.path("w.safetensors")
+        mha_weights.write_safetensors(path, t)
+        x = self.rng.standard_normal((2, 7, 16))
+        pad = np.zeros((2, 7), dtype=bool)
+        pad[1, 5:] = True
+        for causal in ("none", "top-left"):
+            y = self.run_mha(path, 4, x, "--causal", causal, "--key-padding-mask", self.save("pad.npy", pad))
+            want = mha_weights.mha_reference(w, 4, x, causal=causal, key_padding_mask=pad)
+            self.assertEqual(y.dtype, np.float64)
+            self.assertLess(np.abs(y - want).max(), 1e-12)
+
+    def test_hf_names_grouped_query_prefix_f32_every_backend(self):
+        t, w = mha_weights.make_weights(self.rng, 24, 6, kv_heads=2, hf=True, prefix="model.layers.0.attn.")
+        path = self.path("hf.safetensors")
+        mha_weights.write_safetensors(path, t, {"format": "pt"})
+        x = self.rng.standard_normal((1, 9, 24)).astype(np.float32)
+        want = mha_weights.mha_reference(w, 6, x, causal="bottom-right")
+        for backend in backends():
+            y = self.run_mha(path, 6, x, "--prefix", "model.layers.0.attn.", "--causal", "bottom-right",
+                             "--backend", backend, "--threads", "2")
+            self.assertEqual(y.dtype, np.float32)
+            self.assertLess(np.abs(y - want).max() / max(1.0, np.abs(want).max()), 2e-5, backend)
+
+    def test_cross_attention_with_kdim_vdim(self):
+        t, w = mha_weights.make_weights(self.rng, 8, 2, kdim=5, vdim=3, dtype=np.float64)
+        path = self.path("cross.safetensors")
+        mha_weights.write_safetensors(path, t)
+        xq = self.rng.standard_normal((2, 4, 8))
+        xk, xv = self.rng.standard_normal((2, 6, 5)), self.rng.standard_normal((2, 6, 3))
+        y = self.run_mha(path, 2, xq, xk=xk, xv=xv)
+        self.assertLess(np.abs(y - mha_weights.mha_reference(w, 2, xq, xk, xv)).max(), 1e-12)
+
+    def test_bad_input(self):
+        t, _ = mha_weights.make_weights(self.rng, 8, 2)
+        path = self.path("w.safetensors")
+        mha_weights.write_safetensors(path, t)
+        x = self.rng.standard_normal((1, 3, 8)).astype(np.float32)
+        with open(self.path("bad.safetensors"), "wb") as f:
+            f.write(b"\xff" * 8 + b"{}")
+        for args, fragment in ((["--weights", self.path("bad.safetensors")], "header length"),
+                               (["--weights", self.path("missing.safetensors")], "--weights"),
+                               (["--heads", "3"], "--heads"),
+                               (["--prefix", "layer9."], "no attention weights"),
+                               (["--kv-heads", "1"], "kv_heads")):
+            full = {"--weights": path, "--heads": "2", **dict(zip(args[::2], args[1::2]))}
+            cmd = ["mha", "--query", self.save("x.npy", x), "--out", self.path("y.npy")]
+            for k, v in full.items():
+                cmd += [k, v]
+            r = self.run_cli(*cmd)
+            self.assertEqual(r.returncode, 2, f"{args}: {r.stderr}")
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(fragment, r.stderr)
+            self.assertFalse(os.path.exists(self.path("y.npy")))
+        r = self.run_mha(path, 2, x.reshape(1, 3, 8, 1), rc=2)
+        self.assertIn("--query", r.stderr)
+        r = self.run_mha(path, 2, self.rng.standard_normal((1, 3, 6)).astype(np.float32), rc=2)
+        self.assertIn("--query", r.stderr)
+        r = self.run_mha(path, 2, x, "--key", self.save("k.npy", x), rc=2)
+        self.assertIn("--value", r.stderr)
 
 
 def backends():

@@ -1,0 +1,114 @@
+// mha/<backend>/{bert-layer,gpt-layer}/t<N>: the whole layer (four projections + attention core)
+// on DESIGN.md's layer workloads; GFLOP/s counts 8*B*S*d^2 for the projections plus the core's
+// visible-pair FLOPs. The backend names the attention core; projections are the native GEMM.
+//
+// decode/<backend>/gpt-layer-kv<N>/t<N>: one decode step (B=1, one new token, d_model 1024,
+// 16 heads) against a KV cache holding N tokens; the cache is truncated back to N after every
+// step. GB/s counts the bytes a step must read (the four weight matrices and the cache's K and
+// V); counters p50_ms, p90_ms, p99_ms give the latency distribution over all steps timed.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "perf_util.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace {
+
+struct LayerWorkload {
+  const char* name;
+  std::int64_t B, S, d, H;
+  simdattn::Causal causal;
+};
+constexpr LayerWorkload kLayers[] = {{"bert-layer", 1, 128, 768, 12, simdattn::Causal::none},
+                                     {"gpt-layer", 1, 1024, 1024, 16, simdattn::Causal::top_left}};
+
+simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.f, 1.f / 32.f);
+  auto v = [&](std::int64_t k) {
+    std::vector<float> x(static_cast<std::size_t>(k));
+    for (float& e : x) e = n(rng);
+    return x;
+  };
+  return simdattn::MultiHeadAttention(simdattn::MhaConfig{d, H},
+                                      simdattn::MhaWeights<float>{v(d * d), v(d * d), v(d * d), v(d * d), v(d), v(d),
+                                                                  v(d), v(d)});
+}
+
+void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend backend, int threads) {
+  const auto layer = make_layer(w.d, w.H);
+  std::vector<float> x(static_cast<std::size_t>(w.B * w.S * w.d), 0.1f), y(x.size());
+  simdattn::MhaOptions opt;
+  opt.backend = backend;
+  opt.threads = threads;
+  opt.causal = w.causal;
+  const double flops = 8.0 * double(w.B * w.S) * double(w.d) * double(w.d) +
+                       simdattn::attention_flops(w.B, w.H, w.S, w.S, w.d / w.H, w.d / w.H, w.causal);
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
+    layer.forward(simdattn::ConstSeqView(x.data(), w.B, w.S, w.d), simdattn::SeqView(y.data(), w.B, w.S, w.d), opt);
+  });
+}
+
+void bench_decode(benchmark::State& state, std::int64_t cached, simdattn::Backend backend, int threads) {
+  const std::int64_t d = 1024, H = 16;
+  const auto layer = make_layer(d, H);
+  simdattn::KvCache cache(layer, 1, cached + 1);
+  simdattn::MhaOptions opt;
+  opt.backend = backend;
+  opt.threads = threads;
+  {  // fill the cache with `cached` tokens
+    std::vector<float> x(static_cast<std::size_t>(cached * d), 0.1f), y(x.size());
+    layer.forward(simdattn::ConstSeqView(x.data(), 1, cached, d), cache, simdattn::SeqView(y.data(), 1, cached, d), opt);
+  }
+  std::vector<float> x(static_cast<std::size_t>(d), 0.2f), y(x.size());
+  auto step = [&] {
+    layer.forward(simdattn::ConstSeqView(x.data(), 1, 1, d), cache, simdattn::SeqView(y.data(), 1, 1, d), opt);
+    cache.truncate(0, cached);
+  };
+  step();  // warm-up
+  std::vector<double> ms;
+  ms.reserve(100000);
+  const double bytes = 4.0 * (4.0 * double(d) * double(d) + 2.0 * double(cached) * double(d));
+  simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    step();
+    ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  });
+  std::sort(ms.begin(), ms.end());
+  auto pct = [&](double p) { return ms[std::min(ms.size() - 1, static_cast<std::size_t>(p * double(ms.size())))]; };
+  state.counters["p50_ms"] = pct(0.50);
+  state.counters["p90_ms"] = pct(0.90);
+  state.counters["p99_ms"] = pct(0.99);
+}
+
+int register_all() {
+  using simdattn::Backend;
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn}) {
+    if (!simdattn::backend_available(b)) continue;
+    const std::string be(simdattn::backend_name(b));
+    for (int t : {1, 2}) {
+      if (b == Backend::reference && t != 1) continue;  // the reference core is single-threaded
+      const std::string ts = "/t" + std::to_string(t);
+      for (const LayerWorkload& w : kLayers) {
+        if (b == Backend::reference && std::string(w.name) != "bert-layer") continue;  // minutes otherwise
+        benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer, w, b, t)
+            ->Unit(benchmark::kMillisecond);
+      }
+      if (b == Backend::reference) continue;
+      for (std::int64_t n : {512, 4096})
+        benchmark::RegisterBenchmark(("decode/" + be + "/gpt-layer-kv" + std::to_string(n) + ts).c_str(),
+                                     bench_decode, n, b, t)
+            ->Unit(benchmark::kMillisecond);
+    }
+  }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace

@@ -1,0 +1,110 @@
+#!/usr/bin/env python3
+"""Writes multi-head attention weights as safetensors with NumPy only, and computes the layer in
+float64 from first principles (torch.nn.MultiheadAttention semantics, batch_first).
+
+    python3 mha_weights.py OUT.safetensors D_MODEL HEADS [--kv-heads N] [--hf] [--prefix P]
+
+Used by test_cli.py; also runnable by hand to make a weights file for `simdattn mha`.
+"""
+import json
+import struct
+import sys
+
+import numpy as np
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: {name: np.ndarray (float32 or float64)}; C order, little-endian."""
+    header, blobs, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, a in tensors.items():
+        a = np.ascontiguousarray(a)
+        dtype = {np.dtype("<f4"): "F32", np.dtype("<f8"): "F64"}[a.dtype.newbyteorder("<")]
+        raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    text = json.dumps(header).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for b in blobs:
+            f.write(b)
+
+
+def make_weights(rng, d, heads, kv_heads=None, hf=False, kdim=None, vdim=None, prefix="", dtype=np.float32):
+    """Random weights under one naming convention; returns (tensors, w) where w holds the four
+    matrices and biases for mha_reference."""
+    kv_heads = kv_heads or heads
+    hd = d // heads
+    kdim, vdim = kdim or d, vdim or d
+    s = 1.0 / np.sqrt(d)
+    w = {
+        "wq": rng.normal(0, s, (heads * hd, d)), "wk": rng.normal(0, s, (kv_heads * hd, kdim)),
+        "wv": rng.normal(0, s, (kv_heads * hd, vdim)), "wo": rng.normal(0, s, (d, heads * hd)),
+        "bq": rng.normal(0, 0.1, heads * hd), "bk": rng.normal(0, 0.1, kv_heads * hd),
+        "bv": rng.normal(0, 0.1, kv_heads * hd), "bo": rng.normal(0, 0.1, d),
+    }
+    w = {k: v.astype(dtype) for k, v in w.items()}
+    p = prefix
+    if hf:
+        t = {p + "q_proj.weight": w["wq"], p + "q_proj.bias": w["bq"], p + "k_proj.weight": w["wk"],
+             p + "k_proj.bias": w["bk"], p + "v_proj.weight": w["wv"], p + "v_proj.bias": w["bv"],
+             p + "o_proj.weight": w["wo"], p + "o_proj.bias": w["bo"]}
+    elif kdim == d and vdim == d:
+        t = {p + "in_proj_weight": np.concatenate([w["wq"], w["wk"], w["wv"]]),
+             p + "in_proj_bias": np.concatenate([w["bq"], w["bk"], w["bv"]]),
+             p + "out_proj.weight": w["wo"], p + "out_proj.bias": w["bo"]}
+    else:
+        t = {p + "q_proj_weight": w["wq"], p + "k_proj_weight": w["wk"], p + "v_proj_weight": w["wv"],
+             p + "in_proj_bias": np.concatenate([w["bq"], w["bk"], w["bv"]]),
+             p + "out_proj.weight": w["wo"], p + "out_proj.bias": w["bo"]}
+    return t, {k: v.astype(np.float64) for k, v in w.items()}
+
+
+def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None):
+    """float64: projections, heads, stable softmax with -inf masking, output projection."""
+    xq = np.asarray(xq, np.float64)
+    xk = xq if xk is None else np.asarray(xk, np.float64)
+    xv = xq if xv is None else np.asarray(xv, np.float64)
+    B, Sq, _ = xq.shape
+    Sk = xk.shape[1]
+    q = xq @ w["wq"].T + w["bq"]
+    k = xk @ w["wk"].T + w["bk"]
+    v = xv @ w["wv"].T + w["bv"]
+    hd = q.shape[-1] // heads
+    kv_heads = k.shape[-1] // hd
+    q = q.reshape(B, Sq, heads, hd).transpose(0, 2, 1, 3)
+    k = np.repeat(k.reshape(B, Sk, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
+    v = np.repeat(v.reshape(B, Sk, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
+    s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
+    visible = np.ones((B, heads, Sq, Sk), dtype=bool)
+    if causal != "none":
+        off = 0 if causal == "top-left" else Sk - Sq
+        visible &= np.arange(Sk)[None, :] <= np.arange(Sq)[:, None] + off
+    if key_padding_mask is not None:
+        visible &= ~np.asarray(key_padding_mask, dtype=bool)[:, None, None, :]
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    l = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        o = np.where(l > 0, (e @ v) / l, 0.0)
+    o = o.transpose(0, 2, 1, 3).reshape(B, Sq, heads * hd)
+    return o @ w["wo"].T + w["bo"]
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("out")
+    ap.add_argument("d_model", type=int)
+    ap.add_argument("heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--hf", action="store_true")
+    ap.add_argument("--prefix", default="")
+    a = ap.parse_args()
+    tensors, _ = make_weights(np.random.default_rng(0), a.d_model, a.heads, a.kv_heads, a.hf, prefix=a.prefix)
+    write_safetensors(a.out, tensors)
