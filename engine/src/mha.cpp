@@ -118,7 +118,7 @@ MhaConfig resolve(MhaConfig c) {
   if (c.head_dim == 0) {
     if (c.d_model % c.heads != 0)
       throw Error("config.heads", "d_model " + std::to_string(c.d_model) + " is not a multiple of heads " +
-                                      std::to_string(c.heads) + " (give head_dim explicitly)");
+                                      std::to_string(c.heads) + " (set head_dim for such a layer)");
     c.head_dim = c.d_model / c.heads;
   }
   if (c.head_dim < 1) throw Error("config.head_dim", "expected >= 1, got " + std::to_string(c.head_dim));
