@@ -76,6 +76,10 @@ struct StepKeyHash {
 
 struct StepPrims {
   memory::desc q, kt, v, o, scores, mask;
+  // Scratchpads are the caller's (scratchpad_mode::user): oneDNN's own is one buffer shared by
+  // every primitive of the process unless the library is built for concurrent execution, and
+  // Debian's is not, so two calls running at once would overwrite each other's.
+  memory::desc qk_scratch, softmax_scratch, pv_scratch;
   dnnl::matmul qk;
   dnnl::softmax_forward softmax;
   dnnl::matmul pv;
@@ -120,7 +124,9 @@ std::shared_ptr<const StepPrims> create_prims(const StepKey& key, const dnnl::en
   float scale = 0.f;
   std::memcpy(&scale, &k[20], sizeof scale);
 
-  dnnl::primitive_attr attr;
+  dnnl::primitive_attr attr, plain;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   attr.set_output_scales(0, {scale});
   if (k[18] > 0) {
     p->mask = dense_desc(k[18], k[19], W);
@@ -128,10 +134,16 @@ std::shared_ptr<const StepPrims> create_prims(const StepKey& key, const dnnl::en
     po.append_binary(dnnl::algorithm::binary_add, p->mask);
     attr.set_post_ops(po);
   }
-  p->qk = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng));
-  p->softmax = dnnl::softmax_forward(dnnl::softmax_forward::primitive_desc(
-      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), eng));
-  p->pv = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(p->scores, p->v, p->o), eng));
+  const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng);
+  const dnnl::softmax_forward::primitive_desc sm_pd(
+      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), plain, eng);
+  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p->scores, p->v, p->o), plain, eng);
+  p->qk_scratch = qk_pd.scratchpad_desc();
+  p->softmax_scratch = sm_pd.scratchpad_desc();
+  p->pv_scratch = pv_pd.scratchpad_desc();
+  p->qk = dnnl::matmul(qk_pd);
+  p->softmax = dnnl::softmax_forward(sm_pd);
+  p->pv = dnnl::matmul(pv_pd);
   return p;
 }
 
@@ -178,6 +190,7 @@ struct Block {
 
 // Buffers of the calling thread, reused across calls.
 enum OnednnSlot : int {
+  kScratchpad = 14,  // oneDNN scratchpads (bytes)
   kScores = 3,
   kMask = 4,
   kDenseQ = 5,
@@ -308,7 +321,7 @@ void run(const Problem& p) {
   // Plan: every block, its primitives and the buffer sizes, before anything runs.
   thread_local std::vector<Block> blocks;
   blocks.clear();
-  std::int64_t score_elems = 0, mask_elems = 0, flag_elems = 0;
+  std::int64_t score_elems = 0, mask_elems = 0, flag_elems = 0, scratch_bytes = 0;
   try {
     for (std::int64_t b = 0; b < B; ++b) {
       for (std::int64_t i0 = 0; i0 < Sq; i0 += rows_per_block) {
@@ -331,6 +344,8 @@ void run(const Problem& p) {
           std::memcpy(&key.v[20], &scale_f, sizeof scale_f);
           blk.prims = get_prims(key);
           score_elems = std::max(score_elems, Hc * rows * W);
+          for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
+            scratch_bytes = std::max(scratch_bytes, static_cast<std::int64_t>(sd->get_size()));
           mask_elems = std::max(mask_elems, blk.mask_heads * blk.mask_rows * W);
           flag_elems = std::max(flag_elems, blk.mask_heads * blk.mask_rows);
         }
@@ -343,6 +358,7 @@ void run(const Problem& p) {
   float* scores = thread_buffer<float, kScores>().get(static_cast<std::size_t>(score_elems));
   float* mask = thread_buffer<float, kMask>().get(static_cast<std::size_t>(mask_elems + flag_elems));
   auto* flags = reinterpret_cast<std::uint8_t*>(mask + mask_elems);
+  std::uint8_t* scratch = thread_buffer<std::uint8_t, kScratchpad>().get(static_cast<std::size_t>(scratch_bytes));
   auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
   float* q_copy = dense_q ? thread_buffer<float, kDenseQ>().get(numel(qshape)) : nullptr;
   float* k_copy = dense_k ? thread_buffer<float, kDenseK>().get(numel(kshape)) : nullptr;
@@ -383,11 +399,17 @@ void run(const Problem& p) {
           float* m_u = mask + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
           qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
         }
+        qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch));
         prims.qk.execute(stream, qk_args);
-        prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_DST, s_mem}});
+        prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
+                                       {DNNL_ARG_DST, s_mem},
+                                       {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch)}});
         memory v_mem(prims.v, eng, const_cast<float*>(v_u));
         memory o_mem(prims.o, eng, o_u);
-        prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem}, {DNNL_ARG_WEIGHTS, v_mem}, {DNNL_ARG_DST, o_mem}});
+        prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem},
+                                  {DNNL_ARG_WEIGHTS, v_mem},
+                                  {DNNL_ARG_DST, o_mem},
+                                  {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch)}});
         stream.wait();
         if (blk.mask_heads > 0) {
           for (std::int64_t h = 0; h < Hc; ++h)
