@@ -50,8 +50,8 @@ enum class Cover { hidden, full, mixed };
 
 // Structural visibility (key lengths, causal, window) of query rows [i0, i1) x keys [j0, j1)
 // of batch b: hidden (no pair visible), full (every pair visible, and no explicit mask), or mixed.
-Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i1, std::int64_t j0,
-               std::int64_t j1) {
+Cover classify_structure(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i1, std::int64_t j0,
+                         std::int64_t j1) {
   const std::int64_t L = p.key_len(b);
   if (j0 >= L) return Cover::hidden;
   bool full = j1 <= L && p.mask_kind == MaskKind::none;
@@ -74,6 +74,30 @@ Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i
   return full ? Cover::full : Cover::mixed;
 }
 
+// classify_structure with the sparse patterns: a tile touching a global query or key is mixed
+// (decided per element); otherwise the block mask hides it when none of the bs x bs blocks it
+// overlaps is listed, and keeps it full only when all are.
+Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i1, std::int64_t j0,
+               std::int64_t j1) {
+  if (!p.sparse()) return classify_structure(p, b, i0, i1, j0, j1);
+  const std::int64_t L = p.key_len(b);
+  if (j0 >= L) return Cover::hidden;
+  const std::int64_t first = i0 + p.query_offset(b), last = i1 - 1 + p.query_offset(b);
+  if (j0 < p.global_tokens || (last >= 0 && first < p.global_tokens)) return Cover::mixed;
+  const Cover base = classify_structure(p, b, i0, i1, j0, j1);
+  if (base == Cover::hidden || p.block_mask == nullptr) return base;
+  bool any = false, all = true;
+  const std::int64_t bs = p.block_size, je = std::min(j1, L);
+  for (std::int64_t bi = i0 / bs; bi <= (i1 - 1) / bs; ++bi)
+    for (std::int64_t bj = j0 / bs; bj <= (je - 1) / bs; ++bj) {
+      const bool v = p.block_mask[bi * p.bm_row + bj * p.bm_col] != 0;
+      any = any || v;
+      all = all && v;
+    }
+  if (!any) return Cover::hidden;
+  return all ? base : Cover::mixed;
+}
+
 // Scales row[0:nk] (the raw scores of query i of head (b, h) against keys j0 .. j0 + nk - 1),
 // adds the additive mask, sets hidden keys to -inf and returns the row max. `full`: every key is
 // visible and there is no explicit mask.
@@ -85,11 +109,15 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   if (full) return vk.scale_add_max(row, nk, scale, nullptr);
   // Key lengths, causal and window leave the row one interval [lo, hi) of visible keys: scale
   // it (adding the mask), fill the rest with -inf.
+  // With sparse patterns the visible keys of a row are not one interval: [0, L) here, then
+  // each key is checked below.
   const std::int64_t pos = i + p.query_offset(b);
   std::int64_t lo = 0, hi = p.key_len(b);
-  if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
-  if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
-  if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
+  if (!p.sparse()) {
+    if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
+    if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
+    if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
+  }
   lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
   hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
   for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
@@ -99,12 +127,15 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
-  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
+  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean ||
+      p.sparse()) {
     for (std::int64_t j = lo; j < hi; ++j) {
       const std::int64_t key = j0 + j;
-      if (p.mask_kind == MaskKind::boolean) {
+      if (p.sparse() && !position_visible(p, b, i, key)) {
+        row[j] = neg_inf;
+      } else if (p.mask_kind == MaskKind::boolean) {
         if (!p.mask_allows(b, h, i, key)) row[j] = neg_inf;
-      } else {
+      } else if (p.mask_kind == MaskKind::additive && add == nullptr) {
         row[j] += static_cast<T>(p.mask_add(b, h, i, key));
       }
     }

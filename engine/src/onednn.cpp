@@ -240,6 +240,12 @@ void key_range(const Problem& p, Block& blk, bool& structure_hides) {
   if (causal) jhi = std::min(jhi, last + 1);
   if (right) jhi = std::min(jhi, last + p.window_right + 1);
   if (left) jlo = std::max(jlo, first - p.window_left);
+  if (p.sparse()) {  // global tokens and block masks: every key below L may be visible
+    blk.jlo = 0;
+    blk.jhi = L;
+    structure_hides = L > 0;
+    return;
+  }
   blk.jlo = jlo;
   blk.jhi = std::max(jlo, jhi);
   structure_hides = blk.jhi > blk.jlo && ((causal && blk.jhi - 1 > first) ||
@@ -268,7 +274,7 @@ void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* f
       for (std::int64_t c = 0; c < W; ++c) {
         const std::int64_t j = blk.jlo + c;
         float x = neg_inf;
-        if (j >= lo && j < hi) {
+        if (p.sparse() ? position_visible(p, blk.b, i, j) : (j >= lo && j < hi)) {
           if (p.mask_kind == MaskKind::boolean) {
             if (p.mask_allows(blk.b, hh, i, j)) x = 0.f;
           } else if (p.mask_kind == MaskKind::additive) {

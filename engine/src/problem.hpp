@@ -32,6 +32,15 @@ struct Problem {
   bool has_window = false;
   std::int64_t window_left = -1, window_right = -1;  // -1 = unbounded
 
+  // Sparse patterns: global tokens G (0 = none) and a block mask [nbq, nbk] of bs x bs blocks.
+  std::int64_t global_tokens = 0;
+  const std::uint8_t* block_mask = nullptr;
+  std::int64_t block_size = 64, bm_row = 0, bm_col = 0;  // element strides of the block mask
+  bool sparse() const { return global_tokens > 0 || block_mask != nullptr; }
+  bool block_allows(std::int64_t i, std::int64_t j) const {
+    return block_mask[(i / block_size) * bm_row + (j / block_size) * bm_col] != 0;
+  }
+
   double scale = 1.0;
   int threads = 0;  // 0 = OpenMP default
 
@@ -55,12 +64,16 @@ struct Problem {
   }
 };
 
-// Structural visibility of key j to query i of batch b: key lengths, causal and window (not the
-// explicit mask). This is DESIGN.md's position rule, stated once.
+// Structural visibility of key j to query i of batch b: key lengths, causal, window, global
+// tokens and the block mask (not the explicit mask). This is DESIGN.md's position rule with the
+// sparse patterns, stated once.
 inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t L = p.key_len(b);
   if (j >= L) return false;
   const std::int64_t pos = i + p.query_offset(b);
+  // Global key or global query (positions 0 .. G-1): nothing else hides it.
+  if (j < p.global_tokens || (pos >= 0 && pos < p.global_tokens)) return true;
+  if (p.block_mask != nullptr && !p.block_allows(i, j)) return false;
   if (p.causal != Causal::none && j > pos) return false;
   if (p.has_window) {
     if (p.window_left >= 0 && j < pos - p.window_left) return false;

@@ -218,6 +218,32 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
     p.window_left = std::min(opt.window->left, reach);
     p.window_right = std::min(opt.window->right, reach);
   }
+  // sparse patterns
+  if (opt.global_tokens < 0)
+    throw Error("options.global_tokens", "must be >= 0, got " + std::to_string(opt.global_tokens));
+  p.global_tokens = std::min(opt.global_tokens, p.Sq + p.Sk);  // beyond every position: saturate
+  if (opt.block_mask.data != nullptr || opt.block_mask.shape != Shape4{}) {
+    const ConstTensorView& bm = opt.block_mask;
+    if (opt.block_size < 1)
+      throw Error("options.block_size", "must be >= 1, got " + std::to_string(opt.block_size));
+    const std::int64_t nbq = (p.Sq + opt.block_size - 1) / opt.block_size;
+    const std::int64_t nbk = (p.Sk + opt.block_size - 1) / opt.block_size;
+    if (bm.dtype != DType::u8)
+      throw Error("options.block_mask", "expected dtype u8 (nonzero = computed), got " +
+                                            std::string(dtype_name(bm.dtype)));
+    const Shape4 want{1, 1, nbq, nbk};
+    if (bm.shape != want)
+      throw Error("options.block_mask", "expected shape [1, 1, ceil(Sq/bs), ceil(Sk/bs)] = " + shape_str(want) +
+                                            " for Sq=" + std::to_string(p.Sq) + ", Sk=" + std::to_string(p.Sk) +
+                                            ", bs=" + std::to_string(opt.block_size) + ", got " + shape_str(bm.shape));
+    const Span sb = byte_span("options.block_mask", bm.data, bm.dtype, bm.shape, bm.strides);
+    if (overlaps(so, sb)) throw Error("out", "memory overlaps options.block_mask");
+    p.block_mask = static_cast<const std::uint8_t*>(bm.data);
+    p.block_size = opt.block_size;
+    p.bm_row = bm.strides[2];
+    p.bm_col = bm.strides[3];
+  }
+
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   if (!std::isfinite(p.scale))
     throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));

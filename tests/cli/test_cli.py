@@ -22,7 +22,8 @@ import mha_weights  # noqa: E402  (tests/cli/mha_weights.py)
 BIN = None  # set from argv
 
 
-def oracle(q, k, v, scale=None, causal="none", mask=None, key_lengths=None, window=None):
+def oracle(q, k, v, scale=None, causal="none", mask=None, key_lengths=None, window=None,
+           global_tokens=0, block_mask=None, block_size=64):
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     B, H, Sq, D = q.shape
     Hkv, Sk = k.shape[1], k.shape[2]
@@ -39,16 +40,20 @@ def oracle(q, k, v, scale=None, causal="none", mask=None, key_lengths=None, wind
     for b in range(B):
         offset = 0 if causal == "top-left" else L[b] - Sq
         pos = i + offset
-        vis = j < L[b]
+        allow = np.ones((Sq, Sk), dtype=bool)
         if causal != "none":
-            vis = vis & (j <= pos)
+            allow = allow & (j <= pos)
         if window is not None:
             left, right = window
             if left >= 0:
-                vis = vis & (j >= pos - left)
+                allow = allow & (j >= pos - left)
             if right >= 0:
-                vis = vis & (j <= pos + right)
-        visible[b] &= vis
+                allow = allow & (j <= pos + right)
+        if block_mask is not None:
+            allow = allow & (np.asarray(block_mask)[i // block_size, j // block_size] != 0)
+        # global tokens: key j < G, or a query at position 0 <= p < G, whatever else hides
+        glob = (j < global_tokens) | ((pos >= 0) & (pos < global_tokens))
+        visible[b] &= (j < L[b]) & (allow | glob)
     if mask is not None:
         m = np.broadcast_to(mask, (B, H, Sq, Sk))
         if m.dtype in (np.bool_, np.uint8):
@@ -167,6 +172,20 @@ class RunMatchesOracle(CliCase):
         q, k, v = self.inputs()
         self.check(q, k, v, ["--threads", "1"], backend="native")
 
+    def test_sparse_patterns(self):
+        q, k, v = self.inputs(B=2, H=2, Hkv=1, Sq=40, Sk=50, D=8, Dv=8)
+        blocks = self.rng.random((5, 7)) < 0.4  # block size 8: ceil(40/8) x ceil(50/8)
+        blocks[2, :] = False  # rows 16..23 see only global keys
+        bm = self.save("bm.npy", blocks)
+        for backend in ("reference", "native"):
+            self.check(q, k, v, ["--global-tokens", "2", "--causal", "bottom-right"], backend=backend,
+                       global_tokens=2, causal="bottom-right")
+            self.check(q, k, v, ["--block-mask", bm, "--block-size", "8"], backend=backend,
+                       block_mask=blocks, block_size=8)
+            self.check(q, k, v, ["--block-mask", bm, "--block-size", "8", "--global-tokens", "3",
+                                 "--window", "6,0"], backend=backend,
+                       block_mask=blocks, block_size=8, global_tokens=3, window=(6, 0))
+
     def test_onednn(self):
         if "onednn" not in backends():
             self.skipTest("the onednn backend is not built")
@@ -282,6 +301,15 @@ class BadInput(CliCase):
                          "--key-lengths")
         self.expect_fail(self.base() + ["--key-lengths", self.save("l4.npy", np.array([-1, 2]))],
                          "--key-lengths")
+
+    def test_sparse_flags(self):
+        bm = self.save("bm.npy", np.ones((1, 1), dtype=bool))  # q/k are 5 and 7 long: bs 8 -> (1, 1)
+        self.expect_fail(self.base() + ["--global-tokens", "-1"], "--global-tokens")
+        self.expect_fail(self.base() + ["--block-size", "8"], "--block-size: needs --block-mask")
+        self.expect_fail(self.base() + ["--block-mask", bm, "--block-size", "0"], "--block-size")
+        self.expect_fail(self.base() + ["--block-mask", bm, "--block-size", "2"], "expected shape (3, 4)")
+        self.expect_fail(self.base() + ["--block-mask", self.save("f.npy", np.ones((1, 1))), "--block-size", "8"],
+                         "|b1 or |u1")
 
     def test_unwritable_output(self):
         self.expect_fail(self.base(**{"--out": os.path.join(self.dir, "no", "such", "dir.npy")}),

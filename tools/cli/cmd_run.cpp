@@ -11,7 +11,7 @@ namespace {
 
 struct RunArgs {
   std::string q, k, v, out, mask, causal = "none", scale, key_lengths, window, backend = "native",
-      threads;
+      threads, global_tokens, block_mask, block_size;
 };
 
 // Maps the API's argument names in an Error to the flags the user typed.
@@ -26,6 +26,9 @@ std::string flag_for(const std::string& argument) {
   if (argument == "options.scale") return "--scale";
   if (argument == "options.threads") return "--threads";
   if (argument == "options.backend") return "--backend";
+  if (argument == "options.global_tokens") return "--global-tokens";
+  if (argument == "options.block_mask") return "--block-mask";
+  if (argument == "options.block_size") return "--block-size";
   return argument;
 }
 
@@ -37,6 +40,12 @@ void run(const RunArgs& a) {
   if (!a.scale.empty()) opt.scale = parse_double("--scale", a.scale);
   if (!a.window.empty()) opt.window = parse_window("--window", a.window);
   if (!a.threads.empty()) opt.threads = static_cast<int>(parse_int("--threads", a.threads, 1, 4096));
+  constexpr std::int64_t kMaxSize = std::int64_t{1} << 62;
+  if (!a.global_tokens.empty()) opt.global_tokens = parse_int("--global-tokens", a.global_tokens, 0, kMaxSize);
+  if (!a.block_size.empty()) {
+    if (a.block_mask.empty()) throw UsageError("--block-size: needs --block-mask");
+    opt.block_size = parse_int("--block-size", a.block_size, 1, kMaxSize);
+  }
 
   const NpyArray q = load_npy("--q", a.q);
   const NpyArray k = load_npy("--k", a.k);
@@ -84,6 +93,21 @@ void run(const RunArgs& a) {
     opt.key_lengths = lengths;
   }
 
+  NpyArray blocks;
+  if (!a.block_mask.empty()) {
+    blocks = load_npy("--block-mask", a.block_mask);
+    if (blocks.dtype != DType::u8)
+      throw UsageError("--block-mask " + a.block_mask + ": expected dtype |b1 or |u1, got " +
+                       std::string(dtype_name(blocks.dtype)));
+    const std::int64_t bs = opt.block_size;
+    const std::int64_t nbq = (qs[2] + bs - 1) / bs, nbk = (ks[2] + bs - 1) / bs;
+    if (blocks.shape.size() != 2 || blocks.shape[0] != nbq || blocks.shape[1] != nbk)
+      throw UsageError("--block-mask " + a.block_mask + ": expected shape (" + std::to_string(nbq) + ", " +
+                       std::to_string(nbk) + ") = (ceil(Sq/bs), ceil(Sk/bs)) for Sq=" + std::to_string(qs[2]) +
+                       ", Sk=" + std::to_string(ks[2]) + ", --block-size " + std::to_string(bs));
+    opt.block_mask = ConstTensorView(blocks.data.data(), DType::u8, {1, 1, nbq, nbk});
+  }
+
   NpyArray out;
   out.dtype = q.dtype;
   out.shape = {qs[0], qs[1], qs[2], vs[3]};
@@ -128,6 +152,11 @@ Command add_run_command(CLI::App& app) {
   sub->add_option("--scale", args->scale, "score scale (default 1/sqrt(D))");
   sub->add_option("--key-lengths", args->key_lengths, "per-batch key lengths L [B] (<i4 or <i8)");
   sub->add_option("--window", args->window, "sliding window LEFT,RIGHT (-1 = unbounded side)");
+  sub->add_option("--global-tokens", args->global_tokens,
+                  "G: the first G positions are global (see and are seen by every position)");
+  sub->add_option("--block-mask", args->block_mask,
+                  "block-sparse layout: bool/uint8 [ceil(Sq/BS), ceil(Sk/BS)], nonzero = block computed");
+  sub->add_option("--block-size", args->block_size, "BS, the block mask's block size (default 64)");
   sub->add_option("--backend", args->backend, "reference | native | onednn (default native)");
   sub->add_option("--threads", args->threads, "threads (>= 1; default: OpenMP's)");
   return [args, sub] {

@@ -69,6 +69,17 @@ struct AttentionOptions {
 
   std::optional<Window> window;
 
+  // Sparse patterns (see README "Sparse attention"). Global tokens: the first `global_tokens`
+  // positions on the key axis are global: a query whose position p is in [0, G) sees every key, and every
+  // query sees keys j < G, whatever causal, window or block mask hide (key lengths and an
+  // explicit mask still apply). Block mask: u8 [ceil(Sq/bs), ceil(Sk/bs)] (nonzero = computed),
+  // shared by every batch and head; query i and key j are visible only if block
+  // [i / bs, j / bs] is listed (unless one of them is global). Given as a view of shape
+  // [1, 1, ceil(Sq/bs), ceil(Sk/bs)]; empty = no block mask.
+  std::int64_t global_tokens = 0;
+  ConstTensorView block_mask;
+  std::int64_t block_size = 64;
+
   // Threads for this call: 0 = OpenMP's default; 1 = run wholly on the calling thread, with
   // no OpenMP region. Calls made from inside a parallel region always run on the calling thread.
   int threads = 0;
