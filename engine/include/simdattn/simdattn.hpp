@@ -3,6 +3,7 @@
 
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
+#include "simdattn/linear.hpp"
 #include "simdattn/mha.hpp"
 #include "simdattn/npy.hpp"
 #include "simdattn/runtime.hpp"

@@ -1,0 +1,70 @@
+// Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"): softmax replaced by a
+// kernel feature map phi, so attention costs O(S D Dv) instead of O(S^2 D).
+//
+//   non-causal:  O_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)
+//   causal:      the same sums over j <= i only (Sq == Sk required)
+//
+// phi: elu1(x) = elu(x) + 1 (x + 1 for x > 0, exp(x) otherwise; the paper's choice, default),
+// relu(x) = max(x, 0), identity(x) = x. eps defaults to 1e-6. Shapes as attention():
+// q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out [B, H, Sq, Dv], H % Hkv == 0,
+// f32 or f64, any strides.
+//
+// The native backend computes the causal case chunk by chunk: inside a chunk of C rows a
+// quadratic product masked to j <= i, across chunks a carried D x (Dv + 1) state (the sums
+// above), both on the GEMM micro-kernels. The reference backend evaluates the sums directly in
+// double precision. The onednn backend has no linear attention.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+#include <vector>
+
+#include "simdattn/attention.hpp"
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+enum class FeatureMap : std::uint8_t { elu1, relu, identity };
+
+struct LinearAttentionOptions {
+  bool causal = false;
+  FeatureMap feature_map = FeatureMap::elu1;
+  double eps = 1e-6;           // added to every denominator; finite, >= 0
+  std::int64_t chunk = 64;     // rows per chunk of the native causal kernel (>= 1)
+  int threads = 0;             // as in AttentionOptions
+  Backend backend = Backend::native;  // reference or native
+};
+
+// Throws Error naming the argument on invalid input, before writing anything.
+void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                      const TensorView& out, const LinearAttentionOptions& options = {});
+
+std::string_view feature_map_name(FeatureMap f) noexcept;
+
+// The recurrent form for decoding one token at a time: per (batch, key/value head) the state
+// S = sum phi(k_j) v_j^T (D x Dv) and z = sum phi(k_j) (D) of every token seen so far.
+// step() adds the new token's key and value, then outputs the causal result for its query:
+// after N steps the outputs equal causal linear_attention() on the N tokens. O(D x Dv) per
+// token and head; allocates nothing after construction.
+class LinearAttentionState {
+ public:
+  LinearAttentionState(DType dtype, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                       std::int64_t head_dim, std::int64_t value_dim, FeatureMap feature_map = FeatureMap::elu1,
+                       double eps = 1e-6);
+
+  // q [B, H, 1, D], k [B, Hkv, 1, D], v [B, Hkv, 1, Dv] -> out [B, H, 1, Dv] (the state's dtype).
+  void step(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const TensorView& out);
+
+  void reset() noexcept;
+  std::int64_t tokens() const noexcept { return tokens_; }
+
+ private:
+  DType dtype_;
+  std::int64_t B_, H_, Hkv_, D_, Dv_, tokens_ = 0;
+  FeatureMap phi_;
+  double eps_;
+  std::vector<double> s_;  // [B, Hkv, D, Dv + 1]: S with z as its last column, in double
+  std::vector<double> fq_;  // phi(q) of one row, scratch
+};
+
+}  // namespace simdattn

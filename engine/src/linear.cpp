@@ -1,0 +1,289 @@
+// Linear attention: the reference (double-precision sums straight from the definition), the
+// native chunked kernel on the GEMM, and the recurrent state for decoding (see linear.hpp).
+#include "simdattn/linear.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <new>
+#include <string>
+
+#include "gemm.hpp"
+#include "problem.hpp"
+#include "simdattn/error.hpp"
+#include "threading.hpp"
+#include "workspace.hpp"
+
+namespace simdattn {
+
+std::string_view feature_map_name(FeatureMap f) noexcept {
+  switch (f) {
+    case FeatureMap::elu1: return "elu1";
+    case FeatureMap::relu: return "relu";
+    case FeatureMap::identity: return "identity";
+  }
+  return "?";
+}
+
+namespace {
+
+using detail::GemmArgs;
+using detail::Problem;
+using detail::Trans;
+
+template <class T>
+inline T phi(FeatureMap f, T x) {
+  switch (f) {
+    case FeatureMap::elu1: return x > T(0) ? x + T(1) : std::exp(x);  // NaN -> exp(NaN) = NaN
+    case FeatureMap::relu: return x < T(0) ? T(0) : x;                // NaN stays NaN
+    case FeatureMap::identity: return x;
+  }
+  return x;
+}
+
+// ---- reference --------------------------------------------------------------------------------
+
+template <class T>
+void reference(const Problem& p, const LinearAttentionOptions& o) {
+  const T* q = static_cast<const T*>(p.q);
+  const T* k = static_cast<const T*>(p.k);
+  const T* v = static_cast<const T*>(p.v);
+  T* out = static_cast<T*>(p.o);
+  const std::int64_t group = p.H / p.Hkv, W = p.Dv + 1;
+  std::vector<double> s(static_cast<std::size_t>(p.D * W)), fq(static_cast<std::size_t>(p.D));
+  // s += phi(k_j) [v_j, 1]^T
+  auto add_key = [&](std::int64_t b, std::int64_t hk, std::int64_t j) {
+    for (std::int64_t d = 0; d < p.D; ++d) {
+      const double f = phi<double>(o.feature_map, k[b * p.ks[0] + hk * p.ks[1] + j * p.ks[2] + d * p.ks[3]]);
+      for (std::int64_t e = 0; e < p.Dv; ++e)
+        s[d * W + e] += f * static_cast<double>(v[b * p.vs[0] + hk * p.vs[1] + j * p.vs[2] + e * p.vs[3]]);
+      s[d * W + p.Dv] += f;
+    }
+  };
+  auto write_row = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
+    for (std::int64_t d = 0; d < p.D; ++d)
+      fq[d] = phi<double>(o.feature_map, q[b * p.qs[0] + h * p.qs[1] + i * p.qs[2] + d * p.qs[3]]);
+    double den = o.eps;
+    for (std::int64_t d = 0; d < p.D; ++d) den += fq[d] * s[d * W + p.Dv];
+    for (std::int64_t e = 0; e < p.Dv; ++e) {
+      double num = 0.0;
+      for (std::int64_t d = 0; d < p.D; ++d) num += fq[d] * s[d * W + e];
+      out[b * p.os[0] + h * p.os[1] + i * p.os[2] + e * p.os[3]] = static_cast<T>(num / den);
+    }
+  };
+  for (std::int64_t b = 0; b < p.B; ++b)
+    for (std::int64_t h = 0; h < p.H; ++h) {
+      const std::int64_t hk = h / group;
+      std::fill(s.begin(), s.end(), 0.0);
+      if (!o.causal) {
+        for (std::int64_t j = 0; j < p.Sk; ++j) add_key(b, hk, j);
+        for (std::int64_t i = 0; i < p.Sq; ++i) write_row(b, h, i);
+      } else {
+        for (std::int64_t i = 0; i < p.Sq; ++i) {
+          add_key(b, hk, i);
+          write_row(b, h, i);
+        }
+      }
+    }
+}
+
+// ---- native -----------------------------------------------------------------------------------
+
+// Per-thread buffers of the native kernel.
+enum LinearSlot : int { kLinear = 15 };
+
+template <class T>
+void gemm1(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda,
+           const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
+  GemmArgs<T> g;
+  g.trans_a = ta, g.trans_b = tb;
+  g.M = M, g.N = N, g.K = K;
+  g.A = A, g.lda = lda, g.B = B, g.ldb = ldb, g.beta = beta, g.C = C, g.ldc = ldc;
+  detail::gemm(g, 1);
+}
+
+template <class T>
+void native(const Problem& p, const LinearAttentionOptions& o) {
+  const std::int64_t group = p.H / p.Hkv, D = p.D, Dv = p.Dv, W = Dv + 1;
+  const std::int64_t C = o.causal ? std::min(o.chunk, std::max<std::int64_t>(p.Sq, 1)) : 0;
+  // fq [Sq, D] | fk [Sk, D] | vz [Sk, W] (V with a column of ones) | state [D, W] | A [C, C] |
+  // num [max(C, Sq), W]
+  const std::int64_t num_rows = o.causal ? C : p.Sq;
+  const std::size_t need = static_cast<std::size_t>(p.Sq * D + p.Sk * D + p.Sk * W + D * W + C * C + num_rows * W);
+  const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(W);
+  const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
+  bool failed = false;
+  detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+    try {
+      T* fq = detail::thread_buffer<T, kLinear>().get(need);
+      T* fk = fq + p.Sq * D;
+      T* vz = fk + p.Sk * D;
+      T* st = vz + p.Sk * W;
+      T* A = st + D * W;
+      T* num = A + C * C;
+      const T eps = static_cast<T>(o.eps);
+      for (std::int64_t it = it0; it < it1; ++it) {
+        const std::int64_t b = it / p.H, h = it % p.H, hk = h / group;
+        const T* q = static_cast<const T*>(p.q) + b * p.qs[0] + h * p.qs[1];
+        const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+        const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+        T* out = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1];
+        for (std::int64_t i = 0; i < p.Sq; ++i)
+          for (std::int64_t d = 0; d < D; ++d) fq[i * D + d] = phi(o.feature_map, q[i * p.qs[2] + d * p.qs[3]]);
+        for (std::int64_t j = 0; j < p.Sk; ++j) {
+          for (std::int64_t d = 0; d < D; ++d) fk[j * D + d] = phi(o.feature_map, k[j * p.ks[2] + d * p.ks[3]]);
+          for (std::int64_t e = 0; e < Dv; ++e) vz[j * W + e] = v[j * p.vs[2] + e * p.vs[3]];
+          vz[j * W + Dv] = T(1);
+        }
+        auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. from num rows 0..
+          for (std::int64_t r = 0; r < n; ++r) {
+            const T* nr = num + r * W;
+            const T inv = T(1) / (nr[Dv] + eps);
+            T* dst = out + (i0 + r) * p.os[2];
+            for (std::int64_t e = 0; e < Dv; ++e) dst[e * p.os[3]] = nr[e] * inv;
+          }
+        };
+        if (!o.causal) {
+          // state = phi(K)^T [V, 1]; num = phi(Q) state
+          gemm1<T>(Trans::T, Trans::N, D, W, p.Sk, fk, D, vz, W, T(0), st, W);
+          gemm1<T>(Trans::N, Trans::N, p.Sq, W, D, fq, D, st, W, T(0), num, W);
+          write(0, p.Sq);
+          continue;
+        }
+        std::fill(st, st + D * W, T(0));
+        for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
+          const std::int64_t n = std::min(C, p.Sq - c0);
+          const T* fqc = fq + c0 * D;
+          const T* fkc = fk + c0 * D;
+          const T* vzc = vz + c0 * W;
+          // across chunks: num = phi(Q_c) state (the sums over every earlier chunk)
+          gemm1<T>(Trans::N, Trans::N, n, W, D, fqc, D, st, W, T(0), num, W);
+          // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A [V_c, 1]
+          gemm1<T>(Trans::N, Trans::T, n, n, D, fqc, D, fkc, D, T(0), A, C);
+          for (std::int64_t i = 0; i < n; ++i) std::fill(A + i * C + i + 1, A + i * C + n, T(0));
+          gemm1<T>(Trans::N, Trans::N, n, W, n, A, C, vzc, W, T(1), num, W);
+          // carry: state += phi(K_c)^T [V_c, 1]
+          gemm1<T>(Trans::T, Trans::N, D, W, n, fkc, D, vzc, W, T(1), st, W);
+          write(c0, n);
+        }
+      }
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+    }
+  });
+  if (failed) throw std::bad_alloc();
+}
+
+}  // namespace
+
+void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                      const TensorView& out, const LinearAttentionOptions& options) {
+  AttentionOptions a;  // shapes, dtypes, strides, overlap, threads: the attention rules
+  a.threads = options.threads;
+  const Problem p = detail::make_problem(q, k, v, out, a);
+  if (options.causal && p.Sq != p.Sk)
+    throw Error("options.causal", "causal linear attention needs Sq == Sk, got Sq=" + std::to_string(p.Sq) +
+                                      ", Sk=" + std::to_string(p.Sk));
+  if (!(options.eps >= 0.0) || !std::isfinite(options.eps))
+    throw Error("options.eps", "must be finite and >= 0, got " + std::to_string(options.eps));
+  if (options.chunk < 1) throw Error("options.chunk", "must be >= 1, got " + std::to_string(options.chunk));
+  if (options.feature_map != FeatureMap::elu1 && options.feature_map != FeatureMap::relu &&
+      options.feature_map != FeatureMap::identity)
+    throw Error("options.feature_map", "unknown value " + std::to_string(int(options.feature_map)));
+  if (options.backend == Backend::onednn)
+    throw Error("options.backend", "linear attention runs on the reference and native backends (oneDNN has no "
+                                   "primitive for it)");
+  if (options.backend != Backend::reference && options.backend != Backend::native)
+    throw Error("options.backend", "unknown value " + std::to_string(int(options.backend)));
+  if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
+  if (options.backend == Backend::reference) {
+    if (p.dtype == DType::f32) reference<float>(p, options);
+    else reference<double>(p, options);
+  } else {
+    if (p.dtype == DType::f32) native<float>(p, options);
+    else native<double>(p, options);
+  }
+}
+
+// ---- recurrent state --------------------------------------------------------------------------
+
+LinearAttentionState::LinearAttentionState(DType dtype, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
+                                           std::int64_t head_dim, std::int64_t value_dim, FeatureMap feature_map,
+                                           double eps)
+    : dtype_(dtype), B_(batch), H_(heads), Hkv_(kv_heads), D_(head_dim), Dv_(value_dim), phi_(feature_map), eps_(eps) {
+  if (dtype != DType::f32 && dtype != DType::f64)
+    throw Error("dtype", "expected f32 or f64, got " + std::string(dtype_name(dtype)));
+  if (batch < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || value_dim < 1)
+    throw Error("shape", "batch, heads, kv_heads, head_dim and value_dim must be >= 1");
+  if (heads % kv_heads != 0)
+    throw Error("kv_heads", "expected a divisor of heads " + std::to_string(heads) + ", got " + std::to_string(kv_heads));
+  if (!(eps >= 0.0) || !std::isfinite(eps)) throw Error("eps", "must be finite and >= 0");
+  s_.assign(static_cast<std::size_t>(B_ * Hkv_ * D_ * (Dv_ + 1)), 0.0);
+  fq_.assign(static_cast<std::size_t>(D_), 0.0);
+}
+
+void LinearAttentionState::reset() noexcept {
+  std::fill(s_.begin(), s_.end(), 0.0);
+  tokens_ = 0;
+}
+
+namespace {
+
+void check_step_view(const char* name, const ConstTensorView& t, DType dtype, const Shape4& want) {
+  if (t.dtype != dtype)
+    throw Error(name, "dtype " + std::string(dtype_name(t.dtype)) + " differs from the state's " +
+                          std::string(dtype_name(dtype)));
+  if (t.shape != want)
+    throw Error(name, "expected shape [" + std::to_string(want[0]) + ", " + std::to_string(want[1]) + ", 1, " +
+                          std::to_string(want[3]) + "], got [" + std::to_string(t.shape[0]) + ", " +
+                          std::to_string(t.shape[1]) + ", " + std::to_string(t.shape[2]) + ", " +
+                          std::to_string(t.shape[3]) + "]");
+  if (t.data == nullptr) throw Error(name, "null data");
+  for (int d = 0; d < 4; ++d)
+    if (t.strides[d] < 0) throw Error(name, "negative stride");
+}
+
+template <class T>
+double at(const ConstTensorView& t, std::int64_t a, std::int64_t b, std::int64_t d) {
+  return static_cast<double>(static_cast<const T*>(t.data)[a * t.strides[0] + b * t.strides[1] + d * t.strides[3]]);
+}
+
+}  // namespace
+
+void LinearAttentionState::step(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                                const TensorView& out) {
+  check_step_view("q", q, dtype_, {B_, H_, 1, D_});
+  check_step_view("k", k, dtype_, {B_, Hkv_, 1, D_});
+  check_step_view("v", v, dtype_, {B_, Hkv_, 1, Dv_});
+  check_step_view("out", ConstTensorView(out.data, out.dtype, out.shape, out.strides), dtype_, {B_, H_, 1, Dv_});
+  const bool f32 = dtype_ == DType::f32;
+  const std::int64_t W = Dv_ + 1, group = H_ / Hkv_;
+  for (std::int64_t b = 0; b < B_; ++b)
+    for (std::int64_t hk = 0; hk < Hkv_; ++hk) {
+      double* s = s_.data() + (b * Hkv_ + hk) * D_ * W;
+      for (std::int64_t d = 0; d < D_; ++d) {
+        const double f = phi<double>(phi_, f32 ? at<float>(k, b, hk, d) : at<double>(k, b, hk, d));
+        for (std::int64_t e = 0; e < Dv_; ++e) s[d * W + e] += f * (f32 ? at<float>(v, b, hk, e) : at<double>(v, b, hk, e));
+        s[d * W + Dv_] += f;
+      }
+    }
+  for (std::int64_t b = 0; b < B_; ++b)
+    for (std::int64_t h = 0; h < H_; ++h) {
+      const double* s = s_.data() + (b * Hkv_ + h / group) * D_ * W;
+      for (std::int64_t d = 0; d < D_; ++d)
+        fq_[static_cast<std::size_t>(d)] = phi<double>(phi_, f32 ? at<float>(q, b, h, d) : at<double>(q, b, h, d));
+      double den = eps_;
+      for (std::int64_t d = 0; d < D_; ++d) den += fq_[static_cast<std::size_t>(d)] * s[d * W + Dv_];
+      for (std::int64_t e = 0; e < Dv_; ++e) {
+        double num = 0.0;
+        for (std::int64_t d = 0; d < D_; ++d) num += fq_[static_cast<std::size_t>(d)] * s[d * W + e];
+        const std::int64_t off = b * out.strides[0] + h * out.strides[1] + e * out.strides[3];
+        if (f32) static_cast<float*>(out.data)[off] = static_cast<float>(num / den);
+        else static_cast<double*>(out.data)[off] = num / den;
+      }
+    }
+  ++tokens_;
+}
+
+}  // namespace simdattn
