@@ -323,6 +323,50 @@ class BadInput(CliCase):
         np.testing.assert_array_equal(np.load(out), np.arange(3.0))
 
 
+def linear_oracle(q, k, v, causal=False, feature_map="elu1", eps=1e-6):
+    """float64 quadratic form of linear attention (Katharopoulos et al. 2020)."""
+    phi = {"elu1": lambda x: np.where(x > 0, x + 1, np.exp(np.minimum(x, 0))),
+           "relu": lambda x: np.maximum(x, 0), "identity": lambda x: x}[feature_map]
+    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
+    g = q.shape[1] // k.shape[1]
+    fk, vv = np.repeat(phi(k), g, axis=1), np.repeat(v, g, axis=1)
+    w = np.einsum("bhid,bhjd->bhij", phi(q), fk)
+    if causal:
+        w = np.tril(w)
+    return np.einsum("bhij,bhjd->bhid", w, vv) / (w.sum(axis=-1, keepdims=True) + eps)
+
+
+class Linear(CliCase):
+    """`simdattn linear` against the NumPy quadratic form; bad flags exit 2."""
+
+    def test_matches_oracle(self):
+        q, k, v = (self.rng.uniform(0.05, 1.5, s) for s in ((2, 4, 70, 8), (2, 2, 70, 8), (2, 2, 70, 5)))
+        for fm in ("elu1", "relu", "identity"):
+            for causal in (False, True):
+                for backend, dtype, tol in (("reference", np.float64, 1e-12), ("native", np.float32, 1e-5)):
+                    args = ["linear", "--q", self.save("q.npy", q.astype(dtype)), "--k", self.save("k.npy", k.astype(dtype)),
+                            "--v", self.save("v.npy", v.astype(dtype)), "--out", self.path("o.npy"),
+                            "--feature-map", fm, "--backend", backend] + (["--causal"] if causal else [])
+                    r = self.run_cli(*args)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    o = np.load(self.path("o.npy"))
+                    self.assertEqual(o.dtype, dtype)
+                    want = linear_oracle(q.astype(dtype), k.astype(dtype), v.astype(dtype), causal, fm)
+                    self.assertLess(np.abs(o - want).max(), tol, (fm, causal, backend))
+
+    def test_bad_input(self):
+        q = self.save("q.npy", np.ones((1, 1, 4, 2), np.float32))
+        k = self.save("k.npy", np.ones((1, 1, 5, 2), np.float32))
+        base = ["linear", "--q", q, "--k", k, "--v", k, "--out", self.path("o.npy")]
+        for extra, fragment in ((["--causal"], "--causal"), (["--feature-map", "tanh"], "--feature-map"),
+                                (["--backend", "onednn"], "--backend"), (["--threads", "0"], "--threads")):
+            r = self.run_cli(*base, *extra)
+            self.assertEqual(r.returncode, 2, r.stderr)
+            self.assertEqual(len(r.stderr.strip().splitlines()), 1, r.stderr)
+            self.assertIn(fragment, r.stderr)
+            self.assertFalse(os.path.exists(self.path("o.npy")))
+
+
 class Mha(CliCase):
     """`simdattn mha` on weights written by mha_weights.py (NumPy only) matches the float64 layer."""
 

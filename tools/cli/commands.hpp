@@ -14,5 +14,6 @@ Command add_run_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_mha_command(CLI::App& app);
+Command add_linear_command(CLI::App& app);
 
 }  // namespace simdattn::cli

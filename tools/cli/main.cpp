@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   std::vector<simdattn::cli::Command> commands{simdattn::cli::add_run_command(app),
                                                simdattn::cli::add_mha_command(app),
+                                               simdattn::cli::add_linear_command(app),
                                                simdattn::cli::add_compare_command(app),
                                                simdattn::cli::add_info_command(app)};
   // A clearer message than CLI11's "A subcommand is required" for a missing or unknown command.
