@@ -10,6 +10,7 @@
 
 #include "gemm.hpp"
 #include "problem.hpp"
+#include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
 #include "threading.hpp"
 #include "workspace.hpp"
@@ -92,6 +93,30 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
 // Per-thread buffers of the native kernel.
 enum LinearSlot : int { kLinear = 15 };
 
+// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows): the copy is plain, the map runs
+// on whole buffers with the vector exp (elu1 needs exp(x) for x <= 0), ex is scratch of
+// rows * D elements.
+template <class T>
+void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std::int64_t rs, std::int64_t ds,
+              std::int64_t rows, std::int64_t D, T* __restrict dst, T* __restrict ex) {
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (ds == 1) std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
+    else
+      for (std::int64_t d = 0; d < D; ++d) dst[r * D + d] = src[r * rs + d * ds];
+  }
+  const std::int64_t n = rows * D;
+  // Branch-free forms (signs are random: a branch per element mispredicts half the time), NaN
+  // kept: elu1(x) = max(x, 0) + exp(min(x, 0)), relu(x) = max(x, 0), with std::min/max keeping
+  // a NaN first argument.
+  if (f == FeatureMap::elu1) {
+    for (std::int64_t i = 0; i < n; ++i) ex[i] = std::min(dst[i], T(0));
+    vk.exp(ex, ex, n);
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], T(0)) + ex[i];
+  } else if (f == FeatureMap::relu) {
+    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], T(0));
+  }
+}
+
 template <class T>
 void gemm1(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda,
            const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
@@ -104,23 +129,30 @@ void gemm1(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, c
 
 template <class T>
 void native(const Problem& p, const LinearAttentionOptions& o) {
-  const std::int64_t group = p.H / p.Hkv, D = p.D, Dv = p.Dv, W = Dv + 1;
+  const std::int64_t group = p.H / p.Hkv, D = p.D, Dv = p.Dv;
   const std::int64_t C = o.causal ? std::min(o.chunk, std::max<std::int64_t>(p.Sq, 1)) : 0;
-  // fq [Sq, D] | fk [Sk, D] | vz [Sk, W] (V with a column of ones) | state [D, W] | A [C, C] |
-  // num [max(C, Sq), W]
-  const std::int64_t num_rows = o.causal ? C : p.Sq;
-  const std::size_t need = static_cast<std::size_t>(p.Sq * D + p.Sk * D + p.Sk * W + D * W + C * C + num_rows * W);
-  const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(W);
+  constexpr std::int64_t kPhiRows = 64;  // rows per pass of the feature map (bounds its scratch)
+  const bool v_in_place = p.vs[3] == 1 || Dv == 1;
+  // fq [Sq, D] | fk [Sk, D] | V copy [Sk, Dv] if strided | state [D, Dv] | z [D] | A [C, C] |
+  // num [rows, Dv] | den [rows] | feature-map scratch
+  const std::int64_t rows = o.causal ? C : p.Sq;
+  const std::size_t need = static_cast<std::size_t>(p.Sq * D + p.Sk * D + (v_in_place ? 0 : p.Sk * Dv) + D * Dv + D +
+                                                    C * C + rows * Dv + rows + kPhiRows * D);
+  const simd::VectorKernels<T>& vk = simd::kernels().vec<T>();
+  const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
   bool failed = false;
   detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
       T* fq = detail::thread_buffer<T, kLinear>().get(need);
       T* fk = fq + p.Sq * D;
-      T* vz = fk + p.Sk * D;
-      T* st = vz + p.Sk * W;
-      T* A = st + D * W;
+      T* vcopy = fk + p.Sk * D;
+      T* st = vcopy + (v_in_place ? 0 : p.Sk * Dv);
+      T* z = st + D * Dv;
+      T* A = z + D;
       T* num = A + C * C;
+      T* den = num + rows * Dv;
+      T* ex = den + rows;
       const T eps = static_cast<T>(o.eps);
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.H, h = it % p.H, hk = h / group;
@@ -128,42 +160,75 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
         const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
         T* out = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1];
-        for (std::int64_t i = 0; i < p.Sq; ++i)
-          for (std::int64_t d = 0; d < D; ++d) fq[i * D + d] = phi(o.feature_map, q[i * p.qs[2] + d * p.qs[3]]);
-        for (std::int64_t j = 0; j < p.Sk; ++j) {
-          for (std::int64_t d = 0; d < D; ++d) fk[j * D + d] = phi(o.feature_map, k[j * p.ks[2] + d * p.ks[3]]);
-          for (std::int64_t e = 0; e < Dv; ++e) vz[j * W + e] = v[j * p.vs[2] + e * p.vs[3]];
-          vz[j * W + Dv] = T(1);
+        for (std::int64_t i = 0; i < p.Sq; i += kPhiRows)
+          phi_rows(o.feature_map, vk, q + i * p.qs[2], p.qs[2], p.qs[3], std::min(kPhiRows, p.Sq - i), D, fq + i * D, ex);
+        for (std::int64_t j = 0; j < p.Sk; j += kPhiRows)
+          phi_rows(o.feature_map, vk, k + j * p.ks[2], p.ks[2], p.ks[3], std::min(kPhiRows, p.Sk - j), D, fk + j * D, ex);
+        std::int64_t ldv = p.vs[2];
+        if (!v_in_place) {
+          for (std::int64_t j = 0; j < p.Sk; ++j)
+            for (std::int64_t e = 0; e < Dv; ++e) vcopy[j * Dv + e] = v[j * p.vs[2] + e * p.vs[3]];
+          v = vcopy;
+          ldv = Dv;
         }
-        auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. from num rows 0..
+        // den[r] += phi(q_r) . z
+        auto add_den = [&](const T* fqc, std::int64_t n) {
           for (std::int64_t r = 0; r < n; ++r) {
-            const T* nr = num + r * W;
-            const T inv = T(1) / (nr[Dv] + eps);
-            T* dst = out + (i0 + r) * p.os[2];
-            for (std::int64_t e = 0; e < Dv; ++e) dst[e * p.os[3]] = nr[e] * inv;
+            T acc = T(0);
+            for (std::int64_t d = 0; d < D; ++d) acc += fqc[r * D + d] * z[d];
+            den[r] += acc;
           }
         };
+        // z += sum of rows of phi(K) rows [j0, j0 + n)
+        auto add_z = [&](const T* fkc, std::int64_t n) {
+          for (std::int64_t j = 0; j < n; ++j)
+            for (std::int64_t d = 0; d < D; ++d) z[d] += fkc[j * D + d];
+        };
+        auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. = num / (den + eps)
+          for (std::int64_t r = 0; r < n; ++r) {
+            const T inv = T(1) / (den[r] + eps);
+            T* dst = out + (i0 + r) * p.os[2];
+            for (std::int64_t e = 0; e < Dv; ++e) dst[e * p.os[3]] = num[r * Dv + e] * inv;
+          }
+        };
+        std::fill(z, z + D, T(0));
         if (!o.causal) {
-          // state = phi(K)^T [V, 1]; num = phi(Q) state
-          gemm1<T>(Trans::T, Trans::N, D, W, p.Sk, fk, D, vz, W, T(0), st, W);
-          gemm1<T>(Trans::N, Trans::N, p.Sq, W, D, fq, D, st, W, T(0), num, W);
+          // state = phi(K)^T V, z = column sums of phi(K); num = phi(Q) state, den = phi(Q) z
+          gemm1<T>(Trans::T, Trans::N, D, Dv, p.Sk, fk, D, v, ldv, T(0), st, Dv);
+          add_z(fk, p.Sk);
+          gemm1<T>(Trans::N, Trans::N, p.Sq, Dv, D, fq, D, st, Dv, T(0), num, Dv);
+          std::fill(den, den + p.Sq, T(0));
+          add_den(fq, p.Sq);
           write(0, p.Sq);
           continue;
         }
-        std::fill(st, st + D * W, T(0));
+        std::fill(st, st + D * Dv, T(0));
         for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
           const std::int64_t n = std::min(C, p.Sq - c0);
           const T* fqc = fq + c0 * D;
           const T* fkc = fk + c0 * D;
-          const T* vzc = vz + c0 * W;
-          // across chunks: num = phi(Q_c) state (the sums over every earlier chunk)
-          gemm1<T>(Trans::N, Trans::N, n, W, D, fqc, D, st, W, T(0), num, W);
-          // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A [V_c, 1]
+          const T* vc = v + c0 * ldv;
+          // across chunks: the sums over every earlier chunk (state, z)
+          if (c0 == 0) {
+            std::fill(num, num + n * Dv, T(0));
+          } else {
+            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fqc, D, st, Dv, T(0), num, Dv);
+          }
+          std::fill(den, den + n, T(0));
+          if (c0 > 0) add_den(fqc, n);
+          // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A V_c, den += row sums
           gemm1<T>(Trans::N, Trans::T, n, n, D, fqc, D, fkc, D, T(0), A, C);
-          for (std::int64_t i = 0; i < n; ++i) std::fill(A + i * C + i + 1, A + i * C + n, T(0));
-          gemm1<T>(Trans::N, Trans::N, n, W, n, A, C, vzc, W, T(1), num, W);
-          // carry: state += phi(K_c)^T [V_c, 1]
-          gemm1<T>(Trans::T, Trans::N, D, W, n, fkc, D, vzc, W, T(1), st, W);
+          for (std::int64_t i = 0; i < n; ++i) {
+            T* a = A + i * C;
+            std::fill(a + i + 1, a + n, T(0));
+            T acc = T(0);
+            for (std::int64_t j = 0; j <= i; ++j) acc += a[j];
+            den[i] += acc;
+          }
+          gemm1<T>(Trans::N, Trans::N, n, Dv, n, A, C, vc, ldv, T(1), num, Dv);
+          // carry: state += phi(K_c)^T V_c, z += column sums of phi(K_c)
+          gemm1<T>(Trans::T, Trans::N, D, Dv, n, fkc, D, vc, ldv, T(1), st, Dv);
+          add_z(fkc, n);
           write(c0, n);
         }
       }
