@@ -190,6 +190,12 @@ struct Plan {
     // rather than 96 + 32.
     nqb = (p.Sq + kBlockQ - 1) / kBlockQ;
     bq = nqb > 0 ? std::min(kBlockQ, round_up((p.Sq + nqb - 1) / nqb, dmr)) : kBlockQ;
+    // A block mask: query blocks inside one row of bs x bs blocks (bs or bs / 2 rows), so that
+    // a query block's key panels are hidden or listed as a whole.
+    // (Small blocks keep the default: row blocks of a few rows would starve the micro-kernel.)
+    if (p.block_mask != nullptr && p.block_size >= 16 && p.block_size <= kBlockQ) bq = p.block_size;
+    else if (p.block_mask != nullptr && p.block_size % 2 == 0 && p.block_size / 2 >= 16 && p.block_size / 2 <= kBlockQ)
+      bq = p.block_size / 2;
     nqb = nqb > 0 ? (p.Sq + bq - 1) / bq : 0;
     nkb = (p.Sk + kBlockK - 1) / kBlockK;
     const std::int64_t a = 64 / static_cast<std::int64_t>(sizeof(T));
@@ -231,14 +237,38 @@ class Worker {
     // O is not cleared: the first computed block writes it (beta = 0); until then every row
     // max is -inf, so no rescale reads it. A query block with no visible key never reads it.
     bool first = true;
+    // Keys [j0 + a, j0 + a + n) of key block jb (a a multiple of the panel width).
+    auto step = [&](std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover) {
+      const std::int64_t j0 = jb * kBlockK;
+      scores(jb, a, n, br);
+      softmax_update(b, h, i0, br, j0 + a, a, n, cover, first);
+      accumulate(jb, a, n, br, first ? T(0) : T(1));
+      first = false;
+    };
     for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
       const std::int64_t j0 = jb * kBlockK, nk = std::min(kBlockK, p_.Sk - j0);
       const Cover cover = classify(p_, b, i0, i0 + br, j0, j0 + nk);
       if (cover == Cover::hidden) continue;
-      scores(jb, br, nk);
-      softmax_update(b, h, i0, br, j0, nk, cover, first);
-      accumulate(jb, br, nk, first ? T(0) : T(1));
-      first = false;
+      if (cover == Cover::mixed && structured_) {
+        // A block at the edge of the visible region (causal diagonal, window edge, key length,
+        // block mask): its key panels that no row of the query block sees are skipped; runs of
+        // the others go as one step.
+        for (std::int64_t a = 0; a < nk;) {
+          std::int64_t e = a;
+          bool all_full = true;
+          while (e < nk) {
+            const std::int64_t n = std::min(P_.dnr, nk - e);
+            const Cover sub = classify(p_, b, i0, i0 + br, j0 + e, j0 + e + n);
+            if (sub == Cover::hidden) break;
+            all_full = all_full && sub == Cover::full;
+            e += n;
+          }
+          if (e > a) step(jb, a, e - a, all_full ? Cover::full : Cover::mixed);
+          a = e < nk ? e + std::min(P_.dnr, nk - e) : e;  // past the hidden panel
+        }
+        continue;
+      }
+      step(jb, 0, nk, cover);
     }
     write_out(b, h, i0, br);
   }
@@ -308,12 +338,13 @@ class Worker {
     ldq_ = p_.D;
   }
 
-  // S[0:br, 0:round_up(nk, lanes)] = Q_blk K_blk^T (unscaled). The last panel runs only the
-  // vectors it has keys for.
-  void scores(std::int64_t jb, std::int64_t br, std::int64_t nk) {
-    const std::int64_t dmr = P_.dmr, dnr = P_.dnr, D = p_.D;
+  // S[0:br, a:a + round_up(n, lanes)] = Q_blk K^T for keys a .. a + n - 1 of key block jb
+  // (unscaled; a is a multiple of the panel width). The last panel runs only the vectors it has
+  // keys for.
+  void scores(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
+    const std::int64_t dmr = P_.dmr, dnr = P_.dnr, D = p_.D, nk = a + n;
     const T* kb = kp_ + jb * D * kBlockK;
-    for (std::int64_t c = 0; c * dnr < nk; ++c) {
+    for (std::int64_t c = a / dnr; c * dnr < nk; ++c) {
       const std::int64_t nv = (std::min(dnr, nk - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
@@ -325,11 +356,12 @@ class Worker {
 
   // Scale and mask S, then the online softmax step for each row: P = exp(S - m_new) in place,
   // l and O rescaled when the row max grows.
+  // Keys j0 .. j0 + nk - 1 sit at column a of S.
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
-                      std::int64_t nk, Cover cover, bool first) {
+                      std::int64_t a, std::int64_t nk, Cover cover, bool first) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (std::int64_t r = 0; r < br; ++r) {
-      T* row = sb_ + r * kBlockK;
+      T* row = sb_ + r * kBlockK + a;
       const T bm = mask_scale_max(p_, P_.vk, row, b, h, i0 + r, j0, nk, cover == Cover::full);
       // NaN scores do not raise the max; they reach l and O through P instead.
       const T m_old = m_[r];
@@ -349,15 +381,15 @@ class Worker {
     }
   }
 
-  // O[0:br, :] = P[0:br, 0:nk] V_blk[0:nk, :] + beta * O
-  void accumulate(std::int64_t jb, std::int64_t br, std::int64_t nk, T beta) {
+  // O[0:br, :] = P[0:br, a:a + n] V_blk[a:a + n, :] + beta * O
+  void accumulate(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, T beta) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr;
     const T* vb = vp_ + jb * kBlockK * P_.dvp;
     for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
       const std::int64_t nv = (std::min(dnr, p_.Dv - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        P_.gk.ukernel_direct_a[nv][m](nk, sb_ + r0 * kBlockK, kBlockK, vb + c * kBlockK * dnr, dnr,
+        P_.gk.ukernel_direct_a[nv][m](n, sb_ + r0 * kBlockK + a, kBlockK, vb + c * kBlockK * dnr + a * dnr, dnr,
                                       ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta);
       }
     }
@@ -372,6 +404,8 @@ class Worker {
   const Problem& p_;
   T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_;
   const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
+  // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
+  const bool structured_ = p_.causal != Causal::none || p_.has_window || p_.key_lengths != nullptr || p_.sparse();
   std::int64_t ldq_ = 0;
   std::int64_t packed_b_ = -1, packed_hk_ = -1;
 };
