@@ -49,8 +49,8 @@ void pack_a(const GemmArgs<T>& g, std::int64_t i0, std::int64_t mc, std::int64_t
 // Bp: ceil(nc / nr) micro-panels; panel c holds, for each k < kc, columns j0 + c*nr .. + nr - 1
 // (zero past nc). Packs panels [panel_begin, panel_end) only, so threads can share the work.
 template <class T>
-void pack_b(const GemmArgs<T>& g, std::int64_t p0, std::int64_t kc, std::int64_t j0, std::int64_t nc,
-            int nr, T* Bp, std::int64_t panel_begin, std::int64_t panel_end) {
+void pack_b(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t p0, std::int64_t kc,
+            std::int64_t j0, std::int64_t nc, int nr, T* Bp, std::int64_t panel_begin, std::int64_t panel_end) {
   for (std::int64_t jr = panel_begin * nr; jr < std::min(nc, panel_end * nr); jr += nr) {
     const std::int64_t n = std::min<std::int64_t>(nr, nc - jr);
     T* dst = Bp + jr * kc;
@@ -62,12 +62,8 @@ void pack_b(const GemmArgs<T>& g, std::int64_t p0, std::int64_t kc, std::int64_t
         for (std::int64_t c = n; c < nr; ++c) d[c] = T(0);
       }
     } else {
-      for (std::int64_t c = 0; c < n; ++c) {
-        const T* src = g.B + (j0 + jr + c) * g.ldb + p0;
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * nr + c] = src[k];
-      }
-      for (std::int64_t c = n; c < nr; ++c)
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * nr + c] = T(0);
+      // B^T rows are B's columns: the SIMD transposing pack (zero past n).
+      vk.pack_transpose(g.B + (j0 + jr) * g.ldb + p0, g.ldb, n, kc, dst, nr);
     }
   }
 }
@@ -152,8 +148,8 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
 // thread `tid` of `nt`. Bp (shared by the nt threads) receives each kc x nc block of B, packed
 // cooperatively between two barriers; each thread packs its own A blocks into Aws.
 template <class T>
-void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode,
-               std::int64_t i_begin, std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
+void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+               const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
   const simd::GemmBlocking& bs = mode.bs;
   const int mr = bs.mr, nr = bs.nr;
   const std::int64_t MC = bs.mc, KC = bs.kc, NC = bs.nc;
@@ -169,7 +165,7 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<
       const T beta = pc == 0 ? g.beta : T(1);
       // B in place: only a partial last panel is packed (reads must stay inside B's rows).
       const std::int64_t first = mode.direct_b ? nc / nr : 0;
-      pack_b(g, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
+      pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
              first + (panels - first) * (tid + 1) / nt);
       // Panel jr of B for this pass, and the distance between its rows.
       auto b_panel = [&](std::int64_t jr) {
@@ -239,7 +235,9 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     scale_c(g);
     return;
   }
-  const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  const simd::GemmKernels<T>& gk = table.template gemm<T>();
+  const simd::VectorKernels<T>& vk = table.template vec<T>();
   if (g.M == 1) {
     gemv(g, gk, threads);
     return;
@@ -260,7 +258,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     // Rows split across threads, which share each packed block of B.
     T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
     if (nt == 1) {
-      gemm_rows(g, gk, mode, 0, g.M, 1, 0, Bp, thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
+      gemm_rows(g, gk, vk, mode, 0, g.M, 1, 0, Bp, thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
       return;
     }
     bool failed = false;
@@ -280,7 +278,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
       stop = failed;
       if (!stop) {
         const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
-        gemm_rows(g, gk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
+        gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
       }
     }
     if (failed) throw std::bad_alloc();
@@ -305,7 +303,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     try {
       T* Bp = thread_buffer<T, kGemmPackedB>().get(pex.b_size());
       T* Aws = thread_buffer<T, kGemmPackedA>().get(pex.a_size(pmode.bs));
-      gemm_rows(part, gk, pmode, 0, part.M, 1, 0, Bp, Aws);
+      gemm_rows(part, gk, vk, pmode, 0, part.M, 1, 0, Bp, Aws);
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;

@@ -93,27 +93,42 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
 // Per-thread buffers of the native kernel.
 enum LinearSlot : int { kLinear = 15 };
 
-// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows): the copy is plain, the map runs
-// on whole buffers with the vector exp (elu1 needs exp(x) for x <= 0), ex is scratch of
-// rows * D elements.
+// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows), with the vector exp on whole
+// buffers (elu1 needs exp(min(x, 0))); ex is scratch of rows * D elements. Branch-free forms
+// (signs are random: a branch per element mispredicts half the time) that keep NaN:
+// elu1(x) = max(x, 0) + exp(min(x, 0)), relu(x) = max(x, 0), std::min/max returning a NaN
+// first argument.
 template <class T>
 void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std::int64_t rs, std::int64_t ds,
               std::int64_t rows, std::int64_t D, T* __restrict dst, T* __restrict ex) {
-  for (std::int64_t r = 0; r < rows; ++r) {
-    if (ds == 1) std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
-    else
+  if (ds != 1) {  // gather a strided input first
+    for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t d = 0; d < D; ++d) dst[r * D + d] = src[r * rs + d * ds];
+    src = dst;
+    rs = D;
   }
-  const std::int64_t n = rows * D;
-  // Branch-free forms (signs are random: a branch per element mispredicts half the time), NaN
-  // kept: elu1(x) = max(x, 0) + exp(min(x, 0)), relu(x) = max(x, 0), with std::min/max keeping
-  // a NaN first argument.
   if (f == FeatureMap::elu1) {
-    for (std::int64_t i = 0; i < n; ++i) ex[i] = std::min(dst[i], T(0));
-    vk.exp(ex, ex, n);
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], T(0)) + ex[i];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* __restrict x = src + r * rs;
+      T* __restrict e = ex + r * D;
+      for (std::int64_t d = 0; d < D; ++d) e[d] = std::min(x[d], T(0));
+    }
+    vk.exp(ex, ex, rows * D);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* x = src + r * rs;
+      T* y = dst + r * D;
+      const T* e = ex + r * D;
+      for (std::int64_t d = 0; d < D; ++d) y[d] = std::max(x[d], T(0)) + e[d];
+    }
   } else if (f == FeatureMap::relu) {
-    for (std::int64_t i = 0; i < n; ++i) dst[i] = std::max(dst[i], T(0));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T* x = src + r * rs;
+      T* y = dst + r * D;
+      for (std::int64_t d = 0; d < D; ++d) y[d] = std::max(x[d], T(0));
+    }
+  } else if (src != dst) {
+    for (std::int64_t r = 0; r < rows; ++r)
+      std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
   }
 }
 
@@ -130,14 +145,14 @@ void gemm1(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, c
 template <class T>
 void native(const Problem& p, const LinearAttentionOptions& o) {
   const std::int64_t group = p.H / p.Hkv, D = p.D, Dv = p.Dv;
-  const std::int64_t C = o.causal ? std::min(o.chunk, std::max<std::int64_t>(p.Sq, 1)) : 0;
-  constexpr std::int64_t kPhiRows = 64;  // rows per pass of the feature map (bounds its scratch)
+  // Rows per chunk: the causal chunk; the non-causal form streams K and Q in chunks as well, so
+  // phi(Q) and phi(K) never leave the cache.
+  const std::int64_t C = std::max<std::int64_t>(1, std::min(o.chunk, std::max(p.Sq, p.Sk)));
   const bool v_in_place = p.vs[3] == 1 || Dv == 1;
-  // fq [Sq, D] | fk [Sk, D] | V copy [Sk, Dv] if strided | state [D, Dv] | z [D] | A [C, C] |
-  // num [rows, Dv] | den [rows] | feature-map scratch
-  const std::int64_t rows = o.causal ? C : p.Sq;
-  const std::size_t need = static_cast<std::size_t>(p.Sq * D + p.Sk * D + (v_in_place ? 0 : p.Sk * Dv) + D * Dv + D +
-                                                    C * C + rows * Dv + rows + kPhiRows * D);
+  // fq [C, D] | fk [C, D] | V chunk copy [C, Dv] if strided | state [D, Dv] | z [D] | A [C, C] |
+  // num [C, Dv] | den [C] | feature-map scratch [C, D]
+  const std::size_t need = static_cast<std::size_t>(3 * C * D + (v_in_place ? 0 : C * Dv) + D * Dv + D + C * C +
+                                                    C * Dv + C);
   const simd::VectorKernels<T>& vk = simd::kernels().vec<T>();
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
@@ -145,14 +160,14 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
       T* fq = detail::thread_buffer<T, kLinear>().get(need);
-      T* fk = fq + p.Sq * D;
-      T* vcopy = fk + p.Sk * D;
-      T* st = vcopy + (v_in_place ? 0 : p.Sk * Dv);
+      T* fk = fq + C * D;
+      T* ex = fk + C * D;
+      T* vcopy = ex + C * D;
+      T* st = vcopy + (v_in_place ? 0 : C * Dv);
       T* z = st + D * Dv;
       T* A = z + D;
       T* num = A + C * C;
-      T* den = num + rows * Dv;
-      T* ex = den + rows;
+      T* den = num + C * Dv;
       const T eps = static_cast<T>(o.eps);
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.H, h = it % p.H, hk = h / group;
@@ -160,29 +175,37 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
         const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
         T* out = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1];
-        for (std::int64_t i = 0; i < p.Sq; i += kPhiRows)
-          phi_rows(o.feature_map, vk, q + i * p.qs[2], p.qs[2], p.qs[3], std::min(kPhiRows, p.Sq - i), D, fq + i * D, ex);
-        for (std::int64_t j = 0; j < p.Sk; j += kPhiRows)
-          phi_rows(o.feature_map, vk, k + j * p.ks[2], p.ks[2], p.ks[3], std::min(kPhiRows, p.Sk - j), D, fk + j * D, ex);
-        std::int64_t ldv = p.vs[2];
-        if (!v_in_place) {
-          for (std::int64_t j = 0; j < p.Sk; ++j)
-            for (std::int64_t e = 0; e < Dv; ++e) vcopy[j * Dv + e] = v[j * p.vs[2] + e * p.vs[3]];
-          v = vcopy;
+        // phi of rows [r0, r0 + n) of Q or K into fq / fk
+        auto phi_q = [&](std::int64_t r0, std::int64_t n) {
+          phi_rows(o.feature_map, vk, q + r0 * p.qs[2], p.qs[2], p.qs[3], n, D, fq, ex);
+        };
+        auto phi_k = [&](std::int64_t r0, std::int64_t n) {
+          phi_rows(o.feature_map, vk, k + r0 * p.ks[2], p.ks[2], p.ks[3], n, D, fk, ex);
+        };
+        // V rows [r0, r0 + n): in place, or a dense copy; returns the rows' pointer and stride
+        auto v_rows = [&](std::int64_t r0, std::int64_t n, std::int64_t& ldv) -> const T* {
+          if (v_in_place) {
+            ldv = p.vs[2];
+            return v + r0 * p.vs[2];
+          }
+          for (std::int64_t j = 0; j < n; ++j)
+            for (std::int64_t e = 0; e < Dv; ++e) vcopy[j * Dv + e] = v[(r0 + j) * p.vs[2] + e * p.vs[3]];
           ldv = Dv;
-        }
-        // den[r] += phi(q_r) . z
-        auto add_den = [&](const T* fqc, std::int64_t n) {
+          return vcopy;
+        };
+        // den[r] = phi(q_r) . z for the n rows of fq
+        auto den_from_z = [&](std::int64_t n) {
           for (std::int64_t r = 0; r < n; ++r) {
             T acc = T(0);
-            for (std::int64_t d = 0; d < D; ++d) acc += fqc[r * D + d] * z[d];
-            den[r] += acc;
+            for (std::int64_t d = 0; d < D; ++d) acc += fq[r * D + d] * z[d];
+            den[r] = acc;
           }
         };
-        // z += sum of rows of phi(K) rows [j0, j0 + n)
-        auto add_z = [&](const T* fkc, std::int64_t n) {
+        // state += phi(K_c)^T V_c, z += column sums of phi(K_c)
+        auto carry = [&](std::int64_t n, const T* vc, std::int64_t ldv) {
+          gemm1<T>(Trans::T, Trans::N, D, Dv, n, fk, D, vc, ldv, T(1), st, Dv);
           for (std::int64_t j = 0; j < n; ++j)
-            for (std::int64_t d = 0; d < D; ++d) z[d] += fkc[j * D + d];
+            for (std::int64_t d = 0; d < D; ++d) z[d] += fk[j * D + d];
         };
         auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. = num / (den + eps)
           for (std::int64_t r = 0; r < n; ++r) {
@@ -192,32 +215,41 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           }
         };
         std::fill(z, z + D, T(0));
+        std::fill(st, st + D * Dv, T(0));
         if (!o.causal) {
-          // state = phi(K)^T V, z = column sums of phi(K); num = phi(Q) state, den = phi(Q) z
-          gemm1<T>(Trans::T, Trans::N, D, Dv, p.Sk, fk, D, v, ldv, T(0), st, Dv);
-          add_z(fk, p.Sk);
-          gemm1<T>(Trans::N, Trans::N, p.Sq, Dv, D, fq, D, st, Dv, T(0), num, Dv);
-          std::fill(den, den + p.Sq, T(0));
-          add_den(fq, p.Sq);
-          write(0, p.Sq);
+          // state and z over every key, then num = phi(Q) state and den = phi(Q) z per chunk
+          for (std::int64_t j0 = 0; j0 < p.Sk; j0 += C) {
+            const std::int64_t n = std::min(C, p.Sk - j0);
+            std::int64_t ldv = 0;
+            const T* vc = v_rows(j0, n, ldv);
+            phi_k(j0, n);
+            carry(n, vc, ldv);
+          }
+          for (std::int64_t i0 = 0; i0 < p.Sq; i0 += C) {
+            const std::int64_t n = std::min(C, p.Sq - i0);
+            phi_q(i0, n);
+            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fq, D, st, Dv, T(0), num, Dv);
+            den_from_z(n);
+            write(i0, n);
+          }
           continue;
         }
-        std::fill(st, st + D * Dv, T(0));
         for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
           const std::int64_t n = std::min(C, p.Sq - c0);
-          const T* fqc = fq + c0 * D;
-          const T* fkc = fk + c0 * D;
-          const T* vc = v + c0 * ldv;
+          phi_q(c0, n);
+          phi_k(c0, n);
+          std::int64_t ldv = 0;
+          const T* vc = v_rows(c0, n, ldv);
           // across chunks: the sums over every earlier chunk (state, z)
           if (c0 == 0) {
             std::fill(num, num + n * Dv, T(0));
+            std::fill(den, den + n, T(0));
           } else {
-            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fqc, D, st, Dv, T(0), num, Dv);
+            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fq, D, st, Dv, T(0), num, Dv);
+            den_from_z(n);
           }
-          std::fill(den, den + n, T(0));
-          if (c0 > 0) add_den(fqc, n);
           // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A V_c, den += row sums
-          gemm1<T>(Trans::N, Trans::T, n, n, D, fqc, D, fkc, D, T(0), A, C);
+          gemm1<T>(Trans::N, Trans::T, n, n, D, fq, D, fk, D, T(0), A, C);
           for (std::int64_t i = 0; i < n; ++i) {
             T* a = A + i * C;
             std::fill(a + i + 1, a + n, T(0));
@@ -226,9 +258,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             den[i] += acc;
           }
           gemm1<T>(Trans::N, Trans::N, n, Dv, n, A, C, vc, ldv, T(1), num, Dv);
-          // carry: state += phi(K_c)^T V_c, z += column sums of phi(K_c)
-          gemm1<T>(Trans::T, Trans::N, D, Dv, n, fkc, D, vc, ldv, T(1), st, Dv);
-          add_z(fkc, n);
+          carry(n, vc, ldv);
           write(c0, n);
         }
       }
