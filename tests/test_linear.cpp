@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "test_util.hpp"
@@ -105,6 +106,27 @@ TEST_CASE("linear attention equals the quadratic form (random, every feature map
   for (int trial = 0; trial < 60; ++trial) {
     if (trial % 4 < 2) check_random<float>(rng, trial);
     else check_random<double>(rng, trial);
+  }
+}
+
+TEST_CASE("linear attention with head sizes wider than a kernel panel and chunks of several panels") {
+  std::mt19937_64 rng(test::base_seed() + 53);
+  for (auto [D, Dv, chunk] : {std::tuple{70, 130, 100}, std::tuple{128, 128, 64}, std::tuple{33, 65, 150}}) {
+    Buffer<float> q({1, 2, 203, D}), k({1, 1, 203, D}), v({1, 1, 203, Dv});
+    fill_uniform(q, rng, -1.0, 1.5);
+    fill_uniform(k, rng, -1.0, 1.5);
+    fill_uniform(v, rng, -2.0, 2.0);
+    for (bool causal : {false, true}) {
+      LinearAttentionOptions o;
+      o.causal = causal;
+      o.chunk = chunk;
+      Buffer<float> out({1, 2, 203, Dv});
+      linear_attention(q.cview(), k.cview(), v.cview(), out.view(), o);
+      CAPTURE(D);
+      CAPTURE(Dv);
+      CAPTURE(causal);
+      CHECK(max_err(out, quadratic(q, k, v, FeatureMap::elu1, causal, 1e-6)) <= test::tolerance<float>(2.0));
+    }
   }
 }
 

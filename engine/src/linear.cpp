@@ -8,7 +8,6 @@
 #include <new>
 #include <string>
 
-#include "gemm.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
@@ -28,9 +27,7 @@ std::string_view feature_map_name(FeatureMap f) noexcept {
 
 namespace {
 
-using detail::GemmArgs;
 using detail::Problem;
-using detail::Trans;
 
 template <class T>
 inline T phi(FeatureMap f, T x) {
@@ -132,42 +129,54 @@ void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std:
   }
 }
 
-template <class T>
-void gemm1(Trans ta, Trans tb, std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda,
-           const T* B, std::int64_t ldb, T beta, T* C, std::int64_t ldc) {
-  GemmArgs<T> g;
-  g.trans_a = ta, g.trans_b = tb;
-  g.M = M, g.N = N, g.K = K;
-  g.A = A, g.lda = lda, g.B = B, g.ldb = ldb, g.beta = beta, g.C = C, g.ldc = ldc;
-  detail::gemm(g, 1);
-}
+inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
+// Every product of the chunked kernel runs on the in-place-A micro-kernel (the fused attention
+// kernel's), with the B operands kept in its packed-panel form: no GEMM driver, no per-call
+// packing. Panels are dnr columns wide, rows dnr apart, 64-byte aligned.
 template <class T>
 void native(const Problem& p, const LinearAttentionOptions& o) {
+  const simd::KernelTable& kt = simd::kernels();
+  const simd::GemmKernels<T>& gk = kt.gemm<T>();
+  const simd::VectorKernels<T>& vk = kt.vec<T>();
+  const std::int64_t dmr = gk.direct_blocking.mr, dnr = gk.direct_blocking.nr, lanes = gk.direct_blocking.lanes;
   const std::int64_t group = p.H / p.Hkv, D = p.D, Dv = p.Dv;
-  // Rows per chunk: the causal chunk; the non-causal form streams K and Q in chunks as well, so
-  // phi(Q) and phi(K) never leave the cache.
   const std::int64_t C = std::max<std::int64_t>(1, std::min(o.chunk, std::max(p.Sq, p.Sk)));
-  const bool v_in_place = p.vs[3] == 1 || Dv == 1;
-  // fq [C, D] | fk [C, D] | V chunk copy [C, Dv] if strided | state [D, Dv] | z [D] | A [C, C] |
-  // num [C, Dv] | den [C] | feature-map scratch [C, D]
-  const std::size_t need = static_cast<std::size_t>(3 * C * D + (v_in_place ? 0 : C * Dv) + D * Dv + D + C * C +
-                                                    C * Dv + C);
-  const simd::VectorKernels<T>& vk = simd::kernels().vec<T>();
+  const std::int64_t Cp = round_up(C, dnr), Dvp = round_up(Dv, dnr), npk = Cp / dnr, npv = Dvp / dnr;
+  const std::int64_t al = 64 / static_cast<std::int64_t>(sizeof(T));
+  // fq, fk, ex [C, D] | KT: phi(K_c)^T as npk panels [D, dnr] | A [C, Cp] | Vp: V_c as npv
+  // panels [C, dnr] | SP: the state as npv panels [D, dnr] | num [C, Dvp] | z [D] | den [C]
+  const std::int64_t s_f = round_up(C * D, al), s_kt = npk * D * dnr, s_a = round_up(C * Cp, al);
+  const std::int64_t s_vp = npv * C * dnr, s_sp = npv * D * dnr, s_num = round_up(C * Dvp, al);
+  const std::size_t need = static_cast<std::size_t>(3 * s_f + s_kt + s_a + s_vp + s_sp + s_num + round_up(D, al) + C);
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
+
+  // C[M, N] (beta: 0 or 1) += A[M, K] (rows lda apart) x B (panels pstride apart); writes
+  // columns up to round_up(N, lanes) of C.
+  auto mm = [&](std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda, const T* B,
+                std::int64_t pstride, T* Cm, std::int64_t ldc, T beta) {
+    for (std::int64_t c = 0; c * dnr < N; ++c) {
+      const std::int64_t nv = (std::min(dnr, N - c * dnr) + lanes - 1) / lanes;
+      for (std::int64_t r0 = 0; r0 < M; r0 += dmr)
+        gk.ukernel_direct_a[nv][std::min(dmr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, dnr,
+                                                      Cm + r0 * ldc + c * dnr, ldc, T(1), beta);
+    }
+  };
+
   bool failed = false;
   detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
       T* fq = detail::thread_buffer<T, kLinear>().get(need);
-      T* fk = fq + C * D;
-      T* ex = fk + C * D;
-      T* vcopy = ex + C * D;
-      T* st = vcopy + (v_in_place ? 0 : C * Dv);
-      T* z = st + D * Dv;
-      T* A = z + D;
-      T* num = A + C * C;
-      T* den = num + C * Dv;
+      T* fk = fq + s_f;
+      T* ex = fk + s_f;
+      T* KT = ex + s_f;
+      T* A = KT + s_kt;
+      T* Vp = A + s_a;
+      T* SP = Vp + s_vp;
+      T* num = SP + s_sp;
+      T* z = num + s_num;
+      T* den = z + round_up(D, al);
       const T eps = static_cast<T>(o.eps);
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.H, h = it % p.H, hk = h / group;
@@ -175,60 +184,78 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
         const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
         T* out = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1];
-        // phi of rows [r0, r0 + n) of Q or K into fq / fk
-        auto phi_q = [&](std::int64_t r0, std::int64_t n) {
+        auto load_q = [&](std::int64_t r0, std::int64_t n) {  // fq = phi(Q rows r0..)
           phi_rows(o.feature_map, vk, q + r0 * p.qs[2], p.qs[2], p.qs[3], n, D, fq, ex);
         };
-        auto phi_k = [&](std::int64_t r0, std::int64_t n) {
-          phi_rows(o.feature_map, vk, k + r0 * p.ks[2], p.ks[2], p.ks[3], n, D, fk, ex);
-        };
-        // V rows [r0, r0 + n): in place, or a dense copy; returns the rows' pointer and stride
-        auto v_rows = [&](std::int64_t r0, std::int64_t n, std::int64_t& ldv) -> const T* {
-          if (v_in_place) {
-            ldv = p.vs[2];
-            return v + r0 * p.vs[2];
+        // fk = phi(K rows j0..), KT its transposed panels, Vp the V rows as panels (zero past n
+        // and Dv), z += column sums of fk
+        auto load_kv = [&](std::int64_t j0, std::int64_t n) {
+          phi_rows(o.feature_map, vk, k + j0 * p.ks[2], p.ks[2], p.ks[3], n, D, fk, ex);
+          for (std::int64_t pk = 0; pk < npk; ++pk) {
+            const std::int64_t rows = std::max<std::int64_t>(0, std::min(dnr, n - pk * dnr));
+            vk.pack_transpose(fk + pk * dnr * D, D, rows, D, KT + pk * D * dnr, dnr);
+          }
+          for (std::int64_t c = 0; c < npv; ++c) {
+            const std::int64_t e0 = c * dnr, ne = std::min(dnr, Dv - e0);
+            for (std::int64_t j = 0; j < C; ++j) {
+              T* dst = Vp + c * C * dnr + j * dnr;
+              std::int64_t e = 0;
+              if (j < n) {
+                const T* src = v + (j0 + j) * p.vs[2] + e0 * p.vs[3];
+                if (p.vs[3] == 1) {
+                  std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(ne));
+                  e = ne;
+                } else {
+                  for (; e < ne; ++e) dst[e] = src[e * p.vs[3]];
+                }
+              }
+              for (; e < dnr; ++e) dst[e] = T(0);
+            }
           }
           for (std::int64_t j = 0; j < n; ++j)
-            for (std::int64_t e = 0; e < Dv; ++e) vcopy[j * Dv + e] = v[(r0 + j) * p.vs[2] + e * p.vs[3]];
-          ldv = Dv;
-          return vcopy;
+            for (std::int64_t d = 0; d < D; ++d) z[d] += fk[j * D + d];
         };
-        // den[r] = phi(q_r) . z for the n rows of fq
-        auto den_from_z = [&](std::int64_t n) {
+        // state += phi(K_c)^T V_c, key panel by key panel
+        auto carry = [&](std::int64_t n) {
+          for (std::int64_t c = 0; c < npv; ++c) {
+            const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
+            for (std::int64_t pk = 0; pk * dnr < n; ++pk) {
+              const std::int64_t kk = std::min(dnr, n - pk * dnr);
+              for (std::int64_t r0 = 0; r0 < D; r0 += dmr)
+                gk.ukernel_direct_a[nv][std::min(dmr, D - r0)](kk, KT + pk * D * dnr + r0 * dnr, dnr,
+                                                              Vp + c * C * dnr + pk * dnr * dnr, dnr,
+                                                              SP + c * D * dnr + r0 * dnr, dnr, T(1), T(1));
+            }
+          }
+        };
+        auto den_from_z = [&](std::int64_t n) {  // den[r] = phi(q_r) . z
           for (std::int64_t r = 0; r < n; ++r) {
             T acc = T(0);
             for (std::int64_t d = 0; d < D; ++d) acc += fq[r * D + d] * z[d];
             den[r] = acc;
           }
         };
-        // state += phi(K_c)^T V_c, z += column sums of phi(K_c)
-        auto carry = [&](std::int64_t n, const T* vc, std::int64_t ldv) {
-          gemm1<T>(Trans::T, Trans::N, D, Dv, n, fk, D, vc, ldv, T(1), st, Dv);
-          for (std::int64_t j = 0; j < n; ++j)
-            for (std::int64_t d = 0; d < D; ++d) z[d] += fk[j * D + d];
-        };
         auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. = num / (den + eps)
           for (std::int64_t r = 0; r < n; ++r) {
             const T inv = T(1) / (den[r] + eps);
             T* dst = out + (i0 + r) * p.os[2];
-            for (std::int64_t e = 0; e < Dv; ++e) dst[e * p.os[3]] = num[r * Dv + e] * inv;
+            if (p.os[3] == 1) vk.scale_to(num + r * Dvp, dst, Dv, inv);
+            else
+              for (std::int64_t e = 0; e < Dv; ++e) dst[e * p.os[3]] = num[r * Dvp + e] * inv;
           }
         };
         std::fill(z, z + D, T(0));
-        std::fill(st, st + D * Dv, T(0));
+        std::fill(SP, SP + s_sp, T(0));
         if (!o.causal) {
-          // state and z over every key, then num = phi(Q) state and den = phi(Q) z per chunk
           for (std::int64_t j0 = 0; j0 < p.Sk; j0 += C) {
             const std::int64_t n = std::min(C, p.Sk - j0);
-            std::int64_t ldv = 0;
-            const T* vc = v_rows(j0, n, ldv);
-            phi_k(j0, n);
-            carry(n, vc, ldv);
+            load_kv(j0, n);
+            carry(n);
           }
           for (std::int64_t i0 = 0; i0 < p.Sq; i0 += C) {
             const std::int64_t n = std::min(C, p.Sq - i0);
-            phi_q(i0, n);
-            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fq, D, st, Dv, T(0), num, Dv);
+            load_q(i0, n);
+            mm(n, Dv, D, fq, D, SP, D * dnr, num, Dvp, T(0));
             den_from_z(n);
             write(i0, n);
           }
@@ -236,29 +263,28 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         }
         for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
           const std::int64_t n = std::min(C, p.Sq - c0);
-          phi_q(c0, n);
-          phi_k(c0, n);
-          std::int64_t ldv = 0;
-          const T* vc = v_rows(c0, n, ldv);
-          // across chunks: the sums over every earlier chunk (state, z)
+          load_q(c0, n);
+          // across chunks: the sums over every earlier chunk (state, z), before this chunk's
+          // keys are added to z
           if (c0 == 0) {
-            std::fill(num, num + n * Dv, T(0));
+            std::fill(num, num + n * Dvp, T(0));
             std::fill(den, den + n, T(0));
           } else {
-            gemm1<T>(Trans::N, Trans::N, n, Dv, D, fq, D, st, Dv, T(0), num, Dv);
+            mm(n, Dv, D, fq, D, SP, D * dnr, num, Dvp, T(0));
             den_from_z(n);
           }
+          load_kv(c0, n);
           // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A V_c, den += row sums
-          gemm1<T>(Trans::N, Trans::T, n, n, D, fq, D, fk, D, T(0), A, C);
+          mm(n, n, D, fq, D, KT, D * dnr, A, Cp, T(0));
           for (std::int64_t i = 0; i < n; ++i) {
-            T* a = A + i * C;
+            T* a = A + i * Cp;
             std::fill(a + i + 1, a + n, T(0));
             T acc = T(0);
             for (std::int64_t j = 0; j <= i; ++j) acc += a[j];
             den[i] += acc;
           }
-          gemm1<T>(Trans::N, Trans::N, n, Dv, n, A, C, vc, ldv, T(1), num, Dv);
-          carry(n, vc, ldv);
+          mm(n, Dv, n, A, Cp, Vp, C * dnr, num, Dvp, T(1));
+          carry(n);
           write(c0, n);
         }
       }
