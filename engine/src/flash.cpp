@@ -126,13 +126,29 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
-  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean ||
-      p.sparse()) {
+  if (p.sparse() && lo < hi && !(pos >= 0 && pos < p.global_tokens)) {
+    // Not a global query: visible are the global keys (< G) and, inside the causal/window
+    // interval [a, z), the keys of listed bs x bs blocks. Hide the rest segment by segment.
+    std::int64_t a = 0, z = hi + j0;
+    if (p.causal != Causal::none) z = std::min(z, pos + 1);
+    if (p.has_window && p.window_left >= 0) a = std::max(a, pos - p.window_left);
+    if (p.has_window && p.window_right >= 0) z = std::min(z, pos + p.window_right + 1);
+    const std::int64_t bs = p.block_mask != nullptr ? p.block_size : nk + j0 + 1;
+    for (std::int64_t s0 = j0 + lo; s0 < j0 + hi;) {
+      const std::int64_t e0 = std::min(j0 + hi, (s0 / bs + 1) * bs);  // segment [s0, e0): one block
+      const bool listed = p.block_mask == nullptr || p.block_allows(i, s0);
+      const std::int64_t start = std::max(s0, std::min(e0, p.global_tokens));  // keys before are global
+      const std::int64_t va = listed ? std::clamp(a, start, e0) : e0, vz = listed ? std::clamp(z, va, e0) : e0;
+      for (std::int64_t j = start; j < va; ++j) row[j - j0] = neg_inf;
+      for (std::int64_t j = vz; j < e0; ++j) row[j - j0] = neg_inf;
+      s0 = e0;
+    }
+    bm = vk.max(row + lo, hi - lo);
+  }
+  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
     for (std::int64_t j = lo; j < hi; ++j) {
       const std::int64_t key = j0 + j;
-      if (p.sparse() && !position_visible(p, b, i, key)) {
-        row[j] = neg_inf;
-      } else if (p.mask_kind == MaskKind::boolean) {
+      if (p.mask_kind == MaskKind::boolean) {
         if (!p.mask_allows(b, h, i, key)) row[j] = neg_inf;
       } else if (p.mask_kind == MaskKind::additive && add == nullptr) {
         row[j] += static_cast<T>(p.mask_add(b, h, i, key));
