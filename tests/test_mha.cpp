@@ -224,6 +224,12 @@ TEST_CASE("MHA validates weights, inputs and options") {
   CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 4, 6), SeqView(y.data(), 2, 4, 6)),
                        doctest::Contains("query"), Error);
   MhaOptions opt;
+  const std::uint8_t pad6[6] = {};
+  opt.key_padding_mask = pad6;  // with an additive mask the layer combines both: the view is checked
+  opt.attn_mask = ConstTensorView(static_cast<const float*>(nullptr), {1, 1, 3, 3});
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 3, 8), SeqView(y.data(), 2, 3, 8), opt),
+                       doctest::Contains("options.attn_mask"), Error);
+  opt.attn_mask = ConstTensorView();
   const std::uint8_t pad[5] = {};
   opt.key_padding_mask = pad;
   CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 3, 8), SeqView(y.data(), 2, 3, 8), opt),
@@ -295,6 +301,10 @@ TEST_CASE("KV cache: capacity, truncate and layer checks leave the cache as it w
   CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 1, 1, 8), cache, SeqView(y.data(), 1, 1, 8), opt),
                        doctest::Contains("options.causal"), Error);
   CHECK(cache.lengths()[0] == 3);
+  const auto lengths = cache.lengths();  // a span taken before a step sees the step's lengths
+  layer.forward(ConstSeqView(x.data(), 1, 0, 8), cache, SeqView(y.data(), 1, 0, 8));
+  CHECK(lengths[0] == 3);
+  CHECK_THROWS_WITH_AS(KvCache(layer, 1, std::int64_t{1} << 60), doctest::Contains("capacity"), Error);
   CHECK_THROWS_AS(cache.truncate(0, 4), Error);
   CHECK_THROWS_AS(cache.truncate(1, 0), Error);
   cache.truncate(0, 1);

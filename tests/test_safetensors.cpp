@@ -74,6 +74,9 @@ TEST_CASE("safetensors round trip: dtypes, shapes, metadata, empty tensors") {
   CHECK(f.read<float>("empty", {0, 4}).empty());
   CHECK_THROWS_WITH_AS(f.read<float>("layer.a", {3, 2}), doctest::Contains("expected [3, 2]"), Error);
   CHECK_THROWS_WITH_AS(f.read<float>("missing", {1}), doctest::Contains("no tensor named 'missing'"), Error);
+  const std::string bad = temp_path("nulldata");
+  CHECK_THROWS_WITH_AS(write_safetensors(bad, {{"t", {DType::f32, {2}, nullptr}}}), doctest::Contains("null data"),
+                       Error);
 }
 
 TEST_CASE("safetensors: every malformed kind is refused with its own message") {
@@ -213,5 +216,11 @@ TEST_CASE("MHA weights from safetensors: torch packed, torch separate, Hugging F
                          doctest::Contains("model.layers.0.self_attn.k_proj.weight"), Error);
     CHECK_THROWS_WITH_AS(MultiHeadAttention::from_safetensors(p, H, 0, "nothing."),
                          doctest::Contains("no attention weights"), Error);
+    // A q_proj with no rows is refused (not a division by zero).
+    const std::string z = temp_path("hf_empty");
+    c.paths.push_back(z);
+    write_safetensors(z, {{"q_proj.weight", tensor(wq, {0, d})}, {"k_proj.weight", tensor(wk, {Hkv * hd, d})},
+                          {"v_proj.weight", tensor(wv, {Hkv * hd, d})}, {"o_proj.weight", tensor(wo, {d, H * hd})}});
+    CHECK_THROWS_WITH_AS(MultiHeadAttention::from_safetensors(z, H), doctest::Contains("q_proj.weight"), Error);
   }
 }

@@ -126,6 +126,18 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
+  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
+    for (std::int64_t j = lo; j < hi; ++j) {
+      const std::int64_t key = j0 + j;
+      if (p.mask_kind == MaskKind::boolean) {
+        if (!p.mask_allows(b, h, i, key)) row[j] = neg_inf;
+      } else if (p.mask_kind == MaskKind::additive && add == nullptr) {
+        row[j] += static_cast<T>(p.mask_add(b, h, i, key));
+      }
+    }
+    bm = lo < hi ? vk.max(row + lo, hi - lo) : neg_inf;
+  }
+  // After the explicit mask, so that a +inf or NaN mask value at a hidden key cannot reach it.
   if (p.sparse() && lo < hi && !(pos >= 0 && pos < p.global_tokens)) {
     // Not a global query: visible are the global keys (< G) and, inside the causal/window
     // interval [a, z), the keys of listed bs x bs blocks. Hide the rest segment by segment.
@@ -144,17 +156,6 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
       s0 = e0;
     }
     bm = vk.max(row + lo, hi - lo);
-  }
-  if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
-    for (std::int64_t j = lo; j < hi; ++j) {
-      const std::int64_t key = j0 + j;
-      if (p.mask_kind == MaskKind::boolean) {
-        if (!p.mask_allows(b, h, i, key)) row[j] = neg_inf;
-      } else if (p.mask_kind == MaskKind::additive && add == nullptr) {
-        row[j] += static_cast<T>(p.mask_add(b, h, i, key));
-      }
-    }
-    bm = lo < hi ? vk.max(row + lo, hi - lo) : neg_inf;
   }
   return bm;
 }

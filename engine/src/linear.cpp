@@ -146,8 +146,9 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   const std::int64_t al = 64 / static_cast<std::int64_t>(sizeof(T));
   // fq, fk, ex [C, D] | KT: phi(K_c)^T as npk panels [D, dnr] | A [C, Cp] | Vp: V_c as npv
   // panels [C, dnr] | SP: the state as npv panels [D, dnr] | num [C, Dvp] | z [D] | den [C]
-  const std::int64_t s_f = round_up(C * D, al), s_kt = npk * D * dnr, s_a = round_up(C * Cp, al);
-  const std::int64_t s_vp = npv * C * dnr, s_sp = npv * D * dnr, s_num = round_up(C * Dvp, al);
+  const std::int64_t s_f = round_up(C * D, al), s_kt = round_up(npk * D * dnr, al), s_a = round_up(C * Cp, al);
+  const std::int64_t s_vp = round_up(npv * C * dnr, al), s_sp = round_up(npv * D * dnr, al);
+  const std::int64_t s_num = round_up(C * Dvp, al);
   const std::size_t need = static_cast<std::size_t>(3 * s_f + s_kt + s_a + s_vp + s_sp + s_num + round_up(D, al) + C);
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;

@@ -215,6 +215,11 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
     const ConstTensorView& am = o.attn_mask;
     if (am.dtype != DType::f32 && am.dtype != DType::f64)
       throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " + std::string(dtype_name(am.dtype)));
+    for (int d = 0; d < 4; ++d)
+      if (am.shape[d] < 1 || am.strides[d] < 0)
+        throw Error("options.attn_mask", "needs sizes >= 1 and strides >= 0 (shape " +
+                                             dims({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) + ")");
+    if (am.data == nullptr) throw Error("options.attn_mask", "null data");
     const Shape4 target{B, H, Sq, Sk};
     for (int d = 0; d < 4; ++d)
       if (am.shape[d] != target[d] && am.shape[d] != 1)
@@ -345,7 +350,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache
             TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
   linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
          opt.threads);
-  lengths.swap(next);
+  std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
 }
 
 }  // namespace
@@ -406,8 +411,14 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
       capacity_(capacity) {
   if (batch < 1) throw Error("batch", "expected >= 1, got " + std::to_string(batch));
   if (capacity < 1) throw Error("capacity", "expected >= 1, got " + std::to_string(capacity));
-  const std::size_t bytes =
-      static_cast<std::size_t>(batch * kv_heads_ * capacity * head_dim_) * dtype_size(dtype_);
+  std::int64_t elems = 0, bytes64 = 0;
+  if (__builtin_mul_overflow(batch, kv_heads_, &elems) || __builtin_mul_overflow(elems, capacity, &elems) ||
+      __builtin_mul_overflow(elems, head_dim_, &elems) ||
+      __builtin_mul_overflow(elems, static_cast<std::int64_t>(dtype_size(dtype_)), &bytes64))
+    throw Error("capacity", "batch " + std::to_string(batch) + " x kv_heads " + std::to_string(kv_heads_) +
+                                " x capacity " + std::to_string(capacity) + " x head_dim " + std::to_string(head_dim_) +
+                                " overflows the size of a cache");
+  const auto bytes = static_cast<std::size_t>(bytes64);
   lengths_.assign(static_cast<std::size_t>(batch), 0);
   next_lengths_.assign(static_cast<std::size_t>(batch), 0);
   k_.resize(bytes);
@@ -463,8 +474,8 @@ MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std:
     const auto vs = shape_of("v_proj.weight");
     const auto os = shape_of("o_proj.weight");
     cfg.d_model = qs[1];
-    if (qs[0] % heads != 0)
-      throw Error(f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a multiple of heads " +
+    if (qs[0] < heads || qs[0] % heads != 0)
+      throw Error(f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a positive multiple of heads " +
                                 std::to_string(heads));
     cfg.head_dim = qs[0] / heads;
     if (kv_heads == 0) {

@@ -24,7 +24,9 @@
 //
 // Primitives are cached per step geometry (sizes, strides, mask shape, scale, threads): a second
 // call with the same shapes creates nothing. Every primitive a call needs is created, and every
-// buffer allocated, before the first one runs, so a failure leaves `out` untouched.
+// buffer allocated, before the first one runs, so failing to create them leaves `out` untouched
+// (oneDNN failing while its primitives run, which it does not do on valid descriptors, would
+// leave the blocks already computed written).
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
@@ -359,6 +361,7 @@ void run(const Problem& p) {
       }
     }
   } catch (const dnnl::error& e) {
+    blocks.clear();
     throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
   }
   float* scores = thread_buffer<float, kScores>().get(static_cast<std::size_t>(score_elems));
@@ -428,6 +431,7 @@ void run(const Problem& p) {
       }
     }
   } catch (const dnnl::error& e) {
+    blocks.clear();
     throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
   }
   blocks.clear();  // drop the primitive references

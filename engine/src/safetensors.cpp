@@ -202,14 +202,23 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
     std::uint64_t bytes = dtype_size(t.dtype);
     for (std::int64_t d : t.shape) {
       if (d < 0) throw Error(path, "tensor '" + name + "': negative dimension in " + shape_str(t.shape));
-      bytes *= static_cast<std::uint64_t>(d);
+      if (__builtin_mul_overflow(bytes, static_cast<std::uint64_t>(d), &bytes))
+        throw Error(path, "tensor '" + name + "': shape " + shape_str(t.shape) + " overflows");
     }
+    if (bytes > 0 && t.data == nullptr) throw Error(path, "tensor '" + name + "': null data");
+    std::uint64_t end = 0;
+    if (__builtin_add_overflow(offset, bytes, &end)) throw Error(path, "tensors too large for one file");
     header[name] = {{"dtype", t.dtype == DType::f32 ? "F32" : "F64"},
                     {"shape", t.shape},
-                    {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
+                    {"data_offsets", {offset, end}}};
+    offset = end;
   }
-  std::string text = header.dump();
+  std::string text;
+  try {
+    text = header.dump();
+  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
+    throw Error(path, std::string("cannot write the header: ") + e.what());
+  }
   while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data section to 8 bytes
   std::vector<std::byte> image(8 + text.size() + offset);
   const std::uint64_t n = text.size();
