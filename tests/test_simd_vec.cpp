@@ -171,3 +171,38 @@ TEST_CASE("scale and scale_to on every ISA, all lengths") {
     }
   }
 }
+
+TEST_CASE("linear attention's feature maps (elu1, relu) on every ISA: values, NaN, infinities, tails") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 61);
+  std::uniform_real_distribution<double> u(-20.0, 20.0);
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    for (std::int64_t n : {1, 3, 7, 8, 15, 16, 17, 31, 33, 100}) {
+      std::vector<float> x(static_cast<std::size_t>(n)), y(x.size()), z(x.size());
+      for (auto& v : x) v = static_cast<float>(u(rng));
+      x[0] = std::numeric_limits<float>::quiet_NaN();
+      if (n > 1) x[1] = -std::numeric_limits<float>::infinity();
+      if (n > 2) x[2] = std::numeric_limits<float>::infinity();
+      if (n > 3) x[3] = 0.f;
+      kt->vec_f32.elu1(x.data(), y.data(), n);
+      kt->vec_f32.relu(x.data(), z.data(), n);
+      for (std::int64_t i = 0; i < n; ++i) {
+        const float xi = x[static_cast<std::size_t>(i)], e = y[static_cast<std::size_t>(i)], r = z[static_cast<std::size_t>(i)];
+        if (std::isnan(xi)) {
+          CHECK(std::isnan(e));
+          CHECK(std::isnan(r));
+          continue;
+        }
+        const long double want = xi > 0 ? static_cast<long double>(xi) + 1 : std::exp(static_cast<long double>(xi));
+        CHECK(ulp_error<float>(e, want) <= 3.0);
+        CHECK(r == (xi > 0 ? xi : 0.f));
+      }
+    }
+    std::vector<double> xd{-1.5, 0.0, 2.25, -700.0}, yd(4);
+    kt->vec_f64.elu1(xd.data(), yd.data(), 4);
+    CHECK(yd[0] == doctest::Approx(std::exp(-1.5)).epsilon(1e-15));
+    CHECK(yd[1] == 1.0);
+    CHECK(yd[2] == 3.25);
+    CHECK(yd[3] == doctest::Approx(std::exp(-700.0)).epsilon(1e-15));
+  }
+}

@@ -90,42 +90,21 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
 // Per-thread buffers of the native kernel.
 enum LinearSlot : int { kLinear = 15 };
 
-// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows), with the vector exp on whole
-// buffers (elu1 needs exp(min(x, 0))); ex is scratch of rows * D elements. Branch-free forms
-// (signs are random: a branch per element mispredicts half the time) that keep NaN:
-// elu1(x) = max(x, 0) + exp(min(x, 0)), relu(x) = max(x, 0), std::min/max returning a NaN
-// first argument.
+// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows), on the dispatched ISA's
+// feature-map kernels (NaN kept); ex is scratch of rows * D elements for strided inputs.
 template <class T>
 void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std::int64_t rs, std::int64_t ds,
-              std::int64_t rows, std::int64_t D, T* __restrict dst, T* __restrict ex) {
+              std::int64_t rows, std::int64_t D, T* dst, T* ex) {
   if (ds != 1) {  // gather a strided input first
     for (std::int64_t r = 0; r < rows; ++r)
-      for (std::int64_t d = 0; d < D; ++d) dst[r * D + d] = src[r * rs + d * ds];
-    src = dst;
+      for (std::int64_t d = 0; d < D; ++d) ex[r * D + d] = src[r * rs + d * ds];
+    src = ex;
     rs = D;
   }
-  if (f == FeatureMap::elu1) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* __restrict x = src + r * rs;
-      T* __restrict e = ex + r * D;
-      for (std::int64_t d = 0; d < D; ++d) e[d] = std::min(x[d], T(0));
-    }
-    vk.exp(ex, ex, rows * D);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* x = src + r * rs;
-      T* y = dst + r * D;
-      const T* e = ex + r * D;
-      for (std::int64_t d = 0; d < D; ++d) y[d] = std::max(x[d], T(0)) + e[d];
-    }
-  } else if (f == FeatureMap::relu) {
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const T* x = src + r * rs;
-      T* y = dst + r * D;
-      for (std::int64_t d = 0; d < D; ++d) y[d] = std::max(x[d], T(0));
-    }
-  } else if (src != dst) {
-    for (std::int64_t r = 0; r < rows; ++r)
-      std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    if (f == FeatureMap::elu1) vk.elu1(src + r * rs, dst + r * D, D);
+    else if (f == FeatureMap::relu) vk.relu(src + r * rs, dst + r * D, D);
+    else std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
   }
 }
 

@@ -165,6 +165,40 @@ void exp_array(const T* x, T* y, std::int64_t n) {
     store_tail<Arch, T>(y + i, n - i, exp_batch<Arch, T>(load_tail<Arch, T>(x + i, n - i, T(0))));
 }
 
+// Linear attention's feature maps. Selects on x > 0 / x < 0 (false for NaN) keep NaN, where
+// xsimd::max / min would drop it.
+template <class Arch, class T>
+inline batch<T, Arch> elu1_batch(const batch<T, Arch>& x) {
+  using B = batch<T, Arch>;
+  const B zero(T(0));
+  return xsimd::select(x > zero, x, zero) + exp_batch<Arch, T>(xsimd::select(x > zero, zero, x));
+}
+
+template <class Arch, class T>
+void elu1_array(const T* x, T* y, std::int64_t n) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) elu1_batch<Arch, T>(B::load_unaligned(x + i)).store_unaligned(y + i);
+  if (i < n) store_tail<Arch, T>(y + i, n - i, elu1_batch<Arch, T>(load_tail<Arch, T>(x + i, n - i, T(0))));
+}
+
+template <class Arch, class T>
+void relu_array(const T* x, T* y, std::int64_t n) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B zero(T(0));
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    const B v = B::load_unaligned(x + i);
+    xsimd::select(v < zero, zero, v).store_unaligned(y + i);
+  }
+  if (i < n) {
+    const B v = load_tail<Arch, T>(x + i, n - i, T(0));
+    store_tail<Arch, T>(y + i, n - i, xsimd::select(v < zero, zero, v));
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reductions and the fused softmax passes. Four independent accumulators hide the latency of
 // max/add (4 cycles) behind two issue ports.
@@ -585,7 +619,7 @@ template <class Arch, class T>
 VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
           &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
-          &pack_transpose<Arch, T>};
+          &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

@@ -93,6 +93,10 @@ struct VectorKernels {
   // and 0 for rows <= r < dst_ld. dst_ld is a multiple of the vector width.
   void (*pack_transpose)(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
                          std::int64_t dst_ld);
+  // Linear attention's feature maps, y may equal x, NaN propagates:
+  // elu1: y[i] = elu(x[i]) + 1 = max(x, 0) + exp(min(x, 0)) (the exp above); relu: max(x, 0).
+  void (*elu1)(const T* x, T* y, std::int64_t n);
+  void (*relu)(const T* x, T* y, std::int64_t n);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
