@@ -124,11 +124,12 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   const std::int64_t Cp = round_up(C, dnr), Dvp = round_up(Dv, dnr), npk = Cp / dnr, npv = Dvp / dnr;
   const std::int64_t al = 64 / static_cast<std::int64_t>(sizeof(T));
   // fq, fk, ex [C, D] | KT: phi(K_c)^T as npk panels [D, dnr] | A [C, Cp] | Vp: V_c as npv
-  // panels [C, dnr] | SP: the state as npv panels [D, dnr] | num [C, Dvp] | z [D] | den [C]
+  // panels [C, dnr] | SP: the state as npv panels [D, dnr] | num [C, Dvp] | z [D] | den [C] | ones [C]
   const std::int64_t s_f = round_up(C * D, al), s_kt = round_up(npk * D * dnr, al), s_a = round_up(C * Cp, al);
   const std::int64_t s_vp = round_up(npv * C * dnr, al), s_sp = round_up(npv * D * dnr, al);
   const std::int64_t s_num = round_up(C * Dvp, al);
-  const std::size_t need = static_cast<std::size_t>(3 * s_f + s_kt + s_a + s_vp + s_sp + s_num + round_up(D, al) + C);
+  const std::size_t need =
+      static_cast<std::size_t>(3 * s_f + s_kt + s_a + s_vp + s_sp + s_num + round_up(D, al) + round_up(C, al) + C);
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
 
@@ -157,6 +158,8 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
       T* num = SP + s_sp;
       T* z = num + s_num;
       T* den = z + round_up(D, al);
+      T* ones = den + round_up(C, al);  // for z's column sums as a matrix-vector product
+      std::fill(ones, ones + C, T(1));
       const T eps = static_cast<T>(o.eps);
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.H, h = it % p.H, hk = h / group;
@@ -192,8 +195,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
               for (; e < dnr; ++e) dst[e] = T(0);
             }
           }
-          for (std::int64_t j = 0; j < n; ++j)
-            for (std::int64_t d = 0; d < D; ++d) z[d] += fk[j * D + d];
+          gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
         };
         // state += phi(K_c)^T V_c, key panel by key panel
         auto carry = [&](std::int64_t n) {
@@ -209,11 +211,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           }
         };
         auto den_from_z = [&](std::int64_t n) {  // den[r] = phi(q_r) . z
-          for (std::int64_t r = 0; r < n; ++r) {
-            T acc = T(0);
-            for (std::int64_t d = 0; d < D; ++d) acc += fq[r * D + d] * z[d];
-            den[r] = acc;
-          }
+          gk.gemv_t(n, D, T(1), z, fq, D, T(0), den);
         };
         auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. = num / (den + eps)
           for (std::int64_t r = 0; r < n; ++r) {
@@ -259,9 +257,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           for (std::int64_t i = 0; i < n; ++i) {
             T* a = A + i * Cp;
             std::fill(a + i + 1, a + n, T(0));
-            T acc = T(0);
-            for (std::int64_t j = 0; j <= i; ++j) acc += a[j];
-            den[i] += acc;
+            den[i] += vk.sum(a, i + 1);
           }
           mm(n, Dv, n, A, Cp, Vp, C * dnr, num, Dvp, T(1));
           carry(n);
