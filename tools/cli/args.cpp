@@ -3,6 +3,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <utility>
 
 namespace simdattn::cli {
 
@@ -73,6 +74,80 @@ Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& 
     throw UsageError(flag + " " + path + ": expected a 4-D array, got shape " + s + ")");
   }
   return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+}
+
+QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v) {
+  QkvFiles f;
+  f.q = load_npy("--q", q);
+  f.k = load_npy("--k", k);
+  f.v = load_npy("--v", v);
+  f.qs = shape4("--q", q, f.q);
+  f.ks = shape4("--k", k, f.k);
+  f.vs = shape4("--v", v, f.v);
+  if (f.k.dtype != f.q.dtype)
+    throw UsageError("--k " + k + ": dtype " + std::string(dtype_name(f.k.dtype)) + " differs from --q's " +
+                     std::string(dtype_name(f.q.dtype)));
+  if (f.v.dtype != f.q.dtype)
+    throw UsageError("--v " + v + ": dtype " + std::string(dtype_name(f.v.dtype)) + " differs from --q's " +
+                     std::string(dtype_name(f.q.dtype)));
+  return f;
+}
+
+NpyArray make_output(DType dtype, std::vector<std::int64_t> shape) {
+  NpyArray out;
+  out.dtype = dtype;
+  out.shape = std::move(shape);
+  std::int64_t n = 1;
+  for (std::int64_t d : out.shape)
+    if (__builtin_mul_overflow(n, d, &n)) throw UsageError("--out: output shape is too large");
+  out.data.resize(static_cast<std::size_t>(n) * dtype_size(dtype));
+  return out;
+}
+
+void save_output(const std::string& path, const NpyArray& a) {
+  try {
+    write_npy(path, a);
+  } catch (const Error& e) {
+    throw UsageError(std::string("--out ") + e.what());
+  }
+}
+
+std::string flag_for(const std::string& argument) {
+  static const std::pair<const char*, const char*> kFlags[] = {
+      {"q", "--q"},
+      {"k", "--k"},
+      {"v", "--v"},
+      {"out", "--out"},
+      {"query", "--query"},
+      {"key", "--key"},
+      {"value", "--value"},
+      {"heads", "--heads"},
+      {"config.heads", "--heads"},
+      {"kv_heads", "--kv-heads"},
+      {"config.kv_heads", "--kv-heads"},
+      {"options.mask", "--mask"},
+      {"options.key_padding_mask", "--key-padding-mask"},
+      {"options.key_lengths", "--key-lengths"},
+      {"options.window", "--window"},
+      {"options.scale", "--scale"},
+      {"options.causal", "--causal"},
+      {"options.threads", "--threads"},
+      {"options.backend", "--backend"},
+      {"options.global_tokens", "--global-tokens"},
+      {"options.block_mask", "--block-mask"},
+      {"options.block_size", "--block-size"},
+  };
+  for (const auto& [name, flag] : kFlags)
+    if (argument == name) return flag;
+  return argument;
+}
+
+UsageError usage_error(const Error& e) {
+  const std::string flag = flag_for(e.argument());
+  std::string msg = e.what();
+  if (flag != e.argument() && msg.rfind(e.argument() + ": ", 0) == 0)
+    msg = flag + ": " + msg.substr(e.argument().size() + 2);
+  return UsageError(msg);
 }
 
 }  // namespace simdattn::cli

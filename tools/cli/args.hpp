@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "simdattn/simdattn.hpp"
 
@@ -26,5 +27,28 @@ NpyArray load_npy(const std::string& flag, const std::string& path);
 
 // A 4-D attention input: rank 4, dtype f32 or f64.
 Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a);
+
+// --q, --k, --v of the run and linear commands: rank 4, f32 or f64, one dtype.
+struct QkvFiles {
+  NpyArray q, k, v;
+  Shape4 qs{}, ks{}, vs{};
+  ConstTensorView q_view() const { return ConstTensorView(q.data.data(), q.dtype, qs); }
+  ConstTensorView k_view() const { return ConstTensorView(k.data.data(), k.dtype, ks); }
+  ConstTensorView v_view() const { return ConstTensorView(v.data.data(), v.dtype, vs); }
+};
+QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v);
+
+// A zeroed output array of `dtype` and `shape`; UsageError naming --out if its size overflows.
+NpyArray make_output(DType dtype, std::vector<std::int64_t> shape);
+
+// write_npy, with errors naming --out.
+void save_output(const std::string& path, const NpyArray& a);
+
+// The API's argument names in an Error (q, options.mask, config.heads, ...) as the flags the
+// user typed (--q, --mask, --heads, ...); other names are returned unchanged.
+std::string flag_for(const std::string& argument);
+
+// The Error as a UsageError whose message starts with the flag instead of the argument name.
+UsageError usage_error(const Error& e);
 
 }  // namespace simdattn::cli

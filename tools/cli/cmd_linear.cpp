@@ -14,17 +14,6 @@ struct LinearArgs {
   bool causal = false;
 };
 
-std::string flag_for(const std::string& argument) {
-  if (argument == "q") return "--q";
-  if (argument == "k") return "--k";
-  if (argument == "v") return "--v";
-  if (argument == "out") return "--out";
-  if (argument == "options.causal") return "--causal";
-  if (argument == "options.backend") return "--backend";
-  if (argument == "options.threads") return "--threads";
-  return argument;
-}
-
 void run(const LinearArgs& a) {
   LinearAttentionOptions opt;
   opt.causal = a.causal;
@@ -37,40 +26,15 @@ void run(const LinearArgs& a) {
     throw UsageError("--backend: linear attention runs on reference or native (oneDNN has no primitive for it)");
   if (!a.threads.empty()) opt.threads = static_cast<int>(parse_int("--threads", a.threads, 1, 4096));
 
-  const NpyArray q = load_npy("--q", a.q);
-  const NpyArray k = load_npy("--k", a.k);
-  const NpyArray v = load_npy("--v", a.v);
-  const Shape4 qs = shape4("--q", a.q, q), ks = shape4("--k", a.k, k), vs = shape4("--v", a.v, v);
-  if (k.dtype != q.dtype)
-    throw UsageError("--k " + a.k + ": dtype " + std::string(dtype_name(k.dtype)) + " differs from --q's " +
-                     std::string(dtype_name(q.dtype)));
-  if (v.dtype != q.dtype)
-    throw UsageError("--v " + a.v + ": dtype " + std::string(dtype_name(v.dtype)) + " differs from --q's " +
-                     std::string(dtype_name(q.dtype)));
-  NpyArray out;
-  out.dtype = q.dtype;
-  out.shape = {qs[0], qs[1], qs[2], vs[3]};
-  std::int64_t n = 1;
-  for (std::int64_t d : out.shape)
-    if (__builtin_mul_overflow(n, d, &n)) throw UsageError("--out: output shape is too large");
-  out.data.resize(static_cast<std::size_t>(n) * dtype_size(q.dtype));
+  const QkvFiles in = load_qkv(a.q, a.k, a.v);
+  const Shape4 out_shape{in.qs[0], in.qs[1], in.qs[2], in.vs[3]};
+  NpyArray out = make_output(in.q.dtype, {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
   try {
-    linear_attention(ConstTensorView(q.data.data(), q.dtype, qs), ConstTensorView(k.data.data(), k.dtype, ks),
-                     ConstTensorView(v.data.data(), v.dtype, vs),
-                     TensorView(out.data.data(), out.dtype, {out.shape[0], out.shape[1], out.shape[2], out.shape[3]}),
-                     opt);
+    linear_attention(in.q_view(), in.k_view(), in.v_view(), TensorView(out.data.data(), out.dtype, out_shape), opt);
   } catch (const Error& e) {
-    const std::string flag = flag_for(e.argument());
-    std::string msg = e.what();
-    if (flag != e.argument() && msg.rfind(e.argument() + ": ", 0) == 0)
-      msg = flag + ": " + msg.substr(e.argument().size() + 2);
-    throw UsageError(msg);
+    throw usage_error(e);
   }
-  try {
-    write_npy(a.out, out);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--out ") + e.what());
-  }
+  save_output(a.out, out);
 }
 
 }  // namespace

@@ -16,29 +16,6 @@ struct MhaArgs {
       backend = "native", threads;
 };
 
-std::string flag_for(const std::string& argument) {
-  if (argument == "query") return "--query";
-  if (argument == "key") return "--key";
-  if (argument == "value") return "--value";
-  if (argument == "out") return "--out";
-  if (argument == "heads" || argument == "config.heads") return "--heads";
-  if (argument == "kv_heads" || argument == "config.kv_heads") return "--kv-heads";
-  if (argument == "options.key_padding_mask") return "--key-padding-mask";
-  if (argument == "options.causal") return "--causal";
-  if (argument == "options.backend") return "--backend";
-  if (argument == "options.threads") return "--threads";
-  return argument;
-}
-
-// Rewrites an Error's leading argument name as the flag the user typed.
-UsageError usage(const Error& e) {
-  const std::string flag = flag_for(e.argument());
-  std::string msg = e.what();
-  if (flag != e.argument() && msg.rfind(e.argument() + ": ", 0) == 0)
-    msg = flag + ": " + msg.substr(e.argument().size() + 2);
-  return UsageError(msg);
-}
-
 // A [B, S, E] input of the layer's dtype.
 ConstSeqView seq(const std::string& flag, const std::string& path, const NpyArray& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
@@ -98,13 +75,10 @@ void run(const MhaArgs& a) {
     if (e.argument().rfind("weights.", 0) == 0 || e.argument() == "config.d_model" ||
         e.argument() == "config.kdim" || e.argument() == "config.vdim" || e.argument() == "config.head_dim")
       throw UsageError("--weights " + a.weights + ": " + std::string(e.what()));
-    throw usage(e);
+    throw usage_error(e);
   }
   const std::int64_t d = layer->config().d_model;
-  NpyArray y;
-  y.dtype = query.dtype;
-  y.shape = {query.B, query.S, d};
-  y.data.resize(static_cast<std::size_t>(query.B * query.S * d) * dtype_size(query.dtype));
+  NpyArray y = make_output(query.dtype, {query.B, query.S, d});
   SeqView out;
   out.data = y.data.data();
   out.dtype = y.dtype;
@@ -113,13 +87,9 @@ void run(const MhaArgs& a) {
     if (a.key.empty()) layer->forward(query, out, opt);
     else layer->forward(query, key, value, out, opt);
   } catch (const Error& e) {
-    throw usage(e);
+    throw usage_error(e);
   }
-  try {
-    write_npy(a.out, y);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--out ") + e.what());
-  }
+  save_output(a.out, y);
 }
 
 }  // namespace

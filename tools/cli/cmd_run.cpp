@@ -14,24 +14,6 @@ struct RunArgs {
       threads, global_tokens, block_mask, block_size;
 };
 
-// Maps the API's argument names in an Error to the flags the user typed.
-std::string flag_for(const std::string& argument) {
-  if (argument == "q") return "--q";
-  if (argument == "k") return "--k";
-  if (argument == "v") return "--v";
-  if (argument == "out") return "--out";
-  if (argument == "options.mask") return "--mask";
-  if (argument == "options.key_lengths") return "--key-lengths";
-  if (argument == "options.window") return "--window";
-  if (argument == "options.scale") return "--scale";
-  if (argument == "options.threads") return "--threads";
-  if (argument == "options.backend") return "--backend";
-  if (argument == "options.global_tokens") return "--global-tokens";
-  if (argument == "options.block_mask") return "--block-mask";
-  if (argument == "options.block_size") return "--block-size";
-  return argument;
-}
-
 void run(const RunArgs& a) {
   // Option values first: a typo fails fast, before any file is read.
   AttentionOptions opt;
@@ -47,18 +29,8 @@ void run(const RunArgs& a) {
     opt.block_size = parse_int("--block-size", a.block_size, 1, kMaxSize);
   }
 
-  const NpyArray q = load_npy("--q", a.q);
-  const NpyArray k = load_npy("--k", a.k);
-  const NpyArray v = load_npy("--v", a.v);
-  const Shape4 qs = shape4("--q", a.q, q);
-  const Shape4 ks = shape4("--k", a.k, k);
-  const Shape4 vs = shape4("--v", a.v, v);
-  if (k.dtype != q.dtype)
-    throw UsageError("--k " + a.k + ": dtype " + std::string(dtype_name(k.dtype)) +
-                     " differs from --q's " + std::string(dtype_name(q.dtype)));
-  if (v.dtype != q.dtype)
-    throw UsageError("--v " + a.v + ": dtype " + std::string(dtype_name(v.dtype)) +
-                     " differs from --q's " + std::string(dtype_name(q.dtype)));
+  const QkvFiles in = load_qkv(a.q, a.k, a.v);
+  const Shape4 &qs = in.qs, &ks = in.ks, &vs = in.vs;
 
   NpyArray mask;
   if (!a.mask.empty()) {
@@ -108,32 +80,14 @@ void run(const RunArgs& a) {
     opt.block_mask = ConstTensorView(blocks.data.data(), DType::u8, {1, 1, nbq, nbk});
   }
 
-  NpyArray out;
-  out.dtype = q.dtype;
-  out.shape = {qs[0], qs[1], qs[2], vs[3]};
-  std::int64_t n = 1;
-  for (std::int64_t d : out.shape) {
-    if (__builtin_mul_overflow(n, d, &n)) throw UsageError("--out: output shape is too large");
-  }
-  out.data.resize(static_cast<std::size_t>(n) * dtype_size(q.dtype));
-
+  NpyArray out = make_output(in.q.dtype, {qs[0], qs[1], qs[2], vs[3]});
   try {
-    attention(ConstTensorView(q.data.data(), q.dtype, qs), ConstTensorView(k.data.data(), k.dtype, ks),
-              ConstTensorView(v.data.data(), v.dtype, vs),
-              TensorView(out.data.data(), out.dtype, {out.shape[0], out.shape[1], out.shape[2], out.shape[3]}),
-              opt);
+    attention(in.q_view(), in.k_view(), in.v_view(),
+              TensorView(out.data.data(), out.dtype, {qs[0], qs[1], qs[2], vs[3]}), opt);
   } catch (const Error& e) {
-    const std::string flag = flag_for(e.argument());
-    std::string msg = e.what();
-    if (flag != e.argument() && msg.rfind(e.argument() + ": ", 0) == 0)
-      msg = flag + ": " + msg.substr(e.argument().size() + 2);
-    throw UsageError(msg);
+    throw usage_error(e);
   }
-  try {
-    write_npy(a.out, out);
-  } catch (const Error& e) {
-    throw UsageError(std::string("--out ") + e.what());
-  }
+  save_output(a.out, out);
 }
 
 }  // namespace
