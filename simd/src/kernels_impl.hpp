@@ -155,14 +155,20 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   return y;
 }
 
-template <class Arch, class T>
-void exp_array(const T* x, T* y, std::int64_t n) {
+// y[i] = f(x[i]) for a batch function f; y may equal x.
+template <class Arch, class T, class F>
+inline void map_array(const T* x, T* y, std::int64_t n, F f) {
   using B = batch<T, Arch>;
   constexpr std::int64_t W = B::size;
   std::int64_t i = 0;
-  for (; i + W <= n; i += W) exp_batch<Arch, T>(B::load_unaligned(x + i)).store_unaligned(y + i);
+  for (; i + W <= n; i += W) f(B::load_unaligned(x + i)).store_unaligned(y + i);
   if (i < n)  // the same arithmetic as the main loop, on a partial vector
-    store_tail<Arch, T>(y + i, n - i, exp_batch<Arch, T>(load_tail<Arch, T>(x + i, n - i, T(0))));
+    store_tail<Arch, T>(y + i, n - i, f(load_tail<Arch, T>(x + i, n - i, T(0))));
+}
+
+template <class Arch, class T>
+void exp_array(const T* x, T* y, std::int64_t n) {
+  map_array<Arch, T>(x, y, n, [](const batch<T, Arch>& v) { return exp_batch<Arch, T>(v); });
 }
 
 // Linear attention's feature maps. Selects on x > 0 / x < 0 (false for NaN) keep NaN, where
@@ -176,27 +182,15 @@ inline batch<T, Arch> elu1_batch(const batch<T, Arch>& x) {
 
 template <class Arch, class T>
 void elu1_array(const T* x, T* y, std::int64_t n) {
-  using B = batch<T, Arch>;
-  constexpr std::int64_t W = B::size;
-  std::int64_t i = 0;
-  for (; i + W <= n; i += W) elu1_batch<Arch, T>(B::load_unaligned(x + i)).store_unaligned(y + i);
-  if (i < n) store_tail<Arch, T>(y + i, n - i, elu1_batch<Arch, T>(load_tail<Arch, T>(x + i, n - i, T(0))));
+  map_array<Arch, T>(x, y, n, [](const batch<T, Arch>& v) { return elu1_batch<Arch, T>(v); });
 }
 
 template <class Arch, class T>
 void relu_array(const T* x, T* y, std::int64_t n) {
-  using B = batch<T, Arch>;
-  constexpr std::int64_t W = B::size;
-  const B zero(T(0));
-  std::int64_t i = 0;
-  for (; i + W <= n; i += W) {
-    const B v = B::load_unaligned(x + i);
-    xsimd::select(v < zero, zero, v).store_unaligned(y + i);
-  }
-  if (i < n) {
-    const B v = load_tail<Arch, T>(x + i, n - i, T(0));
-    store_tail<Arch, T>(y + i, n - i, xsimd::select(v < zero, zero, v));
-  }
+  map_array<Arch, T>(x, y, n, [](const batch<T, Arch>& v) {
+    const batch<T, Arch> zero(T(0));
+    return xsimd::select(v < zero, zero, v);
+  });
 }
 
 // ---------------------------------------------------------------------------------------------
