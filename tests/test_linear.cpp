@@ -52,19 +52,6 @@ void fill_uniform(Buffer<T>& t, std::mt19937_64& rng, double lo, double hi) {
 }
 
 template <class T>
-double max_err(const Buffer<T>& got, const Buffer<double>& want) {
-  double e = 0;
-  for (std::int64_t a = 0; a < got.shape[0]; ++a)
-    for (std::int64_t b = 0; b < got.shape[1]; ++b)
-      for (std::int64_t c = 0; c < got.shape[2]; ++c)
-        for (std::int64_t d = 0; d < got.shape[3]; ++d) {
-          const double x = got.at(a, b, c, d) - want.at(a, b, c, d);
-          e = std::max(e, std::isnan(x) ? INFINITY : std::abs(x));
-        }
-  return e;
-}
-
-template <class T>
 void check_random(std::mt19937_64& rng, int trial) {
   auto pick = [&](std::int64_t lo, std::int64_t hi) { return std::uniform_int_distribution<std::int64_t>(lo, hi)(rng); };
   const std::int64_t B = pick(1, 2), Hkv = pick(1, 2), H = Hkv * pick(1, 2), S = pick(1, 150), D = pick(1, 20),
@@ -95,7 +82,7 @@ void check_random(std::mt19937_64& rng, int trial) {
     CAPTURE(o.chunk);
     CAPTURE(feature_map_name(f));
     CAPTURE(causal);
-    CHECK(max_err(out, want) <= test::tolerance<T>(2.0));
+    CHECK(test::max_abs_diff(out, want) <= test::tolerance<T>(2.0));
   }
 }
 
@@ -125,7 +112,7 @@ TEST_CASE("linear attention with head sizes wider than a kernel panel and chunks
       CAPTURE(D);
       CAPTURE(Dv);
       CAPTURE(causal);
-      CHECK(max_err(out, quadratic(q, k, v, FeatureMap::elu1, causal, 1e-6)) <= test::tolerance<float>(2.0));
+      CHECK(test::max_abs_diff(out, quadratic(q, k, v, FeatureMap::elu1, causal, 1e-6)) <= test::tolerance<float>(2.0));
     }
   }
 }

@@ -71,8 +71,9 @@ Buffer<To> cast(const Buffer<From>& a) {
 }
 
 // max |a - b| over all elements; NaN positions must match (a NaN in only one counts as +inf).
-template <class T>
-double max_abs_diff(const Buffer<T>& a, const Buffer<T>& b) {
+// a and b may differ in dtype (an f32 result against an f64 oracle).
+template <class T, class U>
+double max_abs_diff(const Buffer<T>& a, const Buffer<U>& b) {
   double m = 0.0;
   for (std::int64_t i = 0; i < a.shape[0]; ++i)
     for (std::int64_t j = 0; j < a.shape[1]; ++j)
