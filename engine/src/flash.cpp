@@ -27,6 +27,7 @@
 #include <omp.h>
 
 #include "gemm.hpp"
+#include "panels.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "threading.hpp"
@@ -319,26 +320,10 @@ class Worker {
         for (std::int64_t d = 0; d < D; ++d)
           for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k[(j0 + q) * p_.ks[2] + d * p_.ks[3]] : T(0);
       }
-      T* vb = vp_ + jb * kBlockK * P_.dvp;
-      for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
-        T* panel = vb + c * kBlockK * dnr;
-        const std::int64_t d0 = c * dnr, nd = std::max<std::int64_t>(0, std::min(dnr, p_.Dv - d0));
-        for (std::int64_t jj = 0; jj < kBlockK; ++jj) {
-          const std::int64_t j = jb * kBlockK + jj;
-          T* dst = panel + jj * dnr;
-          std::int64_t q = 0;
-          if (j < key_len) {  // keys past L[b] are never read: V there may hold anything (a cache tail)
-            const T* src = v + j * p_.vs[2] + d0 * p_.vs[3];
-            if (p_.vs[3] == 1) {
-              std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(nd));
-              q = nd;
-            } else {
-              for (; q < nd; ++q) dst[q] = src[q * p_.vs[3]];
-            }
-          }
-          for (; q < dnr; ++q) dst[q] = T(0);
-        }
-      }
+      // keys past L[b] are never read: V there may hold anything (a cache tail)
+      const std::int64_t rows = std::min(kBlockK, key_len - jb * kBlockK);
+      pack_row_panels(v + jb * kBlockK * p_.vs[2], p_.vs[2], p_.vs[3], rows, kBlockK, p_.Dv, dnr, P_.dvp / dnr,
+                      vp_ + jb * kBlockK * P_.dvp);
     }
     packed_b_ = b;
     packed_hk_ = hk;

@@ -8,6 +8,7 @@
 #include <new>
 #include <string>
 
+#include "panels.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
@@ -178,23 +179,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             const std::int64_t rows = std::max<std::int64_t>(0, std::min(dnr, n - pk * dnr));
             vk.pack_transpose(fk + pk * dnr * D, D, rows, D, KT + pk * D * dnr, dnr);
           }
-          for (std::int64_t c = 0; c < npv; ++c) {
-            const std::int64_t e0 = c * dnr, ne = std::min(dnr, Dv - e0);
-            for (std::int64_t j = 0; j < C; ++j) {
-              T* dst = Vp + c * C * dnr + j * dnr;
-              std::int64_t e = 0;
-              if (j < n) {
-                const T* src = v + (j0 + j) * p.vs[2] + e0 * p.vs[3];
-                if (p.vs[3] == 1) {
-                  std::memcpy(dst, src, sizeof(T) * static_cast<std::size_t>(ne));
-                  e = ne;
-                } else {
-                  for (; e < ne; ++e) dst[e] = src[e * p.vs[3]];
-                }
-              }
-              for (; e < dnr; ++e) dst[e] = T(0);
-            }
-          }
+          detail::pack_row_panels(v + j0 * p.vs[2], p.vs[2], p.vs[3], n, C, Dv, dnr, npv, Vp);
           gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
         };
         // state += phi(K_c)^T V_c, key panel by key panel
