@@ -426,6 +426,39 @@ TEST_CASE("onednn: concurrent calls from many threads, with primitives created m
   for (double e : err) CHECK(e <= 1e-5);
 }
 
+TEST_CASE("onednn: views whose innermost stride is not 1 (copied through dense buffers)") {
+  std::mt19937_64 rng(test::base_seed() + 22);
+  const std::int64_t B = 2, H = 2, Sq = 9, Sk = 13, D = 6;
+  // Every element two apart: [.., D] rows of stride 2D.
+  auto make = [&](std::int64_t S) {
+    std::vector<float> data(static_cast<std::size_t>(B * H * S * D * 2));
+    std::normal_distribution<float> n;
+    for (auto& x : data) x = n(rng);
+    return data;
+  };
+  std::vector<float> q = make(Sq), k = make(Sk), v = make(Sk), out(static_cast<std::size_t>(B * H * Sq * D * 2), 7.f);
+  auto st = [&](std::int64_t S) { return Shape4{H * S * D * 2, S * D * 2, D * 2, 2}; };
+  const std::int64_t L[] = {13, 8};
+  AttentionOptions opt;
+  opt.causal = Causal::bottom_right;
+  opt.key_lengths = L;
+  Buffer<float> ref({B, H, Sq, D});
+  opt.backend = Backend::reference;
+  attention(ConstTensorView(q.data(), {B, H, Sq, D}, st(Sq)), ConstTensorView(k.data(), {B, H, Sk, D}, st(Sk)),
+            ConstTensorView(v.data(), {B, H, Sk, D}, st(Sk)), ref.view(), opt);
+  opt.backend = Backend::onednn;
+  attention(ConstTensorView(q.data(), {B, H, Sq, D}, st(Sq)), ConstTensorView(k.data(), {B, H, Sk, D}, st(Sk)),
+            ConstTensorView(v.data(), {B, H, Sk, D}, st(Sk)), TensorView(out.data(), {B, H, Sq, D}, st(Sq)), opt);
+  double err = 0;
+  ref.for_each([&](float& x, auto b, auto h, auto i, auto d) {
+    err = std::max(err, double(std::abs(x - out[static_cast<std::size_t>(((b * H + h) * Sq + i) * D * 2 + d * 2)])));
+  });
+  double vmax = 0;
+  for (float x : v) vmax = std::max(vmax, double(std::abs(x)));
+  CHECK(err <= test::tolerance<float>(vmax));
+  for (std::size_t i = 1; i < out.size(); i += 2) CHECK(out[i] == 7.f);  // the gaps stay untouched
+}
+
 TEST_CASE("onednn: f64 inputs are refused with a clear error and nothing written") {
   Buffer<double> q({1, 2, 3, 4}), k({1, 2, 5, 4}), v({1, 2, 5, 4}), out({1, 2, 3, 4});
   std::fill(out.data.begin(), out.data.end(), 7.0);

@@ -17,10 +17,8 @@
 namespace simdattn {
 namespace {
 
-using detail::AlignedBuffer;
 using detail::GemmArgs;
 using detail::thread_buffer;
-using detail::Trans;
 
 // Per-thread scratch of the layer (slots after the attention kernels' and the onednn backend's).
 enum MhaSlot : int {
@@ -299,10 +297,9 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
 }
 
 template <class T>
-void cached_forward(const Layer<T>& L, const ConstSeqView& query, KvCache& cache, std::vector<std::byte>& kbuf,
+void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<std::byte>& kbuf,
                     std::vector<std::byte>& vbuf, std::vector<std::int64_t>& lengths, std::vector<std::int64_t>& next,
                     std::int64_t capacity, const SeqView& out, const MhaOptions& opt) {
-  (void)cache;
   const MhaConfig& c = L.cfg;
   if (!L.packed)
     throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
@@ -394,10 +391,10 @@ void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, cons
     throw Error("cache", "was made for another layer (dtype " + std::string(dtype_name(cache.dtype_)) + ", kv_heads " +
                              std::to_string(cache.kv_heads_) + ", head_dim " + std::to_string(cache.head_dim_) + ")");
   if (impl_->dtype == DType::f32)
-    cached_forward(impl_->f32, query, cache, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
+    cached_forward(impl_->f32, query, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
                    out, options);
   else
-    cached_forward(impl_->f64, query, cache, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
+    cached_forward(impl_->f64, query, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
                    out, options);
 }
 
@@ -472,7 +469,7 @@ MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std:
     const auto qs = shape_of("q_proj.weight");
     const auto ks = shape_of("k_proj.weight");
     const auto vs = shape_of("v_proj.weight");
-    const auto os = shape_of("o_proj.weight");
+    shape_of("o_proj.weight");  // present and 2-D, before anything is read
     cfg.d_model = qs[1];
     if (qs[0] < heads || qs[0] % heads != 0)
       throw Error(f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a positive multiple of heads " +
@@ -492,7 +489,6 @@ MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std:
     w.wk = read("k_proj.weight", {nkv, cfg.kdim});
     w.wv = read("v_proj.weight", {nkv, cfg.vdim});
     w.wo = read("o_proj.weight", {cfg.d_model, nq});
-    (void)os;
     if (has("q_proj.bias")) w.bq = read("q_proj.bias", {nq});
     if (has("k_proj.bias")) w.bk = read("k_proj.bias", {nkv});
     if (has("v_proj.bias")) w.bv = read("v_proj.bias", {nkv});

@@ -217,17 +217,14 @@ Shape4 dense_strides(const Shape4& shape) {
   return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
 }
 
-// Copies the first `rows(b)` rows of every (b, h) of a strided view into a dense buffer.
+// Copies the first `rows(b)` rows of every (b, h) of a [B, H, S, D] view between two layouts.
 template <class RowsFn>
-void copy_dense(const float* src, const Shape4& shape, const Shape4& strides, float* dst,
-                RowsFn rows) {
-  const Shape4 ds = dense_strides(shape);
+void copy_rows(const float* src, const Shape4& ss, float* dst, const Shape4& ds, const Shape4& shape, RowsFn rows) {
   for (std::int64_t b = 0; b < shape[0]; ++b)
     for (std::int64_t h = 0; h < shape[1]; ++h)
       for (std::int64_t i = 0; i < rows(b); ++i)
         for (std::int64_t d = 0; d < shape[3]; ++d)
-          dst[b * ds[0] + h * ds[1] + i * ds[2] + d] =
-              src[b * strides[0] + h * strides[1] + i * strides[2] + d * strides[3]];
+          dst[b * ds[0] + h * ds[1] + i * ds[2] + d * ds[3]] = src[b * ss[0] + h * ss[1] + i * ss[2] + d * ss[3]];
 }
 
 // Keys [jlo, jhi) some row of the block can see, and whether any key in that range is hidden from
@@ -375,9 +372,9 @@ void run(const Problem& p) {
   float* o_copy = dense_o ? thread_buffer<float, kDenseO>().get(numel(oshape)) : nullptr;
   const auto all_rows = [&](std::int64_t) { return Sq; };
   const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
-  if (dense_q) copy_dense(op.q, qshape, p.qs, q_copy, all_rows), op.q = q_copy;
-  if (dense_k) copy_dense(op.k, kshape, p.ks, k_copy, key_rows), op.k = k_copy;
-  if (dense_v) copy_dense(op.v, vshape, p.vs, v_copy, key_rows), op.v = v_copy;
+  if (dense_q) copy_rows(op.q, p.qs, q_copy, op.qs, qshape, all_rows), op.q = q_copy;
+  if (dense_k) copy_rows(op.k, p.ks, k_copy, op.ks, kshape, key_rows), op.k = k_copy;
+  if (dense_v) copy_rows(op.v, p.vs, v_copy, op.vs, vshape, key_rows), op.v = v_copy;
   if (dense_o) op.o = o_copy;
 
   thread_local dnnl::stream stream(onednn().engine);
@@ -436,16 +433,7 @@ void run(const Problem& p) {
   }
   blocks.clear();  // drop the primitive references
 
-  if (dense_o) {
-    float* o = static_cast<float*>(p.o);
-    const Shape4 ds = dense_strides(oshape);
-    for (std::int64_t b = 0; b < B; ++b)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t i = 0; i < Sq; ++i)
-          for (std::int64_t d = 0; d < Dv; ++d)
-            o[b * p.os[0] + h * p.os[1] + i * p.os[2] + d * p.os[3]] =
-                o_copy[b * ds[0] + h * ds[1] + i * ds[2] + d];
-  }
+  if (dense_o) copy_rows(o_copy, op.os, static_cast<float*>(p.o), p.os, oshape, all_rows);
 }
 
 }  // namespace
