@@ -314,7 +314,7 @@ class Worker {
         const std::int64_t j0 = jb * kBlockK + c * nr;
         const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len - j0));
         if (p_.ks[3] == 1) {
-          P_.vk.pack_transpose(n > 0 ? k + j0 * p_.ks[2] : k, p_.ks[2], n, D, panel, nr);
+          P_.vk.pack_transpose(n > 0 ? k + j0 * p_.ks[2] : k, p_.ks[2], n, D, panel, nr, nr);
           continue;
         }
         for (std::int64_t d = 0; d < D; ++d)

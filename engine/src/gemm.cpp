@@ -63,7 +63,7 @@ void pack_b(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t
       }
     } else {
       // B^T rows are B's columns: the SIMD transposing pack (zero past n).
-      vk.pack_transpose(g.B + (j0 + jr) * g.ldb + p0, g.ldb, n, kc, dst, nr);
+      vk.pack_transpose(g.B + (j0 + jr) * g.ldb + p0, g.ldb, n, kc, dst, nr, nr);
     }
   }
 }

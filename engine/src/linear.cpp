@@ -91,11 +91,11 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
 // Per-thread buffers of the native kernel.
 enum LinearSlot : int { kLinear = 15 };
 
-// dst[r * D + d] = phi(src[r * rs + d * ds]) for rows [0, rows), on the dispatched ISA's
+// dst[r * ldd + d] = phi(src[r * rs + d * ds]) for rows [0, rows), on the dispatched ISA's
 // feature-map kernels (NaN kept); ex is scratch of rows * D elements for strided inputs.
 template <class T>
 void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std::int64_t rs, std::int64_t ds,
-              std::int64_t rows, std::int64_t D, T* dst, T* ex) {
+              std::int64_t rows, std::int64_t D, T* dst, std::int64_t ldd, T* ex) {
   if (ds != 1) {  // gather a strided input first
     for (std::int64_t r = 0; r < rows; ++r)
       for (std::int64_t d = 0; d < D; ++d) ex[r * D + d] = src[r * rs + d * ds];
@@ -103,9 +103,9 @@ void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std:
     rs = D;
   }
   for (std::int64_t r = 0; r < rows; ++r) {
-    if (f == FeatureMap::elu1) vk.elu1(src + r * rs, dst + r * D, D);
-    else if (f == FeatureMap::relu) vk.relu(src + r * rs, dst + r * D, D);
-    else std::memcpy(dst + r * D, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
+    if (f == FeatureMap::elu1) vk.elu1(src + r * rs, dst + r * ldd, D);
+    else if (f == FeatureMap::relu) vk.relu(src + r * rs, dst + r * ldd, D);
+    else std::memcpy(dst + r * ldd, src + r * rs, sizeof(T) * static_cast<std::size_t>(D));
   }
 }
 
@@ -124,13 +124,16 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   const std::int64_t C = std::max<std::int64_t>(1, std::min(o.chunk, std::max(p.Sq, p.Sk)));
   const std::int64_t Cp = round_up(C, dnr), Dvp = round_up(Dv, dnr), npk = Cp / dnr, npv = Dvp / dnr;
   const std::int64_t al = 64 / static_cast<std::int64_t>(sizeof(T));
-  // fq, fk, ex [C, D] | KT: phi(K_c)^T as npk panels [D, dnr] | A [C, Cp] | Vp: V_c as npv
-  // panels [C, dnr] | SP: the state as npv panels [D, dnr] | num [C, Dvp] | z [D] | den [C] | ones [C]
-  const std::int64_t s_f = round_up(C * D, al), s_kt = round_up(npk * D * dnr, al), s_a = round_up(C * Cp, al);
-  const std::int64_t s_vp = round_up(npv * C * dnr, al), s_sp = round_up(npv * D * dnr, al);
-  const std::int64_t s_num = round_up(C * Dvp, al);
+  const std::int64_t G = lanes;  // keys per loaded slice
+  // QA: rows [phi(q_r) (D) | A_r (Cp)], lq apart, so that one product [phi(Q_c) | A] [state; V_c]
+  // gives a chunk's numerators | fk, ex [C, D] | KT: phi(K_c)^T as npk panels [D, dnr] | SV: npv
+  // panels of D + C rows, dnr wide, ls apart: the state's columns (D rows) over V_c's (C rows,
+  // zero past the chunk and Dv) | num [C, Dvp] | z [D] | den [C] | ones [C]
+  const std::int64_t lq = D + Cp, ls = (D + C) * dnr;
+  const std::int64_t s_qa = round_up(C * lq, al), s_f = round_up(C * D, al), s_kt = round_up(npk * D * dnr, al);
+  const std::int64_t s_sv = round_up(npv * ls, al), s_num = round_up(C * Dvp, al);
   const std::size_t need =
-      static_cast<std::size_t>(3 * s_f + s_kt + s_a + s_vp + s_sp + s_num + round_up(D, al) + round_up(C, al) + C);
+      static_cast<std::size_t>(s_qa + 2 * s_f + s_kt + s_sv + s_num + round_up(D, al) + round_up(C, al) + C);
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
 
@@ -150,13 +153,12 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
       T* fq = detail::thread_buffer<T, kLinear>().get(need);
-      T* fk = fq + s_f;
+      T* A = fq + D;
+      T* fk = fq + s_qa;
       T* ex = fk + s_f;
       T* KT = ex + s_f;
-      T* A = KT + s_kt;
-      T* Vp = A + s_a;
-      T* SP = Vp + s_vp;
-      T* num = SP + s_sp;
+      T* SV = KT + s_kt;
+      T* num = SV + s_sv;
       T* z = num + s_num;
       T* den = z + round_up(D, al);
       T* ones = den + round_up(C, al);  // for z's column sums as a matrix-vector product
@@ -168,19 +170,19 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
         const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
         T* out = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1];
-        auto load_q = [&](std::int64_t r0, std::int64_t n) {  // fq = phi(Q rows r0..)
-          phi_rows(o.feature_map, vk, q + r0 * p.qs[2], p.qs[2], p.qs[3], n, D, fq, ex);
+        // fq rows r0.. = phi(Q rows i0 + r0..)
+        auto load_q = [&](std::int64_t i0, std::int64_t r0, std::int64_t n) {
+          phi_rows(o.feature_map, vk, q + (i0 + r0) * p.qs[2], p.qs[2], p.qs[3], n, D, fq + r0 * lq, lq, ex);
         };
-        // fk = phi(K rows j0..), KT its transposed panels, Vp the V rows as panels (zero past n
-        // and Dv), z += column sums of fk
-        auto load_kv = [&](std::int64_t j0, std::int64_t n) {
-          phi_rows(o.feature_map, vk, k + j0 * p.ks[2], p.ks[2], p.ks[3], n, D, fk, ex);
-          for (std::int64_t pk = 0; pk < npk; ++pk) {
-            const std::int64_t rows = std::max<std::int64_t>(0, std::min(dnr, n - pk * dnr));
-            vk.pack_transpose(fk + pk * dnr * D, D, rows, D, KT + pk * D * dnr, dnr);
-          }
-          detail::pack_row_panels(v + j0 * p.vs[2], p.vs[2], p.vs[3], n, C, Dv, dnr, npv, Vp);
-          gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
+        // Keys [g * G, g * G + G) of the chunk at j0 (n keys): fk rows = phi(K rows), their
+        // columns of KT, their rows of SV's V part (zero past n and Dv). G divides dnr, so a slice
+        // never straddles a panel.
+        auto load_keys = [&](std::int64_t j0, std::int64_t n, std::int64_t g) {
+          const std::int64_t f = g * G, rows = std::min(G, n - f);
+          phi_rows(o.feature_map, vk, k + (j0 + f) * p.ks[2], p.ks[2], p.ks[3], rows, D, fk + f * D, D, ex);
+          vk.pack_transpose(fk + f * D, D, rows, D, KT + (f / dnr) * D * dnr + f % dnr, dnr, G);
+          detail::pack_row_panels(v + (j0 + f) * p.vs[2], p.vs[2], p.vs[3], rows, std::min(G, C - f), Dv, dnr, npv,
+                                  SV + (D + f) * dnr, ls);
         };
         // state += phi(K_c)^T V_c, key panel by key panel
         auto carry = [&](std::int64_t n) {
@@ -190,16 +192,17 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
               const std::int64_t kk = std::min(dnr, n - pk * dnr);
               for (std::int64_t r0 = 0; r0 < D; r0 += dmr)
                 gk.ukernel_direct_a[nv][std::min(dmr, D - r0)](kk, KT + pk * D * dnr + r0 * dnr, dnr,
-                                                              Vp + c * C * dnr + pk * dnr * dnr, dnr,
-                                                              SP + c * D * dnr + r0 * dnr, dnr, T(1), T(1));
+                                                              SV + c * ls + (D + pk * dnr) * dnr, dnr,
+                                                              SV + c * ls + r0 * dnr, dnr, T(1), T(1));
             }
           }
         };
-        auto den_from_z = [&](std::int64_t n) {  // den[r] = phi(q_r) . z
-          gk.gemv_t(n, D, T(1), z, fq, D, T(0), den);
+        auto den_from_z = [&](std::int64_t r0, std::int64_t n) {  // den[r] = phi(q_r) . z, rows r0..
+          gk.gemv_t(n, D, T(1), z, fq + r0 * lq, lq, T(0), den + r0);
         };
-        auto write = [&](std::int64_t i0, std::int64_t n) {  // out rows i0.. = num / (den + eps)
-          for (std::int64_t r = 0; r < n; ++r) {
+        // out rows i0 + r0.. = num / (den + eps)
+        auto write = [&](std::int64_t i0, std::int64_t r0, std::int64_t n) {
+          for (std::int64_t r = r0; r < r0 + n; ++r) {
             const T inv = T(1) / (den[r] + eps);
             T* dst = out + (i0 + r) * p.os[2];
             if (p.os[3] == 1) vk.scale_to(num + r * Dvp, dst, Dv, inv);
@@ -208,45 +211,62 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           }
         };
         std::fill(z, z + D, T(0));
-        std::fill(SP, SP + s_sp, T(0));
+        std::fill(SV, SV + s_sv, T(0));
         if (!o.causal) {
           for (std::int64_t j0 = 0; j0 < p.Sk; j0 += C) {
             const std::int64_t n = std::min(C, p.Sk - j0);
-            load_kv(j0, n);
+            for (std::int64_t g = 0; g * G < n; ++g) load_keys(j0, n, g);
+            gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
             carry(n);
           }
           for (std::int64_t i0 = 0; i0 < p.Sq; i0 += C) {
             const std::int64_t n = std::min(C, p.Sq - i0);
-            load_q(i0, n);
-            mm(n, Dv, D, fq, D, SP, D * dnr, num, Dvp, T(0));
-            den_from_z(n);
-            write(i0, n);
+            load_q(i0, 0, n);
+            mm(n, Dv, D, fq, lq, SV, ls, num, Dvp, T(0));
+            den_from_z(0, n);
+            write(i0, 0, n);
           }
           continue;
         }
+        // The causal form, chunk by chunk, a row block at a time: its Q rows and the keys it is
+        // the first to see are loaded, then the masked product A = phi(Q) phi(K_c)^T over the
+        // keys j < r0 + rows it can see, num = [phi(Q) | A] [state; V_c] in one product (the
+        // state holds the earlier chunks; the first chunk uses A V_c alone), and its output rows
+        // are written. Reading the inputs in small slices between products lets the hardware
+        // prefetchers stream them while the FMA units work (loading a whole chunk up front
+        // stalled on memory for ~30% of the time).
         for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
           const std::int64_t n = std::min(C, p.Sq - c0);
-          load_q(c0, n);
-          // across chunks: the sums over every earlier chunk (state, z), before this chunk's
-          // keys are added to z
-          if (c0 == 0) {
-            std::fill(num, num + n * Dvp, T(0));
-            std::fill(den, den + n, T(0));
-          } else {
-            mm(n, Dv, D, fq, D, SP, D * dnr, num, Dvp, T(0));
-            den_from_z(n);
+          std::int64_t keys = 0;  // keys of this chunk loaded so far
+          for (std::int64_t r0 = 0; r0 < n; r0 += dmr) {
+            const std::int64_t rows = std::min(dmr, n - r0), kmax = r0 + rows;
+            for (; keys < kmax; keys += G) load_keys(c0, n, keys / G);
+            load_q(c0, r0, rows);
+            if (c0 > 0) den_from_z(r0, rows);  // the earlier chunks' key sums
+            else std::fill(den + r0, den + r0 + rows, T(0));
+            const T* fqr = fq + r0 * lq;
+            T* a = A + r0 * lq;
+            T* nr = num + r0 * Dvp;
+            for (std::int64_t c = 0; c * dnr < kmax; ++c) {
+              const std::int64_t nv = (std::min(dnr, kmax - c * dnr) + lanes - 1) / lanes;
+              gk.ukernel_direct_a[nv][rows](D, fqr, lq, KT + c * D * dnr, dnr, a + c * dnr, lq, T(1), T(0));
+            }
+            for (std::int64_t i = 0; i < rows; ++i) {
+              T* ai = a + i * lq;
+              std::fill(ai + r0 + i + 1, ai + kmax, T(0));
+              den[r0 + i] += vk.sum(ai, r0 + i + 1);
+            }
+            for (std::int64_t c = 0; c < npv; ++c) {
+              const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
+              if (c0 > 0)
+                gk.ukernel_direct_a[nv][rows](D + kmax, fqr, lq, SV + c * ls, dnr, nr + c * dnr, Dvp, T(1), T(0));
+              else
+                gk.ukernel_direct_a[nv][rows](kmax, a, lq, SV + c * ls + D * dnr, dnr, nr + c * dnr, Dvp, T(1), T(0));
+            }
+            write(c0, r0, rows);
           }
-          load_kv(c0, n);
-          // inside the chunk: A = phi(Q_c) phi(K_c)^T with j > i zeroed; num += A V_c, den += row sums
-          mm(n, n, D, fq, D, KT, D * dnr, A, Cp, T(0));
-          for (std::int64_t i = 0; i < n; ++i) {
-            T* a = A + i * Cp;
-            std::fill(a + i + 1, a + n, T(0));
-            den[i] += vk.sum(a, i + 1);
-          }
-          mm(n, Dv, n, A, Cp, Vp, C * dnr, num, Dvp, T(1));
+          gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
           carry(n);
-          write(c0, n);
         }
       }
     } catch (const std::bad_alloc&) {

@@ -335,14 +335,14 @@ void scale_to_array(const T* x, T* y, std::int64_t n, T a) {
 
 template <class Arch, class T>
 void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
-                    std::int64_t dst_ld) {
+                    std::int64_t dst_ld, std::int64_t width) {
   // AVX-512: one masked gather per W rows and column (32-bit offsets: used while they fit).
   // (Preprocessor-guarded too: the intrinsic types exist only in the AVX-512 translation unit.)
 #if defined(__AVX512F__)
   if constexpr (kHasAvx512<Arch> && sizeof(T) == 4) {
     constexpr std::int64_t W = 16;
-    if (ld > 0 && ld * dst_ld < (std::int64_t{1} << 31) / 4) {
-      for (std::int64_t r0 = 0; r0 < dst_ld; r0 += W) {
+    if (ld > 0 && ld * width < (std::int64_t{1} << 31) / 4) {
+      for (std::int64_t r0 = 0; r0 < width; r0 += W) {
         const __m512i idx = _mm512_mullo_epi32(
             _mm512_add_epi32(_mm512_set1_epi32(static_cast<int>(r0)),
                              _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15)),
@@ -362,7 +362,7 @@ void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64
   for (std::int64_t c = 0; c < cols; ++c) {
     T* d = dst + c * dst_ld;
     for (std::int64_t r = 0; r < rows; ++r) d[r] = src[r * ld + c];
-    for (std::int64_t r = rows; r < dst_ld; ++r) d[r] = T(0);
+    for (std::int64_t r = rows; r < width; ++r) d[r] = T(0);
   }
 }
 

@@ -90,9 +90,10 @@ struct VectorKernels {
   // y[i] = x[i] * a (an output row's final 1 / l, written where it belongs).
   void (*scale_to)(const T* x, T* y, std::int64_t n, T a);
   // Transposing pack (K^T panels): dst[c * dst_ld + r] = src[r * ld + c] for r < rows, c < cols,
-  // and 0 for rows <= r < dst_ld. dst_ld is a multiple of the vector width.
+  // and 0 for rows <= r < width; nothing at or past width is written (so a panel can be filled
+  // a slice of columns at a time). width <= dst_ld, both multiples of the vector width.
   void (*pack_transpose)(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
-                         std::int64_t dst_ld);
+                         std::int64_t dst_ld, std::int64_t width);
   // Linear attention's feature maps, y may equal x, NaN propagates:
   // elu1: y[i] = elu(x[i]) + 1 = max(x, 0) + exp(min(x, 0)) (the exp above); relu: max(x, 0).
   void (*elu1)(const T* x, T* y, std::int64_t n);
