@@ -3,7 +3,9 @@
 #include "simdattn/linear.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <new>
 #include <string>
@@ -111,6 +113,58 @@ void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std:
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
+// The rows the next chunk reads (Q, K, V) and writes (out), handed out as contiguous runs of
+// cache lines to the prefetching micro-kernel, which spreads them over its k loop: the next
+// chunk then starts on L2-resident rows instead of waiting on memory (measured here: one burst
+// of prefetches per call stalls on the line-fill buffers; with none, the feature-map and packing
+// passes stall on demand misses). Rows with a non-unit inner stride are not prefetched.
+class NextRows {
+ public:
+  template <class T>
+  void add(const T* base, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols) {
+    if (cs != 1 || rows <= 0 || cols <= 0 || n_ == kStreams) return;
+    Stream st{reinterpret_cast<std::uintptr_t>(base), rs * std::int64_t(sizeof(T)), cols * std::int64_t(sizeof(T)), rows};
+    if (st.stride == st.bytes) {  // dense rows: one run
+      st.bytes *= rows;
+      st.rows = 1;
+    }
+    s_[n_++] = st;
+  }
+  // Up to `lines` lines from the cursor within one run: sets *p and returns the count.
+  std::int64_t take(std::int64_t lines, const void** p) {
+    while (cur_ < n_) {
+      const Stream& st = s_[cur_];
+      const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
+      const std::uintptr_t first = row >> 6, last = (row + static_cast<std::uintptr_t>(st.bytes) - 1) >> 6;
+      const auto avail = static_cast<std::int64_t>(last - first + 1) - line_;
+      if (avail > 0) {
+        const std::int64_t n = std::min(avail, lines);
+        *p = reinterpret_cast<const void*>((first + static_cast<std::uintptr_t>(line_)) << 6);
+        line_ += n;
+        return n;
+      }
+      line_ = 0;
+      if (++row_ == st.rows) {
+        row_ = 0;
+        ++cur_;
+      }
+    }
+    *p = nullptr;
+    return 0;
+  }
+  void clear() { n_ = cur_ = 0, row_ = line_ = 0; }
+
+ private:
+  static constexpr std::size_t kStreams = 4;
+  struct Stream {
+    std::uintptr_t base;
+    std::int64_t stride, bytes, rows;
+  };
+  std::array<Stream, kStreams> s_{};
+  std::size_t n_ = 0, cur_ = 0;
+  std::int64_t row_ = 0, line_ = 0;
+};
+
 // Every product of the chunked kernel runs on the in-place-A micro-kernel (the fused attention
 // kernel's), with the B operands kept in its packed-panel form: no GEMM driver, no per-call
 // packing. Panels are dnr columns wide, rows dnr apart, 64-byte aligned.
@@ -139,13 +193,17 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
 
   // C[M, N] (beta: 0 or 1) += A[M, K] (rows lda apart) x B (panels pstride apart); writes
   // columns up to round_up(N, lanes) of C.
+  // (prefetching from `next` meanwhile)
   auto mm = [&](std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda, const T* B,
-                std::int64_t pstride, T* Cm, std::int64_t ldc, T beta) {
+                std::int64_t pstride, T* Cm, std::int64_t ldc, T beta, NextRows& next) {
     for (std::int64_t c = 0; c * dnr < N; ++c) {
       const std::int64_t nv = (std::min(dnr, N - c * dnr) + lanes - 1) / lanes;
-      for (std::int64_t r0 = 0; r0 < M; r0 += dmr)
-        gk.ukernel_direct_a[nv][std::min(dmr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, dnr,
-                                                      Cm + r0 * ldc + c * dnr, ldc, T(1), beta);
+      for (std::int64_t r0 = 0; r0 < M; r0 += dmr) {
+        const void* at = nullptr;
+        const std::int64_t l = next.take(K / 4, &at);
+        gk.ukernel_direct_a_pf[nv][std::min(dmr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, dnr,
+                                                         Cm + r0 * ldc + c * dnr, ldc, T(1), beta, at, l);
+      }
     }
   };
 
@@ -185,15 +243,21 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
                                   SV + (D + f) * dnr, ls);
         };
         // state += phi(K_c)^T V_c, key panel by key panel
+        NextRows next;
+        // up to one line per four k steps of a product of depth kk
+        auto pf = [&](std::int64_t kk, const void** at) { return next.take(kk / 4, at); };
         auto carry = [&](std::int64_t n) {
           for (std::int64_t c = 0; c < npv; ++c) {
             const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
             for (std::int64_t pk = 0; pk * dnr < n; ++pk) {
               const std::int64_t kk = std::min(dnr, n - pk * dnr);
-              for (std::int64_t r0 = 0; r0 < D; r0 += dmr)
-                gk.ukernel_direct_a[nv][std::min(dmr, D - r0)](kk, KT + pk * D * dnr + r0 * dnr, dnr,
-                                                              SV + c * ls + (D + pk * dnr) * dnr, dnr,
-                                                              SV + c * ls + r0 * dnr, dnr, T(1), T(1));
+              for (std::int64_t r0 = 0; r0 < D; r0 += dmr) {
+                const void* a = nullptr;
+                const std::int64_t l = pf(kk, &a);
+                gk.ukernel_direct_a_pf[nv][std::min(dmr, D - r0)](kk, KT + pk * D * dnr + r0 * dnr, dnr,
+                                                                 SV + c * ls + (D + pk * dnr) * dnr, dnr,
+                                                                 SV + c * ls + r0 * dnr, dnr, T(1), T(1), a, l);
+              }
             }
           }
         };
@@ -215,14 +279,26 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         if (!o.causal) {
           for (std::int64_t j0 = 0; j0 < p.Sk; j0 += C) {
             const std::int64_t n = std::min(C, p.Sk - j0);
+            next.clear();
+            if (j0 + n < p.Sk) {
+              const std::int64_t j1 = j0 + n, nn = std::min(C, p.Sk - j1);
+              next.add(k + j1 * p.ks[2], p.ks[2], p.ks[3], nn, D);
+              next.add(v + j1 * p.vs[2], p.vs[2], p.vs[3], nn, Dv);
+            }
             for (std::int64_t g = 0; g * G < n; ++g) load_keys(j0, n, g);
             gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
             carry(n);
           }
           for (std::int64_t i0 = 0; i0 < p.Sq; i0 += C) {
             const std::int64_t n = std::min(C, p.Sq - i0);
+            next.clear();
+            if (i0 + n < p.Sq) {
+              const std::int64_t i1 = i0 + n, nn = std::min(C, p.Sq - i1);
+              next.add(q + i1 * p.qs[2], p.qs[2], p.qs[3], nn, D);
+              next.add(out + i1 * p.os[2], p.os[2], p.os[3], nn, Dv);
+            }
             load_q(i0, 0, n);
-            mm(n, Dv, D, fq, lq, SV, ls, num, Dvp, T(0));
+            mm(n, Dv, D, fq, lq, SV, ls, num, Dvp, T(0), next);
             den_from_z(0, n);
             write(i0, 0, n);
           }
@@ -238,6 +314,14 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
         for (std::int64_t c0 = 0; c0 < p.Sq; c0 += C) {
           const std::int64_t n = std::min(C, p.Sq - c0);
           std::int64_t keys = 0;  // keys of this chunk loaded so far
+          next.clear();
+          if (c0 + n < p.Sq) {
+            const std::int64_t c1 = c0 + n, nn = std::min(C, p.Sq - c1);
+            next.add(q + c1 * p.qs[2], p.qs[2], p.qs[3], nn, D);
+            next.add(k + c1 * p.ks[2], p.ks[2], p.ks[3], nn, D);
+            next.add(v + c1 * p.vs[2], p.vs[2], p.vs[3], nn, Dv);
+            next.add(out + c1 * p.os[2], p.os[2], p.os[3], nn, Dv);
+          }
           for (std::int64_t r0 = 0; r0 < n; r0 += dmr) {
             const std::int64_t rows = std::min(dmr, n - r0), kmax = r0 + rows;
             for (; keys < kmax; keys += G) load_keys(c0, n, keys / G);
@@ -249,7 +333,9 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             T* nr = num + r0 * Dvp;
             for (std::int64_t c = 0; c * dnr < kmax; ++c) {
               const std::int64_t nv = (std::min(dnr, kmax - c * dnr) + lanes - 1) / lanes;
-              gk.ukernel_direct_a[nv][rows](D, fqr, lq, KT + c * D * dnr, dnr, a + c * dnr, lq, T(1), T(0));
+              const void* pa = nullptr;
+              const std::int64_t l = pf(D, &pa);
+              gk.ukernel_direct_a_pf[nv][rows](D, fqr, lq, KT + c * D * dnr, dnr, a + c * dnr, lq, T(1), T(0), pa, l);
             }
             for (std::int64_t i = 0; i < rows; ++i) {
               T* ai = a + i * lq;
@@ -258,10 +344,16 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             }
             for (std::int64_t c = 0; c < npv; ++c) {
               const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
-              if (c0 > 0)
-                gk.ukernel_direct_a[nv][rows](D + kmax, fqr, lq, SV + c * ls, dnr, nr + c * dnr, Dvp, T(1), T(0));
-              else
-                gk.ukernel_direct_a[nv][rows](kmax, a, lq, SV + c * ls + D * dnr, dnr, nr + c * dnr, Dvp, T(1), T(0));
+              const void* pa = nullptr;
+              if (c0 > 0) {
+                const std::int64_t l = pf(D + kmax, &pa);
+                gk.ukernel_direct_a_pf[nv][rows](D + kmax, fqr, lq, SV + c * ls, dnr, nr + c * dnr, Dvp, T(1), T(0),
+                                                 pa, l);
+              } else {
+                const std::int64_t l = pf(kmax, &pa);
+                gk.ukernel_direct_a_pf[nv][rows](kmax, a, lq, SV + c * ls + D * dnr, dnr, nr + c * dnr, Dvp, T(1),
+                                                 T(0), pa, l);
+              }
             }
             write(c0, r0, rows);
           }

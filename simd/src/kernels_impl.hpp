@@ -379,10 +379,12 @@ void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64
 // (A compile-time B stride matters: with a runtime one GCC interleaves the unrolled steps and
 // spills accumulators, 170 -> 130 GFLOP/s.)
 // BS: the packed B panel's row stride (its width), >= NV * W.
-template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR, int BS = -1>
+// kPf: one prefetch (into L2) of the next of pf_lines lines from pf per four k steps.
+template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR, int BS = -1, bool kPf = false>
 __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* __restrict A, std::int64_t lda,
                                                      const T* __restrict Bp, std::int64_t ldb,
-                                                     T* __restrict C, std::int64_t ldc, T alpha, T beta) {
+                                                     T* __restrict C, std::int64_t ldc, T alpha, T beta,
+                                                     const char* pf = nullptr, std::int64_t pf_lines = 0) {
   using B = batch<T, Arch>;
   constexpr int W = static_cast<int>(B::size);
   constexpr int kBS = BS > 0 ? BS : NV * W;
@@ -420,6 +422,13 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
   };
   std::int64_t k = 0;
   for (; k + 4 <= kc; k += 4) {
+    if constexpr (kPf) {
+      if (pf_lines > 0) {
+        __builtin_prefetch(pf, 0, 2);
+        pf += 64;
+        --pf_lines;
+      }
+    }
     step(0);
     step(1);
     step(2);
@@ -474,6 +483,14 @@ void gemm_ukernel_direct_a(std::int64_t kc, const T* A, std::int64_t lda, const 
   gemm_tile<Arch, T, M, NV, false, true, M, NVP * W>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta);
 }
 
+template <class Arch, class T, int M, int NV, int NVP>
+void gemm_ukernel_direct_a_pf(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, std::int64_t ldb,
+                              T* C, std::int64_t ldc, T alpha, T beta, const void* pf, std::int64_t pf_lines) {
+  constexpr int W = static_cast<int>(batch<T, Arch>::size);
+  gemm_tile<Arch, T, M, NV, false, true, M, NVP * W, true>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta,
+                                                           static_cast<const char*>(pf), pf_lines);
+}
+
 // Tables indexed by the number of rows m = 1..MR (entry 0 unused).
 template <class Arch, class T, int NV, int MR, bool kPackedB, int... Ms>
 constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer_sequence<int, Ms...>) {
@@ -482,17 +499,19 @@ constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer
   else ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
   return t;
 }
-template <class Arch, class T, int NV, int NVP, int... Ms>
-constexpr std::array<GemmUkernelDirectA<T>, kMaxMr + 1> direct_row_kernels(std::integer_sequence<int, Ms...>) {
-  std::array<GemmUkernelDirectA<T>, kMaxMr + 1> t{};
-  ((t[Ms + 1] = &gemm_ukernel_direct_a<Arch, T, Ms + 1, NV, NVP>), ...);
+template <class Arch, class T, int NV, int NVP, bool kPf, int... Ms>
+constexpr auto direct_row_kernels(std::integer_sequence<int, Ms...>) {
+  using K = std::conditional_t<kPf, GemmUkernelDirectAPf<T>, GemmUkernelDirectA<T>>;
+  std::array<K, kMaxMr + 1> t{};
+  if constexpr (kPf) ((t[Ms + 1] = &gemm_ukernel_direct_a_pf<Arch, T, Ms + 1, NV, NVP>), ...);
+  else ((t[Ms + 1] = &gemm_ukernel_direct_a<Arch, T, Ms + 1, NV, NVP>), ...);
   return t;
 }
-template <class Arch, class T, int MR, int NVP, int... Vs>
-constexpr std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> direct_kernels(
-    std::integer_sequence<int, Vs...>) {
-  std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> t{};
-  ((t[Vs + 1] = direct_row_kernels<Arch, T, Vs + 1, NVP>(std::make_integer_sequence<int, MR>{})), ...);
+template <class Arch, class T, int MR, int NVP, bool kPf, int... Vs>
+constexpr auto direct_kernels(std::integer_sequence<int, Vs...>) {
+  using K = std::conditional_t<kPf, GemmUkernelDirectAPf<T>, GemmUkernelDirectA<T>>;
+  std::array<std::array<K, kMaxMr + 1>, kMaxNv + 1> t{};
+  ((t[Vs + 1] = direct_row_kernels<Arch, T, Vs + 1, NVP, kPf>(std::make_integer_sequence<int, MR>{})), ...);
   return t;
 }
 
@@ -625,7 +644,8 @@ GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc) {
           packed_row_kernels<Arch, T, NV, MR, true>(std::make_integer_sequence<int, MR>{}),
           packed_row_kernels<Arch, T, NV, MR, false>(std::make_integer_sequence<int, MR>{}),
           GemmBlocking{DMR, DNV * W, W, DMR, direct_kc, nc},
-          direct_kernels<Arch, T, DMR, DNV>(std::make_integer_sequence<int, DNV>{}),
+          direct_kernels<Arch, T, DMR, DNV, false>(std::make_integer_sequence<int, DNV>{}),
+          direct_kernels<Arch, T, DMR, DNV, true>(std::make_integer_sequence<int, DNV>{}),
           &gemv_n<Arch, T>, &gemv_t<Arch, T>};
 }
 

@@ -34,6 +34,13 @@ using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int
 template <class T>
 using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
                                     std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta);
+// The same, also prefetching (into L2) pf_lines cache lines from pf on, one per four k steps:
+// a caller that streams its next inputs from memory spreads their misses over its arithmetic
+// (a burst of software prefetches stalls on the core's few line-fill buffers instead).
+template <class T>
+using GemmUkernelDirectAPf = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
+                                      std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta,
+                                      const void* pf, std::int64_t pf_lines);
 
 // Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
 // reasoning behind each ISA's numbers.
@@ -62,6 +69,7 @@ struct GemmKernels {
   // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
   // cost only the vectors they have.
   std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a;
+  std::array<std::array<GemmUkernelDirectAPf<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a_pf;
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
   // beta == 0 never reads y. Streams B once.
   void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
