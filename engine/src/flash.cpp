@@ -28,6 +28,7 @@
 
 #include "gemm.hpp"
 #include "panels.hpp"
+#include "prefetch.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "threading.hpp"
@@ -192,8 +193,8 @@ struct Plan {
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
   std::int64_t bq;         // query rows per block (the last may have fewer)
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
-  // packed Q block, S block, O block, row max m and row sum l.
-  std::int64_t k_size, v_size, q_size, s_size, o_size, row_size;
+  // packed Q block, S block, O block, row max m and row sum l, which key blocks are packed.
+  std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
 
   Plan(const Problem& prob, const simd::KernelTable& kt)
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
@@ -227,9 +228,10 @@ struct Plan {
     s_size = round_up(kBlockQ * kBlockK, a);
     o_size = round_up(kBlockQ * dvp, a);
     row_size = round_up(kBlockQ, a);
+    flag_size = round_up(nkb, a);
   }
   std::size_t scratch_size() const {
-    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 2 * row_size);
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 2 * row_size + flag_size);
   }
 };
 
@@ -244,13 +246,14 @@ class Worker {
     sb_ = s, s += plan.s_size;
     ob_ = s, s += plan.o_size;
     m_ = s, s += plan.row_size;
-    l_ = s;
+    l_ = s, s += plan.row_size;
+    packed_ = s;
   }
 
   // Computes item (b, h, query block qb).
   void run(std::int64_t b, std::int64_t h, std::int64_t qb) {
     const std::int64_t hk = h / (p_.H / p_.Hkv);
-    if (b != packed_b_ || hk != packed_hk_) pack_kv(b, hk);
+    if (b != packed_b_ || hk != packed_hk_) start_kv(b, hk);
     const std::int64_t i0 = qb * P_.bq, br = std::min(P_.bq, p_.Sq - i0);
     prepare_q(b, h, i0, br);
     const T neg_inf = -std::numeric_limits<T>::infinity();
@@ -262,6 +265,8 @@ class Worker {
     // Keys [j0 + a, j0 + a + n) of key block jb (a a multiple of the vector width).
     auto step = [&](std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover) {
       const std::int64_t j0 = jb * kBlockK;
+      if (packed_[jb] == T(0)) pack_block(jb);
+      prefetch_block(jb + 1);
       scores(jb, a, n, br);
       softmax_update(b, h, i0, br, j0 + a, a, n, cover, first);
       accumulate(jb, a, n, br, first ? T(0) : T(1));
@@ -300,35 +305,47 @@ class Worker {
  private:
   // K^T of kv head (b, hk) as B panels of dnr keys: block jb, panel c, row d holds keys
   // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of dnr columns: block jb, panel c,
-  // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past the key length L[b] and Dv; only the
-  // blocks that hold keys below L[b] are packed (the others are hidden and never visited), so
-  // K/V past L[b] are never read and a large, mostly empty KV cache costs only its used part.
-  void pack_kv(std::int64_t b, std::int64_t hk) {
-    const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
-    const T* v = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
-    const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
-    const std::int64_t key_len = p_.key_len(b);
-    const std::int64_t blocks = std::min(P_.nkb, (key_len + kBlockK - 1) / kBlockK);
-    for (std::int64_t jb = 0; jb < blocks; ++jb) {
-      T* kb = kp_ + jb * D * kBlockK;
-      for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
-        T* panel = kb + c * D * nr;
-        const std::int64_t j0 = jb * kBlockK + c * nr;
-        const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len - j0));
-        if (p_.ks[3] == 1) {
-          P_.vk.pack_transpose(n > 0 ? k + j0 * p_.ks[2] : k, p_.ks[2], n, D, panel, nr, nr);
-          continue;
-        }
-        for (std::int64_t d = 0; d < D; ++d)
-          for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k[(j0 + q) * p_.ks[2] + d * p_.ks[3]] : T(0);
-      }
-      // keys past L[b] are never read: V there may hold anything (a cache tail)
-      const std::int64_t rows = std::min(kBlockK, key_len - jb * kBlockK);
-      pack_row_panels(v + jb * kBlockK * p_.vs[2], p_.vs[2], p_.vs[3], rows, kBlockK, p_.Dv, dnr, P_.dvp / dnr,
-                      vp_ + jb * kBlockK * P_.dvp);
-    }
+  // row j holds V[j0 + j, c*dnr .. + dnr - 1]. Zero past the key length L[b] and Dv. A block is
+  // packed when a query block first computes it (blocks past L[b] are hidden, never visited:
+  // K/V past L[b] are never read, and a large, mostly empty KV cache costs only its used part),
+  // its rows prefetched while the block before it is computed.
+  void start_kv(std::int64_t b, std::int64_t hk) {
+    k_ = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
+    v_ = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
+    key_len_ = p_.key_len(b);
+    std::fill(packed_, packed_ + P_.nkb, T(0));
     packed_b_ = b;
     packed_hk_ = hk;
+  }
+  void pack_block(std::int64_t jb) {
+    const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
+    T* kb = kp_ + jb * D * kBlockK;
+    for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
+      T* panel = kb + c * D * nr;
+      const std::int64_t j0 = jb * kBlockK + c * nr;
+      const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
+      if (p_.ks[3] == 1) {
+        P_.vk.pack_transpose(n > 0 ? k_ + j0 * p_.ks[2] : k_, p_.ks[2], n, D, panel, nr, nr);
+        continue;
+      }
+      for (std::int64_t d = 0; d < D; ++d)
+        for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * p_.ks[2] + d * p_.ks[3]] : T(0);
+    }
+    // keys past L[b] are never read: V there may hold anything (a cache tail)
+    const std::int64_t rows = std::min(kBlockK, key_len_ - jb * kBlockK);
+    pack_row_panels(v_ + jb * kBlockK * p_.vs[2], p_.vs[2], p_.vs[3], rows, kBlockK, p_.Dv, dnr, P_.dvp / dnr,
+                    vp_ + jb * kBlockK * P_.dvp);
+    packed_[jb] = T(1);
+  }
+  // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
+  // next prefetches of the micro-kernels.
+  void prefetch_block(std::int64_t jb) {
+    next_.clear();
+    const std::int64_t j0 = jb * kBlockK;
+    if (jb >= P_.nkb || j0 >= key_len_ || packed_[jb] != T(0)) return;
+    const std::int64_t rows = std::min(kBlockK, key_len_ - j0);
+    next_.add(k_ + j0 * p_.ks[2], p_.ks[2], p_.ks[3], rows, p_.D);
+    next_.add(v_ + j0 * p_.vs[2], p_.vs[2], p_.vs[3], rows, p_.Dv);
   }
 
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
@@ -358,8 +375,10 @@ class Worker {
       const std::int64_t nv = (std::min(dnr, nk - c * dnr) - o + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        P_.gk.ukernel_direct_a[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr + o, dnr,
-                                      sb_ + r0 * kBlockK + c * dnr + o, kBlockK, T(1), T(0));
+        const void* at = nullptr;
+        const std::int64_t l = next_.take(D / 4, &at);
+        P_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr + o, dnr,
+                                         sb_ + r0 * kBlockK + c * dnr + o, kBlockK, T(1), T(0), at, l);
       }
     }
   }
@@ -399,8 +418,10 @@ class Worker {
       const std::int64_t nv = (std::min(dnr, p_.Dv - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        P_.gk.ukernel_direct_a[nv][m](n, sb_ + r0 * kBlockK + a, kBlockK, vb + c * kBlockK * dnr + a * dnr, dnr,
-                                      ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta);
+        const void* at = nullptr;
+        const std::int64_t l = next_.take(n / 4, &at);
+        P_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * kBlockK + a, kBlockK, vb + c * kBlockK * dnr + a * dnr, dnr,
+                                         ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta, at, l);
       }
     }
   }
@@ -413,6 +434,10 @@ class Worker {
   const Plan<T>& P_;
   const Problem& p_;
   T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_;
+  T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
+  const T *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
+  std::int64_t key_len_ = 0;
+  NextRows next_;
   const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
   // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
   const bool structured_ = p_.causal != Causal::none || p_.has_window || p_.key_lengths != nullptr || p_.sparse();

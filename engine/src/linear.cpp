@@ -3,7 +3,6 @@
 #include "simdattn/linear.hpp"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -11,6 +10,7 @@
 #include <string>
 
 #include "panels.hpp"
+#include "prefetch.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
@@ -113,58 +113,6 @@ void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std:
 
 inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
 
-// The rows the next chunk reads (Q, K, V) and writes (out), handed out as contiguous runs of
-// cache lines to the prefetching micro-kernel, which spreads them over its k loop: the next
-// chunk then starts on L2-resident rows instead of waiting on memory (measured here: one burst
-// of prefetches per call stalls on the line-fill buffers; with none, the feature-map and packing
-// passes stall on demand misses). Rows with a non-unit inner stride are not prefetched.
-class NextRows {
- public:
-  template <class T>
-  void add(const T* base, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols) {
-    if (cs != 1 || rows <= 0 || cols <= 0 || n_ == kStreams) return;
-    Stream st{reinterpret_cast<std::uintptr_t>(base), rs * std::int64_t(sizeof(T)), cols * std::int64_t(sizeof(T)), rows};
-    if (st.stride == st.bytes) {  // dense rows: one run
-      st.bytes *= rows;
-      st.rows = 1;
-    }
-    s_[n_++] = st;
-  }
-  // Up to `lines` lines from the cursor within one run: sets *p and returns the count.
-  std::int64_t take(std::int64_t lines, const void** p) {
-    while (cur_ < n_) {
-      const Stream& st = s_[cur_];
-      const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
-      const std::uintptr_t first = row >> 6, last = (row + static_cast<std::uintptr_t>(st.bytes) - 1) >> 6;
-      const auto avail = static_cast<std::int64_t>(last - first + 1) - line_;
-      if (avail > 0) {
-        const std::int64_t n = std::min(avail, lines);
-        *p = reinterpret_cast<const void*>((first + static_cast<std::uintptr_t>(line_)) << 6);
-        line_ += n;
-        return n;
-      }
-      line_ = 0;
-      if (++row_ == st.rows) {
-        row_ = 0;
-        ++cur_;
-      }
-    }
-    *p = nullptr;
-    return 0;
-  }
-  void clear() { n_ = cur_ = 0, row_ = line_ = 0; }
-
- private:
-  static constexpr std::size_t kStreams = 4;
-  struct Stream {
-    std::uintptr_t base;
-    std::int64_t stride, bytes, rows;
-  };
-  std::array<Stream, kStreams> s_{};
-  std::size_t n_ = 0, cur_ = 0;
-  std::int64_t row_ = 0, line_ = 0;
-};
-
 // Every product of the chunked kernel runs on the in-place-A micro-kernel (the fused attention
 // kernel's), with the B operands kept in its packed-panel form: no GEMM driver, no per-call
 // packing. Panels are dnr columns wide, rows dnr apart, 64-byte aligned.
@@ -195,7 +143,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   // columns up to round_up(N, lanes) of C.
   // (prefetching from `next` meanwhile)
   auto mm = [&](std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda, const T* B,
-                std::int64_t pstride, T* Cm, std::int64_t ldc, T beta, NextRows& next) {
+                std::int64_t pstride, T* Cm, std::int64_t ldc, T beta, detail::NextRows& next) {
     for (std::int64_t c = 0; c * dnr < N; ++c) {
       const std::int64_t nv = (std::min(dnr, N - c * dnr) + lanes - 1) / lanes;
       for (std::int64_t r0 = 0; r0 < M; r0 += dmr) {
@@ -242,10 +190,11 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           detail::pack_row_panels(v + (j0 + f) * p.vs[2], p.vs[2], p.vs[3], rows, std::min(G, C - f), Dv, dnr, npv,
                                   SV + (D + f) * dnr, ls);
         };
-        // state += phi(K_c)^T V_c, key panel by key panel
-        NextRows next;
-        // up to one line per four k steps of a product of depth kk
+        // The next chunk's rows, prefetched by the products of this one: up to one line per four
+        // k steps of a product of depth kk.
+        detail::NextRows next;
         auto pf = [&](std::int64_t kk, const void** at) { return next.take(kk / 4, at); };
+        // state += phi(K_c)^T V_c, key panel by key panel
         auto carry = [&](std::int64_t n) {
           for (std::int64_t c = 0; c < npv; ++c) {
             const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
