@@ -155,6 +155,73 @@ TEST_CASE("max, sum and the fused softmax passes against scalar twins, all lengt
   }
 }
 
+// One online-softmax step (VectorKernels::softmax_rows) against a scalar twin: the row max of
+// the scaled scores (exactly), the weights within 3 ulp of exp(s - m_new) (s rounded as the
+// kernel computes it), l and alpha for every kind of prior state.
+template <class T>
+void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
+  const T inf = std::numeric_limits<T>::infinity();
+  std::normal_distribution<double> nd(0.0, 4.0);
+  for (std::int64_t n : {1, 2, 7, 8, 15, 16, 17, 40, 77, 128}) {
+    for (T scale : {T(0.125), T(-0.5), T(1)}) {
+      CAPTURE(n);
+      CAPTURE(scale);
+      // rows: prior max -inf (first block), below, equal to and above this block's max;
+      // a fully masked row; a row with a NaN score
+      const std::int64_t rows = 7, ld = n + 3;
+      std::vector<T> x(static_cast<std::size_t>(rows * ld), T(99));
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < n; ++j) x[r * ld + j] = static_cast<T>(nd(rng));
+      for (std::int64_t j = 0; j < n; ++j) x[5 * ld + j] = -inf / scale;  // every s is -inf
+      x[6 * ld + n / 2] = std::numeric_limits<T>::quiet_NaN();
+      std::vector<T> bmax(rows, -inf);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < n; ++j) {
+          const T sv = x[r * ld + j] * scale;
+          if (sv > bmax[r]) bmax[r] = sv;
+        }
+      std::vector<T> m{-inf, bmax[1] - T(3), bmax[2], bmax[3] + T(2), T(0.5), -inf, T(-1)};
+      std::vector<T> l{T(0), T(2), T(3), T(4), T(5), T(0), T(1)}, alpha(rows, T(7));
+      const std::vector<T> x0 = x, m0 = m, l0 = l;
+      vk.softmax_rows(x.data(), ld, rows, n, scale, m.data(), l.data(), alpha.data());
+      for (std::int64_t r = 0; r < rows; ++r) {
+        CAPTURE(r);
+        for (std::int64_t j = n; j < ld; ++j) CHECK(x[r * ld + j] == T(99));  // nothing past n written
+        if (r == 6) {  // a NaN score: its weight and l are NaN (the max it leaves is unspecified)
+          CHECK(std::isnan(x[r * ld + n / 2]));
+          CHECK(std::isnan(l[r]));
+          continue;
+        }
+        const T mn = bmax[r] > m0[r] ? bmax[r] : m0[r];
+        CHECK(m[r] == mn);
+        const T want_alpha = (mn != m0[r] && m0[r] != -inf) ? std::exp(m0[r] - mn)
+                             : (m0[r] == -inf && mn != -inf) ? T(-1)
+                                                             : T(1);
+        CHECK(alpha[r] == want_alpha);
+        long double sum = 0;
+        for (std::int64_t j = 0; j < n; ++j) {
+          const T sv = x0[r * ld + j] * scale;
+          const long double want = mn == -inf ? 0.0L : std::exp(static_cast<long double>(sv - mn));
+          if (want < static_cast<long double>(std::numeric_limits<T>::min())) CHECK(x[r * ld + j] == T(0));
+          else CHECK(ulp_error<T>(x[r * ld + j], want) <= 3.0);
+          sum += x[r * ld + j];
+        }
+        const long double l_want = static_cast<long double>(want_alpha > T(0) && want_alpha != T(1) ? l0[r] * want_alpha : l0[r]) + sum;
+        CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-6L * (1 + l_want));
+      }
+    }
+  }
+}
+
+TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weights, l, alpha") {
+  std::mt19937_64 rng(simdattn::test::base_seed() + 47);
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    check_softmax_rows<float>(kt->vec_f32, rng);
+    check_softmax_rows<double>(kt->vec_f64, rng);
+  }
+}
+
 TEST_CASE("scale and scale_to on every ISA, all lengths") {
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));

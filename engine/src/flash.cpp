@@ -193,7 +193,8 @@ struct Plan {
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
   std::int64_t bq;         // query rows per block (the last may have fewer)
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
-  // packed Q block, S block, O block, row max m and row sum l, which key blocks are packed.
+  // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
+  // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
 
   Plan(const Problem& prob, const simd::KernelTable& kt)
@@ -231,7 +232,7 @@ struct Plan {
     flag_size = round_up(nkb, a);
   }
   std::size_t scratch_size() const {
-    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 2 * row_size + flag_size);
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size);
   }
 };
 
@@ -247,6 +248,7 @@ class Worker {
     ob_ = s, s += plan.o_size;
     m_ = s, s += plan.row_size;
     l_ = s, s += plan.row_size;
+    alpha_ = s, s += plan.row_size;
     packed_ = s;
   }
 
@@ -383,30 +385,28 @@ class Worker {
     }
   }
 
-  // Scale and mask S, then the online softmax step for each row: P = exp(S - m_new) in place,
-  // l and O rescaled when the row max grows.
-  // Keys j0 .. j0 + nk - 1 sit at column a of S.
+  // Scale and mask S, then the online softmax step for the block's rows (VectorKernels::
+  // softmax_rows): P = exp(S - m_new) in place, l and O rescaled where the row max grew.
+  // Keys j0 .. j0 + nk - 1 sit at column a of S. Fully visible blocks are scaled inside that
+  // step; the others are scaled and masked row by row first.
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
                       std::int64_t a, std::int64_t nk, Cover cover, bool first) {
-    const T neg_inf = -std::numeric_limits<T>::infinity();
+    T scale = static_cast<T>(p_.scale);
+    if (cover != Cover::full) {
+      for (std::int64_t r = 0; r < br; ++r)
+        mask_scale_max(p_, P_.vk, sb_ + r * kBlockK + a, b, h, i0 + r, j0, nk, false);
+      scale = T(1);
+    }
+    // NaN scores do not raise the max; they reach l and O through P instead.
+    P_.vk.softmax_rows(sb_ + a, kBlockK, br, nk, scale, m_, l_, alpha_);
+    if (first) return;  // O is written (beta = 0) by this block's product
     for (std::int64_t r = 0; r < br; ++r) {
-      T* row = sb_ + r * kBlockK + a;
-      const T bm = mask_scale_max(p_, P_.vk, row, b, h, i0 + r, j0, nk, cover == Cover::full);
-      // NaN scores do not raise the max; they reach l and O through P instead.
-      const T m_old = m_[r];
-      const T m_new = bm > m_old ? bm : m_old;
-      const T sum = P_.vk.exp_sub_max_sum(row, nk, m_new);
-      if (m_new != m_old && m_old != neg_inf) {
-        const T alpha = std::exp(m_old - m_new);
-        l_[r] *= alpha;
-        P_.vk.scale(ob_ + r * P_.dvp, P_.dvu, alpha);
-      } else if (m_old == neg_inf && m_new != neg_inf && !first) {
-        // The row's first visible key: what earlier blocks left in its O row is 0 * V of keys
-        // it cannot see, which is NaN where such V is Inf or NaN. Start from exact zeros.
-        std::fill(ob_ + r * P_.dvp, ob_ + r * P_.dvp + P_.dvu, T(0));
-      }
-      l_[r] += sum;
-      m_[r] = m_new;
+      if (alpha_[r] == T(1)) continue;
+      T* o = ob_ + r * P_.dvp;
+      // alpha = -1: the row's first visible key. What earlier blocks left in its O row is
+      // 0 * V of keys it cannot see, which is NaN where such V is Inf or NaN: start from zeros.
+      if (alpha_[r] < T(0)) std::fill(o, o + P_.dvu, T(0));
+      else P_.vk.scale(o, P_.dvu, alpha_[r]);
     }
   }
 
@@ -433,7 +433,7 @@ class Worker {
 
   const Plan<T>& P_;
   const Problem& p_;
-  T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_;
+  T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_, *alpha_;
   T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
   const T *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
   std::int64_t key_len_ = 0;

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <utility>
 #include <limits>
@@ -636,12 +637,71 @@ ProbeKernels make_probe_kernels() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The online-softmax step over a block of rows (see VectorKernels::softmax_rows). Rows go in
+// pairs, their max and exp passes interleaved: two independent dependency chains per loop.
+
+template <class Arch, class T, int R>
+inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T* m, T* l, T* alpha) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const B s(scale);
+  const std::int64_t nf = n / W * W, tail = n - nf;
+  B mx[R];
+  for (int q = 0; q < R; ++q) mx[q] = B(neg_inf);
+  for (std::int64_t i = 0; i < nf; i += W)
+    for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i) * s);
+  if (tail > 0)
+    for (int q = 0; q < R; ++q)
+      mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s, tail, neg_inf));
+  B ref[R], sum[R];
+  for (int q = 0; q < R; ++q) {
+    const T bm = hmax<Arch, T>(mx[q]), mo = m[q];
+    const T mn = bm > mo ? bm : mo;  // a NaN max does not raise it
+    T a = T(1);
+    if (mn != mo && mo != neg_inf) {
+      a = std::exp(mo - mn);
+      l[q] *= a;
+    } else if (mo == neg_inf && mn != neg_inf) {
+      a = T(-1);
+    }
+    alpha[q] = a;
+    m[q] = mn;
+    ref[q] = B(mn == neg_inf ? T(0) : mn);  // a row with no visible key: exp(-inf - 0) = 0
+    sum[q] = B(T(0));
+  }
+  for (std::int64_t i = 0; i < nf; i += W)
+    for (int q = 0; q < R; ++q) {
+      const B p = exp_batch<Arch, T, true, true>(B::load_unaligned(x + q * ld + i) * s - ref[q]);
+      p.store_unaligned(x + q * ld + i);
+      sum[q] += p;
+    }
+  if (tail > 0)
+    for (int q = 0; q < R; ++q) {
+      // -inf in the missing lanes: exp gives 0 there, nothing reaches the sum
+      const B v = blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s - ref[q], tail,
+                                      neg_inf);
+      const B p = exp_batch<Arch, T, true, true>(v);
+      store_tail<Arch, T>(x + q * ld + nf, tail, p);
+      sum[q] += p;
+    }
+  for (int q = 0; q < R; ++q) l[q] += xsimd::hadd(sum[q]);
+}
+
+template <class Arch, class T>
+void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l, T* alpha) {
+  std::int64_t r = 0;
+  for (; r + 2 <= rows; r += 2) softmax_row_group<Arch, T, 2>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
+  if (r < rows) softmax_row_group<Arch, T, 1>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
+}
+
+// ---------------------------------------------------------------------------------------------
 
 template <class Arch, class T>
 VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
           &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
-          &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>};
+          &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>, &softmax_rows<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

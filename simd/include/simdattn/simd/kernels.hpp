@@ -106,6 +106,19 @@ struct VectorKernels {
   // elu1: y[i] = elu(x[i]) + 1 = max(x, 0) + exp(min(x, 0)) (the exp above); relu: max(x, 0).
   void (*elu1)(const T* x, T* y, std::int64_t n);
   void (*relu)(const T* x, T* y, std::int64_t n);
+  // The online-softmax step of a block of scores, rows r < rows of x (ld apart), keys n:
+  //   s = x[r, :] * scale (computed as passes 1 and 2 above do: the same values)
+  //   m_new = max(s) if that exceeds m[r], else m[r]
+  //   x[r, :] = exp(s - m_new) (0 where m_new = -inf; flushed below the smallest normal)
+  //   alpha[r] = exp(m[r] - m_new) if the max grew from a finite m[r], -1 if m[r] = -inf and
+  //              m_new is not (the row's first visible key: its accumulated output is to be
+  //              discarded), else 1
+  //   l[r] = l[r] * alpha[r] (when the max grew) + sum of the new x[r, :];  m[r] = m_new.
+  // The caller rescales (or, for -1, clears) the output rows with alpha[r] != 1. One call per
+  // block: the passes of two rows are interleaved and the constants loaded once, where a pair of
+  // calls per row cost as much again as the arithmetic on short rows (sdcross: 77 keys).
+  void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l,
+                       T* alpha);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
