@@ -172,7 +172,8 @@ TEST_CASE("edge cases: Sk = 1, Sq = 1, D = 1, D = 257, Sq != Sk") {
 TEST_CASE("sizes one below, at and above the native block sizes") {
   std::mt19937_64 rng(test::base_seed() + 14);
   const std::int64_t sq[] = {95, 96, 97, 191, 193};
-  const std::int64_t sk[] = {63, 64, 65, 127, 128, 129, 255, 257};
+  // keys: around the 128-key block and the 64-key panel; (128, 256] goes as one block of up to 256
+  const std::int64_t sk[] = {63, 64, 65, 127, 128, 129, 197, 255, 256, 257};
   int n = 0;
   for (std::int64_t Sq : sq)
     for (std::int64_t Sk : sk) {

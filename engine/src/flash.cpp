@@ -2,7 +2,8 @@
 //
 // For each (batch b, head h, block of up to kBlockQ query rows):
 //   Q block, read in place (rows copied only if D is strided)  [br, D]
-//   for each key block of kBlockK keys that the mask does not hide entirely:
+//   for each key block of bk keys (128; up to 256 when that is all of them) that the mask does
+//   not hide entirely:
 //     S = Q_blk K_blk^T             (in-place-A micro-kernel)   [br, Bc]
 //     scale, mask (only where the block is not fully visible), row max m_new
 //     P = exp(S - m_new), row sums; O and l rescaled by exp(m_old - m_new) only when m grows
@@ -42,8 +43,11 @@ namespace {
 // the packed K^T and V blocks.
 constexpr std::int64_t kBlockQ = 96;
 // Keys per block: a multiple of every ISA's panel width (32, 16, 8 f32 columns); also the
-// granularity at which causal masks and windows skip work.
+// granularity at which causal masks and windows skip whole blocks. Up to kMaxBlockK keys
+// (vit's 197) go as one block: one online-softmax step and one pass over O per query block
+// instead of two.
 constexpr std::int64_t kBlockK = 128;
+constexpr std::int64_t kMaxBlockK = 256;
 // Largest register-tile height or panel width of any ISA (bounds the row-pointer arrays).
 constexpr std::int64_t kMaxTile = 64;
 
@@ -192,6 +196,7 @@ struct Plan {
   std::int64_t dvp;        // Dv rounded up to dnr
   std::int64_t nqb, nkb;   // query blocks per head, key blocks
   std::int64_t bq;         // query rows per block (the last may have fewer)
+  std::int64_t bk;         // keys per block (the last may have fewer)
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
   // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
   // are packed.
@@ -204,6 +209,7 @@ struct Plan {
     lanes = gk.direct_blocking.lanes;
     dvu = round_up(p.Dv, lanes);
     if (dnr > kMaxTile || kBlockK % dnr != 0) std::abort();  // ISA table invariant
+    bk = p.Sk > kBlockK && p.Sk <= kMaxBlockK ? round_up(p.Sk, dnr) : kBlockK;
     dvp = round_up(p.Dv, dnr);
     // Equal blocks of at most kBlockQ rows, rounded to the tile height: Sq = 128 gives 66 + 62
     // rather than 96 + 32.
@@ -218,15 +224,15 @@ struct Plan {
     // A narrow window (left side bounded): each query block computes its own rows' span plus
     // the window; halving the block trims that span (long, window 512: 608 -> 560 keys; perf
     // sparse/native/long-window512 best of 4 alternating runs: t1 179 -> 173 ms, t2 95.9 -> 89.6).
-    if (p.block_mask == nullptr && p.has_window && p.window_left >= 0 && p.window_left <= 8 * kBlockK)
+    if (p.block_mask == nullptr && p.has_window && p.window_left >= 0 && p.window_left <= 8 * bk)
       bq = std::min(bq, round_up(kBlockQ / 2, dmr));
     nqb = nqb > 0 ? (p.Sq + bq - 1) / bq : 0;
-    nkb = (p.Sk + kBlockK - 1) / kBlockK;
+    nkb = (p.Sk + bk - 1) / bk;
     const std::int64_t a = 64 / static_cast<std::int64_t>(sizeof(T));
-    k_size = round_up(nkb * p.D * kBlockK, a);
-    v_size = round_up(nkb * kBlockK * dvp, a);
+    k_size = round_up(nkb * p.D * bk, a);
+    v_size = round_up(nkb * bk * dvp, a);
     q_size = round_up(kBlockQ * p.D, a);
-    s_size = round_up(kBlockQ * kBlockK, a);
+    s_size = round_up(kBlockQ * bk, a);
     o_size = round_up(kBlockQ * dvp, a);
     row_size = round_up(kBlockQ, a);
     flag_size = round_up(nkb, a);
@@ -266,7 +272,7 @@ class Worker {
     bool first = true;
     // Keys [j0 + a, j0 + a + n) of key block jb (a a multiple of the vector width).
     auto step = [&](std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover) {
-      const std::int64_t j0 = jb * kBlockK;
+      const std::int64_t j0 = jb * P_.bk;
       if (packed_[jb] == T(0)) pack_block(jb);
       prefetch_block(jb + 1);
       scores(jb, a, n, br);
@@ -275,7 +281,7 @@ class Worker {
       first = false;
     };
     for (std::int64_t jb = 0; jb < P_.nkb; ++jb) {
-      const std::int64_t j0 = jb * kBlockK, nk = std::min(kBlockK, p_.Sk - j0);
+      const std::int64_t j0 = jb * P_.bk, nk = std::min(P_.bk, p_.Sk - j0);
       const Cover cover = classify(p_, b, i0, i0 + br, j0, j0 + nk);
       if (cover == Cover::hidden) continue;
       if (cover == Cover::mixed && structured_) {
@@ -321,10 +327,10 @@ class Worker {
   }
   void pack_block(std::int64_t jb) {
     const std::int64_t nr = P_.dnr, dnr = P_.dnr, D = p_.D;
-    T* kb = kp_ + jb * D * kBlockK;
-    for (std::int64_t c = 0; c < kBlockK / nr; ++c) {
+    T* kb = kp_ + jb * D * P_.bk;
+    for (std::int64_t c = 0; c < P_.bk / nr; ++c) {
       T* panel = kb + c * D * nr;
-      const std::int64_t j0 = jb * kBlockK + c * nr;
+      const std::int64_t j0 = jb * P_.bk + c * nr;
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
       if (p_.ks[3] == 1) {
         P_.vk.pack_transpose(n > 0 ? k_ + j0 * p_.ks[2] : k_, p_.ks[2], n, D, panel, nr, nr);
@@ -334,18 +340,18 @@ class Worker {
         for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * p_.ks[2] + d * p_.ks[3]] : T(0);
     }
     // keys past L[b] are never read: V there may hold anything (a cache tail)
-    const std::int64_t rows = std::min(kBlockK, key_len_ - jb * kBlockK);
-    pack_row_panels(v_ + jb * kBlockK * p_.vs[2], p_.vs[2], p_.vs[3], rows, kBlockK, p_.Dv, dnr, P_.dvp / dnr,
-                    vp_ + jb * kBlockK * P_.dvp);
+    const std::int64_t rows = std::min(P_.bk, key_len_ - jb * P_.bk);
+    pack_row_panels(v_ + jb * P_.bk * p_.vs[2], p_.vs[2], p_.vs[3], rows, P_.bk, p_.Dv, dnr, P_.dvp / dnr,
+                    vp_ + jb * P_.bk * P_.dvp);
     packed_[jb] = T(1);
   }
   // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
   // next prefetches of the micro-kernels.
   void prefetch_block(std::int64_t jb) {
     next_.clear();
-    const std::int64_t j0 = jb * kBlockK;
+    const std::int64_t j0 = jb * P_.bk;
     if (jb >= P_.nkb || j0 >= key_len_ || packed_[jb] != T(0)) return;
-    const std::int64_t rows = std::min(kBlockK, key_len_ - j0);
+    const std::int64_t rows = std::min(P_.bk, key_len_ - j0);
     next_.add(k_ + j0 * p_.ks[2], p_.ks[2], p_.ks[3], rows, p_.D);
     next_.add(v_ + j0 * p_.vs[2], p_.vs[2], p_.vs[3], rows, p_.Dv);
   }
@@ -371,7 +377,7 @@ class Worker {
   // its last key.
   void scores(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr, D = p_.D, nk = a + n;
-    const T* kb = kp_ + jb * D * kBlockK;
+    const T* kb = kp_ + jb * D * P_.bk;
     for (std::int64_t c = a / dnr; c * dnr < nk; ++c) {
       const std::int64_t o = std::max<std::int64_t>(0, a - c * dnr);
       const std::int64_t nv = (std::min(dnr, nk - c * dnr) - o + P_.lanes - 1) / P_.lanes;
@@ -380,7 +386,7 @@ class Worker {
         const void* at = nullptr;
         const std::int64_t l = next_.take(D / 4, &at);
         P_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr + o, dnr,
-                                         sb_ + r0 * kBlockK + c * dnr + o, kBlockK, T(1), T(0), at, l);
+                                         sb_ + r0 * P_.bk + c * dnr + o, P_.bk, T(1), T(0), at, l);
       }
     }
   }
@@ -394,11 +400,11 @@ class Worker {
     T scale = static_cast<T>(p_.scale);
     if (cover != Cover::full) {
       for (std::int64_t r = 0; r < br; ++r)
-        mask_scale_max(p_, P_.vk, sb_ + r * kBlockK + a, b, h, i0 + r, j0, nk, false);
+        mask_scale_max(p_, P_.vk, sb_ + r * P_.bk + a, b, h, i0 + r, j0, nk, false);
       scale = T(1);
     }
     // NaN scores do not raise the max; they reach l and O through P instead.
-    P_.vk.softmax_rows(sb_ + a, kBlockK, br, nk, scale, m_, l_, alpha_);
+    P_.vk.softmax_rows(sb_ + a, P_.bk, br, nk, scale, m_, l_, alpha_);
     if (first) return;  // O is written (beta = 0) by this block's product
     for (std::int64_t r = 0; r < br; ++r) {
       if (alpha_[r] == T(1)) continue;
@@ -413,14 +419,14 @@ class Worker {
   // O[0:br, :] = P[0:br, a:a + n] V_blk[a:a + n, :] + beta * O
   void accumulate(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, T beta) {
     const std::int64_t dmr = P_.dmr, dnr = P_.dnr;
-    const T* vb = vp_ + jb * kBlockK * P_.dvp;
+    const T* vb = vp_ + jb * P_.bk * P_.dvp;
     for (std::int64_t c = 0; c < P_.dvp / dnr; ++c) {
       const std::int64_t nv = (std::min(dnr, p_.Dv - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
         const void* at = nullptr;
         const std::int64_t l = next_.take(n / 4, &at);
-        P_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * kBlockK + a, kBlockK, vb + c * kBlockK * dnr + a * dnr, dnr,
+        P_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * P_.bk + a, P_.bk, vb + c * P_.bk * dnr + a * dnr, dnr,
                                          ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta, at, l);
       }
     }
@@ -555,11 +561,11 @@ void flash(const Problem& p) {
     const std::int64_t i0 = qb * plan.bq, i1 = std::min(p.Sq, i0 + plan.bq);
     std::int64_t cost = 1;  // packing Q and writing O
     for (std::int64_t jb = 0; jb < plan.nkb; ++jb)
-      cost += classify(p, b, i0, i1, jb * kBlockK, std::min(p.Sk, (jb + 1) * kBlockK)) != Cover::hidden;
+      cost += classify(p, b, i0, i1, jb * plan.bk, std::min(p.Sk, (jb + 1) * plan.bk)) != Cover::hidden;
     prefix[static_cast<std::size_t>(it) + 1] = prefix[static_cast<std::size_t>(it)] + cost;
   }
   const std::int64_t total = prefix.back();
-  const double flops_per_block = 2.0 * double(plan.bq) * double(kBlockK) * double(p.D + p.Dv);
+  const double flops_per_block = 2.0 * double(plan.bq) * double(plan.bk) * double(p.D + p.Dv);
   const auto nt = static_cast<int>(std::max<double>(
       1.0, std::min<double>(resolve_threads(p.threads), std::min<double>(double(items), double(total) * flops_per_block / kMinFlopsPerThread))));
 
