@@ -12,11 +12,14 @@
 // The Sq x Sk score matrix is never formed: S is one [br, Bc] block in the thread's scratch.
 //
 // Both GEMMs run the short, wide in-place-A tile (6 x 64 f32 on AVX-512), so neither Q nor P is
-// packed. K^T and V are packed once per (batch, kv head) into the thread's scratch, in key blocks of
-// kBlockK: every query block (and every query head of a grouped-query group) of that head reuses
-// them. Threads take contiguous ranges of the flattened (b, h, query block) items, balanced by
-// the number of key blocks each item computes, so causal work splits evenly. Every row is
-// computed the same way whatever the thread count: results are bitwise identical for any count.
+// packed. K^T and V are packed into the thread's scratch a key block at a time, when a query block
+// first computes that block (its rows prefetched by the products of the block before), and every
+// later query block (and every query head of a grouped-query group) of that kv head reuses them.
+// The online-softmax step of a block's rows is one call (VectorKernels::softmax_rows). Threads
+// own equal shares of the flattened (batch, head, query block) items by the number of key blocks
+// each computes (so causal work splits evenly), walk them in order and steal from the fullest
+// share when theirs is done. Every row is computed the same way whatever the thread count or
+// schedule: results are bitwise identical for any count.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
