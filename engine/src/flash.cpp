@@ -278,6 +278,7 @@ class Worker {
       const std::int64_t j0 = jb * P_.bk;
       if (packed_[jb] == T(0)) pack_block(jb);
       prefetch_block(jb + 1);
+      if (first) prefetch_next_rows(b, h, i0 + br);
       scores(jb, a, n, br);
       softmax_update(b, h, i0, br, j0 + a, a, n, cover, first);
       accumulate(jb, a, n, br, first ? T(0) : T(1));
@@ -357,6 +358,18 @@ class Worker {
     const std::int64_t rows = std::min(P_.bk, key_len_ - j0);
     next_.add(k_ + j0 * p_.ks[2], p_.ks[2], p_.ks[3], rows, p_.D);
     next_.add(v_ + j0 * p_.vs[2], p_.vs[2], p_.vs[3], rows, p_.Dv);
+  }
+
+  // The Q rows the next query block of head (b, h) reads in place and the output rows it
+  // writes (from row i1 on), after any K/V rows: prefetched while the current block's first
+  // key block is computed.
+  void prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1) {
+    if (i1 >= p_.Sq) return;
+    const std::int64_t rows = std::min(P_.bq, p_.Sq - i1);
+    next_.add(static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i1 * p_.qs[2], p_.qs[2], p_.qs[3], rows,
+              p_.D);
+    next_.add(static_cast<const T*>(p_.o) + b * p_.os[0] + h * p_.os[1] + i1 * p_.os[2], p_.os[2], p_.os[3], rows,
+              p_.Dv);
   }
 
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
