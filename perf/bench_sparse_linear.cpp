@@ -7,9 +7,10 @@
 //
 // linear/native/{long,gpt}/t<N>:      causal linear attention (elu1) on the long and gpt shapes
 // linear/native/{long,gpt}-full/t<N>: the non-causal form
-// GFLOP/s count the FLOPs the chunked kernel performs: per chunk of n rows 2n*D*(Dv+1) for the
-// carried state's contribution, 2n²*D + 2n²*(Dv+1) for the quadratic part, 2n*D*(Dv+1) for the
-// state update; non-causal 2*Sk*D*(Dv+1) + 2*Sq*D*(Dv+1).
+// GFLOP/s count the FLOPs the causal form needs: per chunk of n rows 2n*D*(Dv+1) for the
+// carried state's contribution (not in the first chunk), n(n+1)*(D + Dv + 1) for the visible
+// triangle inside the chunk, 2n*D*(Dv+1) for the state update; non-causal
+// 2*Sk*D*(Dv+1) + 2*Sq*D*(Dv+1).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -82,13 +83,18 @@ void bench_sparse(benchmark::State& state, bool window, int threads) {
   state.counters["visible_pairs_fraction_of_causal"] = pairs / (double(w.Sq) * double(w.Sq + 1) / 2.0);
 }
 
+// The FLOPs causal linear attention needs, chunk by chunk (n rows, W = Dv + 1 for the
+// normaliser): the earlier chunks' state and key sums against phi(Q) (none for the first
+// chunk), this chunk's keys into the state, and the visible triangle inside the chunk (row i
+// sees i + 1 keys: its scores, numerators and normaliser). The kernel computes a little more
+// (row blocks and vectors round the triangle up); that is not counted.
 double linear_flops(std::int64_t BH, std::int64_t S, std::int64_t D, bool causal, std::int64_t chunk) {
   const double W = double(D + 1), d = double(D);
   if (!causal) return double(BH) * 4.0 * double(S) * d * W;
   double f = 0;
   for (std::int64_t c0 = 0; c0 < S; c0 += chunk) {
     const double n = double(std::min(chunk, S - c0));
-    f += 4.0 * n * d * W + 2.0 * n * n * (d + W);
+    f += (c0 > 0 ? 4.0 : 2.0) * n * d * W + n * (n + 1.0) * (d + W);
   }
   return double(BH) * f;
 }

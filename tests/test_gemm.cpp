@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -172,5 +173,60 @@ TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
       if (ref.empty()) ref = c;
       else CHECK(c == ref);
     }
+  }
+}
+
+TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every ISA, 1 and 2 threads") {
+  std::mt19937_64 rng(test::base_seed() + 91);
+  for (const simd::KernelTable* kt : tables()) {
+    const std::int64_t nr = kt->gemm_f32.blocking.nr, kc = kt->gemm_f32.blocking.kc;
+    for (auto [M, Ntot, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 70, 33}, {1, 3 * nr + 5, kc + 7},
+                              {2, nr, 1}, {13, 2 * nr + 1, kc}, {29, 5 * nr - 3, 2 * kc + 3}, {130, 4 * nr, 40}}) {
+      // the whole matrix and a range of panels starting at panel 1
+      for (std::int64_t col : {std::int64_t{0}, nr}) {
+        if (col >= Ntot) continue;
+        const std::int64_t N = col == 0 ? Ntot : Ntot - col;
+        for (int threads : {1, 2})
+          for (float beta : {0.f, 1.f}) {
+            Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, Ntot, K, 3, 1.f, beta);
+            const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, Ntot, kt);
+            // the naive product of the columns [col, col + N) of B
+            Problem<float> q = p;
+            q.g.N = N;
+            q.g.B = p.b.data() + col;
+            q.g.A = p.a.data(), q.g.C = q.c.data();
+            const std::vector<float> want = naive(q);
+            GemmArgs<float> g = q.g;
+            g.B = nullptr;
+            g.packed_b = &pb, g.b_col = col;
+            std::vector<float> c = q.c;
+            g.C = c.data();
+            detail::gemm(g, threads, kt);
+            bool same = true;
+            for (std::int64_t i = 0; i < M; ++i)
+              for (std::int64_t j = 0; j < N; ++j)
+                if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)]))
+                  same = false;
+            CAPTURE(simd::isa_name(kt->isa));
+            CAPTURE(M);
+            CAPTURE(N);
+            CAPTURE(K);
+            CAPTURE(col);
+            CAPTURE(threads);
+            CAPTURE(beta);
+            CHECK(same);
+          }
+      }
+    }
+    // a pack for another ISA's blocking, or a range past the matrix, is refused
+    const std::vector<float> b(64 * 64, 1.f);
+    const detail::PackedB<float> pb = detail::pack_matrix_b(b.data(), 64, 64, 64, kt);
+    std::vector<float> a(64 * 64, 1.f), c(64 * 64, 0.f);
+    GemmArgs<float> g;
+    g.M = 4, g.N = 64, g.K = 64, g.A = a.data(), g.lda = 64, g.C = c.data(), g.ldc = 64;
+    g.packed_b = &pb, g.b_col = nr;
+    CHECK_THROWS_AS(detail::gemm(g, 1, kt), std::logic_error);
+    g.b_col = 0, g.K = 63;
+    CHECK_THROWS_AS(detail::gemm(g, 1, kt), std::logic_error);
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 #include <omp.h>
@@ -99,9 +100,10 @@ struct Mode {
   const simd::GemmBlocking& bs;
   bool direct_a, direct_b;
   Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk)
-      : bs(g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking : gk.blocking),
-        direct_a(g.trans_a == Trans::N && g.N <= kDirectAMaxCols),
-        direct_b(!direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
+      : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking
+                                                                                      : gk.blocking),
+        direct_a(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols),
+        direct_b(g.packed_b == nullptr && !direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
                  (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0 &&
                  g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kDirectBMaxRowBytes) {}
 };
@@ -165,10 +167,12 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
       const T beta = pc == 0 ? g.beta : T(1);
       // B in place: only a partial last panel is packed (reads must stay inside B's rows).
       const std::int64_t first = mode.direct_b ? nc / nr : 0;
-      pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
-             first + (panels - first) * (tid + 1) / nt);
+      if (g.packed_b == nullptr)
+        pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
+               first + (panels - first) * (tid + 1) / nt);
       // Panel jr of B for this pass, and the distance between its rows.
       auto b_panel = [&](std::int64_t jr) {
+        if (g.packed_b != nullptr) return g.packed_b->panel(g.b_col + jc + jr, pc);
         return jr / nr < first ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
       };
       auto b_ld = [&](std::int64_t jr) { return jr / nr < first ? g.ldb : std::int64_t{nr}; };
@@ -221,7 +225,13 @@ void gemv(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int threads) {
   const auto min_chunks = static_cast<std::int64_t>(kMinGemvBytesPerThread / bytes_per_chunk) + 1;
   parallel_for(chunks, threads, min_chunks, [&](std::int64_t c0, std::int64_t c1) {
     const std::int64_t j0 = c0 * kChunk, j1 = std::min(g.N, c1 * kChunk);
-    if (g.trans_b == Trans::N) gk.gemv_n(j1 - j0, g.K, g.alpha, x, g.B + j0, g.ldb, g.beta, g.C + j0);
+    if (g.packed_b != nullptr) {  // panel by panel, depth block by depth block
+      const PackedB<T>& pb = *g.packed_b;
+      for (std::int64_t j = j0; j < j1; j += pb.nr)
+        for (std::int64_t p = 0; p < g.K; p += pb.kc)
+          gk.gemv_n(std::min<std::int64_t>(pb.nr, j1 - j), std::min<std::int64_t>(pb.kc, g.K - p), g.alpha, x + p,
+                    pb.panel(g.b_col + j, p), pb.nr, p == 0 ? g.beta : T(1), g.C + j);
+    } else if (g.trans_b == Trans::N) gk.gemv_n(j1 - j0, g.K, g.alpha, x, g.B + j0, g.ldb, g.beta, g.C + j0);
     else gk.gemv_t(j1 - j0, g.K, g.alpha, x, g.B + j0 * g.ldb, g.ldb, g.beta, g.C + j0);
   });
 }
@@ -238,6 +248,11 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
   const simd::GemmKernels<T>& gk = table.template gemm<T>();
   const simd::VectorKernels<T>& vk = table.template vec<T>();
+  if (const PackedB<T>* pb = g.packed_b) {  // an internal contract: a misuse is a bug here
+    if (pb->nr != gk.blocking.nr || pb->kc != gk.blocking.kc || pb->K != g.K || g.b_col % pb->nr != 0 ||
+        g.b_col < 0 || g.b_col + g.N > pb->N)
+      throw std::logic_error("gemm: the pre-packed B does not match this call or ISA");
+  }
   if (g.M == 1) {
     gemv(g, gk, threads);
     return;
@@ -294,6 +309,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
     part.N = j1 - j0;
     part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
+    part.b_col = g.b_col + j0;
     part.C = g.C + j0;
     if (part.N <= 0) return;
     // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
@@ -326,9 +342,32 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   thread_buffer<T, kGemmPackedA>().get(a);
 }
 
+template <class T>
+PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N, const simd::KernelTable* kt) {
+  const simd::GemmBlocking& bs = (kt ? *kt : simd::kernels()).template gemm<T>().blocking;
+  PackedB<T> pb;
+  pb.K = K, pb.N = N, pb.nr = bs.nr, pb.kc = bs.kc;
+  pb.Np = (N + bs.nr - 1) / bs.nr * bs.nr;
+  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, K * pb.Np)), T(0));
+  for (std::int64_t p = 0; p < K; p += bs.kc) {
+    const std::int64_t kc = std::min<std::int64_t>(bs.kc, K - p);
+    for (std::int64_t j = 0; j < N; j += bs.nr) {
+      T* dst = const_cast<T*>(pb.panel(j, p));
+      const std::int64_t n = std::min<std::int64_t>(bs.nr, N - j);
+      for (std::int64_t k = 0; k < kc; ++k)
+        std::memcpy(dst + k * bs.nr, B + (p + k) * ldb + j, sizeof(T) * static_cast<std::size_t>(n));
+    }
+  }
+  return pb;
+}
+
 template void gemm<float>(const GemmArgs<float>&, int, const simd::KernelTable*);
 template void gemm<double>(const GemmArgs<double>&, int, const simd::KernelTable*);
 template void gemm_reserve<float>(const GemmArgs<float>&, const simd::KernelTable*);
 template void gemm_reserve<double>(const GemmArgs<double>&, const simd::KernelTable*);
+template PackedB<float> pack_matrix_b<float>(const float*, std::int64_t, std::int64_t, std::int64_t,
+                                             const simd::KernelTable*);
+template PackedB<double> pack_matrix_b<double>(const double*, std::int64_t, std::int64_t, std::int64_t,
+                                               const simd::KernelTable*);
 
 }  // namespace simdattn::detail

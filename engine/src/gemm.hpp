@@ -8,13 +8,52 @@
 // stay on the calling thread.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
+#include <new>
+#include <vector>
 
 #include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
 
 enum class Trans : std::uint8_t { N, T };
+
+// 64-byte aligned storage for std::vector: packed panels are read with aligned vector loads.
+template <class T>
+struct AlignedAllocator {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  AlignedAllocator() = default;
+  template <class U>
+  AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
+  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
+  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlign); }
+  template <class U>
+  bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
+};
+
+// A K x N matrix packed once into the micro-panels of one ISA's packed micro-kernel, for a B
+// that many GEMMs multiply (a layer's weights): they skip packing it (a 128-row projection
+// spent ~14% of its time there). The panel of columns [j, j + nr) (j a multiple of nr) in the
+// depth block [p, p + kc) (p a multiple of kc) holds min(kc, K - p) rows nr apart at
+// data + p * Np + (j / nr) * nr * min(kc, K - p), Np = N rounded up to nr; zero past N.
+template <class T>
+struct PackedB {
+  std::int64_t K = 0, N = 0, Np = 0;
+  int nr = 0, kc = 0;  // the blocking it was packed for
+  std::vector<T, AlignedAllocator<T>> data;
+  const T* panel(std::int64_t j, std::int64_t p) const {
+    return data.data() + p * Np + (j / nr) * nr * std::min<std::int64_t>(kc, K - p);
+  }
+};
+
+// Packs B (K x N, row-major, leading dimension ldb) for `kt`'s packed micro-kernel (by default
+// the dispatched ISA's). Throws std::bad_alloc.
+template <class T>
+PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N,
+                         const simd::KernelTable* kt = nullptr);
 
 template <class T>
 struct GemmArgs {
@@ -28,6 +67,10 @@ struct GemmArgs {
   T beta = T(0);         // beta == 0 never reads C
   T* C = nullptr;        // M x N, leading dimension ldc
   std::int64_t ldc = 0;
+  // Pre-packed B (B, ldb and trans_b unused): op(B) is columns [b_col, b_col + N) of it, b_col a
+  // multiple of its nr; it must have been packed for the ISA the call runs on.
+  const PackedB<T>* packed_b = nullptr;
+  std::int64_t b_col = 0;
 };
 
 // threads: 0 = OpenMP's default, 1 = the calling thread only. `kt` picks the ISA (tests run

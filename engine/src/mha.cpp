@@ -39,18 +39,17 @@ std::string dims(std::initializer_list<std::int64_t> d) {
   return s + "]";
 }
 
-// y[M, N] = x[M, K] W^T + b (torch's nn.Linear), with W^T stored [K, N] row-major at wt with
-// leading dimension ldw: the layer keeps its weights transposed, so the GEMM reads them in
-// place (few rows) or packs contiguous rows, and a decode step's matrix-vector product streams
-// them once.
+// y[M, N] = x[M, K] W^T + b (torch's nn.Linear), with W^T [K, ...] pre-packed for the GEMM
+// (columns col .. col + N - 1 of it): no call packs a weight, and a decode step's
+// matrix-vector product streams each panel once.
 template <class T>
-void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const T* wt, std::int64_t ldw,
-            std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
+void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const detail::PackedB<T>& w,
+            std::int64_t col, std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
   if (M == 0 || N == 0) return;
   GemmArgs<T> g;
   g.M = M, g.N = N, g.K = K;
   g.A = x, g.lda = ldx;
-  g.B = wt, g.ldb = ldw;
+  g.packed_b = &w, g.b_col = col;
   g.C = y, g.ldc = ldy;
   if (bias != nullptr) {
     for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
@@ -59,7 +58,7 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
   detail::gemm(g, threads);
 }
 
-// dst[c * rows + r] = src[r * cols + c]: W [rows, cols] -> W^T [cols, rows].
+// dst[c * ld + r] = src[r * cols + c]: W [rows, cols] -> W^T [cols, rows] (leading dimension ld).
 template <class T>
 void transpose_into(const std::vector<T>& src, std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld) {
   for (std::int64_t r = 0; r < rows; ++r)
@@ -68,28 +67,30 @@ void transpose_into(const std::vector<T>& src, std::int64_t rows, std::int64_t c
 
 }  // namespace
 
-// Weights of one dtype, transposed to [in, out], and the resolved configuration.
+// Weights of one dtype, transposed to [in, out] and pre-packed for the GEMM, and the resolved
+// configuration.
 template <class T>
 struct Layer {
   MhaConfig cfg;
   std::int64_t nq = 0, nkv = 0;   // rows of Wq (H*hd) and of Wk / Wv (Hkv*hd)
-  bool packed = false;            // kdim == vdim == d_model: [Wq; Wk; Wv]^T is one [d, nq+2nkv] matrix
-  // packed: w_in = [Wq; Wk; Wv]^T, [d_model, nq + 2 nkv]; otherwise Wq^T [d_model, nq], then
-  // Wk^T [kdim, nkv], then Wv^T [vdim, nkv].
-  std::vector<T> w_in;
-  std::vector<T> b_in;            // bq | bk | bv (zeros for a missing one); empty if none given
-  std::vector<T> wo;              // Wo^T [nq, d_model]
+  bool packed = false;            // kdim == vdim == d_model: the input projections are one GEMM
+  // Column groups Wq^T | Wk^T | Wv^T start at 0, k0, v0, each padded to the GEMM's panel width
+  // (so that each can also be multiplied alone; zeros in the padding); n_in columns in all.
+  // packed: w_in holds all three, [d_model, n_in]; otherwise w_in holds Wq^T [d_model, nq],
+  // w_k Wk^T [kdim, nkv], w_v Wv^T [vdim, nkv]. The biases b_in follow the column groups.
+  std::int64_t k0 = 0, v0 = 0, n_in = 0;
+  detail::PackedB<T> w_in, w_k, w_v;
+  std::vector<T> b_in;            // empty if no input bias was given
+  detail::PackedB<T> wo;          // Wo^T [nq, d_model]
   std::vector<T> bo;
 
-  std::int64_t n_in() const { return nq + 2 * nkv; }
-  const T* wq() const { return w_in.data(); }
-  const T* wk() const { return packed ? w_in.data() + nq : w_in.data() + cfg.d_model * nq; }
-  const T* wv() const { return packed ? w_in.data() + nq + nkv : wk() + cfg.kdim * nkv; }
-  std::int64_t ldq() const { return packed ? n_in() : nq; }
-  std::int64_t ldkv() const { return packed ? n_in() : nkv; }
+  const detail::PackedB<T>& wk() const { return packed ? w_in : w_k; }
+  const detail::PackedB<T>& wv() const { return packed ? w_in : w_v; }
+  std::int64_t k_col() const { return packed ? k0 : 0; }
+  std::int64_t v_col() const { return packed ? v0 : 0; }
   const T* bq() const { return b_in.empty() ? nullptr : b_in.data(); }
-  const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + nq; }
-  const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + nq + nkv; }
+  const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + k0; }
+  const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + v0; }
   const T* bo_or_null() const { return bo.empty() ? nullptr : bo.data(); }
 };
 
@@ -152,18 +153,38 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   check_bias(w.bv, L.nkv, "weights.bv");
   check_bias(w.bo, cfg.d_model, "weights.bo");
   L.packed = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
-  L.w_in.resize(w.wq.size() + w.wk.size() + w.wv.size());
-  transpose_into(w.wq, L.nq, cfg.d_model, const_cast<T*>(L.wq()), L.ldq());
-  transpose_into(w.wk, L.nkv, cfg.kdim, const_cast<T*>(L.wk()), L.ldkv());
-  transpose_into(w.wv, L.nkv, cfg.vdim, const_cast<T*>(L.wv()), L.ldkv());
-  if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
-    L.b_in.assign(static_cast<std::size_t>(L.nq + 2 * L.nkv), T(0));
-    std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
-    std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.nq);
-    std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.nq + L.nkv);
+  const std::int64_t nr = simd::kernels().gemm<T>().blocking.nr;
+  auto pad = [nr](std::int64_t n) { return (n + nr - 1) / nr * nr; };
+  L.k0 = pad(L.nq);
+  L.v0 = L.k0 + pad(L.nkv);
+  L.n_in = L.v0 + pad(L.nkv);
+  if (L.packed) {
+    std::vector<T> t(static_cast<std::size_t>(cfg.d_model * L.n_in), T(0));
+    transpose_into(w.wq, L.nq, cfg.d_model, t.data(), L.n_in);
+    transpose_into(w.wk, L.nkv, cfg.kdim, t.data() + L.k0, L.n_in);
+    transpose_into(w.wv, L.nkv, cfg.vdim, t.data() + L.v0, L.n_in);
+    L.w_in = detail::pack_matrix_b(t.data(), L.n_in, cfg.d_model, L.n_in);
+  } else {
+    auto pack_t = [](const std::vector<T>& wm, std::int64_t rows, std::int64_t cols) {
+      std::vector<T> t(static_cast<std::size_t>(rows * cols));
+      transpose_into(wm, rows, cols, t.data(), rows);
+      return detail::pack_matrix_b(t.data(), rows, cols, rows);
+    };
+    L.w_in = pack_t(w.wq, L.nq, cfg.d_model);
+    L.w_k = pack_t(w.wk, L.nkv, cfg.kdim);
+    L.w_v = pack_t(w.wv, L.nkv, cfg.vdim);
   }
-  L.wo.resize(w.wo.size());
-  transpose_into(w.wo, cfg.d_model, L.nq, L.wo.data(), cfg.d_model);
+  if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
+    L.b_in.assign(static_cast<std::size_t>(L.n_in), T(0));
+    std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
+    std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.k0);
+    std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.v0);
+  }
+  {
+    std::vector<T> t(w.wo.size());
+    transpose_into(w.wo, cfg.d_model, L.nq, t.data(), cfg.d_model);
+    L.wo = detail::pack_matrix_b(t.data(), cfg.d_model, L.nq, cfg.d_model);
+  }
   L.bo = std::move(w.bo);
   return L;
 }
@@ -252,16 +273,15 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   const std::int64_t B = query.B, S = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
   check_out(out, dtype_of<T>(), B, S, c.d_model);
   const AttentionOptions a = attention_options<T>(opt, B, H, S, S);
-  const std::int64_t M = B * S, N = L.nq + 2 * L.nkv;
+  const std::int64_t M = B * S, N = L.n_in;
   T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.wq(), N, N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
   const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
-  const ConstTensorView k(p + L.nq, {B, Hkv, S, hd}, {S * N, hd, N, 1});
-  const ConstTensorView v(p + L.nq + L.nkv, {B, Hkv, S, hd}, {S * N, hd, N, 1});
+  const ConstTensorView k(p + L.k0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
+  const ConstTensorView v(p + L.v0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   attention(q, k, v, TensorView(o, {B, H, S, hd}, {S * L.nq, hd, L.nq, 1}), a);
-  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
-         opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
 }
 
 template <class T>
@@ -282,18 +302,18 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   // k and v side by side in one [B*Sk, 2*nkv] buffer.
   const std::int64_t ldkv = 2 * L.nkv;
-  linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.wq(), L.ldq(), L.nq, L.bq(), pq, L.nq,
+  linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.w_in, 0, L.nq, L.bq(), pq, L.nq,
          opt.threads);
-  linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.ldkv(), L.nkv, L.bk(), pkv, ldkv,
+  linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.k_col(), L.nkv, L.bk(), pkv, ldkv,
          opt.threads);
-  linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.ldkv(), L.nkv, L.bv(), pkv + L.nkv,
+  linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.v_col(), L.nkv, L.bv(), pkv + L.nkv,
          ldkv, opt.threads);
   const ConstTensorView q(pq, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1});
   const ConstTensorView k(pkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   const ConstTensorView v(pkv + L.nkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   attention(q, k, v, TensorView(o, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1}), a);
-  linear(o, B * Sq, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data),
-         c.d_model, opt.threads);
+  linear(o, B * Sq, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
+         opt.threads);
 }
 
 template <class T>
@@ -318,10 +338,10 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
     next[b] = lengths[b] + Tn;
   }
   if (Tn == 0) return;
-  const std::int64_t M = B * Tn, N = L.nq + 2 * L.nkv;
+  const std::int64_t M = B * Tn, N = L.n_in;
   T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(M * N));
   T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(M * L.nq));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.wq(), N, N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
   // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head). Rows past lengths[] are not part
   // of the cache, so a failure below leaves it as it was.
   T* kc = reinterpret_cast<T*>(kbuf.data());
@@ -329,10 +349,10 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t t = 0; t < Tn; ++t) {
-        const T* src = p + (b * Tn + t) * N + L.nq + hk * hd;
+        const T* src = p + (b * Tn + t) * N + hk * hd;
         const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd;
-        std::memcpy(kc + row, src, sizeof(T) * hd);
-        std::memcpy(vc + row, src + L.nkv, sizeof(T) * hd);
+        std::memcpy(kc + row, src + L.k0, sizeof(T) * hd);
+        std::memcpy(vc + row, src + L.v0, sizeof(T) * hd);
       }
   AttentionOptions a;
   a.causal = Causal::bottom_right;
@@ -345,8 +365,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   const ConstTensorView q(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1});
   attention(q, ConstTensorView(kc, {B, Hkv, capacity, hd}, kvs), ConstTensorView(vc, {B, Hkv, capacity, hd}, kvs),
             TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
-  linear(o, M, L.nq, L.nq, L.wo.data(), c.d_model, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
-         opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
   std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
 }
 
