@@ -222,6 +222,33 @@ TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weigh
   }
 }
 
+TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, nothing past n") {
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    for (std::int64_t n : {1, 7, 16, 17, 40, 64, 65}) {
+      CAPTURE(n);
+      const std::int64_t rows = 5, ldx = n + 2, ldy = n + 3;
+      std::vector<float> x(static_cast<std::size_t>(rows * ldx)), y(static_cast<std::size_t>(rows * ldy), -7.f);
+      for (std::size_t i = 0; i < x.size(); ++i) x[i] = 0.25f * float(i % 37) - 2.f;
+      x[static_cast<std::size_t>(2 * ldx)] = std::numeric_limits<float>::quiet_NaN();  // row 2 has l == 0
+      const std::vector<float> l{2.f, 0.5f, 0.f, 3.f, 1e-3f};
+      kt->vec_f32.normalize_rows(x.data(), ldx, rows, n, l.data(), y.data(), ldy);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t i = 0; i < n; ++i) {
+          const float want = l[r] == 0.f ? 0.f : x[r * ldx + i] * (1.f / l[r]);
+          CHECK(y[r * ldy + i] == want);
+        }
+        for (std::int64_t i = n; i < ldy; ++i) CHECK(y[r * ldy + i] == -7.f);
+      }
+      std::vector<double> xd(x.begin(), x.end()), yd(y.size(), -7.0), ld(l.begin(), l.end());
+      kt->vec_f64.normalize_rows(xd.data(), ldx, rows, n, ld.data(), yd.data(), ldy);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t i = 0; i < n; ++i)
+          CHECK(yd[r * ldy + i] == (ld[r] == 0.0 ? 0.0 : xd[r * ldx + i] * (1.0 / ld[r])));
+    }
+  }
+}
+
 TEST_CASE("scale and scale_to on every ISA, all lengths") {
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));

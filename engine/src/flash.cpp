@@ -450,6 +450,10 @@ class Worker {
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
     T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1];
+    if (p_.os[3] == 1) {
+      P_.vk.normalize_rows(ob_, P_.dvp, br, p_.Dv, l_, o + i0 * p_.os[2], p_.os[2]);
+      return;
+    }
     for (std::int64_t r = 0; r < br; ++r) write_row(p_, P_.vk, ob_ + r * P_.dvp, l_[r], o + (i0 + r) * p_.os[2]);
   }
 

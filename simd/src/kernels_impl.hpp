@@ -714,6 +714,25 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
 }
 
 template <class Arch, class T>
+void normalize_rows(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_t n, const T* l, T* y,
+                    std::int64_t ldy) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const std::int64_t nf = n / W * W;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* xr = x + r * ldx;
+    T* yr = y + r * ldy;
+    if (l[r] == T(0)) {
+      for (std::int64_t i = 0; i < n; ++i) yr[i] = T(0);
+      continue;
+    }
+    const B inv(T(1) / l[r]);
+    for (std::int64_t i = 0; i < nf; i += W) (B::load_unaligned(xr + i) * inv).store_unaligned(yr + i);
+    if (nf < n) store_tail<Arch, T>(yr + nf, n - nf, load_tail<Arch, T>(xr + nf, n - nf, T(0)) * inv);
+  }
+}
+
+template <class Arch, class T>
 void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l, T* alpha) {
   std::int64_t r = 0;
   for (; r + 2 <= rows; r += 2) softmax_row_group<Arch, T, 2>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
@@ -726,7 +745,8 @@ template <class Arch, class T>
 VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
           &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
-          &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>, &softmax_rows<Arch, T>};
+          &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>, &softmax_rows<Arch, T>,
+          &normalize_rows<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

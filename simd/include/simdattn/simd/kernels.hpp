@@ -119,6 +119,11 @@ struct VectorKernels {
   // calls per row cost as much again as the arithmetic on short rows (sdcross: 77 keys).
   void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l,
                        T* alpha);
+  // The online softmax's last step for a block of rows: y[r, :n] = x[r, :n] * (1 / l[r]), and
+  // zeros without reading x[r] where l[r] == 0 (a row with no visible key). One call per block:
+  // a call per row cost 7% of sdcross (40-wide rows).
+  void (*normalize_rows)(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_t n, const T* l, T* y,
+                         std::int64_t ldy);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
