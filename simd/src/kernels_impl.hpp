@@ -665,6 +665,11 @@ ProbeKernels make_probe_kernels() {
 // The online-softmax step over a block of rows (see VectorKernels::softmax_rows). Rows go in
 // pairs, their max and exp passes interleaved: two independent dependency chains per loop.
 
+// How far (in the exponent) a block's max may exceed the row's reference max before the
+// reference moves: below it the weights are exp(s - m) <= e^8 and the row's accumulated output
+// needs no rescale (most later blocks of a long row).
+inline constexpr double kSoftmaxSlack = 8.0;
+
 template <class Arch, class T, int R>
 inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T* m, T* l, T* alpha) {
   using B = batch<T, Arch>;
@@ -672,17 +677,29 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const B s(scale);
   const std::int64_t nf = n / W * W, tail = n - nf;
+  // The block max of x * scale. For scale > 0 it is (max x) * scale exactly (rounding is
+  // monotonic), one operation per vector fewer.
+  const bool positive = scale > T(0);
   B mx[R];
   for (int q = 0; q < R; ++q) mx[q] = B(neg_inf);
-  for (std::int64_t i = 0; i < nf; i += W)
-    for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i) * s);
-  if (tail > 0)
-    for (int q = 0; q < R; ++q)
-      mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s, tail, neg_inf));
+  if (positive) {
+    for (std::int64_t i = 0; i < nf; i += W)
+      for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i));
+    if (tail > 0)
+      for (int q = 0; q < R; ++q)
+        mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)), tail, neg_inf));
+  } else {
+    for (std::int64_t i = 0; i < nf; i += W)
+      for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i) * s);
+    if (tail > 0)
+      for (int q = 0; q < R; ++q)
+        mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s, tail, neg_inf));
+  }
   B ref[R], sum[R];
   for (int q = 0; q < R; ++q) {
-    const T bm = hmax<Arch, T>(mx[q]), mo = m[q];
-    const T mn = bm > mo ? bm : mo;  // a NaN max does not raise it
+    const T bm = positive ? hmax<Arch, T>(mx[q]) * scale : hmax<Arch, T>(mx[q]), mo = m[q];
+    // a NaN max does not raise it; within the slack of a finite reference, the reference stays
+    const T mn = bm > mo && !(mo != neg_inf && bm <= mo + T(kSoftmaxSlack)) ? bm : mo;
     T a = T(1);
     if (mn != mo && mo != neg_inf) {
       a = std::exp(mo - mn);

@@ -108,7 +108,9 @@ struct VectorKernels {
   void (*relu)(const T* x, T* y, std::int64_t n);
   // The online-softmax step of a block of scores, rows r < rows of x (ld apart), keys n:
   //   s = x[r, :] * scale (computed as passes 1 and 2 above do: the same values)
-  //   m_new = max(s) if that exceeds m[r], else m[r]
+  //   m_new = max(s) if that exceeds m[r] + 8, or exceeds m[r] = -inf; else m[r] (the row's
+  //           reference max moves only when a block's max passes it by more than e^8, so the
+  //           weights are at most e^8 and most later blocks of a long row rescale nothing)
   //   x[r, :] = exp(s - m_new) (0 where m_new = -inf; flushed below the smallest normal)
   //   alpha[r] = exp(m[r] - m_new) if the max grew from a finite m[r], -1 if m[r] = -inf and
   //              m_new is not (the row's first visible key: its accumulated output is to be
