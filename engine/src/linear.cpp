@@ -156,7 +156,8 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   };
 
   bool failed = false;
-  detail::parallel_for(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+  // (b, h) items are large (a whole head's sequence) and few: claimed one at a time
+  detail::parallel_for_each_claimed(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
       T* fq = detail::thread_buffer<T, kLinear>().get(need);
       T* A = fq + D;

@@ -5,6 +5,11 @@
 // function of (n, T). It opens an OpenMP region only when that can help: never for threads == 1,
 // never inside another parallel region (no nesting), and never with more threads than chunks of
 // `min_per_thread` items. fn must not throw.
+//
+// parallel_for_each_claimed(n, threads, min_per_thread, fn): the same thread count, but each
+// thread claims the next unclaimed item and calls fn(i, i + 1) until none is left, so a thread
+// slowed down (a VM's noisy neighbour) leaves items to the others. For few, large items whose
+// result does not depend on which thread computes them.
 #pragma once
 
 #include <algorithm>
@@ -38,6 +43,28 @@ void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&&
     const std::int64_t t = omp_get_thread_num();
     const std::int64_t T = omp_get_num_threads();
     fn(n * t / T, n * (t + 1) / T);
+  }
+}
+
+template <class Fn>
+void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
+  if (n <= 0) return;
+  std::int64_t nt = resolve_threads(threads);
+  nt = std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+  if (nt <= 1) {
+    fn(std::int64_t{0}, n);
+    return;
+  }
+  std::int64_t next = 0;
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    for (;;) {
+      std::int64_t i;
+#pragma omp atomic capture
+      i = next++;
+      if (i >= n) break;
+      fn(i, i + 1);
+    }
   }
 }
 
