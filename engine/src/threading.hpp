@@ -29,11 +29,16 @@ inline int resolve_threads(int requested) {
   return requested > 0 ? requested : std::max(1, omp_get_max_threads());
 }
 
+// Threads for n items of which each thread should get at least min_per_thread (1: no region).
+inline std::int64_t threads_for(std::int64_t n, int threads, std::int64_t min_per_thread) {
+  const std::int64_t nt = resolve_threads(threads);
+  return std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+}
+
 template <class Fn>
 void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
   if (n <= 0) return;
-  std::int64_t nt = resolve_threads(threads);
-  nt = std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+  const std::int64_t nt = threads_for(n, threads, min_per_thread);
   if (nt <= 1) {
     fn(std::int64_t{0}, n);
     return;
@@ -49,8 +54,7 @@ void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&&
 template <class Fn>
 void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
   if (n <= 0) return;
-  std::int64_t nt = resolve_threads(threads);
-  nt = std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+  const std::int64_t nt = threads_for(n, threads, min_per_thread);
   if (nt <= 1) {
     fn(std::int64_t{0}, n);
     return;
