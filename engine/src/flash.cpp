@@ -397,8 +397,9 @@ class Worker {
     for (std::int64_t c = a / dnr; c * dnr < nk; ++c) {
       const std::int64_t o = std::max<std::int64_t>(0, a - c * dnr);
       const std::int64_t nv = (std::min(dnr, nk - c * dnr) - o + P_.lanes - 1) / P_.lanes;
-      for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
-        const std::int64_t m = std::min(dmr, br - r0);
+      const std::int64_t rows = nv == 1 ? 2 * dmr : dmr;  // one-vector tiles are twice as tall
+      for (std::int64_t r0 = 0; r0 < br; r0 += rows) {
+        const std::int64_t m = std::min(rows, br - r0);
         const void* at = nullptr;
         const std::int64_t l = next_.take(D / 4, &at);
         P_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr + o, dnr,

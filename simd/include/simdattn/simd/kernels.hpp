@@ -67,7 +67,7 @@ struct GemmKernels {
   GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
   // ukernel_direct_a[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
   // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
-  // cost only the vectors they have.
+  // cost only the vectors they have. One-vector tiles (nv = 1) exist for m up to 2 mr.
   std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a;
   std::array<std::array<GemmUkernelDirectAPf<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a_pf;
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
