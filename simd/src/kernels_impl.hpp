@@ -153,7 +153,17 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   B y;
   if constexpr (kHasAvx512<Arch>) {
     // vscalefps/pd: p * 2^n in one instruction, correctly rounded into the denormal range,
-    // +inf on overflow, 0 on underflow.
+    // +inf on overflow, 0 on underflow. Flushing, lanes below the smallest normal are zeroed by
+    // the same instruction (its zero-masking form): one blend fewer per vector. The mask keeps
+    // NaN lanes (an unordered compare is true for "not less than").
+#if defined(__AVX512F__)  // (the intrinsics' constants exist only in the AVX-512 translation unit)
+    if constexpr (kFlush) {
+      if constexpr (sizeof(T) == 4)
+        return _mm512_maskz_scalef_ps(_mm512_cmp_ps_mask(x, B(kMinNormalLog), _CMP_NLT_UQ), p, n);
+      else
+        return _mm512_maskz_scalef_pd(_mm512_cmp_pd_mask(x, B(kMinNormalLog), _CMP_NLT_UQ), p, n);
+    }
+#endif
     if constexpr (sizeof(T) == 4) y = _mm512_scalef_ps(p, n);
     else y = _mm512_scalef_pd(p, n);
   } else {
