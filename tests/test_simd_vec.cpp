@@ -185,7 +185,7 @@ void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
       std::vector<T> m{-inf, bmax[1] - T(3), bmax[2], bmax[3] + T(2), bmax[4] - T(20), -inf, T(-1)};
       std::vector<T> l{T(0), T(2), T(3), T(4), T(5), T(0), T(1)}, alpha(rows, T(7));
       const std::vector<T> x0 = x, m0 = m, l0 = l;
-      vk.softmax_rows(x.data(), ld, rows, n, scale, m.data(), l.data(), alpha.data());
+      vk.softmax_rows(x.data(), ld, rows, n, scale, nullptr, nullptr, m.data(), l.data(), alpha.data());
       for (std::int64_t r = 0; r < rows; ++r) {
         CAPTURE(r);
         for (std::int64_t j = n; j < ld; ++j) CHECK(x[r * ld + j] == T(99));  // nothing past n written
@@ -216,12 +216,59 @@ void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
   }
 }
 
+// The same step with one visible interval per row: the keys outside weigh exactly 0, are not
+// read (NaN there changes nothing) and take no part in the max.
+template <class T>
+void check_softmax_rows_intervals(const VectorKernels<T>& vk, std::mt19937_64& rng) {
+  const T inf = std::numeric_limits<T>::infinity(), nan = std::numeric_limits<T>::quiet_NaN();
+  std::normal_distribution<double> nd(0.0, 4.0);
+  for (std::int64_t n : {1, 16, 17, 40, 128}) {
+    CAPTURE(n);
+    const std::int64_t rows = 5, ld = n + 1;
+    const std::vector<std::int64_t> lo{0, 0, n / 3, n / 2, n}, hi{n, n / 2 + 1, n, n / 2, n};  // row 3, 4: none
+    std::vector<T> x(static_cast<std::size_t>(rows * ld));
+    for (std::int64_t r = 0; r < rows; ++r)
+      for (std::int64_t j = 0; j < n; ++j)
+        x[r * ld + j] = j >= lo[r] && j < hi[r] ? static_cast<T>(nd(rng)) : (j % 2 ? nan : T(1e30));
+    std::vector<T> m{-inf, T(1), -inf, T(2), -inf}, l{T(0), T(3), T(0), T(4), T(0)}, alpha(rows, T(7));
+    const std::vector<T> x0 = x, m0 = m, l0 = l;
+    const T scale = T(0.5);
+    vk.softmax_rows(x.data(), ld, rows, n, scale, lo.data(), hi.data(), m.data(), l.data(), alpha.data());
+    for (std::int64_t r = 0; r < rows; ++r) {
+      CAPTURE(r);
+      T bm = -inf;
+      for (std::int64_t j = lo[r]; j < hi[r]; ++j) bm = std::max(bm, x0[r * ld + j] * scale);
+      const T mn = bm > m0[r] && (m0[r] == -inf || bm > m0[r] + T(8)) ? bm : m0[r];
+      CHECK(m[r] == mn);
+      const T want_alpha = (mn != m0[r] && m0[r] != -inf) ? std::exp(m0[r] - mn)
+                           : (m0[r] == -inf && mn != -inf) ? T(-1)
+                                                           : T(1);
+      CHECK(alpha[r] == want_alpha);
+      long double sum = 0;
+      for (std::int64_t j = 0; j < n; ++j) {
+        if (j < lo[r] || j >= hi[r]) {
+          CHECK(x[r * ld + j] == T(0));
+          continue;
+        }
+        const long double want = std::exp(static_cast<long double>(x0[r * ld + j] * scale - mn));
+        CHECK(ulp_error<T>(x[r * ld + j], want) <= 3.0);
+        sum += x[r * ld + j];
+      }
+      const long double l_want =
+          static_cast<long double>(want_alpha > T(0) && want_alpha != T(1) ? l0[r] * want_alpha : l0[r]) + sum;
+      CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-6L * (1 + l_want));
+    }
+  }
+}
+
 TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weights, l, alpha") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 47);
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));
     check_softmax_rows<float>(kt->vec_f32, rng);
     check_softmax_rows<double>(kt->vec_f64, rng);
+    check_softmax_rows_intervals<float>(kt->vec_f32, rng);
+    check_softmax_rows_intervals<double>(kt->vec_f64, rng);
   }
 }
 

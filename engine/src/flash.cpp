@@ -21,6 +21,7 @@
 // share when theirs is done. Every row is computed the same way whatever the thread count or
 // schedule: results are bitwise identical for any count.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -106,6 +107,21 @@ Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::int64_t i
   return all ? base : Cover::mixed;
 }
 
+// The keys [lo, hi) of j0 .. j0 + nk - 1 (relative to j0) that query i of batch b may see by key
+// length, causal and window, or with sparse patterns [0, key length) (checked key by key later).
+inline void visible_interval(const Problem& p, std::int64_t b, std::int64_t i, std::int64_t j0, std::int64_t nk,
+                             std::int64_t& lo, std::int64_t& hi) {
+  const std::int64_t pos = i + p.query_offset(b);
+  lo = 0, hi = p.key_len(b);
+  if (!p.sparse()) {
+    if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
+    if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
+    if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
+  }
+  lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
+  hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
+}
+
 // Scales row[0:nk] (the raw scores of query i of head (b, h) against keys j0 .. j0 + nk - 1),
 // adds the additive mask, sets hidden keys to -inf and returns the row max. `full`: every key is
 // visible and there is no explicit mask.
@@ -120,14 +136,8 @@ T mask_scale_max(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   // With sparse patterns the visible keys of a row are not one interval: [0, L) here, then
   // each key is checked below.
   const std::int64_t pos = i + p.query_offset(b);
-  std::int64_t lo = 0, hi = p.key_len(b);
-  if (!p.sparse()) {
-    if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
-    if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
-    if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
-  }
-  lo = std::clamp<std::int64_t>(lo - j0, 0, nk);
-  hi = std::clamp<std::int64_t>(hi - j0, lo, nk);
+  std::int64_t lo = 0, hi = 0;
+  visible_interval(p, b, i, j0, nk, lo, hi);
   for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
   for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
   const T* add = nullptr;
@@ -415,13 +425,19 @@ class Worker {
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
                       std::int64_t a, std::int64_t nk, Cover cover, bool first) {
     T scale = static_cast<T>(p_.scale);
-    if (cover != Cover::full) {
+    const std::int64_t *lo = nullptr, *hi = nullptr;
+    if (cover != Cover::full && !p_.sparse() && p_.mask_kind == MaskKind::none) {
+      // Only key lengths, causal and window: one visible interval per row, which the softmax
+      // step itself keeps to (no masking pass).
+      for (std::int64_t r = 0; r < br; ++r) visible_interval(p_, b, i0 + r, j0, nk, lo_[r], hi_[r]);
+      lo = lo_.data(), hi = hi_.data();
+    } else if (cover != Cover::full) {
       for (std::int64_t r = 0; r < br; ++r)
         mask_scale_max(p_, P_.vk, sb_ + r * P_.bk + a, b, h, i0 + r, j0, nk, false);
       scale = T(1);
     }
     // NaN scores do not raise the max; they reach l and O through P instead.
-    P_.vk.softmax_rows(sb_ + a, P_.bk, br, nk, scale, m_, l_, alpha_);
+    P_.vk.softmax_rows(sb_ + a, P_.bk, br, nk, scale, lo, hi, m_, l_, alpha_);
     if (first) return;  // O is written (beta = 0) by this block's product
     for (std::int64_t r = 0; r < br; ++r) {
       if (alpha_[r] == T(1)) continue;
@@ -465,6 +481,7 @@ class Worker {
   const T *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
   std::int64_t key_len_ = 0;
   NextRows next_;
+  std::array<std::int64_t, kBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
   const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
   // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
   const bool structured_ = p_.causal != Causal::none || p_.has_window || p_.key_lengths != nullptr || p_.sparse();

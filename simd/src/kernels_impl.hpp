@@ -792,7 +792,18 @@ void normalize_rows(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_
 }
 
 template <class Arch, class T>
-void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l, T* alpha) {
+void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
+                  const std::int64_t* hi, T* m, T* l, T* alpha) {
+  if (lo != nullptr) {  // one visible interval per row: the step on it, zeros around it
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* row = x + r * ld;
+      const std::int64_t a = std::min(lo[r], n), z = std::max(a, std::min(hi[r], n));
+      softmax_row_group<Arch, T, 1>(row + a, ld, z - a, scale, m + r, l + r, alpha + r);
+      for (std::int64_t j = 0; j < a; ++j) row[j] = T(0);
+      for (std::int64_t j = z; j < n; ++j) row[j] = T(0);
+    }
+    return;
+  }
   std::int64_t r = 0;
   for (; r + 2 <= rows; r += 2) softmax_row_group<Arch, T, 2>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
   if (r < rows) softmax_row_group<Arch, T, 1>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);

@@ -119,8 +119,11 @@ struct VectorKernels {
   // The caller rescales (or, for -1, clears) the output rows with alpha[r] != 1. One call per
   // block: the passes of two rows are interleaved and the constants loaded once, where a pair of
   // calls per row cost as much again as the arithmetic on short rows (sdcross: 77 keys).
-  void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* m, T* l,
-                       T* alpha);
+  // With lo and hi (else null), row r sees only the keys [lo[r], hi[r]) (0 <= lo, hi <= n; none
+  // if hi <= lo): the others weigh exactly 0 and are neither read nor part of the max (a causal
+  // or window edge block, without a separate masking pass).
+  void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
+                       const std::int64_t* hi, T* m, T* l, T* alpha);
   // The online softmax's last step for a block of rows: y[r, :n] = x[r, :n] * (1 / l[r]), and
   // zeros without reading x[r] where l[r] == 0 (a row with no visible key). One call per block:
   // a call per row cost 7% of sdcross (40-wide rows).
