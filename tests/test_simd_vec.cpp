@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "simdattn/simd/kernels.hpp"
@@ -155,6 +156,22 @@ TEST_CASE("max, sum and the fused softmax passes against scalar twins, all lengt
   }
 }
 
+// What one online-softmax step should leave, from the block's max bm and the prior reference m0:
+// the reference max (it moves when bm passes m0 by more than 8, or m0 is -inf) and alpha.
+template <class T>
+std::pair<T, T> expected_max_alpha(T bm, T m0) {
+  const T inf = std::numeric_limits<T>::infinity();
+  const T mn = bm > m0 && (m0 == -inf || bm > m0 + T(8)) ? bm : m0;
+  const T alpha = (mn != m0 && m0 != -inf) ? std::exp(m0 - mn) : (m0 == -inf && mn != -inf) ? T(-1) : T(1);
+  return {mn, alpha};
+}
+
+// l after the step: the prior l rescaled when the max moved from a finite value, plus the weights.
+template <class T>
+long double expected_l(T l0, T alpha, long double sum) {
+  return static_cast<long double>(alpha > T(0) && alpha != T(1) ? l0 * alpha : l0) + sum;
+}
+
 // One online-softmax step (VectorKernels::softmax_rows) against a scalar twin: the row max of
 // the scaled scores (exactly), the weights within 3 ulp of exp(s - m_new) (s rounded as the
 // kernel computes it), l and alpha for every kind of prior state.
@@ -194,12 +211,8 @@ void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
           CHECK(std::isnan(l[r]));
           continue;
         }
-        // the reference max moves when the block's max passes it by more than 8 (or it is -inf)
-        const T mn = bmax[r] > m0[r] && (m0[r] == -inf || bmax[r] > m0[r] + T(8)) ? bmax[r] : m0[r];
+        const auto [mn, want_alpha] = expected_max_alpha(bmax[r], m0[r]);
         CHECK(m[r] == mn);
-        const T want_alpha = (mn != m0[r] && m0[r] != -inf) ? std::exp(m0[r] - mn)
-                             : (m0[r] == -inf && mn != -inf) ? T(-1)
-                                                             : T(1);
         CHECK(alpha[r] == want_alpha);
         long double sum = 0;
         for (std::int64_t j = 0; j < n; ++j) {
@@ -209,7 +222,7 @@ void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
           else CHECK(ulp_error<T>(x[r * ld + j], want) <= 3.0);
           sum += x[r * ld + j];
         }
-        const long double l_want = static_cast<long double>(want_alpha > T(0) && want_alpha != T(1) ? l0[r] * want_alpha : l0[r]) + sum;
+        const long double l_want = expected_l(l0[r], want_alpha, sum);
         CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-6L * (1 + l_want));
       }
     }
@@ -238,11 +251,8 @@ void check_softmax_rows_intervals(const VectorKernels<T>& vk, std::mt19937_64& r
       CAPTURE(r);
       T bm = -inf;
       for (std::int64_t j = lo[r]; j < hi[r]; ++j) bm = std::max(bm, x0[r * ld + j] * scale);
-      const T mn = bm > m0[r] && (m0[r] == -inf || bm > m0[r] + T(8)) ? bm : m0[r];
+      const auto [mn, want_alpha] = expected_max_alpha(bm, m0[r]);
       CHECK(m[r] == mn);
-      const T want_alpha = (mn != m0[r] && m0[r] != -inf) ? std::exp(m0[r] - mn)
-                           : (m0[r] == -inf && mn != -inf) ? T(-1)
-                                                           : T(1);
       CHECK(alpha[r] == want_alpha);
       long double sum = 0;
       for (std::int64_t j = 0; j < n; ++j) {
@@ -254,8 +264,7 @@ void check_softmax_rows_intervals(const VectorKernels<T>& vk, std::mt19937_64& r
         CHECK(ulp_error<T>(x[r * ld + j], want) <= 3.0);
         sum += x[r * ld + j];
       }
-      const long double l_want =
-          static_cast<long double>(want_alpha > T(0) && want_alpha != T(1) ? l0[r] * want_alpha : l0[r]) + sum;
+      const long double l_want = expected_l(l0[r], want_alpha, sum);
       CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-6L * (1 + l_want));
     }
   }
