@@ -410,10 +410,9 @@ class Worker {
       const std::int64_t rows = nv == 1 ? 2 * dmr : dmr;  // one-vector tiles are twice as tall
       for (std::int64_t r0 = 0; r0 < br; r0 += rows) {
         const std::int64_t m = std::min(rows, br - r0);
-        const void* at = nullptr;
-        const std::int64_t l = next_.take(D / 4, &at);
+        const NextRows::Run pf = next_.take(D);
         P_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * dnr + o, dnr,
-                                         sb_ + r0 * P_.bk + c * dnr + o, P_.bk, T(1), T(0), at, l);
+                                         sb_ + r0 * P_.bk + c * dnr + o, P_.bk, T(1), T(0), pf.at, pf.lines);
       }
     }
   }
@@ -457,10 +456,9 @@ class Worker {
       const std::int64_t nv = (std::min(dnr, p_.Dv - c * dnr) + P_.lanes - 1) / P_.lanes;
       for (std::int64_t r0 = 0; r0 < br; r0 += dmr) {
         const std::int64_t m = std::min(dmr, br - r0);
-        const void* at = nullptr;
-        const std::int64_t l = next_.take(n / 4, &at);
+        const NextRows::Run pf = next_.take(n);
         P_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * P_.bk + a, P_.bk, vb + c * P_.bk * dnr + a * dnr, dnr,
-                                         ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta, at, l);
+                                         ob_ + r0 * P_.dvp + c * dnr, P_.dvp, T(1), beta, pf.at, pf.lines);
       }
     }
   }

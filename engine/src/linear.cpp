@@ -139,18 +139,16 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   const double flops_per_item = 4.0 * double(std::max(p.Sq, p.Sk)) * double(D) * double(Dv + 1);
   const auto min_items = static_cast<std::int64_t>(detail::kMinFlopsPerThread / std::max(1.0, flops_per_item)) + 1;
 
-  // C[M, N] (beta: 0 or 1) += A[M, K] (rows lda apart) x B (panels pstride apart); writes
-  // columns up to round_up(N, lanes) of C.
-  // (prefetching from `next` meanwhile)
+  // C[M, N] (beta: 0 or 1) += A[M, K] (rows lda apart) x B (panels pstride apart), prefetching
+  // from `next` meanwhile; writes columns up to round_up(N, lanes) of C.
   auto mm = [&](std::int64_t M, std::int64_t N, std::int64_t K, const T* A, std::int64_t lda, const T* B,
                 std::int64_t pstride, T* Cm, std::int64_t ldc, T beta, detail::NextRows& next) {
     for (std::int64_t c = 0; c * dnr < N; ++c) {
       const std::int64_t nv = (std::min(dnr, N - c * dnr) + lanes - 1) / lanes;
       for (std::int64_t r0 = 0; r0 < M; r0 += dmr) {
-        const void* at = nullptr;
-        const std::int64_t l = next.take(K / 4, &at);
+        const detail::NextRows::Run pf = next.take(K);
         gk.ukernel_direct_a_pf[nv][std::min(dmr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, dnr,
-                                                         Cm + r0 * ldc + c * dnr, ldc, T(1), beta, at, l);
+                                                         Cm + r0 * ldc + c * dnr, ldc, T(1), beta, pf.at, pf.lines);
       }
     }
   };
@@ -191,10 +189,12 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           detail::pack_row_panels(v + (j0 + f) * p.vs[2], p.vs[2], p.vs[3], rows, std::min(G, C - f), Dv, dnr, npv,
                                   SV + (D + f) * dnr, ls);
         };
-        // The next chunk's rows, prefetched by the products of this one: up to one line per four
-        // k steps of a product of depth kk.
+        // The next chunk's rows, prefetched by the products of this one.
         detail::NextRows next;
-        auto pf = [&](std::int64_t kk, const void** at) { return next.take(kk / 4, at); };
+        // Rows [r0, r0 + C) (those below S) of an input or the output, `cols` wide, queued in next.
+        auto queue = [&](const T* base, const Shape4& st, std::int64_t r0, std::int64_t S, std::int64_t cols) {
+          if (r0 < S) next.add(base + r0 * st[2], st[2], st[3], std::min(C, S - r0), cols);
+        };
         // state += phi(K_c)^T V_c, key panel by key panel
         auto carry = [&](std::int64_t n) {
           for (std::int64_t c = 0; c < npv; ++c) {
@@ -202,11 +202,11 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             for (std::int64_t pk = 0; pk * dnr < n; ++pk) {
               const std::int64_t kk = std::min(dnr, n - pk * dnr);
               for (std::int64_t r0 = 0; r0 < D; r0 += dmr) {
-                const void* a = nullptr;
-                const std::int64_t l = pf(kk, &a);
+                const detail::NextRows::Run pf = next.take(kk);
                 gk.ukernel_direct_a_pf[nv][std::min(dmr, D - r0)](kk, KT + pk * D * dnr + r0 * dnr, dnr,
                                                                  SV + c * ls + (D + pk * dnr) * dnr, dnr,
-                                                                 SV + c * ls + r0 * dnr, dnr, T(1), T(1), a, l);
+                                                                 SV + c * ls + r0 * dnr, dnr, T(1), T(1), pf.at,
+                                                                 pf.lines);
               }
             }
           }
@@ -230,11 +230,8 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           for (std::int64_t j0 = 0; j0 < p.Sk; j0 += C) {
             const std::int64_t n = std::min(C, p.Sk - j0);
             next.clear();
-            if (j0 + n < p.Sk) {
-              const std::int64_t j1 = j0 + n, nn = std::min(C, p.Sk - j1);
-              next.add(k + j1 * p.ks[2], p.ks[2], p.ks[3], nn, D);
-              next.add(v + j1 * p.vs[2], p.vs[2], p.vs[3], nn, Dv);
-            }
+            queue(k, p.ks, j0 + n, p.Sk, D);
+            queue(v, p.vs, j0 + n, p.Sk, Dv);
             for (std::int64_t g = 0; g * G < n; ++g) load_keys(j0, n, g);
             gk.gemv_n(D, n, T(1), ones, fk, D, T(1), z);  // z += column sums of phi(K_c)
             carry(n);
@@ -242,11 +239,8 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           for (std::int64_t i0 = 0; i0 < p.Sq; i0 += C) {
             const std::int64_t n = std::min(C, p.Sq - i0);
             next.clear();
-            if (i0 + n < p.Sq) {
-              const std::int64_t i1 = i0 + n, nn = std::min(C, p.Sq - i1);
-              next.add(q + i1 * p.qs[2], p.qs[2], p.qs[3], nn, D);
-              next.add(out + i1 * p.os[2], p.os[2], p.os[3], nn, Dv);
-            }
+            queue(q, p.qs, i0 + n, p.Sq, D);
+            queue(out, p.os, i0 + n, p.Sq, Dv);
             load_q(i0, 0, n);
             mm(n, Dv, D, fq, lq, SV, ls, num, Dvp, T(0), next);
             den_from_z(0, n);
@@ -265,13 +259,10 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
           const std::int64_t n = std::min(C, p.Sq - c0);
           std::int64_t keys = 0;  // keys of this chunk loaded so far
           next.clear();
-          if (c0 + n < p.Sq) {
-            const std::int64_t c1 = c0 + n, nn = std::min(C, p.Sq - c1);
-            next.add(q + c1 * p.qs[2], p.qs[2], p.qs[3], nn, D);
-            next.add(k + c1 * p.ks[2], p.ks[2], p.ks[3], nn, D);
-            next.add(v + c1 * p.vs[2], p.vs[2], p.vs[3], nn, Dv);
-            next.add(out + c1 * p.os[2], p.os[2], p.os[3], nn, Dv);
-          }
+          queue(q, p.qs, c0 + n, p.Sq, D);
+          queue(k, p.ks, c0 + n, p.Sq, D);
+          queue(v, p.vs, c0 + n, p.Sq, Dv);
+          queue(out, p.os, c0 + n, p.Sq, Dv);
           for (std::int64_t r0 = 0; r0 < n; r0 += dmr) {
             const std::int64_t rows = std::min(dmr, n - r0), kmax = r0 + rows;
             for (; keys < kmax; keys += G) load_keys(c0, n, keys / G);
@@ -283,27 +274,22 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
             T* nr = num + r0 * Dvp;
             for (std::int64_t c = 0; c * dnr < kmax; ++c) {
               const std::int64_t nv = (std::min(dnr, kmax - c * dnr) + lanes - 1) / lanes;
-              const void* pa = nullptr;
-              const std::int64_t l = pf(D, &pa);
-              gk.ukernel_direct_a_pf[nv][rows](D, fqr, lq, KT + c * D * dnr, dnr, a + c * dnr, lq, T(1), T(0), pa, l);
+              const detail::NextRows::Run pf = next.take(D);
+              gk.ukernel_direct_a_pf[nv][rows](D, fqr, lq, KT + c * D * dnr, dnr, a + c * dnr, lq, T(1), T(0), pf.at,
+                                               pf.lines);
             }
             for (std::int64_t i = 0; i < rows; ++i) {
               T* ai = a + i * lq;
               std::fill(ai + r0 + i + 1, ai + kmax, T(0));
               den[r0 + i] += vk.sum(ai, r0 + i + 1);
             }
+            // the first chunk has no state: its product starts past phi(Q) and the state's rows
+            const std::int64_t skip = c0 > 0 ? 0 : D;
             for (std::int64_t c = 0; c < npv; ++c) {
               const std::int64_t nv = (std::min(dnr, Dv - c * dnr) + lanes - 1) / lanes;
-              const void* pa = nullptr;
-              if (c0 > 0) {
-                const std::int64_t l = pf(D + kmax, &pa);
-                gk.ukernel_direct_a_pf[nv][rows](D + kmax, fqr, lq, SV + c * ls, dnr, nr + c * dnr, Dvp, T(1), T(0),
-                                                 pa, l);
-              } else {
-                const std::int64_t l = pf(kmax, &pa);
-                gk.ukernel_direct_a_pf[nv][rows](kmax, a, lq, SV + c * ls + D * dnr, dnr, nr + c * dnr, Dvp, T(1),
-                                                 T(0), pa, l);
-              }
+              const detail::NextRows::Run pf = next.take(D + kmax - skip);
+              gk.ukernel_direct_a_pf[nv][rows](D + kmax - skip, fqr + skip, lq, SV + c * ls + skip * dnr, dnr,
+                                               nr + c * dnr, Dvp, T(1), T(0), pf.at, pf.lines);
             }
             write(c0, r0, rows);
           }

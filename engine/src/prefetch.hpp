@@ -25,8 +25,14 @@ class NextRows {
     }
     s_[n_++] = st;
   }
-  // Up to `lines` lines from the cursor within one run: sets *p and returns the count.
-  std::int64_t take(std::int64_t lines, const void** p) {
+  struct Run {
+    const void* at = nullptr;
+    std::int64_t lines = 0;
+  };
+  // The lines a product of depth k prefetches (one per four k steps): up to k / 4 lines from the
+  // cursor within one run, none once every line is handed out.
+  Run take(std::int64_t k) {
+    const std::int64_t lines = k / 4;
     while (cur_ < n_) {
       const Stream& st = s_[cur_];
       const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
@@ -34,9 +40,9 @@ class NextRows {
       const auto avail = static_cast<std::int64_t>(last - first + 1) - line_;
       if (avail > 0) {
         const std::int64_t n = std::min(avail, lines);
-        *p = reinterpret_cast<const void*>((first + static_cast<std::uintptr_t>(line_)) << 6);
+        const Run r{reinterpret_cast<const void*>((first + static_cast<std::uintptr_t>(line_)) << 6), n};
         line_ += n;
-        return n;
+        return r;
       }
       line_ = 0;
       if (++row_ == st.rows) {
@@ -44,8 +50,7 @@ class NextRows {
         ++cur_;
       }
     }
-    *p = nullptr;
-    return 0;
+    return {};
   }
   void clear() { n_ = cur_ = 0, row_ = line_ = 0; }
 
