@@ -344,20 +344,17 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
 
 template <class T>
 PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N, const simd::KernelTable* kt) {
-  const simd::GemmBlocking& bs = (kt ? *kt : simd::kernels()).template gemm<T>().blocking;
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  const simd::GemmBlocking& bs = table.template gemm<T>().blocking;
   PackedB<T> pb;
   pb.K = K, pb.N = N, pb.nr = bs.nr, pb.kc = bs.kc;
   pb.Np = (N + bs.nr - 1) / bs.nr * bs.nr;
-  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, K * pb.Np)), T(0));
-  for (std::int64_t p = 0; p < K; p += bs.kc) {
-    const std::int64_t kc = std::min<std::int64_t>(bs.kc, K - p);
-    for (std::int64_t j = 0; j < N; j += bs.nr) {
-      T* dst = const_cast<T*>(pb.panel(j, p));
-      const std::int64_t n = std::min<std::int64_t>(bs.nr, N - j);
-      for (std::int64_t k = 0; k < kc; ++k)
-        std::memcpy(dst + k * bs.nr, B + (p + k) * ldb + j, sizeof(T) * static_cast<std::size_t>(n));
-    }
-  }
+  pb.data.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, K * pb.Np)));
+  GemmArgs<T> g;  // B as the driver packs it: each depth block's panels back to back
+  g.B = B, g.ldb = ldb;
+  for (std::int64_t p = 0; p < K; p += bs.kc)
+    pack_b(g, table.template vec<T>(), p, std::min<std::int64_t>(bs.kc, K - p), 0, N, bs.nr,
+           const_cast<T*>(pb.panel(0, p)), 0, pb.Np / bs.nr);
   return pb;
 }
 
