@@ -724,19 +724,19 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
   const bool positive = scale > T(0);
   B mx[R];
   for (int q = 0; q < R; ++q) mx[q] = B(neg_inf);
-  if (positive) {
+  auto max_pass = [&](auto scaled) {  // scaled: std::true_type multiplies each vector by s
+    auto sc = [&](const B& v) {
+      if constexpr (decltype(scaled)::value) return v * s;
+      else return v;
+    };
     for (std::int64_t i = 0; i < nf; i += W)
-      for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i));
+      for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], sc(B::load_unaligned(x + q * ld + i)));
     if (tail > 0)
       for (int q = 0; q < R; ++q)
-        mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)), tail, neg_inf));
-  } else {
-    for (std::int64_t i = 0; i < nf; i += W)
-      for (int q = 0; q < R; ++q) mx[q] = xsimd::max(mx[q], B::load_unaligned(x + q * ld + i) * s);
-    if (tail > 0)
-      for (int q = 0; q < R; ++q)
-        mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s, tail, neg_inf));
-  }
+        mx[q] = xsimd::max(mx[q], blend_tail<Arch, T>(sc(load_tail<Arch, T>(x + q * ld + nf, tail, T(0))), tail, neg_inf));
+  };
+  if (positive) max_pass(std::false_type{});
+  else max_pass(std::true_type{});
   B ref[R], sum[R];
   for (int q = 0; q < R; ++q) {
     const T bm = positive ? hmax<Arch, T>(mx[q]) * scale : hmax<Arch, T>(mx[q]), mo = m[q];
