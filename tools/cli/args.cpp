@@ -5,7 +5,16 @@
 #include <cstdlib>
 #include <utility>
 
+#include <CLI/CLI.hpp>
+
 namespace simdattn::cli {
+
+void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out) {
+  sub.add_option("--q", q, "Q [B, H, Sq, D] (.npy, <f4 or <f8)")->required();
+  sub.add_option("--k", k, "K [B, Hkv, Sk, D], same dtype as Q")->required();
+  sub.add_option("--v", v, "V [B, Hkv, Sk, Dv], same dtype as Q")->required();
+  sub.add_option("--out", out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
+}
 
 double parse_double(const std::string& flag, const std::string& text) {
   errno = 0;

@@ -8,6 +8,10 @@
 
 #include "simdattn/simdattn.hpp"
 
+namespace CLI {
+class App;
+}
+
 namespace simdattn::cli {
 
 // A bad command line or input file: printed as one line, exit status 2.
@@ -37,6 +41,9 @@ struct QkvFiles {
   ConstTensorView v_view() const { return ConstTensorView(v.data.data(), v.dtype, vs); }
 };
 QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v);
+
+// The required --q, --k, --v and --out options of the run and linear commands.
+void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out);
 
 // A zeroed output array of `dtype` and `shape`; UsageError naming --out if its size overflows.
 NpyArray make_output(DType dtype, std::vector<std::int64_t> shape);

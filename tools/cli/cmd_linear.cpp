@@ -42,10 +42,7 @@ void run(const LinearArgs& a) {
 Command add_linear_command(CLI::App& app) {
   auto args = std::make_shared<LinearArgs>();
   CLI::App* sub = app.add_subcommand("linear", "Linear attention (kernel feature maps) on .npy files");
-  sub->add_option("--q", args->q, "Q [B, H, Sq, D] (.npy, <f4 or <f8)")->required();
-  sub->add_option("--k", args->k, "K [B, Hkv, Sk, D], same dtype as Q")->required();
-  sub->add_option("--v", args->v, "V [B, Hkv, Sk, Dv], same dtype as Q")->required();
-  sub->add_option("--out", args->out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
+  add_qkv_out_options(*sub, args->q, args->k, args->v, args->out);
   sub->add_flag("--causal", args->causal, "each query attends to keys j <= i (needs Sq == Sk)");
   sub->add_option("--feature-map", args->feature_map, "elu1 | relu | identity (default elu1)");
   sub->add_option("--backend", args->backend, "reference | native (default native)");

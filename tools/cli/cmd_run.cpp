@@ -95,10 +95,7 @@ void run(const RunArgs& a) {
 Command add_run_command(CLI::App& app) {
   auto args = std::make_shared<RunArgs>();
   CLI::App* sub = app.add_subcommand("run", "Attention on .npy files: O = softmax(Q K^T * scale + mask) V");
-  sub->add_option("--q", args->q, "Q [B, H, Sq, D] (.npy, <f4 or <f8)")->required();
-  sub->add_option("--k", args->k, "K [B, Hkv, Sk, D], same dtype as Q")->required();
-  sub->add_option("--v", args->v, "V [B, Hkv, Sk, Dv], same dtype as Q")->required();
-  sub->add_option("--out", args->out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
+  add_qkv_out_options(*sub, args->q, args->k, args->v, args->out);
   sub->add_option("--mask", args->mask,
                   "bool/uint8 (nonzero = attend) or float (added to the scaled scores) mask, "
                   "broadcastable to [B, H, Sq, Sk]");
