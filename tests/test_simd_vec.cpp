@@ -308,6 +308,36 @@ TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, n
   }
 }
 
+template <class T>
+void check_pack_transpose(const VectorKernels<T>& vk) {
+  // Panel widths of every GEMM and attention caller: the 12-row A panels, vector multiples, and
+  // a width past 16 that is not one.
+  for (std::int64_t width : {4, 12, 16, 20, 32, 64})
+    for (std::int64_t rows : {std::int64_t{1}, width - 1, width})
+      for (std::int64_t cols : {1, 7, 16, 17, 40}) {
+        CAPTURE(width);
+        CAPTURE(rows);
+        CAPTURE(cols);
+        if (rows < 1) continue;
+        const std::int64_t ld = cols + 3, dst_ld = width + 5;
+        std::vector<T> src(static_cast<std::size_t>(rows * ld)), dst(static_cast<std::size_t>(cols * dst_ld), T(-7));
+        for (std::size_t i = 0; i < src.size(); ++i) src[i] = T(0.5) * T(i % 41) + T(1);
+        vk.pack_transpose(src.data(), ld, rows, cols, dst.data(), dst_ld, width);
+        for (std::int64_t c = 0; c < cols; ++c) {
+          for (std::int64_t r = 0; r < width; ++r) CHECK(dst[c * dst_ld + r] == (r < rows ? src[r * ld + c] : T(0)));
+          for (std::int64_t r = width; r < dst_ld; ++r) CHECK(dst[c * dst_ld + r] == T(-7));  // nothing past width
+        }
+      }
+}
+
+TEST_CASE("pack_transpose on every ISA: any panel width, zeros past the rows, nothing past the width") {
+  for (const KernelTable* kt : tables()) {
+    CAPTURE(isa_name(kt->isa));
+    check_pack_transpose(kt->vec_f32);
+    check_pack_transpose(kt->vec_f64);
+  }
+}
+
 TEST_CASE("scale and scale_to on every ISA, all lengths") {
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));

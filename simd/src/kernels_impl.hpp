@@ -400,7 +400,12 @@ void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64
         for (std::int64_t i = 0; i < 16; ++i)
           v[i] = i < nrow ? _mm512_maskz_loadu_ps(cm, src + (r0 + i) * ld + c0) : _mm512_setzero_ps();
         transpose16x16(v);
-        for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
+        if (r0 + 16 <= width) {
+          for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
+        } else {  // a panel narrower than 16 (GEMM's A panels are 12 rows): store its lanes only
+          const auto wm = static_cast<__mmask16>((1u << (width - r0)) - 1u);
+          for (std::int64_t j = 0; j < ncol; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * dst_ld + r0, wm, v[j]);
+        }
       }
     }
     return;

@@ -99,7 +99,7 @@ struct VectorKernels {
   void (*scale_to)(const T* x, T* y, std::int64_t n, T a);
   // Transposing pack (K^T panels): dst[c * dst_ld + r] = src[r * ld + c] for r < rows, c < cols,
   // and 0 for rows <= r < width; nothing at or past width is written (so a panel can be filled
-  // a slice of columns at a time). width <= dst_ld, both multiples of the vector width.
+  // a slice of columns at a time). rows <= width <= dst_ld (GEMM's A panels are 12 wide).
   void (*pack_transpose)(const T* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, T* dst,
                          std::int64_t dst_ld, std::int64_t width);
   // Linear attention's feature maps, y may equal x, NaN propagates:
