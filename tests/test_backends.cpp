@@ -184,6 +184,47 @@ TEST_CASE("sizes one below, at and above the native block sizes") {
     }
 }
 
+TEST_CASE("short key rows without a mask (the native kernel's transposed form): sizes, layouts, key lengths") {
+  // Up to 96 keys, Sq >= 64 and keys or Dv off the vector width: queries go on the vector lanes.
+  std::mt19937_64 rng(test::base_seed() + 16);
+  const std::int64_t sq[] = {64, 65, 127, 128, 129, 300};
+  const std::int64_t sk[] = {1, 5, 16, 17, 77, 95, 96};
+  const std::int64_t dims[][2] = {{40, 40}, {1, 17}, {64, 1}, {33, 64}};
+  int n = 0;
+  for (std::int64_t Sq : sq)
+    for (std::int64_t Sk : sk) {
+      const auto& d = dims[n % 4];
+      Config c = Config::sized(n % 2 + 1, 4, n % 3 == 0 ? 1 : 2, Sq, Sk, d[0], d[1]);
+      c.bshd = n % 2 == 0;
+      c.row_pad = n % 5 == 0 ? 3 : 0;
+      c.key_lengths = n % 4 == 1;
+      if (n % 3 == 2) c.scale = -0.3;
+      if (n % 2 == 0) check_config<float>(c, rng);
+      else check_config<double>(c, rng);
+      ++n;
+    }
+}
+
+TEST_CASE("short key rows: NaN in Q poisons exactly its own row") {
+  std::mt19937_64 rng(test::base_seed() + 17);
+  const std::int64_t B = 1, H = 2, Sq = 130, Sk = 77, D = 40;
+  Buffer<float> q({B, H, Sq, D}), k({B, H, Sk, D}), v({B, H, Sk, D});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  q.at(0, 1, 129, 3) = std::numeric_limits<float>::quiet_NaN();
+  AttentionOptions opt;
+  opt.backend = Backend::native;
+  Buffer<float> out({B, H, Sq, D});
+  attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t i = 0; i < Sq; ++i)
+      for (std::int64_t d = 0; d < D; ++d) {
+        if (h == 1 && i == 129) CHECK(std::isnan(out.at(0, h, i, d)));
+        else CHECK(std::isfinite(out.at(0, h, i, d)));
+      }
+}
+
 TEST_CASE("a band that hides whole key blocks in the middle of every row") {
   std::mt19937_64 rng(test::base_seed() + 15);
   for (Causal causal : {Causal::none, Causal::bottom_right}) {

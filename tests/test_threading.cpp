@@ -28,10 +28,11 @@ TEST_CASE("parallel_for covers every index exactly once, in balanced chunks") {
 
 TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
   std::mt19937_64 rng(test::base_seed() + 20);
-  // Small, multi-block (several query and key blocks, causal work to balance), and decode-like
-  // (one query per head, grouped-query heads).
+  // Small, multi-block (several query and key blocks, causal work to balance), decode-like
+  // (one query per head, grouped-query heads), and short key rows (without causal: the
+  // transposed form).
   const std::int64_t shapes[][6] = {{2, 3, 1, 37, 41, 24}, {1, 4, 2, 400, 520, 64}, {3, 8, 2, 1, 700, 64},
-                                    {1, 2, 2, 2, 3000, 32}};
+                                    {1, 2, 2, 2, 3000, 32}, {2, 4, 2, 700, 77, 40}};
   for (const auto& sh : shapes) {
     const std::int64_t B = sh[0], H = sh[1], Hkv = sh[2], Sq = sh[3], Sk = sh[4], D = sh[5];
     Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});

@@ -20,6 +20,9 @@
 // each computes (so causal work splits evenly), walk them in order and steal from the fullest
 // share when theirs is done. Every row is computed the same way whatever the thread count or
 // schedule: results are bitwise identical for any count.
+//
+// Two other paths: decode (few query rows per kv head: GEMV over K and V) and short key rows
+// without a mask (the transposed problem, queries on the vector lanes); see each below.
 #include <algorithm>
 #include <array>
 #include <cmath>
@@ -574,11 +577,138 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
   if (failed) throw std::bad_alloc();
 }
 
+// ---------------------------------------------------------------------------------------------
+// Short key rows (sdcross: 77 keys, D = Dv = 40), no mask: the transposed problem, with queries
+// on the vector lanes. Per (batch, head, block of bq queries), for each panel of dnr queries:
+//   Q^T panel        = the Q rows, transposed                        [D, dnr]
+//   S^T              = K Q^T       (in-place-A tile over K's rows)   [L, dnr]
+//   P^T              = softmax down each column (one call: softmax_cols, normalised)
+//   O^T              = V^T P^T     (in-place-A tile over V^T's rows) [Dv, dnr]
+//   out rows         = O^T, transposed
+// Keys and Dv are the tile rows, where a remainder costs a short tile, not lanes: the row-major
+// form computes 80 lanes for 77 keys and 48 for 40 output columns (12% of its FLOPs idle), and
+// softmax needs no horizontal reductions and no tails. All keys are one block, so the softmax
+// is the plain two-pass one. V^T is packed once per kv head a thread meets.
+constexpr std::int64_t kShortMaxKeys = 96;
+
+template <class T>
+bool short_keys_fit(const Problem& p, const simd::GemmKernels<T>& gk) {
+  const std::int64_t lanes = gk.direct_blocking.lanes, dnr = gk.direct_blocking.nr;
+  return p.Sk >= 1 && p.Sk <= kShortMaxKeys && p.mask_kind == MaskKind::none && p.causal == Causal::none &&
+         !p.has_window && !p.sparse() && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1 && p.os[3] == 1 &&
+         p.Sq >= dnr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
+}
+
+template <class T>
+void short_keys(const Problem& p, const simd::KernelTable& kt) {
+  const simd::GemmKernels<T>& gk = kt.gemm<T>();
+  const simd::VectorKernels<T>& vk = kt.vec<T>();
+  const std::int64_t dmr = gk.direct_blocking.mr, dnr = gk.direct_blocking.nr, lanes = gk.direct_blocking.lanes;
+  const std::int64_t bq = 4 * dnr, nqb = (p.Sq + bq - 1) / bq, items = p.B * p.H * nqb;
+  const auto a = static_cast<std::int64_t>(64 / sizeof(T));
+  const std::int64_t ldvt = round_up(p.Sk, lanes);
+  const std::int64_t vt_size = round_up(p.Dv * ldvt, a), qt_size = round_up(p.D * bq, a);
+  const std::int64_t st_size = round_up(p.Sk * bq, a), ot_size = round_up(p.Dv * bq, a), l_size = round_up(bq, a);
+  const double flops_per_item = 2.0 * double(bq) * double(p.Sk) * double(p.D + p.Dv);
+  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / flops_per_item) + 1;
+  const T scale = static_cast<T>(p.scale);
+
+  auto run = [&](std::int64_t it, T* vt, T* qt, T* st, T* ot, T* l, std::int64_t& cached) {
+    const std::int64_t qb = it % nqb, h = (it / nqb) % p.H, b = it / (nqb * p.H), hk = h / (p.H / p.Hkv);
+    const std::int64_t L = p.key_len(b), i0 = qb * bq, nq = std::min(bq, p.Sq - i0);
+    T* o = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i0 * p.os[2];
+    if (L == 0) {  // no visible key: zero rows
+      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p.os[2], o + r * p.os[2] + p.Dv, T(0));
+      return;
+    }
+    if (cached != b * p.Hkv + hk) {  // V^T of kv head (b, hk): row d holds V[0:L, d]
+      vk.pack_transpose(static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1], p.vs[2], L, p.Dv, vt, ldvt, L);
+      cached = b * p.Hkv + hk;
+    }
+    const T* q = static_cast<const T*>(p.q) + b * p.qs[0] + h * p.qs[1] + i0 * p.qs[2];
+    const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+    NextRows next;
+    for (std::int64_t c = 0; c * dnr < nq; ++c) {
+      const std::int64_t qn = std::min(dnr, nq - c * dnr), nv = (qn + lanes - 1) / lanes;
+      // The next panel's Q rows and output rows, prefetched by this panel's products (the
+      // transposes that read and write them otherwise wait on memory).
+      next.clear();
+      if ((c + 1) * dnr < nq) {
+        const std::int64_t qn1 = std::min(dnr, nq - (c + 1) * dnr);
+        next.add(o + (c + 1) * dnr * p.os[2], p.os[2], p.os[3], qn1, p.Dv);
+        next.add(q + (c + 1) * dnr * p.qs[2], p.qs[2], p.qs[3], qn1, p.D);
+      }
+      const std::int64_t rows_t = nv == 1 ? 2 * dmr : dmr;  // one-vector tiles are twice as tall
+      T* qtc = qt + c * p.D * dnr;
+      T* stc = st + c * p.Sk * dnr;
+      T* otc = ot + c * p.Dv * dnr;
+      vk.pack_transpose(q + c * dnr * p.qs[2], p.qs[2], qn, p.D, qtc, dnr, nv * lanes);
+      for (std::int64_t r0 = 0; r0 < L; r0 += rows_t) {
+        const NextRows::Run pf = next.take(p.D);
+        gk.ukernel_direct_a_pf[nv][std::min(rows_t, L - r0)](p.D, k + r0 * p.ks[2], p.ks[2], qtc, dnr, stc + r0 * dnr,
+                                                             dnr, T(1), T(0), pf.at, pf.lines);
+      }
+      vk.softmax_cols(stc, dnr, L, nv * lanes, scale, l + c * dnr);
+      for (std::int64_t r0 = 0; r0 < p.Dv; r0 += rows_t) {
+        const NextRows::Run pf = next.take(L);
+        gk.ukernel_direct_a_pf[nv][std::min(rows_t, p.Dv - r0)](L, vt + r0 * ldvt, ldvt, stc, dnr, otc + r0 * dnr,
+                                                                dnr, T(1), T(0), pf.at, pf.lines);
+      }
+      T* oc = o + c * dnr * p.os[2];
+      vk.pack_transpose(otc, dnr, p.Dv, qn, oc, p.os[2], p.Dv);
+      // A query with no finite score has zero weights, and 0 * an infinite V is NaN: zeros, as
+      // the row-major kernel writes for a row with l == 0.
+      for (std::int64_t r = 0; r < qn; ++r)
+        if (l[c * dnr + r] == T(0)) std::fill(oc + r * p.os[2], oc + r * p.os[2] + p.Dv, T(0));
+    }
+  };
+
+  const std::int64_t nt = threads_for(items, p.threads, min_items);
+  const auto scratch = static_cast<std::size_t>(vt_size + qt_size + st_size + ot_size + l_size);
+  auto worker = [&](auto next_item) {
+    T* base = thread_buffer<T, kAttention>().get(scratch);
+    T* vt = base;
+    T* qt = vt + vt_size;
+    T* st = qt + qt_size;
+    T* ot = st + st_size;
+    T* l = ot + ot_size;
+    std::int64_t cached = -1;  // the kv head (b * Hkv + hk) whose V^T is in vt
+    for (std::int64_t it = next_item(); it < items; it = next_item()) run(it, vt, qt, st, ot, l, cached);
+  };
+  if (nt <= 1) {
+    std::int64_t it = 0;
+    worker([&] { return it++; });
+    return;
+  }
+  // Items claimed one at a time: a thread slowed by a neighbour leaves items to the other.
+  std::int64_t next = 0;
+  bool failed = false;
+#pragma omp parallel num_threads(static_cast<int>(nt))
+  {
+    try {
+      worker([&] {
+        std::int64_t i;
+#pragma omp atomic capture
+        i = next++;
+        return i;
+      });
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+    }
+  }
+  if (failed) throw std::bad_alloc();
+}
+
 template <class T>
 void flash(const Problem& p) {
   if (p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.qs[3] == 1 && p.ks[3] == 1 &&
       p.vs[3] == 1) {
     decode<T>(p, simd::kernels());
+    return;
+  }
+  if (short_keys_fit<T>(p, simd::kernels().gemm<T>())) {
+    short_keys<T>(p, simd::kernels());
     return;
   }
   const Plan<T> plan(p, simd::kernels());

@@ -824,6 +824,70 @@ void normalize_rows(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_
   }
 }
 
+// Softmax down CV vectors of columns of a block (see VectorKernels::softmax_cols). The max pass
+// keeps two accumulators per column vector (even and odd rows): 2 CV independent chains.
+template <class Arch, class T, int CV>
+inline void softmax_col_group(T* x, std::int64_t ld, std::int64_t rows, T scale, T* l) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const B s(scale);
+  B mx[2][CV];
+  for (int v = 0; v < CV; ++v) mx[0][v] = mx[1][v] = B(neg_inf);
+  // The column max of x * scale; for scale > 0, (max x) * scale exactly (rounding is monotonic).
+  const bool positive = scale > T(0);
+  auto max_pass = [&](auto scaled) {
+    auto sc = [&](const B& v) {
+      if constexpr (decltype(scaled)::value) return v * s;
+      else return v;
+    };
+    std::int64_t r = 0;
+    for (; r + 2 <= rows; r += 2)
+      for (int v = 0; v < CV; ++v) {
+        mx[0][v] = xsimd::max(mx[0][v], sc(B::load_aligned(x + r * ld + v * W)));
+        mx[1][v] = xsimd::max(mx[1][v], sc(B::load_aligned(x + (r + 1) * ld + v * W)));
+      }
+    if (r < rows)
+      for (int v = 0; v < CV; ++v) mx[0][v] = xsimd::max(mx[0][v], sc(B::load_aligned(x + r * ld + v * W)));
+  };
+  if (positive) max_pass(std::false_type{});
+  else max_pass(std::true_type{});
+  B ref[CV], sum[CV];
+  for (int v = 0; v < CV; ++v) {
+    B m = xsimd::max(mx[0][v], mx[1][v]);
+    if (positive) m = m * s;
+    ref[v] = xsimd::select(m == B(neg_inf), B(T(0)), m);  // no finite score: every weight 0
+    sum[v] = B(T(0));
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int v = 0; v < CV; ++v) {
+      T* p = x + r * ld + v * W;
+      const B w = exp_batch<Arch, T, true, true>(xsimd::fma(B::load_aligned(p), s, -ref[v]));
+      w.store_aligned(p);
+      sum[v] += w;
+    }
+  B inv[CV];
+  for (int v = 0; v < CV; ++v) {
+    inv[v] = xsimd::select(sum[v] == B(T(0)), B(T(0)), B(T(1)) / sum[v]);
+    sum[v].store_unaligned(l + v * W);
+  }
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (int v = 0; v < CV; ++v) {
+      T* p = x + r * ld + v * W;
+      (B::load_aligned(p) * inv[v]).store_aligned(p);
+    }
+}
+
+template <class Arch, class T>
+void softmax_cols(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* l) {
+  constexpr std::int64_t W = batch<T, Arch>::size;
+  std::int64_t c = 0;
+  for (; c + 4 * W <= n; c += 4 * W) softmax_col_group<Arch, T, 4>(x + c, ld, rows, scale, l + c);
+  if (n - c == 3 * W) softmax_col_group<Arch, T, 3>(x + c, ld, rows, scale, l + c);
+  else if (n - c == 2 * W) softmax_col_group<Arch, T, 2>(x + c, ld, rows, scale, l + c);
+  else if (n - c == W) softmax_col_group<Arch, T, 1>(x + c, ld, rows, scale, l + c);
+}
+
 template <class Arch, class T>
 void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
                   const std::int64_t* hi, T* m, T* l, T* alpha) {
@@ -849,7 +913,7 @@ VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
           &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
           &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>, &softmax_rows<Arch, T>,
-          &normalize_rows<Arch, T>};
+          &normalize_rows<Arch, T>, &softmax_cols<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.
