@@ -23,7 +23,7 @@ constexpr Shape kShapes[] = {{1024, 1024, 1024}, {2048, 2048, 64}, {2048, 64, 20
                              {128, 768, 768},    {1, 4096, 128},   {1024, 3072, 1024}};
 
 struct Operands {
-  std::vector<float> a, b, c;
+  simdattn::perf::AlignedVector<float> a, b, c;
   explicit Operands(const Shape& s)
       : a(std::size_t(s.M * s.K)), b(std::size_t(s.K * s.N)), c(std::size_t(s.M * s.N)) {
     std::mt19937 rng(7);
