@@ -125,7 +125,7 @@ struct VectorKernels {
   //              discarded), else 1
   //   l[r] = l[r] * alpha[r] (when the max grew) + sum of the new x[r, :];  m[r] = m_new.
   // The caller rescales (or, for -1, clears) the output rows with alpha[r] != 1. One call per
-  // block: the passes of two rows are interleaved and the constants loaded once, where a pair of
+  // block: the passes of four rows are interleaved and the constants loaded once, where a pair of
   // calls per row cost as much again as the arithmetic on short rows (sdcross: 77 keys).
   // With lo and hi (else null), row r sees only the keys [lo[r], hi[r]) (0 <= lo, hi <= n; none
   // if hi <= lo): the others weigh exactly 0 and are neither read nor part of the max (a causal
