@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Read simdattn_perf's Google Benchmark JSON: tables, before/after ratios, a chart.
 
-    build/perf/simdattn_perf --benchmark_repetitions=3 --benchmark_format=json > run.json
+    build/perf/simdattn_perf --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
+        --benchmark_format=json > run.json
     python3 tools/perf_report.py table run.json
     python3 tools/perf_report.py diff before.json after.json
     python3 tools/perf_report.py plot run.json --out docs/perf-attention.png [--threads 2] [--op attention]
