@@ -345,39 +345,33 @@ TEST_CASE("pack_transpose on every ISA: any panel width, zeros past the rows, no
   }
 }
 
+// How far exp_sub_max_sum's weights of x in [lo, hi] (step apart, max 0) exceed their bound,
+// in ulp (<= 0: within it); weights below the smallest normal must be exactly 0.
+template <class T>
+double weight_bound_excess(const VectorKernels<T>& vk, T lo, T hi, T step) {
+  std::vector<T> x;
+  for (T v = lo; v <= hi; v += step) x.push_back(v);
+  std::vector<T> w = x;
+  vk.exp_sub_max_sum(w.data(), static_cast<std::int64_t>(w.size()), T(0));
+  double worst = 0;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const long double want = std::exp(static_cast<long double>(x[i]));
+    if (want < static_cast<long double>(std::numeric_limits<T>::min())) {
+      CHECK(w[i] == T(0));
+      continue;
+    }
+    worst = std::max(worst, ulp_error<T>(w[i], want) - weight_ulp_bound(x[i]));
+  }
+  return worst;
+}
+
 TEST_CASE("softmax weights: within 3 + |x| / 16 ulp from the flush threshold to +8, on every ISA") {
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));
-    // f32: the weights' whole range (below -87.34 they are flushed to 0; the online softmax's
-    // reference max lags a row's max by at most 8, so arguments reach +8)
-    std::vector<float> x;
-    for (float v = -90.f; v <= 8.f; v += 0.000977f) x.push_back(v);
-    std::vector<float> w = x;
-    kt->vec_f32.exp_sub_max_sum(w.data(), static_cast<std::int64_t>(w.size()), 0.f);
-    double worst = 0;
-    for (std::size_t i = 0; i < x.size(); ++i) {
-      const long double want = std::exp(static_cast<long double>(x[i]));
-      if (want < static_cast<long double>(std::numeric_limits<float>::min())) {
-        CHECK(w[i] == 0.f);
-        continue;
-      }
-      worst = std::max(worst, ulp_error<float>(w[i], want) - weight_ulp_bound(x[i]));
-    }
-    CHECK(worst <= 0.0);
-    std::vector<double> xd;
-    for (double v = -720.0; v <= 8.0; v += 0.0071) xd.push_back(v);
-    std::vector<double> wd = xd;
-    kt->vec_f64.exp_sub_max_sum(wd.data(), static_cast<std::int64_t>(wd.size()), 0.0);
-    double worst_d = 0;
-    for (std::size_t i = 0; i < xd.size(); ++i) {
-      const long double want = std::exp(static_cast<long double>(xd[i]));
-      if (want < static_cast<long double>(std::numeric_limits<double>::min())) {
-        CHECK(wd[i] == 0.0);
-        continue;
-      }
-      worst_d = std::max(worst_d, ulp_error<double>(wd[i], want) - weight_ulp_bound(xd[i]));
-    }
-    CHECK(worst_d <= 0.0);
+    // The weights' whole range: below the smallest normal's log they are flushed to 0; the
+    // online softmax's reference max lags a row's max by at most 8, so arguments reach +8.
+    CHECK(weight_bound_excess<float>(kt->vec_f32, -90.f, 8.f, 0.000977f) <= 0.0);
+    CHECK(weight_bound_excess<double>(kt->vec_f64, -720.0, 8.0, 0.0071) <= 0.0);
   }
 }
 
