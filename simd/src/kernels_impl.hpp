@@ -568,6 +568,13 @@ void gemm_ukernel(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T
 }
 
 template <class Arch, class T, int M, int NV, int MR>
+void gemm_ukernel_pf(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc, T alpha,
+                     T beta, const void* pf, std::int64_t pf_lines) {
+  gemm_tile<Arch, T, M, NV, true, true, MR, -1, true>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta,
+                                                      static_cast<const char*>(pf), pf_lines);
+}
+
+template <class Arch, class T, int M, int NV, int MR>
 void gemm_ukernel_stream(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
                          T alpha, T beta) {
   gemm_tile<Arch, T, M, NV, true, true, MR, -1, false, kHasAvx512<Arch>>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
@@ -596,6 +603,13 @@ void gemm_ukernel_direct_a_pf(std::int64_t kc, const T* A, std::int64_t lda, con
 }
 
 // Tables indexed by the number of rows m = 1..MR (entry 0 unused).
+template <class Arch, class T, int NV, int MR, int... Ms>
+constexpr std::array<GemmUkernelPf<T>, kMaxMr + 1> packed_pf_kernels(std::integer_sequence<int, Ms...>) {
+  std::array<GemmUkernelPf<T>, kMaxMr + 1> t{};
+  ((t[Ms + 1] = &gemm_ukernel_pf<Arch, T, Ms + 1, NV, MR>), ...);
+  return t;
+}
+
 // kind: 0 packed B, 1 B in place, 2 packed B with streaming stores (AVX-512; elsewhere the
 // packed kernel itself).
 template <class Arch, class T, int NV, int MR, int kKind, int... Ms>
@@ -958,6 +972,7 @@ GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc) {
           packed_row_kernels<Arch, T, NV, MR, 0>(std::make_integer_sequence<int, MR>{}),
           packed_row_kernels<Arch, T, NV, MR, 1>(std::make_integer_sequence<int, MR>{}),
           packed_row_kernels<Arch, T, NV, MR, 2>(std::make_integer_sequence<int, MR>{}),
+          packed_pf_kernels<Arch, T, NV, MR>(std::make_integer_sequence<int, MR>{}),
           GemmBlocking{DMR, DNV * W, W, DMR, direct_kc, nc},
           direct_kernels<Arch, T, DMR, DNV, false>(std::make_integer_sequence<int, DNV>{}),
           direct_kernels<Arch, T, DMR, DNV, true>(std::make_integer_sequence<int, DNV>{}),

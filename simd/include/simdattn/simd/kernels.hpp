@@ -42,6 +42,12 @@ using GemmUkernelDirectAPf = void (*)(std::int64_t kc, const T* A, std::int64_t 
                                       std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta,
                                       const void* pf, std::int64_t pf_lines);
 
+// The packed-A, packed-B tile, also prefetching (into L2) pf_lines cache lines from pf on, one
+// per four k steps (the driver hands it the next B panel's lines).
+template <class T>
+using GemmUkernelPf = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
+                               T alpha, T beta, const void* pf, std::int64_t pf_lines);
+
 // Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
 // reasoning behind each ISA's numbers.
 struct GemmBlocking {
@@ -69,6 +75,8 @@ struct GemmKernels {
   // than the caches and written once: the stores then cost no read of the old lines. (The
   // caller fences: _mm_sfence after its last tile.) Without AVX-512, the packed kernel itself.
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_stream;
+  // ukernel, also prefetching the caller's next lines (GemmUkernelPf).
+  std::array<GemmUkernelPf<T>, kMaxMr + 1> ukernel_pf;
   GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
   // ukernel_direct_a[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
   // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
