@@ -187,9 +187,9 @@ TEST_CASE("sizes one below, at and above the native block sizes") {
 TEST_CASE("short key rows without a mask (the native kernel's transposed form): sizes, layouts, key lengths") {
   // Up to 96 keys, Sq >= 64 and keys or Dv off the vector width: queries go on the vector lanes.
   std::mt19937_64 rng(test::base_seed() + 16);
-  const std::int64_t sq[] = {64, 65, 127, 128, 129, 300};
+  const std::int64_t sq[] = {64, 65, 84, 127, 128, 129, 300};
   const std::int64_t sk[] = {1, 5, 16, 17, 77, 95, 96};
-  const std::int64_t dims[][2] = {{40, 40}, {1, 17}, {64, 1}, {33, 64}};
+  const std::int64_t dims[][2] = {{40, 40}, {1, 17}, {64, 1}, {33, 65}};
   int n = 0;
   for (std::int64_t Sq : sq)
     for (std::int64_t Sk : sk) {

@@ -161,6 +161,18 @@ TEST_CASE("gemm: a large C written in one pass goes out with streaming stores (a
         detail::gemm(g, threads, kt);
         CHECK(std::equal(c, c + M * N, want.begin()));
       }
+  // Few rows (a column split at 2 threads): each thread streams its own columns of C.
+  const std::int64_t M2 = 150, N2 = 14080, K2 = 40;
+  Problem<float> p2 = make<float>(rng, Trans::N, Trans::N, M2, N2, K2, 0, 1.f, 0.f);
+  const std::vector<float> want2 = naive(p2);
+  std::vector<float> store2(static_cast<std::size_t>(M2 * N2) + 16);
+  float* c2 = store2.data();
+  while (reinterpret_cast<std::uintptr_t>(c2) % 64 != 0) ++c2;
+  std::fill(c2, c2 + M2 * N2, std::numeric_limits<float>::quiet_NaN());
+  GemmArgs<float> g2 = p2.g;
+  g2.C = c2;
+  detail::gemm(g2, 2);
+  CHECK(std::equal(c2, c2 + M2 * N2, want2.begin()));
 }
 
 TEST_CASE("gemm: M = 1 (matrix-vector), K = 0, empty, alpha = 0") {

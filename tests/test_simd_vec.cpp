@@ -378,38 +378,44 @@ TEST_CASE("softmax weights: within 3 + |x| / 16 ulp from the flush threshold to 
 template <class T>
 void check_softmax_cols(const VectorKernels<T>& vk) {
   const T inf = std::numeric_limits<T>::infinity();
-  for (std::int64_t rows : {1, 2, 5, 77}) {
-    for (T scale : {T(0.25), T(-0.5)}) {
-      CAPTURE(rows);
-      CAPTURE(scale);
-      const std::int64_t n = 64, ld = 80;  // n and ld: multiples of every ISA's vector width
-      std::vector<T> store(static_cast<std::size_t>(rows * ld) + 64 / sizeof(T));
-      T* x = store.data();  // 64-byte aligned
-      while (reinterpret_cast<std::uintptr_t>(x) % 64 != 0) ++x;
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = 0; c < ld; ++c) x[r * ld + c] = T(0.37) * T((r * 7 + c * 3) % 23) - T(4);
-      for (std::int64_t r = 0; r < rows; ++r) x[r * ld + 0] = -inf / scale;  // column 0: every s is -inf
-      x[(rows - 1) * ld + 1] = std::numeric_limits<T>::quiet_NaN();      // column 1: a NaN score
-      const std::vector<T> x0(x, x + rows * ld);
-      std::vector<T> l(static_cast<std::size_t>(n), T(-7));
-      vk.softmax_cols(x, ld, rows, n, scale, l.data());
-      CHECK(l[0] == T(0));
-      for (std::int64_t r = 0; r < rows; ++r) CHECK(x[r * ld + 0] == T(0));
-      CHECK(std::isnan(l[1]));
-      for (std::int64_t c = 2; c < n; ++c) {
-        long double mx = -INFINITY, sum = 0;
-        for (std::int64_t r = 0; r < rows; ++r) mx = std::max<long double>(mx, x0[r * ld + c] * scale);
-        for (std::int64_t r = 0; r < rows; ++r) sum += std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx);
-        CHECK(std::fabs(l[c] - sum) <= 1e-6L * sum);
-        for (std::int64_t r = 0; r < rows; ++r) {
-          const long double want = std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx) / sum;
-          CHECK(std::fabs(x[r * ld + c] - want) <= 1e-6L * want + 1e-30L);
+  for (std::int64_t rows : {1, 2, 5, 77})
+    for (T scale : {T(0.25), T(-0.5)})
+      for (std::int64_t n : {16, 32, 48, 64}) {  // one to four vectors of columns on AVX-512 f32
+        CAPTURE(rows);
+        CAPTURE(scale);
+        CAPTURE(n);
+        const std::int64_t ld = 80;  // n and ld: multiples of every ISA's vector width
+        std::vector<T> store(static_cast<std::size_t>(rows * ld) + 64 / sizeof(T));
+        T* x = store.data();  // 64-byte aligned
+        while (reinterpret_cast<std::uintptr_t>(x) % 64 != 0) ++x;
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = 0; c < ld; ++c) x[r * ld + c] = T(0.37) * T((r * 7 + c * 3) % 23) - T(4);
+        for (std::int64_t r = 0; r < rows; ++r) x[r * ld + 0] = -inf / scale;  // column 0: every s is -inf
+        x[(rows - 1) * ld + 1] = std::numeric_limits<T>::quiet_NaN();      // column 1: a NaN score
+        if (rows >= 5) {  // column 3: one weight e^-85, a normal number, below it once normalised
+          for (std::int64_t r = 0; r < rows; ++r) x[r * ld + 3] = T(0);
+          x[1 * ld + 3] = T(-85) / scale;
         }
+        const std::vector<T> x0(x, x + rows * ld);
+        std::vector<T> l(static_cast<std::size_t>(n), T(-7));
+        vk.softmax_cols(x, ld, rows, n, scale, l.data());
+        CHECK(l[0] == T(0));
+        for (std::int64_t r = 0; r < rows; ++r) CHECK(x[r * ld + 0] == T(0));
+        CHECK(std::isnan(l[1]));
+        for (std::int64_t c = 2; c < n; ++c) {
+          long double mx = -INFINITY, sum = 0;
+          for (std::int64_t r = 0; r < rows; ++r) mx = std::max<long double>(mx, x0[r * ld + c] * scale);
+          for (std::int64_t r = 0; r < rows; ++r) sum += std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx);
+          CHECK(std::fabs(l[c] - sum) <= (sizeof(T) == 4 ? 2e-6L : 1e-12L) * sum);
+          for (std::int64_t r = 0; r < rows; ++r) {
+            const long double want = std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx) / sum;
+            if (want < static_cast<long double>(std::numeric_limits<T>::min())) CHECK(x[r * ld + c] == T(0));
+            else CHECK(std::fabs(x[r * ld + c] - want) <= (sizeof(T) == 4 ? 2e-6L : 1e-12L) * want);
+          }
+        }
+        for (std::int64_t r = 0; r < rows; ++r)
+          for (std::int64_t c = n; c < ld; ++c) CHECK(x[r * ld + c] == x0[r * ld + c]);  // nothing past n
       }
-      for (std::int64_t r = 0; r < rows; ++r)
-        for (std::int64_t c = n; c < ld; ++c) CHECK(x[r * ld + c] == x0[r * ld + c]);  // nothing past n
-    }
-  }
 }
 
 TEST_CASE("softmax_cols on every ISA: normalised weights down each column, l, empty and NaN columns") {

@@ -588,7 +588,8 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
 // Keys and Dv are the tile rows, where a remainder costs a short tile, not lanes: the row-major
 // form computes 80 lanes for 77 keys and 48 for 40 output columns (12% of its FLOPs idle), and
 // softmax needs no horizontal reductions and no tails. All keys are one block, so the softmax
-// is the plain two-pass one. V^T is packed once per kv head a thread meets.
+// is the plain one (max, exp and sum, normalise). V^T is packed when a thread's item is of
+// another kv head than its previous one (items of a head are claimed mostly in a row).
 constexpr std::int64_t kShortMaxKeys = 96;
 
 template <class T>

@@ -26,8 +26,8 @@ void pack_a(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t
     T* dst = Ap + ir * kc;
     if (g.trans_a == Trans::N) {
       // A panel is the transpose of m rows of A: the SIMD transposing pack (register transposes
-      // on AVX-512 f32; the scalar loop it replaced, mr read streams and one write stream, cost
-      // gemm 1024^3/t1 ~5% more: 14.87 vs 15.89 ms, /t2 7.79 vs 8.60 ms, best of 5).
+      // on AVX-512 f32; the scalar loop it replaced, mr read streams and one write stream, made
+      // gemm 1024^3/t1 7% slower: 15.89 vs 14.87 ms, /t2 10%: 8.60 vs 7.79 ms, best of 5).
       vk.pack_transpose(g.A + (i0 + ir) * g.lda + p0, g.lda, m, kc, dst, mr, mr);
       continue;
     }

@@ -914,10 +914,14 @@ inline void softmax_col_group(T* x, std::int64_t ld, std::int64_t rows, T scale,
     inv[v] = xsimd::select(sum[v] == B(T(0)), B(T(0)), B(T(1)) / sum[v]);
     sum[v].store_unaligned(l + v * W);
   }
+  // Normalised, a weight below the smallest normal is flushed like the exp's results (a
+  // column whose scores span more than ~83 would otherwise hand denormals to the P.V product).
+  const B tiny(std::numeric_limits<T>::min());
   for (std::int64_t r = 0; r < rows; ++r)
     for (int v = 0; v < CV; ++v) {
       T* p = x + r * ld + v * W;
-      (B::load_aligned(p) * inv[v]).store_aligned(p);
+      const B w = B::load_aligned(p) * inv[v];
+      xsimd::select(w < tiny, B(T(0)), w).store_aligned(p);
     }
 }
 

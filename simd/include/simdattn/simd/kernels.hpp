@@ -147,9 +147,9 @@ struct VectorKernels {
                          std::int64_t ldy);
   // Softmax down the columns of a block of scores (one query per column: keys are rows):
   // x[:, c] = exp(s - max s) / sum, s = x[:, c] * scale, for columns c < n, and l[c] = the sum
-  // (0 where no score is finite: those columns become zeros; NaN where a score is NaN or +inf). x is
-  // 64-byte aligned, ld and n multiples of the vector width; weights as exact as
-  // exp_sub_max_sum's.
+  // (0 where no score is finite: those columns become zeros; NaN where a score is NaN or +inf).
+  // x aligned to the vector width, ld and n multiples of it; weights as exact as
+  // exp_sub_max_sum's, and normalised weights below the smallest normal number are 0.
   void (*softmax_cols)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* l);
 };
 
