@@ -392,10 +392,6 @@ void check_softmax_cols(const VectorKernels<T>& vk) {
           for (std::int64_t c = 0; c < ld; ++c) x[r * ld + c] = T(0.37) * T((r * 7 + c * 3) % 23) - T(4);
         for (std::int64_t r = 0; r < rows; ++r) x[r * ld + 0] = -inf / scale;  // column 0: every s is -inf
         x[(rows - 1) * ld + 1] = std::numeric_limits<T>::quiet_NaN();      // column 1: a NaN score
-        if (rows >= 5) {  // column 3: one weight e^-85, a normal number, below it once normalised
-          for (std::int64_t r = 0; r < rows; ++r) x[r * ld + 3] = T(0);
-          x[1 * ld + 3] = T(-85) / scale;
-        }
         const std::vector<T> x0(x, x + rows * ld);
         std::vector<T> l(static_cast<std::size_t>(n), T(-7));
         vk.softmax_cols(x, ld, rows, n, scale, l.data());
@@ -408,17 +404,26 @@ void check_softmax_cols(const VectorKernels<T>& vk) {
           for (std::int64_t r = 0; r < rows; ++r) sum += std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx);
           CHECK(std::fabs(l[c] - sum) <= (sizeof(T) == 4 ? 2e-6L : 1e-12L) * sum);
           for (std::int64_t r = 0; r < rows; ++r) {
-            const long double want = std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx) / sum;
+            const long double want = std::exp(static_cast<long double>(x0[r * ld + c] * scale) - mx);
             if (want < static_cast<long double>(std::numeric_limits<T>::min())) CHECK(x[r * ld + c] == T(0));
             else CHECK(std::fabs(x[r * ld + c] - want) <= (sizeof(T) == 4 ? 2e-6L : 1e-12L) * want);
           }
         }
         for (std::int64_t r = 0; r < rows; ++r)
           for (std::int64_t c = n; c < ld; ++c) CHECK(x[r * ld + c] == x0[r * ld + c]);  // nothing past n
+        // normalize_cols: x[r, c] / l[c], zeros where l[c] == 0 (column 0), nothing past n
+        const std::vector<T> w(x, x + rows * ld);
+        vk.normalize_cols(x, ld, rows, n, l.data());
+        for (std::int64_t r = 0; r < rows; ++r) {
+          CHECK(x[r * ld + 0] == T(0));
+          CHECK(std::isnan(x[r * ld + 1]));
+          for (std::int64_t c = 2; c < n; ++c) CHECK(x[r * ld + c] == w[r * ld + c] * (T(1) / l[c]));
+          for (std::int64_t c = n; c < ld; ++c) CHECK(x[r * ld + c] == x0[r * ld + c]);
+        }
       }
 }
 
-TEST_CASE("softmax_cols on every ISA: normalised weights down each column, l, empty and NaN columns") {
+TEST_CASE("softmax_cols and normalize_cols on every ISA: weights down each column, l, empty and NaN columns") {
   for (const KernelTable* kt : tables()) {
     CAPTURE(isa_name(kt->isa));
     check_softmax_cols(kt->vec_f32);

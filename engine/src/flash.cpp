@@ -582,13 +582,13 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
 // on the vector lanes. Per (batch, head, block of bq queries), for each panel of dnr queries:
 //   Q^T panel        = the Q rows, transposed                        [D, dnr]
 //   S^T              = K Q^T       (in-place-A tile over K's rows)   [L, dnr]
-//   P^T              = softmax down each column (one call: softmax_cols, normalised)
-//   O^T              = V^T P^T     (in-place-A tile over V^T's rows) [Dv, dnr]
+//   P^T              = exp(S^T - column max), the column sums l  (one call: softmax_cols)
+//   O^T              = V^T P^T / l (in-place-A tile over V^T's rows) [Dv, dnr]
 //   out rows         = O^T, transposed
 // Keys and Dv are the tile rows, where a remainder costs a short tile, not lanes: the row-major
 // form computes 80 lanes for 77 keys and 48 for 40 output columns (12% of its FLOPs idle), and
 // softmax needs no horizontal reductions and no tails. All keys are one block, so the softmax
-// is the plain one (max, exp and sum, normalise). V^T is packed when a thread's item is of
+// is the plain one (max, then exp and sum, then O / l: Dv rows normalised rather than L). V^T is packed when a thread's item is of
 // another kv head than its previous one (items of a head are claimed mostly in a row).
 constexpr std::int64_t kShortMaxKeys = 96;
 
@@ -655,6 +655,7 @@ void short_keys(const Problem& p, const simd::KernelTable& kt) {
         gk.ukernel_direct_a_pf[nv][std::min(rows_t, p.Dv - r0)](L, vt + r0 * ldvt, ldvt, stc, dnr, otc + r0 * dnr,
                                                                 dnr, T(1), T(0), pf.at, pf.lines);
       }
+      vk.normalize_cols(otc, dnr, p.Dv, nv * lanes, l + c * dnr);
       T* oc = o + c * dnr * p.os[2];
       vk.pack_transpose(otc, dnr, p.Dv, qn, oc, p.os[2], p.Dv);
       // A query with no finite score has zero weights, and 0 * an infinite V is NaN: zeros, as

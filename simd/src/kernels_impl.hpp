@@ -909,20 +909,19 @@ inline void softmax_col_group(T* x, std::int64_t ld, std::int64_t rows, T scale,
       w.store_aligned(p);
       sum[v] += w;
     }
-  B inv[CV];
-  for (int v = 0; v < CV; ++v) {
-    inv[v] = xsimd::select(sum[v] == B(T(0)), B(T(0)), B(T(1)) / sum[v]);
-    sum[v].store_unaligned(l + v * W);
+  for (int v = 0; v < CV; ++v) sum[v].store_unaligned(l + v * W);
+}
+
+// x[r, c] *= 1 / l[c] (0 where l[c] == 0), columns in vectors.
+template <class Arch, class T>
+void normalize_cols(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, const T* l) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  for (std::int64_t c = 0; c < n; c += W) {
+    const B lv = B::load_unaligned(l + c);
+    const B inv = xsimd::select(lv == B(T(0)), B(T(0)), B(T(1)) / lv);
+    for (std::int64_t r = 0; r < rows; ++r) (B::load_aligned(x + r * ld + c) * inv).store_aligned(x + r * ld + c);
   }
-  // Normalised, a weight below the smallest normal is flushed like the exp's results (a
-  // column whose scores span more than ~83 would otherwise hand denormals to the P.V product).
-  const B tiny(std::numeric_limits<T>::min());
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (int v = 0; v < CV; ++v) {
-      T* p = x + r * ld + v * W;
-      const B w = B::load_aligned(p) * inv[v];
-      xsimd::select(w < tiny, B(T(0)), w).store_aligned(p);
-    }
 }
 
 template <class Arch, class T>
@@ -964,7 +963,7 @@ VectorKernels<T> make_vector_kernels() {
   return {&exp_array<Arch, T>, &max_array<Arch, T>, &sum_array<Arch, T>, &scale_add_max<Arch, T>,
           &exp_sub_max_sum<Arch, T>, &scale_array<Arch, T>, &scale_to_array<Arch, T>,
           &pack_transpose<Arch, T>, &elu1_array<Arch, T>, &relu_array<Arch, T>, &softmax_rows<Arch, T>,
-          &normalize_rows<Arch, T>, &softmax_cols<Arch, T>};
+          &normalize_rows<Arch, T>, &softmax_cols<Arch, T>, &normalize_cols<Arch, T>};
 }
 
 // Packed tile MR x NV vectors; in-place-A tile DMR x DNV vectors.

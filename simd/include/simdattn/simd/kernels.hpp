@@ -145,12 +145,15 @@ struct VectorKernels {
   // a call per row cost 7% of sdcross (40-wide rows).
   void (*normalize_rows)(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_t n, const T* l, T* y,
                          std::int64_t ldy);
-  // Softmax down the columns of a block of scores (one query per column: keys are rows):
-  // x[:, c] = exp(s - max s) / sum, s = x[:, c] * scale, for columns c < n, and l[c] = the sum
-  // (0 where no score is finite: those columns become zeros; NaN where a score is NaN or +inf).
-  // x aligned to the vector width, ld and n multiples of it; weights as exact as
-  // exp_sub_max_sum's, and normalised weights below the smallest normal number are 0.
+  // Softmax down the columns of a block of scores (one query per column: keys are rows), not
+  // normalised: x[:, c] = exp(s - max s), s = x[:, c] * scale, for columns c < n, and l[c] = the
+  // sum (0 where no score is finite: those columns become zeros; NaN where a score is NaN or
+  // +inf). x aligned to the vector width, ld and n multiples of it; weights as exact as
+  // exp_sub_max_sum's (so never denormal).
   void (*softmax_cols)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T* l);
+  // x[r, c] *= 1 / l[c] for rows r and columns c < n, 0 where l[c] == 0 (the weighted sums of
+  // softmax_cols' columns, normalised). Alignment as softmax_cols.
+  void (*normalize_cols)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, const T* l);
 };
 
 // Machine-limit probes for the perf suite (perf/bench_machine.cpp).
