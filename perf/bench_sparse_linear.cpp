@@ -7,9 +7,7 @@
 //
 // linear/native/{long,gpt}/t<N>:      causal linear attention (elu1) on the long and gpt shapes
 // linear/native/{long,gpt}-full/t<N>: the non-causal form
-// GFLOP/s count the FLOPs the causal form needs: per chunk of n rows 2n*D*(Dv+1) for the
-// carried state's contribution (not in the first chunk), n(n+1)*(D + Dv + 1) for the visible
-// triangle inside the chunk, 2n*D*(Dv+1) for the state update; non-causal
+// GFLOP/s count the FLOPs the causal form needs (linear_flops below); non-causal
 // 2*Sk*D*(Dv+1) + 2*Sq*D*(Dv+1).
 #include <benchmark/benchmark.h>
 

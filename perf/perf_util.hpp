@@ -4,29 +4,9 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
-#include <cstddef>
-#include <new>
 #include <utility>
-#include <vector>
 
 namespace simdattn::perf {
-
-// 64-byte aligned storage for operands, as a framework allocates its tensors (PyTorch's CPU
-// allocator aligns to 64 bytes), so a path that needs aligned rows (the GEMM's streaming stores)
-// is measured as a service would see it, not lost to malloc's 16-byte alignment.
-template <class T>
-struct AlignedAllocator {
-  using value_type = T;
-  AlignedAllocator() = default;
-  template <class U>
-  AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64})); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, std::align_val_t{64}); }
-  template <class U>
-  bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
-};
-template <class T>
-using AlignedVector = std::vector<T, AlignedAllocator<T>>;
 
 // Runs `body` once per benchmark iteration and sets a throughput counter from *wall-clock* time
 // (the Time column is the main thread's CPU time, which undercounts waiting in multi-threaded

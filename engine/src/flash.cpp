@@ -588,8 +588,10 @@ void decode(const Problem& p, const simd::KernelTable& kt) {
 // Keys and Dv are the tile rows, where a remainder costs a short tile, not lanes: the row-major
 // form computes 80 lanes for 77 keys and 48 for 40 output columns (12% of its FLOPs idle), and
 // softmax needs no horizontal reductions and no tails. All keys are one block, so the softmax
-// is the plain one (max, then exp and sum, then O / l: Dv rows normalised rather than L). V^T is packed when a thread's item is of
-// another kv head than its previous one (items of a head are claimed mostly in a row).
+// is the plain one (max, then exp and sum, then O / l: Dv rows normalised rather than L). V^T
+// is packed when a thread's item is of another kv head than its previous one (items of a head
+// are claimed mostly in a row, one at a time: a thread slowed by a neighbour leaves items to the
+// other).
 constexpr std::int64_t kShortMaxKeys = 96;
 
 template <class T>
@@ -665,40 +667,23 @@ void short_keys(const Problem& p, const simd::KernelTable& kt) {
     }
   };
 
-  const std::int64_t nt = threads_for(items, p.threads, min_items);
   const auto scratch = static_cast<std::size_t>(vt_size + qt_size + st_size + ot_size + l_size);
-  auto worker = [&](auto next_item) {
-    T* base = thread_buffer<T, kAttention>().get(scratch);
-    T* vt = base;
-    T* qt = vt + vt_size;
-    T* st = qt + qt_size;
-    T* ot = st + st_size;
-    T* l = ot + ot_size;
-    std::int64_t cached = -1;  // the kv head (b * Hkv + hk) whose V^T is in vt
-    for (std::int64_t it = next_item(); it < items; it = next_item()) run(it, vt, qt, st, ot, l, cached);
-  };
-  if (nt <= 1) {
-    std::int64_t it = 0;
-    worker([&] { return it++; });
-    return;
-  }
-  // Items claimed one at a time: a thread slowed by a neighbour leaves items to the other.
-  std::int64_t next = 0;
   bool failed = false;
-#pragma omp parallel num_threads(static_cast<int>(nt))
-  {
+  parallel_claims(items, p.threads, min_items, [&](auto next_item) {
     try {
-      worker([&] {
-        std::int64_t i;
-#pragma omp atomic capture
-        i = next++;
-        return i;
-      });
+      T* base = thread_buffer<T, kAttention>().get(scratch);
+      T* vt = base;
+      T* qt = vt + vt_size;
+      T* st = qt + qt_size;
+      T* ot = st + st_size;
+      T* l = ot + ot_size;
+      std::int64_t cached = -1;  // the kv head (b * Hkv + hk) whose V^T is in vt
+      for (std::int64_t it = next_item(); it < items; it = next_item()) run(it, vt, qt, st, ot, l, cached);
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;
     }
-  }
+  });
   if (failed) throw std::bad_alloc();
 }
 

@@ -6,10 +6,12 @@
 // never inside another parallel region (no nesting), and never with more threads than chunks of
 // `min_per_thread` items. fn must not throw.
 //
-// parallel_for_each_claimed(n, threads, min_per_thread, fn): the same thread count, but each
-// thread claims the next unclaimed item and calls fn(i, i + 1) until none is left, so a thread
-// slowed down (a VM's noisy neighbour) leaves items to the others. For few, large items whose
-// result does not depend on which thread computes them.
+// parallel_claims(n, threads, min_per_thread, worker): the same thread count, but items are
+// claimed one at a time: worker(next) runs once on each thread, and next() returns the next
+// unclaimed item (n or more once none is left), so a thread slowed down (a VM's noisy
+// neighbour) leaves items to the others and a worker can keep state across the items it claims.
+// For items whose result does not depend on which thread computes them. worker must not throw.
+// parallel_for_each_claimed(n, threads, min_per_thread, fn): fn(i, i + 1) for each claimed item.
 #pragma once
 
 #include <algorithm>
@@ -51,25 +53,29 @@ void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&&
   }
 }
 
-template <class Fn>
-void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
+template <class Worker>
+void parallel_claims(std::int64_t n, int threads, std::int64_t min_per_thread, Worker&& worker) {
   if (n <= 0) return;
   const std::int64_t nt = threads_for(n, threads, min_per_thread);
+  std::int64_t next = 0;
   if (nt <= 1) {
-    fn(std::int64_t{0}, n);
+    worker([&] { return next++; });
     return;
   }
-  std::int64_t next = 0;
 #pragma omp parallel num_threads(static_cast<int>(nt))
-  {
-    for (;;) {
-      std::int64_t i;
+  worker([&] {
+    std::int64_t i;
 #pragma omp atomic capture
-      i = next++;
-      if (i >= n) break;
-      fn(i, i + 1);
-    }
-  }
+    i = next++;
+    return i;
+  });
+}
+
+template <class Fn>
+void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
+  parallel_claims(n, threads, min_per_thread, [&](auto next) {
+    for (std::int64_t i = next(); i < n; i = next()) fn(i, i + 1);
+  });
 }
 
 }  // namespace simdattn::detail

@@ -163,20 +163,19 @@ inline batch<T, Arch> exp_batch(const batch<T, Arch>& x) {
   const B n = xsimd::fma(xc, B(C::log2e), B(C::round_magic)) - B(C::round_magic);
   // r = x - n ln2_hi - n ln2_lo as FMAs with the constants negated (exactly): written as fnma,
   // GCC negates n into a register first, one instruction more per vector.
-  B r;
+  B r, p;
+  auto horner = [&r](const auto& coef, int degree) {
+    B q(coef[degree]);
+    for (int k = degree - 1; k >= 0; --k) q = xsimd::fma(q, r, B(coef[k]));
+    return q;
+  };
   if constexpr (kWeights) {
     r = xsimd::fma(n, B(-C::ln2), xc);
+    p = horner(C::w_coef, C::w_degree);
   } else {
     r = xsimd::fma(n, B(-C::ln2_hi), xc);
     r = xsimd::fma(n, B(-C::ln2_lo), r);
-  }
-  B p;
-  if constexpr (kWeights) {
-    p = B(C::w_coef[C::w_degree]);
-    for (int k = C::w_degree - 1; k >= 0; --k) p = xsimd::fma(p, r, B(C::w_coef[k]));
-  } else {
-    p = B(C::coef[C::degree]);
-    for (int k = C::degree - 1; k >= 0; --k) p = xsimd::fma(p, r, B(C::coef[k]));
+    p = horner(C::coef, C::degree);
   }
   B y;
   if constexpr (kHasAvx512<Arch>) {
