@@ -221,7 +221,10 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
   for (const simd::KernelTable* kt : tables()) {
     const std::int64_t nr = kt->gemm_f32.blocking.nr, kc = kt->gemm_f32.blocking.kc;
     for (auto [M, Ntot, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 70, 33}, {1, 3 * nr + 5, kc + 7},
-                              {2, nr, 1}, {13, 2 * nr + 1, kc}, {29, 5 * nr - 3, 2 * kc + 3}, {130, 4 * nr, 40}}) {
+                              {2, nr, 1}, {13, 2 * nr + 1, kc}, {29, 5 * nr - 3, 2 * kc + 3}, {130, 4 * nr, 40},
+                              // enough rows for the rows-outer loops (at 1 thread), over several
+                              // depth blocks, and over more columns than any block holds
+                              {400, 3 * nr + 5, 2 * kc + 3}, {400, 4100, 8}}) {
       // the whole matrix and a range of panels starting at panel 1
       for (std::int64_t col : {std::int64_t{0}, nr}) {
         if (col >= Ntot) continue;

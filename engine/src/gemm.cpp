@@ -8,6 +8,7 @@
 
 #include <immintrin.h>
 #include <omp.h>
+#include <unistd.h>
 
 #include "prefetch.hpp"
 #include "threading.hpp"
@@ -40,10 +41,29 @@ void pack_a(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t
 }
 
 // Bp: ceil(nc / nr) micro-panels; panel c holds, for each k < kc, columns j0 + c*nr .. + nr - 1
-// (zero past nc). Packs panels [panel_begin, panel_end) only, so threads can share the work.
+// (zero past nc). Packs panels [panel_begin, panel_end) only.
 template <class T>
 void pack_b(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t p0, std::int64_t kc,
             std::int64_t j0, std::int64_t nc, int nr, T* Bp, std::int64_t panel_begin, std::int64_t panel_end) {
+  if (g.trans_b == Trans::N) {
+    // Full panels row by row: each row of the block is read once, front to back, which the
+    // hardware prefetchers follow (a panel at a time reads a column strip, a new page per row:
+    // gemm 1024^3 t1 0.3 ms faster, same-process harness).
+    const std::int64_t full_end = std::min(nc / nr, panel_end);
+    if (panel_begin < full_end) {
+      const std::size_t bytes = sizeof(T) * static_cast<std::size_t>(nr);
+      for (std::int64_t k = 0; k < kc; ++k) {
+        const T* src = g.B + (p0 + k) * g.ldb + j0;
+        T* dst = Bp + k * nr;
+        for (std::int64_t p = panel_begin; p < full_end; ++p) {
+          if (bytes == 128) std::memcpy(dst + p * nr * kc, src + p * nr, 128);  // a constant size inlines
+          else if (bytes == 64) std::memcpy(dst + p * nr * kc, src + p * nr, 64);
+          else std::memcpy(dst + p * nr * kc, src + p * nr, bytes);
+        }
+      }
+      panel_begin = full_end;
+    }
+  }
   for (std::int64_t jr = panel_begin * nr; jr < std::min(nc, panel_end * nr); jr += nr) {
     const std::int64_t n = std::min<std::int64_t>(nr, nc - jr);
     T* dst = Bp + jr * kc;
@@ -93,23 +113,46 @@ constexpr std::int64_t kDirectBMaxRowBytes = 4096;
 // 2.18 ms). Not below: a C that fits the caches is better left in them for whoever reads it.
 constexpr double kStreamMinBytes = 8.0 * 1024 * 1024;
 
-// Which micro-kernel the driver runs, its blocking, whether B is read in place, and whether C
-// is streamed.
+// Columns of B per packed block: the table's nc, fewer if the kc x nc block (kc = min(K, the
+// table's kc)) would not fit in half of this CPU's L2, where it stays while every A micro-panel
+// sweeps it.
+template <class T>
+int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
+  static const long l2 = [] {
+    const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
+    return n > 0 ? n : 1L << 20;  // unknown: assume 1 MiB
+  }();
+  const long cols = l2 / 2 / (std::min<long>(bs.kc, K) * static_cast<long>(sizeof(T)));
+  return static_cast<int>(std::clamp<long>(cols / bs.nr * bs.nr, bs.nr, bs.nc));
+}
+
+// A pre-packed B goes rows outer (see gemm_rows) only when each thread has at least this many
+// rows: the first sweep of A rows over a block of B pulls it from L3, which few rows do not
+// amortise (perf: mha bert-layer's QKV projection, 128x2304x768 pre-packed, same-process
+// harness: columns outer 2.68-2.72 ms, rows outer 2.95; 256 rows 5.55 vs 5.80 ms; 384 rows
+// 8.69 vs 8.64; gpt-layer's, 1024 rows, 25.7 vs 23.0 ms, and 11.5 vs 11.4 ms at 2 threads).
+constexpr std::int64_t kPrepackedRowsOuterMin = 384;
+
+// Which micro-kernel the driver runs, its blocking and loop order, whether A or B is read in
+// place, and whether C is streamed. nt: the threads that will split the rows.
 template <class T>
 struct Mode {
-  const simd::GemmBlocking& bs;
-  bool direct_a, direct_b, stream;
-  Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk)
+  simd::GemmBlocking bs;
+  bool direct_a, direct_b, rows_outer, stream;
+  Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int nt)
       : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking
                                                                                       : gk.blocking),
         direct_a(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols),
         direct_b(g.packed_b == nullptr && !direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
                  (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0 &&
                  g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kDirectBMaxRowBytes),
+        rows_outer(!direct_a && !direct_b && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)),
         // (the streaming stores need every row of C 64-byte aligned)
         stream(!direct_a && !direct_b && g.beta == T(0) && g.K <= bs.kc &&
                double(g.M) * double(g.N) * sizeof(T) >= kStreamMinBytes &&
-               reinterpret_cast<std::uintptr_t>(g.C) % 64 == 0 && (g.ldc * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {}
+               reinterpret_cast<std::uintptr_t>(g.C) % 64 == 0 && (g.ldc * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
+    if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
+  }
 };
 
 // Buffer sizes (elements) for one thread's part of the driver.
@@ -152,12 +195,11 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
     }
 }
 
-// The five loops over rows [i_begin, i_end) of C (a multiple of mr apart, except at M), run by
-// thread `tid` of `nt`. Bp (shared by the nt threads) receives each kc x nc block of B, packed
-// cooperatively between two barriers; each thread packs its own A blocks into Aws.
+// The loops over rows [i_begin, i_end) of C (a multiple of mr apart, except at M). Bp receives
+// each kc x nc block of B, Aws the packed A; both are the calling thread's own.
 template <class T>
 void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
-               const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, int nt, int tid, T* Bp, T* Aws) {
+               const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, T* Bp, T* Aws) {
   const simd::GemmBlocking& bs = mode.bs;
   const int mr = bs.mr, nr = bs.nr;
   const std::int64_t MC = bs.mc, KC = bs.kc, NC = bs.nc;
@@ -173,9 +215,7 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
       const T beta = pc == 0 ? g.beta : T(1);
       // B in place: only a partial last panel is packed (reads must stay inside B's rows).
       const std::int64_t first = mode.direct_b ? nc / nr : 0;
-      if (g.packed_b == nullptr)
-        pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first + (panels - first) * tid / nt,
-               first + (panels - first) * (tid + 1) / nt);
+      if (g.packed_b == nullptr) pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first, panels);
       // Panel jr of B for this pass, and the distance between its rows.
       auto b_panel = [&](std::int64_t jr) {
         if (g.packed_b != nullptr) return g.packed_b->panel(g.b_col + jc + jr, pc);
@@ -183,9 +223,6 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
       };
       auto b_ld = [&](std::int64_t jr) { return jr / nr < first ? g.ldb : std::int64_t{nr}; };
       auto b_packed = [&](std::int64_t jr) { return jr / nr >= first; };
-      if (nt > 1) {
-#pragma omp barrier
-      }
       if (mode.direct_a) {
         // Rows outer: the mr x kc slice of A stays in L1 across the few column panels.
         for (std::int64_t i = i_begin; i < i_end; i += mr) {
@@ -194,27 +231,43 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
             run_tile(g, gk, mode, kc, g.A + i * g.lda + pc, g.lda, b_panel(jr), b_ld(jr), b_packed(jr), i, jc + jr, m,
                      std::min<std::int64_t>(nr, nc - jr), beta, tile);
         }
-      } else {
+      } else if (!mode.rows_outer) {
+        // B in place (few rows of C) or pre-packed (with few rows per thread): columns outer,
+        // so each kc x nr panel of B, read from L3 once, stays in L1 across the rows of the
+        // packed mc x kc block of A (in L2).
         for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
           const std::int64_t mc = std::min(MC, i_end - ic);
-          // Columns outer: the kc x nr panel of B stays in L1 across the rows of the A block.
           pack_a(g, vk, ic, mc, pc, kc, mr, Ap);
-          // While a B panel's tiles run, they prefetch the next panel into L2 (its first tile
-          // otherwise waits on it from L3: gemm 1024^3 t1 15.00 -> 14.73 ms, t2 10.36 -> 10.03,
-          // 1024x3072x1024 t2 32.4 -> 30.8, same-process harness, best of 15 in a slow phase).
+          // While a B panel's tiles run, they prefetch the next panel into L2.
           NextRows next;
           for (std::int64_t jr = 0; jr < nc; jr += nr) {
             next.clear();
             if (jr + nr < nc) next.add(b_panel(jr + nr), b_ld(jr + nr), 1, kc, std::int64_t{nr});
             for (std::int64_t ir = 0; ir < mc; ir += mr)
               run_tile(g, gk, mode, kc, Ap + ir * kc, 0, b_panel(jr), b_ld(jr), b_packed(jr), ic + ir, jc + jr,
-                       std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta,
-                       tile, next.take(kc));
+                       std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta, tile,
+                       next.take(kc));
           }
         }
-      }
-      if (nt > 1) {
-#pragma omp barrier
+      } else {
+        // B packed: rows outer. Each mr x kc micro-panel of A is packed just before its row of
+        // tiles and stays in L1 while they sweep the kc x nc block of B, which stays in L2
+        // (columns outer, with an mc x kc block of A in L2 and B's panels meant for L1, had
+        // gemm 1024^3 t1 at 14.9 ms, this 13.5-13.7 ms, same-process harness, best of 8). The
+        // tiles prefetch the next micro-panel's rows of A into L2 meanwhile.
+        NextRows next;
+        for (std::int64_t i = i_begin; i < i_end; i += mr) {
+          const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
+          pack_a(g, vk, i, m, pc, kc, mr, Ap);
+          next.clear();
+          if (const std::int64_t mn = std::min<std::int64_t>(mr, i_end - i - m); mn > 0) {
+            if (g.trans_a == Trans::N) next.add(g.A + (i + m) * g.lda + pc, g.lda, 1, mn, kc);
+            else next.add(g.A + pc * g.lda + i + m, g.lda, 1, kc, mn);
+          }
+          for (std::int64_t jr = 0; jr < nc; jr += nr)
+            run_tile(g, gk, mode, kc, Ap, 0, b_panel(jr), b_ld(jr), b_packed(jr), i, jc + jr, m,
+                     std::min<std::int64_t>(nr, nc - jr), beta, tile, next.take(kc));
+        }
       }
     }
   }
@@ -271,43 +324,41 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     gemv(g, gk, threads);
     return;
   }
-  const Mode<T> mode(g, gk);
-  const simd::GemmBlocking& bs = mode.bs;
-  const Extents<T> ex(g, bs);
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
   const int nt = static_cast<int>(std::clamp<double>(std::min<double>(resolve_threads(threads),
                                                                       flops / kMinFlopsPerThread),
                                                      1.0, 1e6));
+  const Mode<T> mode(g, gk, nt);
+  const simd::GemmBlocking& bs = mode.bs;
+  const Extents<T> ex(g, bs);
   const std::int64_t row_units = (g.M + bs.mr - 1) / bs.mr;
 
-  // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5) and pays two
-  // barriers per B block; columns split evenly (perf: gemm 128x768x768/t2, best of 5 runs 553 us
-  // with columns vs 618 us with rows; mha bert-layer/t2 3.18 vs 3.61 ms).
+  // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5); columns
+  // split evenly (perf: gemm 128x768x768/t2, best of 5 runs 553 us with columns vs 618 us with
+  // rows, when rows still shared B between barriers; mha bert-layer/t2 3.18 vs 3.61 ms).
   if (nt == 1 || row_units >= 8 * nt) {
-    // Rows split across threads, which share each packed block of B.
-    T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
+    // Rows split across threads. Each packs every block of B into its own buffer: twice the
+    // packing work, but no barrier per block and no block half in the other core's cache
+    // (sharing one packed block between barriers was slower at 2 threads, same-process
+    // harness, best of 6: gemm 1024^3 6.87 against 6.68 ms, 1024x3072x1024 21.9 against 21.2,
+    // 2048x64x2048 1.59 against 1.57).
     if (nt == 1) {
-      gemm_rows(g, gk, vk, mode, 0, g.M, 1, 0, Bp, thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
+      gemm_rows(g, gk, vk, mode, 0, g.M, thread_buffer<T, kGemmPackedB>().get(ex.b_size()),
+                thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
       return;
     }
     bool failed = false;
 #pragma omp parallel num_threads(nt)
     {
       const int tid = omp_get_thread_num(), T_ = omp_get_num_threads();
-      T* Aws = nullptr;
       try {
-        Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
+        T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
+        T* Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
+        const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
+        gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws);
       } catch (const std::bad_alloc&) {
 #pragma omp atomic write
         failed = true;
-      }
-#pragma omp barrier
-      bool stop;
-#pragma omp atomic read
-      stop = failed;
-      if (!stop) {
-        const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
-        gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), T_, tid, Bp, Aws);
       }
     }
     if (failed) throw std::bad_alloc();
@@ -333,7 +384,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     try {
       T* Bp = thread_buffer<T, kGemmPackedB>().get(pex.b_size());
       T* Aws = thread_buffer<T, kGemmPackedA>().get(pex.a_size(pmode.bs));
-      gemm_rows(part, gk, vk, pmode, 0, part.M, 1, 0, Bp, Aws);
+      gemm_rows(part, gk, vk, pmode, 0, part.M, Bp, Aws);
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;
