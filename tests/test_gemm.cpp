@@ -131,6 +131,8 @@ TEST_CASE("gemm: blocks larger than mc, kc and nc, at 1 and 2 threads") {
       for (Trans tb : {Trans::N, Trans::T}) {
         check<float>(*kt, rng, ta, tb, b.mc + 3, 70, b.kc * 2 + 1, 1, 1.f, 0.f, 2);
         check<float>(*kt, rng, ta, tb, 40, b.nc + 33, 33, 0, 1.f, 1.f, 2);
+        // few rows, B read in place: passes of kc_b_in_place
+        check<float>(*kt, rng, ta, tb, 30, 3 * b.nr + 3, b.kc_b_in_place * 2 + 5, 1, 1.f, -1.f, 1 + (tb == Trans::T));
       }
     const auto& d = kt->gemm_f64.blocking;
     check<double>(*kt, rng, Trans::N, Trans::N, d.mc + 1, d.nc + 1, d.kc + 1, 3, -1.0, 0.5, 2);

@@ -152,6 +152,7 @@ struct Mode {
                double(g.M) * double(g.N) * sizeof(T) >= kStreamMinBytes &&
                reinterpret_cast<std::uintptr_t>(g.C) % 64 == 0 && (g.ldc * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
     if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
+    if (direct_b) bs.kc = bs.kc_b_in_place;
   }
 };
 
@@ -397,8 +398,10 @@ template <class T>
 void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   if (g.M <= 1 || g.N <= 0 || g.K <= 0) return;  // gemv and empty problems use no buffers
   const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
+  simd::GemmBlocking b_in_place = gk.blocking;  // (as Mode has it for B read in place)
+  b_in_place.kc = b_in_place.kc_b_in_place;
   std::size_t b = 0, a = 0;
-  for (const simd::GemmBlocking* bs : {&gk.blocking, &gk.direct_blocking}) {
+  for (const simd::GemmBlocking* bs : {&gk.blocking, static_cast<const simd::GemmBlocking*>(&b_in_place), &gk.direct_blocking}) {
     const Extents<T> ex(g, *bs);
     b = std::max(b, ex.b_size());
     a = std::max(a, ex.a_size(*bs));

@@ -12,8 +12,8 @@ KernelTable make_table_avx2() {
   using A = xsimd::fma3<xsimd::avx2>;
   return {Isa::avx2,
           impl::make_probe_kernels<A>(),
-          impl::make_gemm_kernels<A, float, 6, 2, 6, 2>(144, 256, 4096, 1024),
-          impl::make_gemm_kernels<A, double, 6, 2, 6, 2>(144, 256, 2048, 512),
+          impl::make_gemm_kernels<A, float, 6, 2, 6, 2>(144, 256, 4096, 1024, 768),
+          impl::make_gemm_kernels<A, double, 6, 2, 6, 2>(144, 256, 2048, 512, 768),
           impl::make_vector_kernels<A, float>(),
           impl::make_vector_kernels<A, double>()};
 }

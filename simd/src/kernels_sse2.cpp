@@ -10,8 +10,8 @@ KernelTable make_table_sse2() {
   using A = xsimd::sse2;
   return {Isa::sse2,
           impl::make_probe_kernels<A>(),
-          impl::make_gemm_kernels<A, float, 4, 2, 4, 2>(128, 256, 2048, 512),
-          impl::make_gemm_kernels<A, double, 4, 2, 4, 2>(128, 256, 2048, 512),
+          impl::make_gemm_kernels<A, float, 4, 2, 4, 2>(128, 256, 2048, 512, 768),
+          impl::make_gemm_kernels<A, double, 4, 2, 4, 2>(128, 256, 2048, 512, 768),
           impl::make_vector_kernels<A, float>(),
           impl::make_vector_kernels<A, double>()};
 }
