@@ -23,8 +23,7 @@ constexpr Shape kShapes[] = {{1024, 1024, 1024}, {2048, 2048, 64}, {2048, 64, 20
                              {128, 768, 768},    {1, 4096, 128},   {1024, 3072, 1024}};
 
 // Operands 64-byte aligned, as a framework allocates its tensors (PyTorch's CPU allocator aligns
-// to 64 bytes), so a path that needs aligned rows (the streaming stores) is measured as a service
-// would see it, not lost to malloc's 16-byte alignment.
+// to 64 bytes), not at malloc's 16 bytes.
 struct Operands {
   std::vector<float, simdattn::detail::AlignedAllocator<float>> a, b, c;
   explicit Operands(const Shape& s)

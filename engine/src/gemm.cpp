@@ -6,7 +6,6 @@
 #include <stdexcept>
 #include <vector>
 
-#include <immintrin.h>
 #include <omp.h>
 #include <unistd.h>
 
@@ -106,13 +105,6 @@ constexpr std::int64_t kDirectBMaxRows = 256;
 // place).
 constexpr std::int64_t kDirectBMaxRowBytes = 4096;
 
-// A C of at least this many bytes, written in one pass (beta = 0, K <= kc), goes out with
-// non-temporal stores (GemmKernels::ukernel_stream): an ordinary store first reads the line it
-// writes, which doubles the memory traffic of a C far larger than the caches (perf: gemm
-// 2048x2048x64, 16 MiB of C, same-process harness, best of 15: t1 4.95 -> 3.65 ms, t2 2.64 ->
-// 2.18 ms). Not below: a C that fits the caches is better left in them for whoever reads it.
-constexpr double kStreamMinBytes = 8.0 * 1024 * 1024;
-
 // Columns of B per packed block: the table's nc, fewer if the kc x nc block (kc = min(K, the
 // table's kc)) would not fit in half of this CPU's L2, where it stays while every A micro-panel
 // sweeps it.
@@ -134,11 +126,11 @@ int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
 constexpr std::int64_t kPrepackedRowsOuterMin = 384;
 
 // Which micro-kernel the driver runs, its blocking and loop order, whether A or B is read in
-// place, and whether C is streamed. nt: the threads that will split the rows.
+// place. nt: the threads that will split the rows.
 template <class T>
 struct Mode {
   simd::GemmBlocking bs;
-  bool direct_a, direct_b, rows_outer, stream;
+  bool direct_a, direct_b, rows_outer;
   Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int nt)
       : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking
                                                                                       : gk.blocking),
@@ -146,11 +138,7 @@ struct Mode {
         direct_b(g.packed_b == nullptr && !direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
                  (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0 &&
                  g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kDirectBMaxRowBytes),
-        rows_outer(!direct_a && !direct_b && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)),
-        // (the streaming stores need every row of C 64-byte aligned)
-        stream(!direct_a && !direct_b && g.beta == T(0) && g.K <= bs.kc &&
-               double(g.M) * double(g.N) * sizeof(T) >= kStreamMinBytes &&
-               reinterpret_cast<std::uintptr_t>(g.C) % 64 == 0 && (g.ldc * static_cast<std::int64_t>(sizeof(T))) % 64 == 0) {
+        rows_outer(!direct_a && !direct_b && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)) {
     if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
     if (direct_b) bs.kc = bs.kc_b_in_place;
   }
@@ -184,7 +172,6 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
   const std::int64_t ldo = full ? g.ldc : nr;
   const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
   if (mode.direct_a) gk.ukernel_direct_a[nr / mode.bs.lanes][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
-  else if (b_packed && full && mode.stream) gk.ukernel_stream[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else if (b_packed && pf.lines > 0) gk.ukernel_pf[m](kc, a, bp, ldb, out, ldo, alpha, b, pf.at, pf.lines);
   else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
@@ -255,7 +242,10 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
         // tiles and stays in L1 while they sweep the kc x nc block of B, which stays in L2
         // (columns outer, with an mc x kc block of A in L2 and B's panels meant for L1, had
         // gemm 1024^3 t1 at 14.9 ms, this 13.5-13.7 ms, same-process harness, best of 8). The
-        // tiles prefetch the next micro-panel's rows of A into L2 meanwhile.
+        // tiles prefetch the next micro-panel's rows of A into L2 meanwhile. C goes out with
+        // ordinary stores, row panel by row panel, which the prefetchers follow (non-temporal
+        // stores for a large C written in one pass, a gain with columns outer, lost here: gemm
+        // 2048x2048x64 3.54 against 3.36 ms at 1 thread, 1.78 against 1.65 at 2).
         NextRows next;
         for (std::int64_t i = i_begin; i < i_end; i += mr) {
           const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
@@ -272,7 +262,6 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
       }
     }
   }
-  if (mode.stream) _mm_sfence();  // the non-temporal stores are visible before gemm returns
 }
 
 // M == 1: y = alpha * x op(B) + beta * y, split over column ranges.

@@ -460,10 +460,7 @@ void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64
 // spills accumulators, 170 -> 130 GFLOP/s.)
 // BS: the packed B panel's row stride (its width), >= NV * W.
 // kPf: one prefetch (into L2) of the next of pf_lines lines from pf per four k steps.
-// kStream (AVX-512): with beta == 0, C is written with non-temporal stores (64-byte aligned rows
-// required), and its lines are not fetched first.
-template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR, int BS = -1, bool kPf = false,
-          bool kStream = false>
+template <class Arch, class T, int MR, int NV, bool kPackedA, bool kPackedB, int AS = MR, int BS = -1, bool kPf = false>
 __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* __restrict A, std::int64_t lda,
                                                      const T* __restrict Bp, std::int64_t ldb,
                                                      T* __restrict C, std::int64_t ldc, T alpha, T beta,
@@ -474,7 +471,7 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
   // With a short k loop the C tile's stores dominate: start fetching its lines (for writing) now
   // so they arrive while the k loop runs (gemm 2048x2048x64: 90 -> 130 GFLOP/s). With a long k
   // loop the early lines only crowd L1 (1024^3: 140 -> 123), so not then.
-  if (!kStream && kc <= 128) {
+  if (kc <= 128) {
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i) {
       __builtin_prefetch(C + i * ldc, 1);
@@ -534,20 +531,6 @@ __attribute__((always_inline)) inline void gemm_tile(std::int64_t kc, const T* _
   }
 
   const B va(alpha);
-#if defined(__AVX512F__)  // (the intrinsics exist only in the AVX-512 translation unit)
-  if constexpr (kStream && kHasAvx512<Arch>) {
-    if (beta == T(0)) {
-#pragma GCC unroll 32
-      for (int i = 0; i < MR; ++i)
-#pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) {
-          if constexpr (sizeof(T) == 4) _mm512_stream_ps(C + i * ldc + j * W, acc[i][j] * va);
-          else _mm512_stream_pd(C + i * ldc + j * W, acc[i][j] * va);
-        }
-      return;
-    }
-  }
-#endif
   if (beta == T(0)) {
 #pragma GCC unroll 32
     for (int i = 0; i < MR; ++i)
@@ -582,12 +565,6 @@ void gemm_ukernel_pf(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb
 }
 
 template <class Arch, class T, int M, int NV, int MR>
-void gemm_ukernel_stream(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
-                         T alpha, T beta) {
-  gemm_tile<Arch, T, M, NV, true, true, MR, -1, false, kHasAvx512<Arch>>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
-}
-
-template <class Arch, class T, int M, int NV, int MR>
 void gemm_ukernel_b_in_place(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C,
                              std::int64_t ldc, T alpha, T beta) {
   gemm_tile<Arch, T, M, NV, true, false, MR>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
@@ -617,14 +594,12 @@ constexpr std::array<GemmUkernelPf<T>, kMaxMr + 1> packed_pf_kernels(std::intege
   return t;
 }
 
-// kind: 0 packed B, 1 B in place, 2 packed B with streaming stores (AVX-512; elsewhere the
-// packed kernel itself).
+// kind: 0 packed B, 1 B in place.
 template <class Arch, class T, int NV, int MR, int kKind, int... Ms>
 constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer_sequence<int, Ms...>) {
   std::array<GemmUkernel<T>, kMaxMr + 1> t{};
-  if constexpr (kKind == 0 || (kKind == 2 && !kHasAvx512<Arch>)) ((t[Ms + 1] = &gemm_ukernel<Arch, T, Ms + 1, NV, MR>), ...);
-  else if constexpr (kKind == 1) ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
-  else ((t[Ms + 1] = &gemm_ukernel_stream<Arch, T, Ms + 1, NV, MR>), ...);
+  if constexpr (kKind == 0) ((t[Ms + 1] = &gemm_ukernel<Arch, T, Ms + 1, NV, MR>), ...);
+  else ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
   return t;
 }
 template <class Arch, class T, int NV, int NVP, bool kPf, int... Ms>
@@ -981,7 +956,6 @@ GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc, int kc_b
   return {GemmBlocking{MR, NV * W, W, mc, kc, nc, kc_b_in_place},
           packed_row_kernels<Arch, T, NV, MR, 0>(std::make_integer_sequence<int, MR>{}),
           packed_row_kernels<Arch, T, NV, MR, 1>(std::make_integer_sequence<int, MR>{}),
-          packed_row_kernels<Arch, T, NV, MR, 2>(std::make_integer_sequence<int, MR>{}),
           packed_pf_kernels<Arch, T, NV, MR>(std::make_integer_sequence<int, MR>{}),
           GemmBlocking{DMR, DNV * W, W, DMR, direct_kc, nc, direct_kc},
           direct_kernels<Arch, T, DMR, DNV, false>(std::make_integer_sequence<int, DNV>{}),

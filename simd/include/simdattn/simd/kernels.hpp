@@ -74,11 +74,6 @@ struct GemmKernels {
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel;
   // The same with B read in place (ldb = B's row stride; full NR-wide panels only).
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_b_in_place;
-  // ukernel, but with beta == 0 C is written with non-temporal stores, its lines never read
-  // into the caches (C + i * ldc must be 64-byte aligned for every row i). For a C far larger
-  // than the caches and written once: the stores then cost no read of the old lines. (The
-  // caller fences: _mm_sfence after its last tile.) Without AVX-512, the packed kernel itself.
-  std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_stream;
   // ukernel, also prefetching the caller's next lines (GemmUkernelPf).
   std::array<GemmUkernelPf<T>, kMaxMr + 1> ukernel_pf;
   GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
