@@ -221,8 +221,8 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
         }
       } else if (!mode.rows_outer) {
         // B in place (few rows of C) or pre-packed (with few rows per thread): columns outer,
-        // so each kc x nr panel of B, read from L3 once, stays in L1 across the rows of the
-        // packed mc x kc block of A (in L2).
+        // so each kc x nr panel of B is read from L3 once and reused, from L1 or L2, across
+        // the rows of the packed mc x kc block of A (in L2).
         for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
           const std::int64_t mc = std::min(MC, i_end - ic);
           pack_a(g, vk, ic, mc, pc, kc, mr, Ap);
@@ -389,8 +389,9 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
   simd::GemmBlocking b_in_place = gk.blocking;  // (as Mode has it for B read in place)
   b_in_place.kc = b_in_place.kc_b_in_place;
+  const simd::GemmBlocking* blockings[] = {&gk.blocking, &b_in_place, &gk.direct_blocking};
   std::size_t b = 0, a = 0;
-  for (const simd::GemmBlocking* bs : {&gk.blocking, static_cast<const simd::GemmBlocking*>(&b_in_place), &gk.direct_blocking}) {
+  for (const simd::GemmBlocking* bs : blockings) {
     const Extents<T> ex(g, *bs);
     b = std::max(b, ex.b_size());
     a = std::max(a, ex.a_size(*bs));

@@ -1,9 +1,9 @@
 // AVX2 + FMA3 build of the kernels. Compiled with -mavx2 -mfma.
 //
 // Blocking: 16 ymm registers hold a 6 x 16 f32 tile (12 accumulators) + 2 B vectors + 1 A
-// broadcast; 12 chains cover 2 FMA pipes x 4-5 cycles. kc = 256 (A micro-panel 6 KiB and a B
-// panel read in place, 16 KiB, in L1), mc = 144 (A block 144 KiB in L2), nc <= 4096 (the
-// driver fits the B block to half the L2). f64: 6 x 8 tiles, the same depths, nc <= 2048.
+// broadcast; 12 chains cover 2 FMA pipes x 4-5 cycles. kc = 256 (A micro-panel 6 KiB in L1),
+// nc <= 4096 (the driver fits the B block to half the L2); B read in place: 768-deep passes,
+// mc = 144 (A block in L2). f64: 6 x 8 tiles, the same depths, nc <= 2048.
 #include "kernels_impl.hpp"
 
 namespace simdattn::simd {

@@ -594,11 +594,10 @@ constexpr std::array<GemmUkernelPf<T>, kMaxMr + 1> packed_pf_kernels(std::intege
   return t;
 }
 
-// kind: 0 packed B, 1 B in place.
-template <class Arch, class T, int NV, int MR, int kKind, int... Ms>
+template <class Arch, class T, int NV, int MR, bool kPackedB, int... Ms>
 constexpr std::array<GemmUkernel<T>, kMaxMr + 1> packed_row_kernels(std::integer_sequence<int, Ms...>) {
   std::array<GemmUkernel<T>, kMaxMr + 1> t{};
-  if constexpr (kKind == 0) ((t[Ms + 1] = &gemm_ukernel<Arch, T, Ms + 1, NV, MR>), ...);
+  if constexpr (kPackedB) ((t[Ms + 1] = &gemm_ukernel<Arch, T, Ms + 1, NV, MR>), ...);
   else ((t[Ms + 1] = &gemm_ukernel_b_in_place<Arch, T, Ms + 1, NV, MR>), ...);
   return t;
 }
@@ -954,8 +953,8 @@ GemmKernels<T> make_gemm_kernels(int mc, int kc, int nc, int direct_kc, int kc_b
   static_assert(MR <= kMaxMr && DMR <= kMaxMr && DNV <= kMaxNv);
   constexpr int W = static_cast<int>(batch<T, Arch>::size);
   return {GemmBlocking{MR, NV * W, W, mc, kc, nc, kc_b_in_place},
-          packed_row_kernels<Arch, T, NV, MR, 0>(std::make_integer_sequence<int, MR>{}),
-          packed_row_kernels<Arch, T, NV, MR, 1>(std::make_integer_sequence<int, MR>{}),
+          packed_row_kernels<Arch, T, NV, MR, true>(std::make_integer_sequence<int, MR>{}),
+          packed_row_kernels<Arch, T, NV, MR, false>(std::make_integer_sequence<int, MR>{}),
           packed_pf_kernels<Arch, T, NV, MR>(std::make_integer_sequence<int, MR>{}),
           GemmBlocking{DMR, DNV * W, W, DMR, direct_kc, nc, direct_kc},
           direct_kernels<Arch, T, DMR, DNV, false>(std::make_integer_sequence<int, DNV>{}),

@@ -1,7 +1,7 @@
 // SSE2 baseline build of the kernels: runs on every x86-64 CPU. No FMA (xsimd emulates it with a
 // multiply and an add). Blocking: 16 xmm registers hold a 4 x 8 f32 tile (8 accumulators) + 2 B
-// vectors + 1 A broadcast + temporaries; kc = 256 (B panel 8 KiB), mc = 128, nc <= 2048 (the
-// driver fits the B block to half the L2). f64: 4 x 4 tiles.
+// vectors + 1 A broadcast + temporaries; kc = 256, nc <= 2048 (the driver fits the B block to
+// half the L2); B read in place: 768-deep passes, mc = 128. f64: 4 x 4 tiles.
 #include "kernels_impl.hpp"
 
 namespace simdattn::simd {
