@@ -342,6 +342,7 @@ LinearAttentionState::LinearAttentionState(DType dtype, std::int64_t batch, std:
                                            std::int64_t head_dim, std::int64_t value_dim, FeatureMap feature_map,
                                            double eps)
     : dtype_(dtype), B_(batch), H_(heads), Hkv_(kv_heads), D_(head_dim), Dv_(value_dim), phi_(feature_map), eps_(eps) {
+  detail::check_isa();
   if (dtype != DType::f32 && dtype != DType::f64)
     throw Error("dtype", "expected f32 or f64, got " + std::string(dtype_name(dtype)));
   if (batch < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || value_dim < 1)

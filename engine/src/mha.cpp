@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "gemm.hpp"
+#include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/safetensors.hpp"
 #include "workspace.hpp"
@@ -108,6 +109,7 @@ struct MultiHeadAttention::Impl {
 namespace {
 
 MhaConfig resolve(MhaConfig c) {
+  detail::check_isa();
   if (c.d_model < 1) throw Error("config.d_model", "expected >= 1, got " + std::to_string(c.d_model));
   if (c.heads < 1) throw Error("config.heads", "expected >= 1, got " + std::to_string(c.heads));
   if (c.kv_heads == 0) c.kv_heads = c.heads;

@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <stdexcept>
 
 #include <omp.h>
 
 #include "simdattn/attention.hpp"
+#include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -18,15 +20,20 @@
 
 namespace simdattn {
 
+void detail::check_isa() {
+  try {
+    simd::selected_isa();
+  } catch (const std::runtime_error& e) {
+    throw Error("SIMDATTN_ISA", e.what());
+  }
+}
+
 RuntimeInfo runtime_info() {
   RuntimeInfo info;
   info.version = kVersionString;
-  try {
-    info.isa = std::string(simd::isa_name(simd::selected_isa()));
-    info.isa_forced = simd::isa_forced();
-  } catch (const std::exception& e) {
-    throw Error("SIMDATTN_ISA", e.what());
-  }
+  detail::check_isa();
+  info.isa = std::string(simd::isa_name(simd::selected_isa()));
+  info.isa_forced = simd::isa_forced();
   for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
   info.default_threads = omp_get_max_threads();
   for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
@@ -41,6 +48,7 @@ RuntimeInfo runtime_info() {
 
 double measure_fma_peak(int threads, double seconds) {
   if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
+  detail::check_isa();
   const auto& probe = simd::kernels().probe;
   constexpr std::int64_t kIters = std::int64_t{1} << 20;  // ~3 ms per chain run at this peak
   const auto start = std::chrono::steady_clock::now();

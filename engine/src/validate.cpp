@@ -85,6 +85,7 @@ void check_float(const std::string& name, DType t) {
 
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      const TensorView& out, const AttentionOptions& opt) {
+  check_isa();
   Problem p;
 
   // dtypes

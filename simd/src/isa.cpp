@@ -44,11 +44,11 @@ Selection resolve() {
     if (want != isa_name(isa)) continue;
     for (Isa a : avail)
       if (a == isa) return {isa, true};
-    throw std::runtime_error("SIMDATTN_ISA: '" + std::string(want) +
+    throw std::runtime_error("'" + std::string(want) +
                              "' is not supported by this CPU (available: " +
                              std::string(isa_name(avail.front())) + " and below)");
   }
-  throw std::runtime_error("SIMDATTN_ISA: unknown ISA '" + std::string(want) +
+  throw std::runtime_error("unknown ISA '" + std::string(want) +
                            "' (expected avx512, avx2 or sse2)");
 }
 

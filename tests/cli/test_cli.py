@@ -521,6 +521,25 @@ class Info(CliCase):
         self.assertEqual(r.returncode, 2)
         self.assertIn("SIMDATTN_ISA", r.stderr)
 
+    def test_bad_isa_is_an_input_error_for_every_command(self):
+        # Valid inputs, so the only fault is the environment: exit 2, one line naming
+        # SIMDATTN_ISA and what it accepts, no output file.
+        q, k, v = self.inputs(dtype=np.float32)
+        run = ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k), "--v", self.save("v.npy", v),
+               "--out", self.path("o.npy"), "--backend", "native"]
+        linear = ["linear", "--q", self.path("q.npy"), "--k", self.path("k.npy"), "--v", self.path("v.npy"),
+                  "--out", self.path("o.npy")]
+        for env in ("mmx", "AVX2", "avx512 "):
+            for args in (run, linear, ["compare", "--sq", "8", "--h", "2", "--d", "8"], ["info"]):
+                r = self.run_cli(*args, env={"SIMDATTN_ISA": env})
+                self.assertEqual(r.returncode, 2, f"{env!r} {args[0]}: {r.stderr}")
+                lines = r.stderr.strip().splitlines()
+                self.assertEqual(len(lines), 1, r.stderr)
+                self.assertIn("SIMDATTN_ISA", lines[0])
+                self.assertIn("expected avx512, avx2 or sse2", lines[0])
+                self.assertNotIn("internal error", lines[0])
+                self.assertFalse(os.path.exists(self.path("o.npy")), args[0])
+
 
 if __name__ == "__main__":
     BIN = os.path.abspath(sys.argv.pop(1))

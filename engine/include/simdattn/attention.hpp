@@ -89,7 +89,8 @@ struct AttentionOptions {
 
 // Computes attention into `out`. Thread-safe: may be called concurrently from many threads.
 // Throws simdattn::Error (naming the argument and the shapes) on invalid input, before
-// anything is written.
+// anything is written; also Error("SIMDATTN_ISA", ...) when that environment variable names an
+// unknown ISA or one this CPU lacks (as do every other entry point of the library).
 void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options = {});
 
