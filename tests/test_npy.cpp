@@ -151,6 +151,13 @@ TEST_CASE("npy rejects each malformed kind with a message naming the file") {
     b[11] = std::byte{0x7f};
     expect_reject(b, "header length");
   }
+  SUBCASE("raw bytes in a key are quoted as printable text") {
+    // A form feed, a lone continuation byte, an overlong '/' and a surrogate, around a valid
+    // two-byte character that stays as it is.
+    const std::string key = "de\x0c" "s\xe8" "c\xc0\xaf\xed\xa0\x80" "r\xc3\xa9";
+    auto b = image("{'" + key + "': '<f4', 'fortran_order': False, 'shape': (2,), }", 8);
+    expect_reject(b, "unexpected key 'de\\x0cs\\xe8c\\xc0\\xaf\\xed\\xa0\\x80r\xc3\xa9'");
+  }
   SUBCASE("header without newline") {
     auto b = image(kGood, 24);
     const std::size_t hl = std::to_integer<std::size_t>(b[8]) | std::to_integer<std::size_t>(b[9]) << 8;

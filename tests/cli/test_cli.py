@@ -265,6 +265,10 @@ class BadInput(CliCase):
         self.expect_fail(self.base(**{"--k": self.bad_file("g.npy", b"garbage" * 20)}), "magic")
         bad_header = good.replace(b"'shape'", b"'shapE'", 1)
         self.expect_fail(self.base(**{"--k": self.bad_file("h.npy", bad_header)}), "header")
+        # Raw bytes from the file come out as printable text (expect_fail checks one line;
+        # run_cli decodes stderr as UTF-8, which these bytes are not).
+        raw_key = good.replace(b"'shape'", b"'sh\x0c\xe8e'", 1)
+        self.expect_fail(self.base(**{"--k": self.bad_file("r.npy", raw_key)}), "'sh\\x0c\\xe8e'")
         f = np.asfortranarray(self.rng.standard_normal((2, 2, 7, 8)).astype(np.float32))
         self.expect_fail(self.base(**{"--k": self.save("f.npy", f)}), "Fortran")
         self.expect_fail(self.base(**{"--k": self.save("be.npy", np.zeros((2, 2, 7, 8), ">f4"))}),

@@ -5,15 +5,18 @@
 #include <vector>
 
 #include "args.hpp"
+#include "simdattn/error.hpp"
 #include "commands.hpp"
 
 namespace {
 
+// One line of printable text: line breaks become spaces, other control bytes and invalid UTF-8
+// (from a malformed file or argument) \xNN.
 std::string one_line(std::string s) {
   for (char& c : s)
     if (c == '\n' || c == '\r') c = ' ';
   while (!s.empty() && s.back() == ' ') s.pop_back();
-  return s;
+  return simdattn::detail::printable(s);
 }
 
 }  // namespace
