@@ -37,6 +37,20 @@ struct Fixture {
     CHECK_MESSAGE(thrown, "expected an Error naming " << argument);
     for (float x : o) REQUIRE(x == 7.0f);
   }
+
+  // The same, and attention_output_shape (which sees only q, k and v) throws the same Error.
+  void expect_shape_error(const std::string& argument, const std::string& fragment) {
+    expect_error(argument, fragment);
+    bool thrown = false;
+    try {
+      attention_output_shape(qv, kv, vv);
+    } catch (const Error& e) {
+      thrown = true;
+      CHECK(e.argument() == argument);
+      CHECK_MESSAGE(std::string(e.what()).find(fragment) != std::string::npos, e.what());
+    }
+    CHECK_MESSAGE(thrown, "attention_output_shape: expected an Error naming " << argument);
+  }
 };
 
 }  // namespace
@@ -49,20 +63,21 @@ TEST_CASE("the fixture itself is valid") {
 
 TEST_CASE("shape errors name the argument and the shapes") {
   Fixture f;
-  SUBCASE("k batch") { f.kv.shape[0] = 1; f.expect_error("k", "[1, 2, 5, 8]"); }
-  SUBCASE("k head size") { f.kv.shape[3] = 7; f.expect_error("k", "D=8"); }
+  CHECK(attention_output_shape(f.qv, f.kv, f.vv) == Shape4{2, 4, 3, 6});
+  SUBCASE("k batch") { f.kv.shape[0] = 1; f.expect_shape_error("k", "[1, 2, 5, 8]"); }
+  SUBCASE("k head size") { f.kv.shape[3] = 7; f.expect_shape_error("k", "D=8"); }
   SUBCASE("H % Hkv") {
     std::vector<float> k3(2 * 3 * 5 * 8), v3(2 * 3 * 5 * 6);
     f.kv = ConstTensorView(k3.data(), {2, 3, 5, 8});
     f.vv = ConstTensorView(v3.data(), {2, 3, 5, 6});
-    f.expect_error("k", "not a multiple");
+    f.expect_shape_error("k", "not a multiple");
   }
-  SUBCASE("v keys") { f.vv.shape[2] = 4; f.expect_error("v", "Sk=5"); }
-  SUBCASE("v heads") { f.vv.shape[1] = 1; f.expect_error("v", "Hkv=2"); }
+  SUBCASE("v keys") { f.vv.shape[2] = 4; f.expect_shape_error("v", "Sk=5"); }
+  SUBCASE("v heads") { f.vv.shape[1] = 1; f.expect_shape_error("v", "Hkv=2"); }
   SUBCASE("out shape") { f.ov.shape[3] = 8; f.expect_error("out", "[2, 4, 3, 6]"); }
-  SUBCASE("zero heads") { f.qv.shape[1] = 0; f.expect_error("q", "H >= 1"); }
-  SUBCASE("zero head size") { f.qv.shape[3] = 0; f.kv.shape[3] = 0; f.expect_error("q", "D >= 1"); }
-  SUBCASE("negative size") { f.qv.shape[2] = -1; f.expect_error("q", "negative size"); }
+  SUBCASE("zero heads") { f.qv.shape[1] = 0; f.expect_shape_error("q", "H >= 1"); }
+  SUBCASE("zero head size") { f.qv.shape[3] = 0; f.kv.shape[3] = 0; f.expect_shape_error("q", "D >= 1"); }
+  SUBCASE("negative size") { f.qv.shape[2] = -1; f.expect_shape_error("q", "negative size"); }
 }
 
 TEST_CASE("dtype errors") {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -14,10 +15,16 @@ namespace simdattn::detail {
 
 void write_file_atomic(const std::string& path, const std::byte* data, std::size_t size) {
   static std::atomic<unsigned> counter{0};
+  constexpr std::size_t kMaxBaseBytes = 200;  // + ".tmp.<pid>.<n>": at most 36 more
   std::string tmp;
   int fd = -1;
   for (int attempt = 0; attempt < 100 && fd < 0; ++attempt) {
-    tmp = path + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    // In the output's directory (rename stays within one file system), named after it but cut
+    // short so the temporary name fits where the output's name does (255 bytes on Linux).
+    const std::size_t slash = path.rfind('/');
+    const std::size_t base = slash == std::string::npos ? 0 : slash + 1;
+    tmp = path.substr(0, base + std::min<std::size_t>(path.size() - base, kMaxBaseBytes)) + ".tmp." +
+          std::to_string(::getpid()) + "." + std::to_string(counter++);
     fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno != EEXIST) break;
   }

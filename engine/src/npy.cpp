@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <optional>
@@ -241,6 +242,8 @@ NpyArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& 
 }
 
 NpyArray read_npy(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) throw Error(path, "is a directory, expected a .npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path, std::string("cannot open for reading: ") + std::strerror(errno));
   in.seekg(0, std::ios::end);

@@ -81,6 +81,31 @@ void check_float(const std::string& name, DType t) {
     throw Error(name, "dtype must be f32 or f64, got " + std::string(dtype_name(t)));
 }
 
+// The [B, H, Sq, Dv] output of inputs of these shapes; throws Error for shapes attention rejects.
+Shape4 output_shape(const Shape4& qs, const Shape4& ks, const Shape4& vs) {
+  for (const auto& [name, s] : {std::pair<const char*, const Shape4&>{"q", qs}, {"k", ks}, {"v", vs}})
+    for (int d = 0; d < 4; ++d)
+      if (s[d] < 0) throw Error(name, "negative size in shape " + shape_str(s));
+  const std::int64_t B = qs[0], H = qs[1], D = qs[3], Hkv = ks[1], Sk = ks[2], Dv = vs[3];
+  if (H < 1) throw Error("q", "shape " + shape_str(qs) + " needs H >= 1 heads (dim 1)");
+  if (D < 1) throw Error("q", "shape " + shape_str(qs) + " needs head size D >= 1 (dim 3)");
+  if (ks[0] != B || ks[3] != D)
+    throw Error("k", "expected shape [B=" + std::to_string(B) + ", Hkv, Sk, D=" + std::to_string(D) +
+                         "] (q is " + shape_str(qs) + "), got " + shape_str(ks));
+  if (Hkv < 1)
+    throw Error("k", "shape " + shape_str(ks) + " needs Hkv >= 1 heads (dim 1)");
+  if (H % Hkv != 0)
+    throw Error("k", "q's H=" + std::to_string(H) + " heads are not a multiple of k's Hkv=" +
+                         std::to_string(Hkv) + " (q " + shape_str(qs) + ", k " +
+                         shape_str(ks) + ")");
+  if (vs[0] != B || vs[1] != Hkv || vs[2] != Sk)
+    throw Error("v", "expected shape [B=" + std::to_string(B) + ", Hkv=" + std::to_string(Hkv) +
+                         ", Sk=" + std::to_string(Sk) + ", Dv] (k is " + shape_str(ks) +
+                         "), got " + shape_str(vs));
+  if (Dv < 1) throw Error("v", "shape " + shape_str(vs) + " needs Dv >= 1 (dim 3)");
+  return {B, H, qs[2], Dv};
+}
+
 }  // namespace
 
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
@@ -115,23 +140,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   p.Hkv = k.shape[1];
   p.Sk = k.shape[2];
   p.Dv = v.shape[3];
-  if (p.H < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs H >= 1 heads (dim 1)");
-  if (p.D < 1) throw Error("q", "shape " + shape_str(q.shape) + " needs head size D >= 1 (dim 3)");
-  if (k.shape[0] != p.B || k.shape[3] != p.D)
-    throw Error("k", "expected shape [B=" + std::to_string(p.B) + ", Hkv, Sk, D=" + std::to_string(p.D) +
-                         "] (q is " + shape_str(q.shape) + "), got " + shape_str(k.shape));
-  if (p.Hkv < 1)
-    throw Error("k", "shape " + shape_str(k.shape) + " needs Hkv >= 1 heads (dim 1)");
-  if (p.H % p.Hkv != 0)
-    throw Error("k", "q's H=" + std::to_string(p.H) + " heads are not a multiple of k's Hkv=" +
-                         std::to_string(p.Hkv) + " (q " + shape_str(q.shape) + ", k " +
-                         shape_str(k.shape) + ")");
-  if (v.shape[0] != p.B || v.shape[1] != p.Hkv || v.shape[2] != p.Sk)
-    throw Error("v", "expected shape [B=" + std::to_string(p.B) + ", Hkv=" + std::to_string(p.Hkv) +
-                         ", Sk=" + std::to_string(p.Sk) + ", Dv] (k is " + shape_str(k.shape) +
-                         "), got " + shape_str(v.shape));
-  if (p.Dv < 1) throw Error("v", "shape " + shape_str(v.shape) + " needs Dv >= 1 (dim 3)");
-  const Shape4 want_o{p.B, p.H, p.Sq, p.Dv};
+  const Shape4 want_o = output_shape(q.shape, k.shape, v.shape);
   if (out.shape != want_o)
     throw Error("out", "expected shape [B, H, Sq, Dv] = " + shape_str(want_o) + ", got " +
                            shape_str(out.shape));
@@ -255,3 +264,16 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
 }
 
 }  // namespace simdattn::detail
+
+namespace simdattn {
+
+Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v) {
+  detail::check_float("q", q.dtype);
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    throw Error(k.dtype != q.dtype ? "k" : "v",
+                "dtype " + std::string(dtype_name(k.dtype != q.dtype ? k.dtype : v.dtype)) + " differs from q's " +
+                    std::string(dtype_name(q.dtype)));
+  return detail::output_shape(q.shape, k.shape, v.shape);
+}
+
+}  // namespace simdattn

@@ -255,6 +255,58 @@ class BadInput(CliCase):
         self.expect_fail(self.base() + ["--backend", "gpu"], "--backend")
         self.expect_fail(["frobnicate"], "frobnicate")
         self.expect_fail([], "no command")
+        self.expect_fail(["--bogus"], "unknown option '--bogus'")
+        self.expect_fail(["-x", "run"], "unknown option '-x'")
+
+    def test_empty_values_are_errors_not_absent_options(self):
+        for flag in ("--mask", "--scale", "--window", "--threads", "--key-lengths", "--global-tokens",
+                     "--block-mask", "--causal", "--backend"):
+            self.expect_fail(self.base() + [flag, ""], flag + ": expected a value")
+        self.expect_fail(self.base(**{"--out": ""}), "--out: expected a value")
+
+    def test_numbers_are_plain_decimals(self):
+        for flag, bad in (("--scale", "0x10"), ("--scale", " 1"), ("--scale", "1 "), ("--scale", "1e400"),
+                          ("--scale", "nan"), ("--threads", " 2"), ("--threads", "0x2"), ("--threads", "4097"),
+                          ("--window", " 1,2"), ("--window", "1, 2"), ("--window", "1 ,2")):
+            self.expect_fail(self.base() + [flag, bad], flag)
+        # A subnormal scale is a finite number (strtod reports it as an underflow).
+        r = self.run_cli(*self.base(), "--scale", "1e-310", "--backend", "reference")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertTrue(np.isfinite(np.load(self.path("out.npy"))).all())
+
+    def test_dtypes_named_as_numpy_writes_them(self):
+        L = self.save("Lb.npy", np.array([True, False]))
+        self.expect_fail(self.base() + ["--key-lengths", L], "expected dtype <i4 or <i8, got |b1")
+        self.expect_fail(self.base(**{"--q": self.save("q8.npy", np.zeros((2, 4, 5, 8), np.int64))}),
+                         "expected dtype <f4 or <f8, got <i8")
+        self.expect_fail(self.base(**{"--q": self.dir}), "is a directory")
+
+    def test_outputs_too_large_for_memory(self):
+        # Zero-element inputs can declare any shape. Shapes attention rejects fail before the
+        # output is allocated (D = 0 here, with a 12 GiB output: once allocated and zeroed
+        # first); an output that cannot exist exits 2 naming --out, not as an internal error.
+        def header_only(name, shape):  # a valid .npy of zero elements with this shape
+            text = "{'descr': '<f4', 'fortran_order': False, 'shape': (%s), }" % "".join(f"{d}, " for d in shape)
+            text += " " * (63 - (10 + len(text)) % 64) + "\n"
+            with open(self.path(name), "wb") as f:
+                f.write(b"\x93NUMPY\x01\x00" + len(text).to_bytes(2, "little") + text.encode())
+            return self.path(name)
+        q = header_only("q0.npy", (1, 2, 1 << 28, 0))
+        self.expect_fail(self.base(**{"--q": q}), "--q: shape [1, 2, 268435456, 0] needs head size D >= 1")
+        q1 = self.save("q1.npy", np.zeros((1, 1, 1, 8), np.float32))
+        k0 = header_only("k0.npy", (1, 1, 0, 8))
+        for dv, fragment in ((1 << 50, "more than this machine can allocate"), (1 << 61, "overflows")):
+            v0 = header_only("v0.npy", (1, 1, 0, dv))
+            self.expect_fail(self.base(**{"--q": q1, "--k": k0, "--v": v0}), f"--out: the output [1, 1, 1, {dv}]")
+            self.expect_fail(self.base(**{"--q": q1, "--k": k0, "--v": v0}), fragment)
+
+    def test_long_output_name(self):
+        # The temporary file is named after the output but fits the 255-byte name limit too.
+        out = self.path("o" * 247 + ".npy")
+        r = self.run_cli(*self.base(**{"--out": out}), "--backend", "reference")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(np.load(out).shape, (2, 4, 5, 6))
+        self.assertEqual([f for f in os.listdir(self.dir) if ".tmp" in f], [])
 
     def test_unreadable_and_malformed_files(self):
         self.expect_fail(self.base(**{"--q": self.path("missing.npy")}), "--q")

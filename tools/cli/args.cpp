@@ -1,8 +1,11 @@
 #include "args.hpp"
 
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <new>
+#include <stdexcept>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -16,12 +19,28 @@ void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::str
   sub.add_option("--out", out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
 }
 
+namespace {
+
+// strtod/strtoll accept leading white space, and strtod hexadecimal and inf/nan: a value here is
+// a plain decimal number, nothing around it.
+bool plain_number(const std::string& text) {
+  if (text.empty() || std::isspace(static_cast<unsigned char>(text.front()))) return false;
+  for (char c : text)
+    if (!(std::isdigit(static_cast<unsigned char>(c)) || c == '+' || c == '-' || c == '.' || c == 'e' || c == 'E'))
+      return false;
+  return true;
+}
+
+}  // namespace
+
 double parse_double(const std::string& flag, const std::string& text) {
   errno = 0;
   char* end = nullptr;
-  const double v = std::strtod(text.c_str(), &end);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v))
-    throw UsageError(flag + ": expected a finite number, got '" + text + "'");
+  const double v = plain_number(text) ? std::strtod(text.c_str(), &end) : 0.0;
+  // ERANGE also flags an underflow to a subnormal or zero, which is a fine value; overflow is not.
+  if (!plain_number(text) || end != text.c_str() + text.size() || (errno == ERANGE && std::abs(v) > 1.0) ||
+      !std::isfinite(v))
+    throw UsageError(flag + ": expected a finite decimal number, got '" + text + "'");
   return v;
 }
 
@@ -29,8 +48,8 @@ std::int64_t parse_int(const std::string& flag, const std::string& text, std::in
                        std::int64_t max) {
   errno = 0;
   char* end = nullptr;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (text.empty() || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max)
+  const long long v = plain_number(text) ? std::strtoll(text.c_str(), &end, 10) : 0;
+  if (!plain_number(text) || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max)
     throw UsageError(flag + ": expected an integer in [" + std::to_string(min) + ", " +
                      std::to_string(max) + "], got '" + text + "'");
   return v;
@@ -65,6 +84,17 @@ Window parse_window(const std::string& flag, const std::string& text) {
   return w;
 }
 
+std::string npy_dtype(const NpyArray& a) {
+  switch (a.dtype) {
+    case DType::u8: return a.is_bool ? "|b1" : "|u1";
+    case DType::i32: return "<i4";
+    case DType::i64: return "<i8";
+    case DType::f32: return "<f4";
+    case DType::f64: return "<f8";
+  }
+  return std::string(dtype_name(a.dtype));
+}
+
 NpyArray load_npy(const std::string& flag, const std::string& path) {
   try {
     return read_npy(path);
@@ -76,7 +106,7 @@ NpyArray load_npy(const std::string& flag, const std::string& path) {
 Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
     throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " +
-                     std::string(dtype_name(a.dtype)));
+                     npy_dtype(a));
   if (a.shape.size() != 4) {
     std::string s = "(";
     for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
@@ -94,11 +124,16 @@ QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string&
   f.ks = shape4("--k", k, f.k);
   f.vs = shape4("--v", v, f.v);
   if (f.k.dtype != f.q.dtype)
-    throw UsageError("--k " + k + ": dtype " + std::string(dtype_name(f.k.dtype)) + " differs from --q's " +
-                     std::string(dtype_name(f.q.dtype)));
+    throw UsageError("--k " + k + ": dtype " + npy_dtype(f.k) + " differs from --q's " +
+                     npy_dtype(f.q));
   if (f.v.dtype != f.q.dtype)
-    throw UsageError("--v " + v + ": dtype " + std::string(dtype_name(f.v.dtype)) + " differs from --q's " +
-                     std::string(dtype_name(f.q.dtype)));
+    throw UsageError("--v " + v + ": dtype " + npy_dtype(f.v) + " differs from --q's " +
+                     npy_dtype(f.q));
+  try {
+    f.os = attention_output_shape(f.q_view(), f.k_view(), f.v_view());
+  } catch (const Error& e) {
+    throw usage_error(e);
+  }
   return f;
 }
 
@@ -106,10 +141,21 @@ NpyArray make_output(DType dtype, std::vector<std::int64_t> shape) {
   NpyArray out;
   out.dtype = dtype;
   out.shape = std::move(shape);
-  std::int64_t n = 1;
+  std::string dims;
+  for (std::int64_t d : out.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  std::int64_t bytes = static_cast<std::int64_t>(dtype_size(dtype));
   for (std::int64_t d : out.shape)
-    if (__builtin_mul_overflow(n, d, &n)) throw UsageError("--out: output shape is too large");
-  out.data.resize(static_cast<std::size_t>(n) * dtype_size(dtype));
+    if (__builtin_mul_overflow(bytes, d, &bytes))
+      throw UsageError("--out: the output [" + dims + "] is too large (its size in bytes overflows)");
+  try {
+    out.data.resize(static_cast<std::size_t>(bytes));
+  } catch (const std::bad_alloc&) {
+    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) +
+                     " bytes, is more than this machine can allocate");
+  } catch (const std::length_error&) {
+    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) +
+                     " bytes, is more than this machine can allocate");
+  }
   return out;
 }
 

@@ -26,16 +26,21 @@ Causal parse_causal(const std::string& flag, const std::string& text);
 Backend parse_backend(const std::string& flag, const std::string& text);
 Window parse_window(const std::string& flag, const std::string& text);
 
+// The array's dtype as NumPy writes it in a .npy header: |b1, |u1, <i4, <i8, <f4, <f8.
+std::string npy_dtype(const NpyArray& a);
+
 // Reads a .npy file given to `flag`; errors become UsageError("--flag PATH: ...").
 NpyArray load_npy(const std::string& flag, const std::string& path);
 
 // A 4-D attention input: rank 4, dtype f32 or f64.
 Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a);
 
-// --q, --k, --v of the run and linear commands: rank 4, f32 or f64, one dtype.
+// --q, --k, --v of the run and linear commands: rank 4, f32 or f64, one dtype, shapes that fit
+// together (checked before the output is allocated: a zero-size input can declare any shape).
 struct QkvFiles {
   NpyArray q, k, v;
   Shape4 qs{}, ks{}, vs{};
+  Shape4 os{};  // the output's [B, H, Sq, Dv], from attention_output_shape
   ConstTensorView q_view() const { return ConstTensorView(q.data.data(), q.dtype, qs); }
   ConstTensorView k_view() const { return ConstTensorView(k.data.data(), k.dtype, ks); }
   ConstTensorView v_view() const { return ConstTensorView(v.data.data(), v.dtype, vs); }
@@ -45,7 +50,8 @@ QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string&
 // The required --q, --k, --v and --out options of the run and linear commands.
 void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out);
 
-// A zeroed output array of `dtype` and `shape`; UsageError naming --out if its size overflows.
+// A zeroed output array of `dtype` and `shape`; UsageError naming --out if its size in bytes
+// overflows or cannot be allocated.
 NpyArray make_output(DType dtype, std::vector<std::int64_t> shape);
 
 // write_npy, with errors naming --out.

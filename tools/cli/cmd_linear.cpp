@@ -27,10 +27,9 @@ void run(const LinearArgs& a) {
   if (!a.threads.empty()) opt.threads = static_cast<int>(parse_int("--threads", a.threads, 1, 4096));
 
   const QkvFiles in = load_qkv(a.q, a.k, a.v);
-  const Shape4 out_shape{in.qs[0], in.qs[1], in.qs[2], in.vs[3]};
-  NpyArray out = make_output(in.q.dtype, {out_shape[0], out_shape[1], out_shape[2], out_shape[3]});
+  NpyArray out = make_output(in.q.dtype, {in.os[0], in.os[1], in.os[2], in.os[3]});
   try {
-    linear_attention(in.q_view(), in.k_view(), in.v_view(), TensorView(out.data.data(), out.dtype, out_shape), opt);
+    linear_attention(in.q_view(), in.k_view(), in.v_view(), TensorView(out.data.data(), out.dtype, in.os), opt);
   } catch (const Error& e) {
     throw usage_error(e);
   }

@@ -19,7 +19,7 @@ struct MhaArgs {
 // A [B, S, E] input of the layer's dtype.
 ConstSeqView seq(const std::string& flag, const std::string& path, const NpyArray& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
-    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + std::string(dtype_name(a.dtype)));
+    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + npy_dtype(a));
   if (a.shape.size() != 3) {
     std::string s = "(";
     for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
@@ -58,7 +58,7 @@ void run(const MhaArgs& a) {
     pad = load_npy("--key-padding-mask", a.key_padding_mask);
     if (pad.dtype != DType::u8)
       throw UsageError("--key-padding-mask " + a.key_padding_mask + ": expected dtype |b1 or |u1, got " +
-                       std::string(dtype_name(pad.dtype)));
+                       npy_dtype(pad));
     const std::int64_t Sk = a.key.empty() ? query.S : key.S;
     if (pad.shape.size() != 2 || pad.shape[0] != query.B || pad.shape[1] != Sk)
       throw UsageError("--key-padding-mask " + a.key_padding_mask + ": expected shape (" + std::to_string(query.B) +
@@ -78,6 +78,9 @@ void run(const MhaArgs& a) {
     throw usage_error(e);
   }
   const std::int64_t d = layer->config().d_model;
+  if (query.E != d)  // before the output [B, Sq, d_model] is allocated
+    throw UsageError("--query " + a.query + ": expected [B, Sq, d_model=" + std::to_string(d) + "] for these weights, got [" +
+                     std::to_string(query.B) + ", " + std::to_string(query.S) + ", " + std::to_string(query.E) + "]");
   NpyArray y = make_output(query.dtype, {query.B, query.S, d});
   SeqView out;
   out.data = y.data.data();

@@ -1,6 +1,7 @@
 // simdattn command-line tool. Exit status: 0 success, 2 bad command line or input (one line on
 // stderr naming the argument or file), 1 for an unexpected internal failure.
 #include <iostream>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -29,14 +30,17 @@ int main(int argc, char** argv) {
                                                simdattn::cli::add_linear_command(app),
                                                simdattn::cli::add_compare_command(app),
                                                simdattn::cli::add_info_command(app)};
-  // A clearer message than CLI11's "A subcommand is required" for a missing or unknown command.
-  if (argc < 2 || (argv[1][0] != '-' && app.get_subcommands([&](CLI::App* sub) {
-                                           return sub->get_name() == argv[1];
-                                         }).empty())) {
+  // A clearer message than CLI11's "A subcommand is required" for a missing or unknown command,
+  // or an option before it.
+  const std::string first = argc < 2 ? std::string() : std::string(argv[1]);
+  if (argc < 2 || (first != "-h" && first != "--help" &&
+                   app.get_subcommands([&](CLI::App* sub) { return sub->get_name() == first; }).empty())) {
     std::string names;
     for (const CLI::App* sub : app.get_subcommands({})) names += (names.empty() ? "" : ", ") + sub->get_name();
-    std::cerr << "simdattn: error: " << (argc < 2 ? std::string("no command given")
-                                                  : "unknown command '" + std::string(argv[1]) + "'")
+    std::cerr << "simdattn: error: "
+              << one_line(argc < 2          ? std::string("no command given")
+                          : first[0] == '-' ? "unknown option '" + first + "' before the command"
+                                            : "unknown command '" + first + "'")
               << " (expected one of: " << names << "; see --help)\n";
     return 2;
   }
@@ -47,6 +51,15 @@ int main(int argc, char** argv) {
     std::cerr << "simdattn: error: " << one_line(e.what()) << '\n';
     return 2;
   }
+  // An option given an empty value ("--mask $M" with M unset) is an error, not "option absent":
+  // every option's value is a file, a number or a name (--prefix alone may be empty).
+  for (const CLI::App* sub : app.get_subcommands())
+    for (const CLI::Option* opt : sub->get_options())
+      for (const std::string& value : opt->results())
+        if (value.empty() && opt->get_name() != "--prefix") {
+          std::cerr << "simdattn: error: " << opt->get_name() << ": expected a value, got an empty string\n";
+          return 2;
+        }
   try {
     for (auto& c : commands) c();
   } catch (const simdattn::cli::UsageError& e) {
@@ -54,6 +67,9 @@ int main(int argc, char** argv) {
     return 2;
   } catch (const simdattn::Error& e) {
     std::cerr << "simdattn: error: " << one_line(e.what()) << '\n';
+    return 2;
+  } catch (const std::bad_alloc&) {
+    std::cerr << "simdattn: error: out of memory: the inputs need more memory than this machine can allocate\n";
     return 2;
   } catch (const std::exception& e) {
     std::cerr << "simdattn: internal error: " << one_line(e.what()) << '\n';

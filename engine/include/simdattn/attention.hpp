@@ -94,6 +94,11 @@ struct AttentionOptions {
 void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options = {});
 
+// The shape attention() writes for these inputs, [B, H, Sq, Dv], checking their dtypes and
+// shapes as attention() does (throws the same Error): a caller can validate before it allocates
+// the output. Reads no data.
+Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v);
+
 // Names used by the CLI and in messages.
 std::string_view backend_name(Backend b) noexcept;
 std::string_view causal_name(Causal c) noexcept;
