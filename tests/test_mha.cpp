@@ -234,6 +234,21 @@ TEST_CASE("MHA validates weights, inputs and options") {
   opt.key_padding_mask = pad;
   CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 2, 3, 8), SeqView(y.data(), 2, 3, 8), opt),
                        doctest::Contains("key_padding_mask"), Error);
+
+  // B * S rows through the projections overflow 64 bits (2^31 * 2^31 * 24): an Error before
+  // any buffer is sized, for self- and cross-attention and a cached step (was a crash).
+  const std::int64_t big = std::int64_t{1} << 31;
+  const ConstSeqView huge(x.data(), big, big, 8);
+  CHECK_THROWS_WITH_AS(layer.forward(huge, SeqView(y.data(), big, big, 8)), doctest::Contains("query: size overflow"),
+                       Error);
+  const ConstSeqView q1(x.data(), big, 1, 8);
+  CHECK_THROWS_WITH_AS(layer.forward(q1, huge, huge, SeqView(y.data(), big, 1, 8)), doctest::Contains("key: size overflow"),
+                       Error);
+  KvCache cache(layer, 1, 4);
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 1, std::numeric_limits<std::int64_t>::max(), 8), cache,
+                                     SeqView(y.data(), 1, std::numeric_limits<std::int64_t>::max(), 8)),
+                       doctest::Contains("query: size overflow"), Error);
+  CHECK(cache.lengths()[0] == 0);
 }
 
 TEST_CASE("KV cache: decoding token by token and in chunks of 3 equals the full causal forward") {

@@ -134,6 +134,12 @@ TEST_CASE("stride, overlap and overflow errors") {
 
 TEST_CASE("option errors") {
   Fixture f;
+  SUBCASE("unknown mask kind") {  // with a mask: was silently ignored
+    const std::vector<std::uint8_t> m(3 * 5, 1);
+    f.opt.mask = ConstTensorView(m.data(), DType::u8, {1, 1, 3, 5});
+    f.opt.mask_kind = static_cast<MaskKind>(3);
+    f.expect_error("options.mask_kind", "unknown value 3");
+  }
   SUBCASE("mask not broadcastable") {
     std::vector<float> m(2 * 3 * 5);
     f.opt.mask = ConstTensorView(m.data(), {2, 3, 1, 5});

@@ -201,6 +201,17 @@ void check_seq(const char* name, const ConstSeqView& s, DType dtype, std::int64_
   if (s.data == nullptr && s.B * s.S * s.E != 0) throw Error(name, "null data");
 }
 
+// The rows of `s` through the layer's widest buffer (`width` values a row, the projections' or
+// the input's): B * S * width elements of T must be countable and addressable.
+template <class T>
+void check_rows(const char* name, const ConstSeqView& s, std::int64_t width) {
+  std::int64_t n = 0;
+  if (__builtin_mul_overflow(s.B, s.S, &n) || __builtin_mul_overflow(n, width, &n) ||
+      n > std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(sizeof(T)))
+    throw Error(name, "size overflow: " + dims({s.B, s.S, s.E}) + " through this layer's " + std::to_string(width) +
+                          "-wide projections");
+}
+
 void check_out(const SeqView& o, DType dtype, std::int64_t B, std::int64_t S, std::int64_t E) {
   if (o.dtype != dtype)
     throw Error("out", "dtype " + std::string(dtype_name(o.dtype)) + " differs from the layer's " +
@@ -272,6 +283,7 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
     throw Error("key", "self-attention needs kdim == vdim == d_model (this layer has kdim " + std::to_string(c.kdim) +
                            ", vdim " + std::to_string(c.vdim) + "); pass key and value");
   check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  check_rows<T>("query", query, std::max({c.d_model, L.n_in, L.nq}));
   const std::int64_t B = query.B, S = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
   check_out(out, dtype_of<T>(), B, S, c.d_model);
   const AttentionOptions a = attention_options<T>(opt, B, H, S, S);
@@ -291,9 +303,12 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
                    const SeqView& out, const MhaOptions& opt) {
   const MhaConfig& c = L.cfg;
   check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  check_rows<T>("query", query, std::max(c.d_model, L.nq));
   const std::int64_t B = query.B, Sq = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
   check_seq("key", key, dtype_of<T>(), B, c.kdim);
   check_seq("value", value, dtype_of<T>(), B, c.vdim);
+  check_rows<T>("key", key, std::max(c.kdim, 2 * L.nkv));
+  check_rows<T>("value", value, std::max(c.vdim, 2 * L.nkv));
   if (value.S != key.S)
     throw Error("value", "has " + std::to_string(value.S) + " positions, key has " + std::to_string(key.S));
   const std::int64_t Sk = key.S;
@@ -326,6 +341,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   if (!L.packed)
     throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
   check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(lengths.size()), c.d_model);
+  check_rows<T>("query", query, std::max({c.d_model, L.n_in, L.nq}));
   const std::int64_t B = query.B, Tn = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
   check_out(out, dtype_of<T>(), B, Tn, c.d_model);
   if (opt.causal == Causal::top_left)
@@ -334,7 +350,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
     throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
   for (std::int64_t b = 0; b < B; ++b) {
-    if (lengths[b] + Tn > capacity)
+    if (Tn > capacity - lengths[b])
       throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(lengths[b]) + " tokens; " +
                                std::to_string(Tn) + " more exceed the capacity " + std::to_string(capacity));
     next[b] = lengths[b] + Tn;

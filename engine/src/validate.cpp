@@ -167,6 +167,9 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
 
   // mask
   p.mask_kind = opt.mask_kind;
+  if (opt.mask_kind != MaskKind::none && opt.mask_kind != MaskKind::boolean && opt.mask_kind != MaskKind::additive)
+    throw Error("options.mask_kind", "unknown value " + std::to_string(int(opt.mask_kind)) +
+                                         " (expected none, boolean or additive)");
   if (opt.mask_kind == MaskKind::none) {
     if (opt.mask.data != nullptr)
       throw Error("options.mask", "a mask is given but options.mask_kind is none "
