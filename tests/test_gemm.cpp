@@ -139,6 +139,23 @@ TEST_CASE("gemm: blocks larger than mc, kc and nc, at 1 and 2 threads") {
   }
 }
 
+TEST_CASE("gemm: one block of B, row chunks claimed by whichever thread is free, every ISA") {
+  // K <= kc and N <= nc: each thread packs B once and claims chunks of 4 row tiles; the last
+  // chunk (one tile and 5 rows) is short, its last tile too. B packed, A read in place
+  // (N <= 128), transposed operands, beta != 0; results exact against the naive loop.
+  std::mt19937_64 rng(simdattn::test::base_seed() + 45);
+  for (const simd::KernelTable* kt : tables()) {
+    const std::int64_t mr = kt->gemm_f32.blocking.mr;
+    const std::int64_t M = mr * 4 * 7 + mr + 5;
+    for (int threads : {2, 3}) {
+      check<float>(*kt, rng, Trans::N, Trans::N, M, 300, 64, 1, 1.f, 0.f, threads);
+      check<float>(*kt, rng, Trans::T, Trans::T, M, 300, 64, 0, 2.f, -1.f, threads);
+      check<float>(*kt, rng, Trans::N, Trans::N, M, 100, 500, 3, 1.f, 1.f, threads);
+      check<double>(*kt, rng, Trans::N, Trans::T, M, 70, 64, 1, 1.0, 0.0, threads);
+    }
+  }
+}
+
 TEST_CASE("gemm: a large C written in one pass, aligned or not, at 1 and 2 threads") {
   // C of 1100 x 2048 f32 (8.6 MiB, one depth pass): the same result on every ISA, with NaN in C
   // beforehand (beta = 0 never reads it), and a partial row tile at the bottom; then the same C
@@ -202,7 +219,9 @@ TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
   std::normal_distribution<float> nd;
   // Many rows (split by rows), and few rows with a long K (split by columns into slices that
   // are narrow enough for another kernel, were the slice to choose it).
-  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{301, 517, 300}, {16, 256, 1024}}) {
+  // And one block of B (K <= kc), whose row chunks go to whichever thread claims them.
+  for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{301, 517, 300}, {16, 256, 1024},
+                         {1001, 300, 64}, {1001, 64, 500}}) {
     std::vector<float> a(M * K), b(K * N);
     for (auto& x : a) x = nd(rng);
     for (auto& x : b) x = nd(rng);
