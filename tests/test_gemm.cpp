@@ -139,7 +139,7 @@ TEST_CASE("gemm: blocks larger than mc, kc and nc, at 1 and 2 threads") {
   }
 }
 
-TEST_CASE("gemm: one block of B, row chunks claimed by whichever thread is free, every ISA") {
+TEST_CASE("gemm: one block of B, row (or column) chunks claimed by whichever thread is free, every ISA") {
   // K <= kc and N <= nc: each thread packs B once and claims chunks of 4 row tiles; the last
   // chunk (one tile and 5 rows) is short, its last tile too. B packed, A read in place
   // (N <= 128), transposed operands, beta != 0; results exact against the naive loop.
@@ -152,6 +152,10 @@ TEST_CASE("gemm: one block of B, row chunks claimed by whichever thread is free,
       check<float>(*kt, rng, Trans::T, Trans::T, M, 300, 64, 0, 2.f, -1.f, threads);
       check<float>(*kt, rng, Trans::N, Trans::N, M, 100, 500, 3, 1.f, 1.f, threads);
       check<double>(*kt, rng, Trans::N, Trans::T, M, 70, 64, 1, 1.0, 0.0, threads);
+      // Few rows (columns split): with B read in place in one pass, A packed once per thread
+      // and column chunks claimed (on AVX-512; other ISAs' shorter tiles split these rows).
+      check<float>(*kt, rng, Trans::N, Trans::N, 100, 777, 700, 1, 1.f, 0.f, threads);
+      check<float>(*kt, rng, Trans::T, Trans::N, 100, 777, 700, 0, 1.f, 1.f, threads);
     }
   }
 }
@@ -221,7 +225,7 @@ TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
   // are narrow enough for another kernel, were the slice to choose it).
   // And one block of B (K <= kc), whose row chunks go to whichever thread claims them.
   for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{301, 517, 300}, {16, 256, 1024},
-                         {1001, 300, 64}, {1001, 64, 500}}) {
+                         {1001, 300, 64}, {1001, 64, 500}, {100, 777, 700}}) {
     std::vector<float> a(M * K), b(K * N);
     for (auto& x : a) x = nd(rng);
     for (auto& x : b) x = nd(rng);
