@@ -404,6 +404,16 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
   // with its own buffers (packing the small A twice costs little).
   const std::int64_t col_units = (g.N + bs.nr - 1) / bs.nr;
   bool failed = false;
+  // The problem restricted to column panels [u0, u1).
+  auto columns = [&](std::int64_t u0, std::int64_t u1) {
+    GemmArgs<T> part = g;
+    const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
+    part.N = j1 - j0;
+    part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
+    part.b_col = g.b_col + j0;
+    part.C = g.C + j0;
+    return part;
+  };
   // Columns go out in chunks to whichever thread is free (as rows do above) when a chunk costs
   // no repacking of A: A read in place, or one mc x kc block of it, packed once per thread
   // (gemm 128x768x768 t2, same-process harness, alternating, quiet: 0.440-0.446 ms against
@@ -415,13 +425,8 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     parallel_claims(chunks, nt, 1, [&](auto next) {
       bool a_packed = false;
       for (std::int64_t c = next(); c < chunks; c = next()) {
-        const std::int64_t u0 = c * kColUnitsPerClaim, u1 = std::min(col_units, u0 + kColUnitsPerClaim);
-        GemmArgs<T> part = g;
-        const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
-        part.N = j1 - j0;
-        part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
-        part.b_col = g.b_col + j0;
-        part.C = g.C + j0;
+        const GemmArgs<T> part =
+            columns(c * kColUnitsPerClaim, std::min(col_units, (c + 1) * kColUnitsPerClaim));
         try {
           // Buffers sized for the whole problem's columns: one size for every chunk.
           T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
@@ -439,12 +444,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     return;
   }
   parallel_for(col_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
-    GemmArgs<T> part = g;
-    const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
-    part.N = j1 - j0;
-    part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
-    part.b_col = g.b_col + j0;
-    part.C = g.C + j0;
+    const GemmArgs<T> part = columns(u0, u1);
     if (part.N <= 0) return;
     // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
     // (and k blocking), and results would depend on the thread count.
