@@ -295,7 +295,7 @@ class BadInput(CliCase):
         self.expect_fail(self.base(**{"--q": q}), "--q: shape [1, 2, 268435456, 0] needs head size D >= 1")
         q1 = self.save("q1.npy", np.zeros((1, 1, 1, 8), np.float32))
         k0 = header_only("k0.npy", (1, 1, 0, 8))
-        for dv, fragment in ((1 << 50, "more than this machine can allocate"), (1 << 61, "overflows")):
+        for dv, fragment in ((1 << 50, "more than this machine's memory"), (1 << 61, "overflows")):
             v0 = header_only("v0.npy", (1, 1, 0, dv))
             self.expect_fail(self.base(**{"--q": q1, "--k": k0, "--v": v0}), f"--out: the output [1, 1, 1, {dv}]")
             self.expect_fail(self.base(**{"--q": q1, "--k": k0, "--v": v0}), fragment)

@@ -10,6 +10,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include <unistd.h>
+
 namespace simdattn::cli {
 
 void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out) {
@@ -147,14 +149,19 @@ NpyArray make_output(DType dtype, std::vector<std::int64_t> shape) {
   for (std::int64_t d : out.shape)
     if (__builtin_mul_overflow(bytes, d, &bytes))
       throw UsageError("--out: the output [" + dims + "] is too large (its size in bytes overflows)");
+  // Larger than the machine's memory: said before asking for it (an allocator may abort on
+  // such a request instead of failing it, as AddressSanitizer's does).
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+  if (pages > 0 && page > 0 && bytes / page >= pages)
+    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) +
+                     " bytes, is more than this machine's memory (" +
+                     std::to_string(static_cast<std::int64_t>(pages) * page) + " bytes)");
   try {
     out.data.resize(static_cast<std::size_t>(bytes));
   } catch (const std::bad_alloc&) {
-    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) +
-                     " bytes, is more than this machine can allocate");
+    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) + " bytes, could not be allocated");
   } catch (const std::length_error&) {
-    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) +
-                     " bytes, is more than this machine can allocate");
+    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) + " bytes, could not be allocated");
   }
   return out;
 }
