@@ -173,6 +173,31 @@ struct Extents {
   }
 };
 
+// The calling thread's packing buffers inside a parallel region, where an exception must not
+// escape: a failed allocation skips the thread's work and is rethrown after the region.
+template <class T>
+struct ThreadBuffers {
+  bool failed = false;
+  // body(Bp, Aws) on this thread's buffers, sized for `ex`.
+  template <class Body>
+  void run(const Extents<T>& ex, const simd::GemmBlocking& bs, Body&& body) {
+    T* Bp = nullptr;
+    T* Aws = nullptr;
+    try {
+      Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
+      Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed = true;
+      return;
+    }
+    body(Bp, Aws);
+  }
+  void rethrow() const {
+    if (failed) throw std::bad_alloc();
+  }
+};
+
 // One micro-tile of C at rows i, columns j (m x n valid). Short tiles (m < mr) run the m-row
 // kernel; narrow ones (n < nr) go through `tile`. B's rows are ldb apart.
 template <class T>
@@ -355,7 +380,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
                 thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
       return;
     }
-    bool failed = false;
+    ThreadBuffers<T> buffers;
     if (single_block(g, mode)) {
       // One block of B: each thread packs it once, then claims row chunks until none is left,
       // so a thread whose vCPU is descheduled a while (a noisy VM) leaves its rows to the other
@@ -366,44 +391,33 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
       // the static split below.)
       const std::int64_t chunks = (row_units + kRowUnitsPerClaim - 1) / kRowUnitsPerClaim;
       parallel_claims(chunks, nt, 1, [&](auto next) {
-        try {
-          T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
-          T* Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
-          bool packed = false;
-          for (std::int64_t c = next(); c < chunks; c = next()) {
+        buffers.run(ex, bs, [&](T* Bp, T* Aws) {
+          bool packed = false;  // B, by this thread's first chunk
+          for (std::int64_t c = next(); c < chunks; c = next(), packed = true) {
             const std::int64_t u0 = c * kRowUnitsPerClaim, u1 = std::min(row_units, u0 + kRowUnitsPerClaim);
             gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws, packed);
-            packed = g.packed_b == nullptr;
           }
-        } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-          failed = true;
-        }
+        });
       });
-      if (failed) throw std::bad_alloc();
+      buffers.rethrow();
       return;
     }
 #pragma omp parallel num_threads(nt)
     {
       const int tid = omp_get_thread_num(), T_ = omp_get_num_threads();
-      try {
-        T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
-        T* Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
-        const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
+      const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
+      buffers.run(ex, bs, [&](T* Bp, T* Aws) {
         gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws);
-      } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-        failed = true;
-      }
+      });
     }
-    if (failed) throw std::bad_alloc();
+    buffers.rethrow();
     return;
   }
 
   // Few rows: split the columns instead; each thread runs the whole driver on its own columns
   // with its own buffers (packing the small A twice costs little).
   const std::int64_t col_units = (g.N + bs.nr - 1) / bs.nr;
-  bool failed = false;
+  ThreadBuffers<T> buffers;
   // The problem restricted to column panels [u0, u1).
   auto columns = [&](std::int64_t u0, std::int64_t u1) {
     GemmArgs<T> part = g;
@@ -423,24 +437,16 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
   if (claim) {
     const std::int64_t chunks = (col_units + kColUnitsPerClaim - 1) / kColUnitsPerClaim;
     parallel_claims(chunks, nt, 1, [&](auto next) {
-      bool a_packed = false;
-      for (std::int64_t c = next(); c < chunks; c = next()) {
-        const GemmArgs<T> part =
-            columns(c * kColUnitsPerClaim, std::min(col_units, (c + 1) * kColUnitsPerClaim));
-        try {
-          // Buffers sized for the whole problem's columns: one size for every chunk.
-          T* Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
-          T* Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
+      // Buffers sized for the whole problem's columns: one size for every chunk.
+      buffers.run(ex, bs, [&](T* Bp, T* Aws) {
+        bool a_packed = false;  // A, by this thread's first chunk (unused when A is read in place)
+        for (std::int64_t c = next(); c < chunks; c = next(), a_packed = true) {
+          const GemmArgs<T> part = columns(c * kColUnitsPerClaim, std::min(col_units, (c + 1) * kColUnitsPerClaim));
           gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws, false, a_packed);
-          a_packed = !mode.direct_a;
-        } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-          failed = true;
-          return;
         }
-      }
+      });
     });
-    if (failed) throw std::bad_alloc();
+    buffers.rethrow();
     return;
   }
   parallel_for(col_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
@@ -448,18 +454,10 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     if (part.N <= 0) return;
     // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
     // (and k blocking), and results would depend on the thread count.
-    const Mode<T>& pmode = mode;
-    const Extents<T> pex(part, pmode.bs);
-    try {
-      T* Bp = thread_buffer<T, kGemmPackedB>().get(pex.b_size());
-      T* Aws = thread_buffer<T, kGemmPackedA>().get(pex.a_size(pmode.bs));
-      gemm_rows(part, gk, vk, pmode, 0, part.M, Bp, Aws);
-    } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-      failed = true;
-    }
+    buffers.run(Extents<T>(part, bs), bs,
+                [&](T* Bp, T* Aws) { gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws); });
   });
-  if (failed) throw std::bad_alloc();
+  buffers.rethrow();
 }
 
 template <class T>
