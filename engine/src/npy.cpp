@@ -211,18 +211,18 @@ NpyArray make_array(const Header& h) {
   return a;
 }
 
-std::string descr_of(const NpyArray& a) {
-  switch (a.dtype) {
+}  // namespace
+
+std::string NpyArray::descr() const {
+  switch (dtype) {
     case DType::f32: return "<f4";
     case DType::f64: return "<f8";
-    case DType::u8: return a.is_bool ? "|b1" : "|u1";
+    case DType::u8: return is_bool ? "|b1" : "|u1";
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
   }
   return "?";
 }
-
-}  // namespace
 
 std::int64_t NpyArray::numel() const {
   std::int64_t n = 1;
@@ -290,7 +290,7 @@ std::vector<std::byte> serialize_npy(const NpyArray& a) {
   if (static_cast<std::uint64_t>(n) * dtype_size(a.dtype) != a.data.size())
     throw Error("npy", "data size " + std::to_string(a.data.size()) + " does not match shape x dtype size");
 
-  std::string dict = "{'descr': '" + descr_of(a) + "', 'fortran_order': False, 'shape': (";
+  std::string dict = "{'descr': '" + a.descr() + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < a.shape.size(); ++i) {
     dict += std::to_string(a.shape[i]);
     if (i + 1 < a.shape.size() || a.shape.size() == 1) dict += ",";

@@ -82,12 +82,12 @@ inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, s
   return true;
 }
 
-// Validates the arguments of attention() and builds the Problem. Throws Error.
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a
 // bad environment is a named input error on every path, never an escape from a parallel region.
 void check_isa();
 
+// Validates the arguments of attention() and builds the Problem. Throws Error.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      const TensorView& out, const AttentionOptions& options);
 

@@ -81,6 +81,17 @@ void check_float(const std::string& name, DType t) {
     throw Error(name, "dtype must be f32 or f64, got " + std::string(dtype_name(t)));
 }
 
+// q a float dtype, k and v the same.
+void check_qkv_dtypes(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v) {
+  check_float("q", q.dtype);
+  if (k.dtype != q.dtype)
+    throw Error("k", "dtype " + std::string(dtype_name(k.dtype)) + " differs from q's " +
+                         std::string(dtype_name(q.dtype)));
+  if (v.dtype != q.dtype)
+    throw Error("v", "dtype " + std::string(dtype_name(v.dtype)) + " differs from q's " +
+                         std::string(dtype_name(q.dtype)));
+}
+
 // The [B, H, Sq, Dv] output of inputs of these shapes; throws Error for shapes attention rejects.
 Shape4 output_shape(const Shape4& qs, const Shape4& ks, const Shape4& vs) {
   for (const auto& [name, s] : {std::pair<const char*, const Shape4&>{"q", qs}, {"k", ks}, {"v", vs}})
@@ -114,13 +125,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   Problem p;
 
   // dtypes
-  check_float("q", q.dtype);
-  if (k.dtype != q.dtype)
-    throw Error("k", "dtype " + std::string(dtype_name(k.dtype)) + " differs from q's " +
-                         std::string(dtype_name(q.dtype)));
-  if (v.dtype != q.dtype)
-    throw Error("v", "dtype " + std::string(dtype_name(v.dtype)) + " differs from q's " +
-                         std::string(dtype_name(q.dtype)));
+  check_qkv_dtypes(q, k, v);
   if (out.dtype != q.dtype)
     throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from q's " +
                            std::string(dtype_name(q.dtype)));
@@ -271,11 +276,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
 namespace simdattn {
 
 Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v) {
-  detail::check_float("q", q.dtype);
-  if (k.dtype != q.dtype || v.dtype != q.dtype)
-    throw Error(k.dtype != q.dtype ? "k" : "v",
-                "dtype " + std::string(dtype_name(k.dtype != q.dtype ? k.dtype : v.dtype)) + " differs from q's " +
-                    std::string(dtype_name(q.dtype)));
+  detail::check_qkv_dtypes(q, k, v);
   return detail::output_shape(q.shape, k.shape, v.shape);
 }
 

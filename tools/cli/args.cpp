@@ -4,8 +4,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
-#include <new>
-#include <stdexcept>
+#include <exception>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -38,9 +37,10 @@ bool plain_number(const std::string& text) {
 double parse_double(const std::string& flag, const std::string& text) {
   errno = 0;
   char* end = nullptr;
-  const double v = plain_number(text) ? std::strtod(text.c_str(), &end) : 0.0;
+  const bool plain = plain_number(text);
+  const double v = plain ? std::strtod(text.c_str(), &end) : 0.0;
   // ERANGE also flags an underflow to a subnormal or zero, which is a fine value; overflow is not.
-  if (!plain_number(text) || end != text.c_str() + text.size() || (errno == ERANGE && std::abs(v) > 1.0) ||
+  if (!plain || end != text.c_str() + text.size() || (errno == ERANGE && std::abs(v) > 1.0) ||
       !std::isfinite(v))
     throw UsageError(flag + ": expected a finite decimal number, got '" + text + "'");
   return v;
@@ -50,8 +50,9 @@ std::int64_t parse_int(const std::string& flag, const std::string& text, std::in
                        std::int64_t max) {
   errno = 0;
   char* end = nullptr;
-  const long long v = plain_number(text) ? std::strtoll(text.c_str(), &end, 10) : 0;
-  if (!plain_number(text) || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max)
+  const bool plain = plain_number(text);
+  const long long v = plain ? std::strtoll(text.c_str(), &end, 10) : 0;
+  if (!plain || end != text.c_str() + text.size() || errno == ERANGE || v < min || v > max)
     throw UsageError(flag + ": expected an integer in [" + std::to_string(min) + ", " +
                      std::to_string(max) + "], got '" + text + "'");
   return v;
@@ -86,17 +87,6 @@ Window parse_window(const std::string& flag, const std::string& text) {
   return w;
 }
 
-std::string npy_dtype(const NpyArray& a) {
-  switch (a.dtype) {
-    case DType::u8: return a.is_bool ? "|b1" : "|u1";
-    case DType::i32: return "<i4";
-    case DType::i64: return "<i8";
-    case DType::f32: return "<f4";
-    case DType::f64: return "<f8";
-  }
-  return std::string(dtype_name(a.dtype));
-}
-
 NpyArray load_npy(const std::string& flag, const std::string& path) {
   try {
     return read_npy(path);
@@ -108,7 +98,7 @@ NpyArray load_npy(const std::string& flag, const std::string& path) {
 Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
     throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " +
-                     npy_dtype(a));
+                     a.descr());
   if (a.shape.size() != 4) {
     std::string s = "(";
     for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
@@ -126,11 +116,11 @@ QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string&
   f.ks = shape4("--k", k, f.k);
   f.vs = shape4("--v", v, f.v);
   if (f.k.dtype != f.q.dtype)
-    throw UsageError("--k " + k + ": dtype " + npy_dtype(f.k) + " differs from --q's " +
-                     npy_dtype(f.q));
+    throw UsageError("--k " + k + ": dtype " + f.k.descr() + " differs from --q's " +
+                     f.q.descr());
   if (f.v.dtype != f.q.dtype)
-    throw UsageError("--v " + v + ": dtype " + npy_dtype(f.v) + " differs from --q's " +
-                     npy_dtype(f.q));
+    throw UsageError("--v " + v + ": dtype " + f.v.descr() + " differs from --q's " +
+                     f.q.descr());
   try {
     f.os = attention_output_shape(f.q_view(), f.k_view(), f.v_view());
   } catch (const Error& e) {
@@ -158,9 +148,7 @@ NpyArray make_output(DType dtype, std::vector<std::int64_t> shape) {
                      std::to_string(static_cast<std::int64_t>(pages) * page) + " bytes)");
   try {
     out.data.resize(static_cast<std::size_t>(bytes));
-  } catch (const std::bad_alloc&) {
-    throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) + " bytes, could not be allocated");
-  } catch (const std::length_error&) {
+  } catch (const std::exception&) {  // bad_alloc or length_error
     throw UsageError("--out: the output [" + dims + "], " + std::to_string(bytes) + " bytes, could not be allocated");
   }
   return out;

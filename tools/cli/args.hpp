@@ -26,9 +26,6 @@ Causal parse_causal(const std::string& flag, const std::string& text);
 Backend parse_backend(const std::string& flag, const std::string& text);
 Window parse_window(const std::string& flag, const std::string& text);
 
-// The array's dtype as NumPy writes it in a .npy header: |b1, |u1, <i4, <i8, <f4, <f8.
-std::string npy_dtype(const NpyArray& a);
-
 // Reads a .npy file given to `flag`; errors become UsageError("--flag PATH: ...").
 NpyArray load_npy(const std::string& flag, const std::string& path);
 

@@ -19,7 +19,7 @@ struct MhaArgs {
 // A [B, S, E] input of the layer's dtype.
 ConstSeqView seq(const std::string& flag, const std::string& path, const NpyArray& a) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
-    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + npy_dtype(a));
+    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + a.descr());
   if (a.shape.size() != 3) {
     std::string s = "(";
     for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
@@ -58,7 +58,7 @@ void run(const MhaArgs& a) {
     pad = load_npy("--key-padding-mask", a.key_padding_mask);
     if (pad.dtype != DType::u8)
       throw UsageError("--key-padding-mask " + a.key_padding_mask + ": expected dtype |b1 or |u1, got " +
-                       npy_dtype(pad));
+                       pad.descr());
     const std::int64_t Sk = a.key.empty() ? query.S : key.S;
     if (pad.shape.size() != 2 || pad.shape[0] != query.B || pad.shape[1] != Sk)
       throw UsageError("--key-padding-mask " + a.key_padding_mask + ": expected shape (" + std::to_string(query.B) +

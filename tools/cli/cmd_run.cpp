@@ -39,7 +39,7 @@ void run(const RunArgs& a) {
     else if (mask.dtype == DType::f32 || mask.dtype == DType::f64) opt.mask_kind = MaskKind::additive;
     else
       throw UsageError("--mask " + a.mask + ": expected dtype |b1, |u1, <f4 or <f8, got " +
-                       npy_dtype(mask));
+                       mask.descr());
     if (mask.shape.size() > 4)
       throw UsageError("--mask " + a.mask + ": expected at most 4 dimensions (broadcastable to "
                        "[B, H, Sq, Sk]), got " + std::to_string(mask.shape.size()));
@@ -55,7 +55,7 @@ void run(const RunArgs& a) {
     const NpyArray L = load_npy("--key-lengths", a.key_lengths);
     if (L.dtype != DType::i32 && L.dtype != DType::i64)
       throw UsageError("--key-lengths " + a.key_lengths + ": expected dtype <i4 or <i8, got " +
-                       npy_dtype(L));
+                       L.descr());
     if (L.shape.size() != 1 || L.shape[0] != qs[0])
       throw UsageError("--key-lengths " + a.key_lengths + ": expected shape (" +
                        std::to_string(qs[0]) + ",) (one length per batch)");
@@ -70,7 +70,7 @@ void run(const RunArgs& a) {
     blocks = load_npy("--block-mask", a.block_mask);
     if (blocks.dtype != DType::u8)
       throw UsageError("--block-mask " + a.block_mask + ": expected dtype |b1 or |u1, got " +
-                       npy_dtype(blocks));
+                       blocks.descr());
     const std::int64_t bs = opt.block_size;
     const std::int64_t nbq = (qs[2] + bs - 1) / bs, nbk = (ks[2] + bs - 1) / bs;
     if (blocks.shape.size() != 2 || blocks.shape[0] != nbq || blocks.shape[1] != nbk)

@@ -22,6 +22,7 @@ struct NpyArray {
   std::vector<std::byte> data;  // C-order elements, little-endian
 
   std::int64_t numel() const;
+  std::string descr() const;  // the dtype as a .npy header spells it: '<f4', '|b1', ...
   template <class T> const T* as() const { return reinterpret_cast<const T*>(data.data()); }
   template <class T> T* as() { return reinterpret_cast<T*>(data.data()); }
 };
