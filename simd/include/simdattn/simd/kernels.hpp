@@ -53,8 +53,8 @@ using GemmUkernelPf = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::i
 struct GemmBlocking {
   int mr, nr;  // register tile (micro-kernel)
   int lanes;   // elements per vector (nr is a multiple)
-  int mc;      // with B read in place: rows of A packed per block (mc x kc_b_in_place stays in L2),
-               // multiple of mr
+  int mc;      // columns outer (B read in place or pre-packed): rows of A packed per block (the
+               // mc x kc block stays in L2), multiple of mr
   int kc;      // depth of one pass (an A micro-panel mr x kc stays in L1)
   int nc;      // most columns of B packed per block (kc x nc stays in L2; the driver lowers nc to fit
                // half of the CPU's L2), multiple of nr
