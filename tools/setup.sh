@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages simdattn needs (only those missing), then configures and builds
-# into build/ (or $SIMDATTN_BUILD_DIR). Idempotent: a second run installs nothing and rebuilds
+# Installs the Debian 12 packages simdattn needs (tools/debian-packages.txt; only those missing),
+# then configures and builds into build/ (or $SIMDATTN_BUILD_DIR). Idempotent: a second run installs nothing and rebuilds
 # only what changed. Works as root, or as a user with sudo. Non-interactive.
 #
 #   bash tools/setup.sh                 # install + configure + build (Release)
@@ -10,15 +10,8 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD_DIR="${SIMDATTN_BUILD_DIR:-$ROOT/build}"
 
-PACKAGES=(
-  cmake make g++ pkg-config           # toolchain (g++ brings GCC's OpenMP, libgomp)
-  libxsimd-dev xtl-dev                # SIMD layer (xsimd's CMake target links xtl)
-  libdnnl-dev                         # oneDNN backend
-  doctest-dev libbenchmark-dev        # tests, perf suite
-  libcli11-dev nlohmann-json3-dev     # CLI parsing, JSON
-  python3 python3-numpy               # CLI end-to-end tests
-  python3-matplotlib                  # tools/perf_report.py plot
-)
+# The package list: one a line, '#' starts a comment.
+mapfile -t PACKAGES < <(sed -e 's/#.*//' -e 's/[[:space:]]//g' -e '/^$/d' "$ROOT/tools/debian-packages.txt")
 
 missing=()
 for p in "${PACKAGES[@]}"; do

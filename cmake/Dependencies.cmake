@@ -1,0 +1,83 @@
+# Every package simdattn's build finds, each with the Debian 12 package that provides it.
+# A missing one does not stop at the first find_package: all are looked up, then configuration
+# stops with one message naming every Debian package to install. tools/setup.sh installs the
+# same list (tools/debian-packages.txt); tools/fresh-machine-check.sh proves it on a bare root.
+
+set(_simdattn_missing "")
+file(STRINGS ${PROJECT_SOURCE_DIR}/tools/debian-packages.txt _simdattn_listed REGEX "^[a-z0-9]")
+list(TRANSFORM _simdattn_listed REPLACE "[ \t]*#.*$" "")
+
+# simdattn_missing(<debian-package>): note a missing package (it must be in setup.sh's list).
+macro(simdattn_missing _deb)
+  if(NOT "${_deb}" IN_LIST _simdattn_listed)
+    message(FATAL_ERROR "cmake/Dependencies.cmake names ${_deb}, which tools/debian-packages.txt lacks")
+  endif()
+  list(APPEND _simdattn_missing ${_deb})
+endmacro()
+
+# simdattn_find(<Package> <debian-package> [find_package arguments...])
+macro(simdattn_find _pkg _deb)
+  find_package(${_pkg} ${ARGN} QUIET)
+  if(NOT ${_pkg}_FOUND)
+    simdattn_missing(${_deb})
+  endif()
+endmacro()
+
+simdattn_find(OpenMP g++ COMPONENTS CXX)       # GCC's libgomp
+simdattn_find(xtl xtl-dev)                     # Debian's xsimd target links xtl
+simdattn_find(xsimd libxsimd-dev 8.1)
+simdattn_find(nlohmann_json nlohmann-json3-dev 3)
+if(SIMDATTN_WITH_ONEDNN)
+  # Debian's dnnl-config.cmake calls find_package(OpenCL REQUIRED) for oneDNN's GPU runtime, and
+  # libdnnl-dev only recommends the package with OpenCL's headers: look for it first, since a
+  # failure inside dnnl's config would stop configuration with a message that names no package.
+  simdattn_find(OpenCL ocl-icd-opencl-dev)
+  if(OpenCL_FOUND)
+    simdattn_find(dnnl libdnnl-dev)
+  else()
+    find_path(SIMDATTN_DNNL_INCLUDE oneapi/dnnl/dnnl.hpp)
+    if(NOT SIMDATTN_DNNL_INCLUDE)
+      simdattn_missing(libdnnl-dev)
+    endif()
+  endif()
+endif()
+if(SIMDATTN_BUILD_TOOLS)
+  simdattn_find(CLI11 libcli11-dev)
+endif()
+if(SIMDATTN_BUILD_TESTS)
+  simdattn_find(doctest doctest-dev)
+  if(SIMDATTN_BUILD_TOOLS)
+    # The CLI's end-to-end tests run Debian's python3 with NumPy (the package installs there).
+    find_program(SIMDATTN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+    if(NOT SIMDATTN_PYTHON)
+      find_program(SIMDATTN_PYTHON NAMES python3)
+    endif()
+    if(NOT SIMDATTN_PYTHON)
+      simdattn_missing(python3)
+      simdattn_missing(python3-numpy)
+    else()
+      execute_process(COMMAND ${SIMDATTN_PYTHON} -c "import numpy"
+                      RESULT_VARIABLE _simdattn_numpy OUTPUT_QUIET ERROR_QUIET)
+      if(NOT _simdattn_numpy EQUAL 0)
+        simdattn_missing(python3-numpy)
+      endif()
+    endif()
+  endif()
+endif()
+if(SIMDATTN_BUILD_PERF)
+  simdattn_find(benchmark libbenchmark-dev)
+endif()
+
+if(_simdattn_missing)
+  list(REMOVE_DUPLICATES _simdattn_missing)
+  string(REPLACE ";" " " _simdattn_missing "${_simdattn_missing}")
+  if(SIMDATTN_WITH_ONEDNN AND NOT OpenCL_FOUND)
+    set(_simdattn_note " (oneDNN's CMake config from libdnnl-dev needs OpenCL's headers)")
+  endif()
+  message(FATAL_ERROR
+    "simdattn: missing Debian packages${_simdattn_note}: ${_simdattn_missing}\n"
+    "Install them with: apt-get install ${_simdattn_missing}\n"
+    "or run bash tools/setup.sh, which installs every dependency and builds. "
+    "-DSIMDATTN_WITH_ONEDNN=OFF, -DSIMDATTN_BUILD_TESTS=OFF, -DSIMDATTN_BUILD_PERF=OFF and "
+    "-DSIMDATTN_BUILD_TOOLS=OFF leave out the parts that need some of them.")
+endif()
