@@ -1,4 +1,4 @@
-// attention/<backend>/<workload>/t<threads>: DESIGN.md's standard workloads on each backend.
+// attention/<backend>/<workload>/t<threads>: docs/design.md's standard workloads on each backend.
 // Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
 // reading K and V. Every backend of the build is registered, the reference only for workloads it
 // finishes in seconds.

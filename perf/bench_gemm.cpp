@@ -1,5 +1,5 @@
-// gemm/<backend>/<MxNxK>/t<threads>: DESIGN.md's GEMM shapes, row-major C = A B (no transposes),
-// native against oneDNN's matmul (one primitive per shape, created once, outside the timing).
+// gemm/<backend>/<MxNxK>/t<threads>: docs/design.md's GEMM shapes, row-major C = A B (no
+// transposes), native against oneDNN's matmul (one primitive per shape, created once, outside the timing).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 

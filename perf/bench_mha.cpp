@@ -1,5 +1,5 @@
 // mha/<backend>/{bert-layer,gpt-layer}/t<N>: the whole layer (four projections + attention core)
-// on DESIGN.md's layer workloads; GFLOP/s counts 8*B*S*d^2 for the projections plus the core's
+// on docs/design.md's layer workloads; GFLOP/s counts 8*B*S*d^2 for the projections plus the core's
 // visible-pair FLOPs. The backend names the attention core; projections are the native GEMM.
 //
 // decode/<backend>/gpt-layer-kv<N>/t<N>: one decode step (B=1, one new token, d_model 1024,

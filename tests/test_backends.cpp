@@ -1,5 +1,5 @@
 // Every backend against the reference on random configurations covering every option, and on
-// edge cases, within DESIGN.md's tolerances. One parameterised suite: each case runs for every
+// edge cases, within docs/design.md's tolerances. One parameterised suite: each case runs for every
 // backend this build has.
 #include <doctest/doctest.h>
 

@@ -1,5 +1,5 @@
 // Sparse patterns (global tokens, block masks) on every backend against the reference backend
-// given the equivalent dense boolean mask, built here from the definition in README:
+// given the equivalent dense boolean mask, built here from the definition in docs/design.md:
 //   key j is visible to query i of batch b iff j < L[b] and
 //     (j < G or 0 <= p < G)                              global key or global query, or
 //     (block [i/bs, j/bs] listed, causal and window allow it)

@@ -1,5 +1,5 @@
 // Shared helpers for the tests: random tensors, owning 4-D buffers with any layout, and an
-// error measure with DESIGN.md's tolerances.
+// error measure with docs/design.md's tolerances.
 #pragma once
 
 #include <algorithm>
@@ -97,7 +97,7 @@ double max_abs(const Buffer<T>& a) {
   return m;
 }
 
-// DESIGN.md: fp32 <= 1e-5 * max(1, max|V|); f64 <= 1e-12 * max(1, max|V|).
+// docs/design.md: fp32 <= 1e-5 * max(1, max|V|); f64 <= 1e-12 * max(1, max|V|).
 template <class T>
 double tolerance(double max_abs_v) {
   return (sizeof(T) == 4 ? 1e-5 : 1e-12) * std::max(1.0, max_abs_v);

@@ -46,7 +46,7 @@ struct Problem {
 
   std::int64_t key_len(std::int64_t b) const { return key_lengths ? key_lengths[b] : Sk; }
 
-  // Position of query 0 of batch b on the key axis (DESIGN.md's position rule).
+  // Position of query 0 of batch b on the key axis (docs/design.md's position rule).
   std::int64_t query_offset(std::int64_t b) const {
     return causal == Causal::top_left ? 0 : key_len(b) - Sq;
   }
@@ -65,8 +65,8 @@ struct Problem {
 };
 
 // Structural visibility of key j to query i of batch b: key lengths, causal, window, global
-// tokens and the block mask (not the explicit mask). This is DESIGN.md's position rule with the
-// sparse patterns, stated once.
+// tokens and the block mask (not the explicit mask). This is docs/design.md's position rule with
+// the sparse patterns, stated once.
 inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
   const std::int64_t L = p.key_len(b);
   if (j >= L) return false;

@@ -1,5 +1,5 @@
-// The reference backend: the maths of DESIGN.md as plain loops in double precision, one row at a
-// time, no SIMD, no threads. It is the oracle every other backend is tested against, so it is
+// The reference backend: the maths of docs/design.md as plain loops in double precision, one row
+// at a time, no SIMD, no threads. It is the oracle every other backend is tested against, so it is
 // written to be obviously correct, not fast:
 //
 //   s_j = scale * (q_i . k_j) + mask_ij          for every visible key j

@@ -6,7 +6,7 @@
 namespace simdattn {
 namespace {
 
-// DESIGN.md's standard workloads. D == Dv and H == Hkv in all of them.
+// docs/design.md's standard workloads. D == Dv and H == Hkv in all of them.
 constexpr std::array<Workload, 7> kWorkloads{{
     {"bert", 1, 12, 12, 128, 128, 64, Causal::none},
     {"vit", 1, 12, 12, 197, 197, 64, Causal::none},

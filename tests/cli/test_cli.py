@@ -3,7 +3,7 @@
 
 Usage: test_cli.py PATH_TO_SIMDATTN   (ctest passes the built binary)
 
-The oracle below is written from DESIGN.md's maths and position rule, not from the C++ code:
+The oracle below is written from docs/design.md's maths and position rule, not from the C++ code:
 scores = scale * Q K^T + additive mask, hidden keys get -inf, stable softmax, rows with no
 visible key are zero.
 """

@@ -1,4 +1,4 @@
-// `simdattn compare`: every backend of the build on the same random inputs (DESIGN.md's
+// `simdattn compare`: every backend of the build on the same random inputs (docs/design.md's
 // command-line contract). For each backend: median wall time of repeated calls after a warm-up,
 // GFLOP/s (causal counts visible pairs), % of this machine's FMA peak (measured in the same run),
 // and max |O - O_ref| against the reference backend. When the reference would take too long

@@ -1,5 +1,5 @@
 // `simdattn mha`: a multi-head attention layer from safetensors weights on .npy inputs
-// (DESIGN.md's command-line contract).
+// (docs/design.md's command-line contract).
 #include <memory>
 #include <span>
 #include <string>

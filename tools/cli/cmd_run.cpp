@@ -1,4 +1,4 @@
-// `simdattn run`: attention on .npy files (DESIGN.md's command-line contract).
+// `simdattn run`: attention on .npy files (docs/design.md's command-line contract).
 #include <memory>
 #include <string>
 #include <vector>

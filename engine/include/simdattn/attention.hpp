@@ -69,9 +69,9 @@ struct AttentionOptions {
 
   std::optional<Window> window;
 
-  // Sparse patterns (see README "Sparse attention"). Global tokens: the first `global_tokens`
-  // positions on the key axis are global: a query whose position p is in [0, G) sees every key, and every
-  // query sees keys j < G, whatever causal, window or block mask hide (key lengths and an
+  // Sparse patterns (docs/design.md, "Positions and visibility"). Global tokens: the first
+  // `global_tokens` positions on the key axis are global: a query whose position p is in [0, G)
+  // sees every key, and every query sees keys j < G, whatever causal, window or block mask hide (key lengths and an
   // explicit mask still apply). Block mask: u8 [ceil(Sq/bs), ceil(Sk/bs)] (nonzero = computed),
   // shared by every batch and head; query i and key j are visible only if block
   // [i / bs, j / bs] is listed (unless one of them is global). Given as a view of shape

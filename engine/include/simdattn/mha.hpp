@@ -82,7 +82,7 @@ class MultiHeadAttention {
   MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights);
   MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights);
 
-  // Loads one layer from a safetensors file (see DESIGN.md for the two naming conventions):
+  // Loads one layer from a safetensors file (see docs/design.md for the two naming conventions):
   // torch's in_proj_weight / q_proj_weight+k_proj_weight+v_proj_weight, in_proj_bias,
   // out_proj.weight, out_proj.bias; or Hugging Face's q_proj/k_proj/v_proj/o_proj .weight with
   // optional .bias. Names are looked up under `prefix`. d_model, head_dim, kdim and vdim come

@@ -1,4 +1,4 @@
-// The standard attention workloads, shared by perf/, tools/ and tests (see DESIGN.md).
+// The standard attention workloads, shared by perf/, tools/ and tests (see docs/design.md).
 #pragma once
 
 #include <cstdint>
