@@ -23,6 +23,18 @@ macro(simdattn_find _pkg _deb)
   endif()
 endmacro()
 
+# simdattn_find_python_module(<module> <debian-package>): SIMDATTN_PYTHON must import it.
+macro(simdattn_find_python_module _mod _deb)
+  set(_simdattn_rc 1)
+  if(SIMDATTN_PYTHON)
+    execute_process(COMMAND ${SIMDATTN_PYTHON} -c "import ${_mod}"
+                    RESULT_VARIABLE _simdattn_rc OUTPUT_QUIET ERROR_QUIET)
+  endif()
+  if(NOT _simdattn_rc EQUAL 0)
+    simdattn_missing(${_deb})
+  endif()
+endmacro()
+
 simdattn_find(OpenMP g++ COMPONENTS CXX)       # GCC's libgomp
 simdattn_find(xtl xtl-dev)                     # Debian's xsimd target links xtl
 simdattn_find(xsimd libxsimd-dev 8.1)
@@ -54,13 +66,10 @@ if(SIMDATTN_BUILD_TESTS)
     endif()
     if(NOT SIMDATTN_PYTHON)
       simdattn_missing(python3)
-      simdattn_missing(python3-numpy)
-    else()
-      execute_process(COMMAND ${SIMDATTN_PYTHON} -c "import numpy"
-                      RESULT_VARIABLE _simdattn_numpy OUTPUT_QUIET ERROR_QUIET)
-      if(NOT _simdattn_numpy EQUAL 0)
-        simdattn_missing(python3-numpy)
-      endif()
+    endif()
+    simdattn_find_python_module(numpy python3-numpy)
+    if(SIMDATTN_BUILD_PERF)  # the perf_report test draws a chart with tools/perf_report.py plot
+      simdattn_find_python_module(matplotlib python3-matplotlib)
     endif()
   endif()
 endif()

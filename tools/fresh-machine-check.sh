@@ -3,8 +3,8 @@
 # file system (debootstrap --variant=minbase bookworm, from Debian's own packages), a clone of this
 # repository's committed HEAD inside it, then the README's two quick-start commands run in a
 # chroot of that root, read from README.md itself, and nothing else. Exits with the status of the
-# first command that fails. Needs root, debootstrap and a Debian mirror; takes about 25 minutes on
-# 2 cores (debootstrap, package installs, build, the test suite). Not part of the ctest run.
+# first command that fails. Needs root, debootstrap and a Debian mirror; takes a few minutes
+# (debootstrap, package installs, build, the test suite). Not part of the ctest run.
 #
 #   bash tools/fresh-machine-check.sh [WORKDIR]
 #

@@ -492,8 +492,9 @@ class Worker {
 
 // ---------------------------------------------------------------------------------------------
 // Decode: few query rows per kv head (Sq * H / Hkv <= kDecodeMaxRows), e.g. one new token
-// against a KV cache. The work is a matrix-vector product per head, bound by reading K and V:
-// nothing is packed; the GEMV kernels stream K (scores) and then V (weighted sum) exactly once.
+// against a KV cache. The work is a few matrix-vector products per head, bound by reading K and
+// V: with one row per kv head nothing is packed and the GEMV kernels stream K (scores) and then
+// V (weighted sum) exactly once; 2-8 rows take the GEMM driver's small-M path.
 // Per (batch, kv head): the group's query rows are gathered into one small matrix Qg, then
 //   S = Qg K^T (all keys; a few rows of Sk scores), softmax per row, O = S V / l.
 
