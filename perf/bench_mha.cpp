@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "perf_util.hpp"
+#include "simdattn/bench.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace {

@@ -17,6 +17,7 @@
 #include "gemm.hpp"
 #include "perf_util.hpp"
 #include "simdattn/simd/kernels.hpp"
+#include "simdattn/bench.hpp"
 #include "simdattn/simdattn.hpp"
 #include "threading.hpp"
 

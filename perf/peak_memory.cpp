@@ -1,5 +1,6 @@
 // simdattn_peak_memory: peak memory of one `long` attention call (B=1, H=8, S=8192, D=128,
 // causal, 2 threads) beyond its inputs and output, from getrusage(RUSAGE_SELF).ru_maxrss.
+#include "simdattn/bench.hpp"
 #include "simdattn/simdattn.hpp"
 #include <sys/resource.h>
 #include <cstdio>

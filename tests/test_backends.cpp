@@ -30,13 +30,16 @@ std::vector<Backend> fast_backends() {
   return out;
 }
 
+// The mask a configuration draws: its dtype makes it boolean (u8) or additive (f32).
+enum class MaskType { none, boolean, additive };
+
 // One random attention configuration with every option drawn at random.
 struct Config {
   std::int64_t B = 1, H = 1, Hkv = 1, Sq = 1, Sk = 1, D = 1, Dv = 1;
   bool bshd = false;          // [B,S,H,D] storage for q, k, v and out
   std::int64_t row_pad = 0;   // odd strides: padding after every row
   Causal causal = Causal::none;
-  MaskKind mask_kind = MaskKind::none;
+  MaskType mask_type = MaskType::none;
   Shape4 mask_shape{1, 1, 1, 1};
   bool key_lengths = false;
   std::optional<Window> window;
@@ -56,7 +59,7 @@ struct Config {
                   "B=%lld H=%lld Hkv=%lld Sq=%lld Sk=%lld D=%lld Dv=%lld bshd=%d pad=%lld causal=%d "
                   "mask=%d [%lld,%lld,%lld,%lld] L=%d window=%lld,%lld",
                   (long long)B, (long long)H, (long long)Hkv, (long long)Sq, (long long)Sk, (long long)D,
-                  (long long)Dv, int(bshd), (long long)row_pad, int(causal), int(mask_kind),
+                  (long long)Dv, int(bshd), (long long)row_pad, int(causal), int(mask_type),
                   (long long)mask_shape[0], (long long)mask_shape[1], (long long)mask_shape[2],
                   (long long)mask_shape[3], int(key_lengths), window ? (long long)window->left : -2LL,
                   window ? (long long)window->right : -2LL);
@@ -82,8 +85,8 @@ Config random_config(std::mt19937_64& rng) {
   c.bshd = pick(0, 1) == 1;
   c.row_pad = pick(0, 2) == 0 ? pick(1, 5) : 0;
   c.causal = static_cast<Causal>(pick(0, 2));
-  c.mask_kind = static_cast<MaskKind>(pick(0, 2));
-  if (c.mask_kind != MaskKind::none) {
+  c.mask_type = static_cast<MaskType>(pick(0, 2));
+  if (c.mask_type != MaskType::none) {
     const Shape4 shapes[] = {{1, 1, c.Sq, c.Sk}, {c.B, 1, c.Sq, c.Sk}, {c.B, c.H, c.Sq, c.Sk}, {c.B, 1, 1, c.Sk}};
     c.mask_shape = shapes[pick(0, 3)];
   }
@@ -108,19 +111,18 @@ void check_config(const Config& c, std::mt19937_64& rng) {
   opt.scale = c.scale;
   Buffer<std::uint8_t> bmask;
   Buffer<float> amask;
-  if (c.mask_kind == MaskKind::boolean) {
+  if (c.mask_type == MaskType::boolean) {
     bmask = Buffer<std::uint8_t>(c.mask_shape);
     std::bernoulli_distribution attend(0.7);
     bmask.for_each([&](std::uint8_t& x, auto...) { x = attend(rng) ? 1 : 0; });
     opt.mask = bmask.cview();
-  } else if (c.mask_kind == MaskKind::additive) {
+  } else if (c.mask_type == MaskType::additive) {
     amask = Buffer<float>(c.mask_shape);
     std::uniform_real_distribution<float> u(-3.f, 3.f);
     std::bernoulli_distribution hide(0.2);
     amask.for_each([&](float& x, auto...) { x = hide(rng) ? -INFINITY : u(rng); });
     opt.mask = amask.cview();
   }
-  opt.mask_kind = c.mask_kind;
   std::vector<std::int64_t> lengths;
   if (c.key_lengths) {
     for (std::int64_t b = 0; b < c.B; ++b)
@@ -225,7 +227,6 @@ TEST_CASE("a band that hides whole key blocks in the middle of every row") {
   m.for_each([](std::uint8_t& x, auto, auto, auto i, auto j) { x = (j < 8 || (j >= i - 20 && j <= i + 20)) ? 1 : 0; });
   AttentionOptions opt;
   opt.mask = m.cview();
-  opt.mask_kind = MaskKind::boolean;
   Buffer<float> ref({1, 1, S, D}), out({1, 1, S, D});
   opt.backend = Backend::reference;
   attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
@@ -253,7 +254,6 @@ TEST_CASE("poison V: 1e6 at every hidden key never reaches an output") {
     opt.key_lengths = L;
     opt.window = Window{60, -1};
     opt.mask = m.cview();
-    opt.mask_kind = MaskKind::boolean;
     Buffer<float> vp = v;
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t j = 0; j < Sk; ++j)
@@ -408,7 +408,6 @@ TEST_CASE("onednn: a second call with the same shapes and options creates no pri
   opt.backend = Backend::onednn;
   opt.causal = Causal::bottom_right;
   opt.mask = m.cview();
-  opt.mask_kind = MaskKind::boolean;
   opt.key_lengths = L;
   Buffer<float> first({B, H, Sq, D}), second({B, H, Sq, D});
   const std::uint64_t before = detail::onednn_primitives_created();

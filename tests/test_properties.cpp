@@ -189,7 +189,6 @@ TEST_CASE("a fully masked row is zero (boolean mask, key length 0, additive -inf
       Buffer<std::uint8_t> m({1, 1, c.Sq, c.Sk});
       m.for_each([](std::uint8_t& x, auto, auto, auto i, auto) { x = i == 0 ? 0 : 1; });
       opt.mask = m.cview();
-      opt.mask_kind = MaskKind::boolean;
       const Buffer<double> o = run(c, c.k, c.v, opt);
       for (std::int64_t b = 0; b < 2; ++b)
         for (std::int64_t h = 0; h < c.H; ++h)
@@ -199,7 +198,6 @@ TEST_CASE("a fully masked row is zero (boolean mask, key length 0, additive -inf
       Buffer<float> m({1, 1, c.Sq, c.Sk});
       m.for_each([](float& x, auto, auto, auto i, auto) { x = i == 0 ? -INFINITY : 0.5f; });
       opt.mask = m.cview();
-      opt.mask_kind = MaskKind::additive;
       const Buffer<double> o = run(c, c.k, c.v, opt);
       for (std::int64_t b = 0; b < 2; ++b)
         for (std::int64_t h = 0; h < c.H; ++h)

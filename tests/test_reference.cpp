@@ -133,7 +133,6 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       AttentionOptions opt = base;
       const std::uint8_t m[] = {1, 0, 1};
       opt.mask = ConstTensorView(m, {1, 1, 1, 3});
-      opt.mask_kind = MaskKind::boolean;
       check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {3.5, 21, 1.4, 33.6, 7.0 / 17, 672.0 / 17}, be);
     }
     {  // additive mask: -inf on key 1 is the same as hiding it; +ln2 on key 0 doubles its weight
@@ -141,7 +140,6 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       const double inf = std::numeric_limits<double>::infinity();
       const double m[] = {kLn2, -inf, 0};
       opt.mask = ConstTensorView(m, {1, 1, 1, 3});
-      opt.mask_kind = MaskKind::additive;
       // row 0: weights 2, 1 -> (14 + 0)/3, (0 + 42)/3; row 1: 2, 4 -> 14/6, 168/6;
       // row 2: 2, 16 -> 14/18, 672/18
       check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {14.0 / 3, 14, 14.0 / 6, 28, 14.0 / 18, 672.0 / 18}, be);
@@ -150,7 +148,6 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       AttentionOptions opt = base;
       const std::uint8_t m[] = {1, 1, 1, 0, 0, 0, 1, 1, 1};
       opt.mask = ConstTensorView(m, {1, 1, 3, 3});
-      opt.mask_kind = MaskKind::boolean;
       check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 0, 0, 3, 36}, be);
     }
   }

@@ -65,7 +65,6 @@ void check_sparse(const SparseCase& c, std::mt19937_64& rng) {
   AttentionOptions want_opt;
   want_opt.backend = Backend::reference;
   want_opt.mask = dense.cview();
-  want_opt.mask_kind = MaskKind::boolean;
   Buffer<T> want({c.B, c.H, c.Sq, c.D});
   attention(q.cview(), k.cview(), v.cview(), want.view(), want_opt);
 
@@ -161,8 +160,7 @@ TEST_CASE("an additive mask's NaN or +inf at keys a sparse pattern hides never r
   std::vector<std::uint8_t> blocks{1, 0, 1, 1, 1, 0, 0, 1, 1};  // bs 16: 3 x 3 blocks
   AttentionOptions opt;
   opt.causal = Causal::top_left;  // hides every NaN / +inf entry (j > i)
-  opt.mask = m.cview();
-  opt.mask_kind = MaskKind::additive;  // (no global tokens: a global query would see them)
+  opt.mask = m.cview();           // additive (f32); no global tokens: a global query would see them
   opt.block_size = 16;
   opt.block_mask = ConstTensorView(blocks.data(), DType::u8, {1, 1, 3, 3});
   Buffer<float> ref({1, 2, S, 8});

@@ -91,16 +91,10 @@ TEST_CASE("dtype errors") {
     f.qv.dtype = DType::i32;
     f.expect_error("q", "f32 or f64");
   }
-  SUBCASE("boolean mask with float data") {
-    f.opt.mask = ConstTensorView(f.k.data(), {1, 1, 3, 5});
-    f.opt.mask_kind = MaskKind::boolean;
-    f.expect_error("options.mask", "u8");
-  }
-  SUBCASE("additive mask with u8 data") {
-    std::vector<std::uint8_t> m(15);
+  SUBCASE("mask of an integer dtype other than u8") {
+    std::vector<std::int32_t> m(15);
     f.opt.mask = ConstTensorView(m.data(), {1, 1, 3, 5});
-    f.opt.mask_kind = MaskKind::additive;
-    f.expect_error("options.mask", "f32 or f64");
+    f.expect_error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32/f64 (additive), got i32");
   }
 }
 
@@ -122,7 +116,6 @@ TEST_CASE("stride, overlap and overflow errors") {
   SUBCASE("out overlaps itself") { f.ov.strides = {0, 18, 6, 1}; f.expect_error("out", "overlap"); }
   SUBCASE("out overlaps the mask") {
     f.opt.mask = ConstTensorView(f.o.data(), {1, 1, 3, 5});
-    f.opt.mask_kind = MaskKind::additive;
     f.expect_error("out", "overlaps options.mask");
   }
   SUBCASE("size overflow") {
@@ -134,22 +127,15 @@ TEST_CASE("stride, overlap and overflow errors") {
 
 TEST_CASE("option errors") {
   Fixture f;
-  SUBCASE("unknown mask kind") {  // with a mask: was silently ignored
-    const std::vector<std::uint8_t> m(3 * 5, 1);
-    f.opt.mask = ConstTensorView(m.data(), DType::u8, {1, 1, 3, 5});
-    f.opt.mask_kind = static_cast<MaskKind>(3);
-    f.expect_error("options.mask_kind", "unknown value 3");
+  SUBCASE("mask of dtype i64") {
+    const std::vector<std::int64_t> m(3 * 5, 1);
+    f.opt.mask = ConstTensorView(m.data(), {1, 1, 3, 5});
+    f.expect_error("options.mask", "got i64");
   }
   SUBCASE("mask not broadcastable") {
     std::vector<float> m(2 * 3 * 5);
     f.opt.mask = ConstTensorView(m.data(), {2, 3, 1, 5});
-    f.opt.mask_kind = MaskKind::additive;
     f.expect_error("options.mask", "not broadcastable to [B, H, Sq, Sk] = [2, 4, 3, 5]");
-  }
-  SUBCASE("mask given without a kind") {
-    std::vector<std::uint8_t> m(15);
-    f.opt.mask = ConstTensorView(m.data(), {1, 1, 3, 5});
-    f.expect_error("options.mask", "mask_kind");
   }
   SUBCASE("key lengths count") {
     const std::int64_t L[] = {5};

@@ -184,8 +184,8 @@ struct ThreadBuffers {
     T* Bp = nullptr;
     T* Aws = nullptr;
     try {
-      Bp = thread_buffer<T, kGemmPackedB>().get(ex.b_size());
-      Aws = thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs));
+      Bp = thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size());
+      Aws = thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs));
     } catch (const std::bad_alloc&) {
 #pragma omp atomic write
       failed = true;
@@ -376,8 +376,8 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
     // harness, best of 6: gemm 1024^3 6.87 against 6.68 ms, 1024x3072x1024 21.9 against 21.2,
     // 2048x64x2048 1.59 against 1.57).
     if (nt == 1) {
-      gemm_rows(g, gk, vk, mode, 0, g.M, thread_buffer<T, kGemmPackedB>().get(ex.b_size()),
-                thread_buffer<T, kGemmPackedA>().get(ex.a_size(bs)));
+      gemm_rows(g, gk, vk, mode, 0, g.M, thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size()),
+                thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs)));
       return;
     }
     ThreadBuffers<T> buffers;
@@ -473,8 +473,8 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
     b = std::max(b, ex.b_size());
     a = std::max(a, ex.a_size(*bs));
   }
-  thread_buffer<T, kGemmPackedB>().get(b);
-  thread_buffer<T, kGemmPackedA>().get(a);
+  thread_buffer<T, Scratch::gemm_packed_b>().get(b);
+  thread_buffer<T, Scratch::gemm_packed_a>().get(a);
 }
 
 template <class T>

@@ -90,9 +90,6 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
 
 // ---- native -----------------------------------------------------------------------------------
 
-// Per-thread buffers of the native kernel.
-enum LinearSlot : int { kLinear = 15 };
-
 // dst[r * ldd + d] = phi(src[r * rs + d * ds]) for rows [0, rows), on the dispatched ISA's
 // feature-map kernels (NaN kept); ex is scratch of rows * D elements for strided inputs.
 template <class T>
@@ -111,7 +108,7 @@ void phi_rows(FeatureMap f, const simd::VectorKernels<T>& vk, const T* src, std:
   }
 }
 
-inline std::int64_t round_up(std::int64_t x, std::int64_t m) { return (x + m - 1) / m * m; }
+using detail::round_up;
 
 // Every product of the chunked kernel runs on the in-place-A micro-kernel (the fused attention
 // kernel's), with the B operands kept in its packed-panel form: no GEMM driver, no per-call
@@ -157,7 +154,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   // (b, h) items are large (a whole head's sequence) and few: claimed one at a time
   detail::parallel_for_each_claimed(p.B * p.H, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     try {
-      T* fq = detail::thread_buffer<T, kLinear>().get(need);
+      T* fq = detail::thread_buffer<T, detail::Scratch::linear>().get(need);
       T* A = fq + D;
       T* fk = fq + s_qa;
       T* ex = fk + s_f;

@@ -19,16 +19,9 @@ namespace simdattn {
 namespace {
 
 using detail::GemmArgs;
+using detail::Scratch;
 using detail::thread_buffer;
 
-// Per-thread scratch of the layer (slots after the attention kernels' and the onednn backend's).
-enum MhaSlot : int {
-  kProjIn = 9,      // packed q|k|v projection, or q in cross-attention
-  kProjKv = 10,     // k and v projections in cross-attention
-  kAttnOut = 11,    // attention output [B, Sq, H*hd]
-  kMask = 12,       // combined mask
-  kMaskBool = 13,   // key padding as a boolean mask
-};
 
 std::string dims(std::initializer_list<std::int64_t> d) {
   std::string s = "[";
@@ -232,21 +225,20 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
   a.backend = o.backend;
   const bool padding = !o.key_padding_mask.empty();
   const bool additive = o.attn_mask.data != nullptr || o.attn_mask.shape != Shape4{};
+  if (additive && o.attn_mask.dtype != DType::f32 && o.attn_mask.dtype != DType::f64)
+    throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " +
+                                         std::string(dtype_name(o.attn_mask.dtype)));
   if (padding && static_cast<std::int64_t>(o.key_padding_mask.size()) != B * Sk)
     throw Error("options.key_padding_mask", "expected B*Sk = " + std::to_string(B) + "*" + std::to_string(Sk) +
                                                 " entries ([B, Sk]), got " + std::to_string(o.key_padding_mask.size()));
   if (padding && !additive) {
-    std::uint8_t* m = thread_buffer<std::uint8_t, kMaskBool>().get(static_cast<std::size_t>(B * Sk));
+    std::uint8_t* m = thread_buffer<std::uint8_t, Scratch::mha_padding_mask>().get(static_cast<std::size_t>(B * Sk));
     for (std::int64_t i = 0; i < B * Sk; ++i) m[i] = o.key_padding_mask[static_cast<std::size_t>(i)] ? 0 : 1;
     a.mask = ConstTensorView(m, DType::u8, {B, 1, 1, Sk});
-    a.mask_kind = MaskKind::boolean;
   } else if (additive && !padding) {
     a.mask = o.attn_mask;
-    a.mask_kind = MaskKind::additive;
   } else if (additive && padding) {
     const ConstTensorView& am = o.attn_mask;
-    if (am.dtype != DType::f32 && am.dtype != DType::f64)
-      throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " + std::string(dtype_name(am.dtype)));
     for (int d = 0; d < 4; ++d)
       if (am.shape[d] < 1 || am.strides[d] < 0)
         throw Error("options.attn_mask", "needs sizes >= 1 and strides >= 0 (shape " +
@@ -258,7 +250,7 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
         throw Error("options.attn_mask", "shape " + dims({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
                                              " does not broadcast to " + dims({B, H, Sq, Sk}));
     const std::int64_t mh = am.shape[1], mi = am.shape[2];
-    T* m = thread_buffer<T, kMask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
+    T* m = thread_buffer<T, Scratch::mha_mask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
     const T neg_inf = -std::numeric_limits<T>::infinity();
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < mh; ++h)
@@ -271,7 +263,6 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
             m[((b * mh + h) * mi + i) * Sk + j] = o.key_padding_mask[static_cast<std::size_t>(b * Sk + j)] ? neg_inf : x;
           }
     a.mask = ConstTensorView(m, {B, mh, mi, Sk});
-    a.mask_kind = MaskKind::additive;
   }
   return a;
 }
@@ -288,8 +279,8 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   check_out(out, dtype_of<T>(), B, S, c.d_model);
   const AttentionOptions a = attention_options<T>(opt, B, H, S, S);
   const std::int64_t M = B * S, N = L.n_in;
-  T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
-  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
+  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
+  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
   const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView k(p + L.k0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
@@ -314,9 +305,9 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   const std::int64_t Sk = key.S;
   check_out(out, dtype_of<T>(), B, Sq, c.d_model);
   const AttentionOptions a = attention_options<T>(opt, B, H, Sq, Sk);
-  T* pq = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
-  T* pkv = thread_buffer<T, kProjKv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
-  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  T* pq = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  T* pkv = thread_buffer<T, Scratch::mha_projection_kv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
+  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   // k and v side by side in one [B*Sk, 2*nkv] buffer.
   const std::int64_t ldkv = 2 * L.nkv;
   linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.w_in, 0, L.nq, L.bq(), pq, L.nq,
@@ -357,8 +348,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   }
   if (Tn == 0) return;
   const std::int64_t M = B * Tn, N = L.n_in;
-  T* p = thread_buffer<T, kProjIn>().get(static_cast<std::size_t>(M * N));
-  T* o = thread_buffer<T, kAttnOut>().get(static_cast<std::size_t>(M * L.nq));
+  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
   // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head). Rows past lengths[] are not part
   // of the cache, so a failure below leaves it as it was.

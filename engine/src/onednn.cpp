@@ -47,6 +47,7 @@
 #include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "threading.hpp"
+#include "visibility.hpp"
 #include "workspace.hpp"
 
 namespace simdattn::detail {
@@ -190,16 +191,6 @@ struct Block {
   std::shared_ptr<const StepPrims> prims;
 };
 
-// Buffers of the calling thread, reused across calls.
-enum OnednnSlot : int {
-  kScratchpad = 14,  // oneDNN scratchpads (bytes)
-  kScores = 3,
-  kMask = 4,
-  kDenseQ = 5,
-  kDenseK = 6,
-  kDenseV = 7,
-  kDenseO = 8,
-};
 
 struct Operands {
   const float* q;
@@ -213,10 +204,6 @@ bool inner_contiguous(const Shape4& shape, const Shape4& strides) {
   return shape[3] == 1 || strides[3] == 1;
 }
 
-Shape4 dense_strides(const Shape4& shape) {
-  return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
-}
-
 // Copies the first `rows(b)` rows of every (b, h) of a [B, H, S, D] view between two layouts.
 template <class RowsFn>
 void copy_rows(const float* src, const Shape4& ss, float* dst, const Shape4& ds, const Shape4& shape, RowsFn rows) {
@@ -228,52 +215,39 @@ void copy_rows(const float* src, const Shape4& ss, float* dst, const Shape4& ds,
 }
 
 // Keys [jlo, jhi) some row of the block can see, and whether any key in that range is hidden from
-// some row by the structure (key length, causal, window).
+// some row by the structure (key length, causal, window) or a sparse pattern.
 void key_range(const Problem& p, Block& blk, bool& structure_hides) {
-  const std::int64_t L = p.key_len(blk.b), off = p.query_offset(blk.b);
-  const std::int64_t first = blk.i0 + off, last = blk.i1 - 1 + off;  // positions
-  std::int64_t jlo = 0, jhi = L;
-  const bool causal = p.causal != Causal::none;
-  const bool left = p.has_window && p.window_left >= 0;
-  const bool right = p.has_window && p.window_right >= 0;
-  if (causal) jhi = std::min(jhi, last + 1);
-  if (right) jhi = std::min(jhi, last + p.window_right + 1);
-  if (left) jlo = std::max(jlo, first - p.window_left);
   if (p.sparse()) {  // global tokens and block masks: every key below L may be visible
     blk.jlo = 0;
-    blk.jhi = L;
-    structure_hides = L > 0;
+    blk.jhi = p.key_len(blk.b);
+    structure_hides = blk.jhi > 0;
     return;
   }
-  blk.jlo = jlo;
-  blk.jhi = std::max(jlo, jhi);
-  structure_hides = blk.jhi > blk.jlo && ((causal && blk.jhi - 1 > first) ||
-                                          (right && blk.jhi - 1 > first + p.window_right) ||
-                                          (left && blk.jlo < last - p.window_left));
+  const KeyRange some = block_keys_union(p, blk.b, blk.i0, blk.i1);
+  const KeyRange all = block_keys_intersection(p, blk.b, blk.i0, blk.i1);
+  blk.jlo = some.lo;
+  blk.jhi = std::max(some.lo, some.hi);
+  structure_hides = blk.jhi > blk.jlo && (blk.jhi > all.hi || blk.jlo < all.lo);
 }
 
 // Fills the block's mask [mask_heads, mask_rows, W] and flags[mask_heads * mask_rows] (1 for a
 // row with no visible key).
 void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* flags) {
   const float neg_inf = -std::numeric_limits<float>::infinity();
-  const std::int64_t W = blk.jhi - blk.jlo, off = p.query_offset(blk.b), L = p.key_len(blk.b);
+  const std::int64_t W = blk.jhi - blk.jlo;
   for (std::int64_t hh = 0; hh < blk.mask_heads; ++hh) {
     for (std::int64_t r = 0; r < blk.mask_rows; ++r) {
       const std::int64_t i = blk.i0 + r;
-      // The structure leaves row i one interval [lo, hi) of keys.
-      const std::int64_t pos = i + off;
-      std::int64_t lo = 0, hi = L;
-      if (blk.mask_rows > 1 || blk.i1 - blk.i0 == 1) {
-        if (p.causal != Causal::none) hi = std::min(hi, pos + 1);
-        if (p.has_window && p.window_left >= 0) lo = std::max(lo, pos - p.window_left);
-        if (p.has_window && p.window_right >= 0) hi = std::min(hi, pos + p.window_right + 1);
-      }
+      // The structure leaves row i one interval of keys (a mask shared by every row of the
+      // block is one the structure hides nothing from: the block's keys below the key length).
+      const KeyRange keys = blk.mask_rows > 1 || blk.i1 - blk.i0 == 1 ? row_keys(p, blk.b, i)
+                                                                       : KeyRange{0, p.key_len(blk.b)};
       float* row = mask + (hh * blk.mask_rows + r) * W;
       bool any = false;
       for (std::int64_t c = 0; c < W; ++c) {
         const std::int64_t j = blk.jlo + c;
         float x = neg_inf;
-        if (p.sparse() ? position_visible(p, blk.b, i, j) : (j >= lo && j < hi)) {
+        if (p.sparse() ? position_visible(p, blk.b, i, j) : (j >= keys.lo && j < keys.hi)) {
           if (p.mask_kind == MaskKind::boolean) {
             if (p.mask_allows(blk.b, hh, i, j)) x = 0.f;
           } else if (p.mask_kind == MaskKind::additive) {
@@ -313,10 +287,10 @@ void run(const Problem& p) {
   const Shape4 qshape{B, H, Sq, D}, kshape{B, Hkv, Sk, D}, vshape{B, Hkv, Sk, Dv}, oshape{B, H, Sq, Dv};
   const bool dense_q = !inner_contiguous(qshape, p.qs), dense_k = !inner_contiguous(kshape, p.ks);
   const bool dense_v = !inner_contiguous(vshape, p.vs), dense_o = !inner_contiguous(oshape, p.os);
-  if (dense_q) op.qs = dense_strides(qshape);
-  if (dense_k) op.ks = dense_strides(kshape);
-  if (dense_v) op.vs = dense_strides(vshape);
-  if (dense_o) op.os = dense_strides(oshape);
+  if (dense_q) op.qs = contiguous_strides(qshape);
+  if (dense_k) op.ks = contiguous_strides(kshape);
+  if (dense_v) op.vs = contiguous_strides(vshape);
+  if (dense_o) op.os = contiguous_strides(oshape);
 
   const bool user_mask = p.mask_kind != MaskKind::none;
   const bool mask_by_head = user_mask && p.ms[1] != 0 && H > 1;
@@ -361,15 +335,15 @@ void run(const Problem& p) {
     blocks.clear();
     throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
   }
-  float* scores = thread_buffer<float, kScores>().get(static_cast<std::size_t>(score_elems));
-  float* mask = thread_buffer<float, kMask>().get(static_cast<std::size_t>(mask_elems + flag_elems));
+  float* scores = thread_buffer<float, Scratch::onednn_scores>().get(static_cast<std::size_t>(score_elems));
+  float* mask = thread_buffer<float, Scratch::onednn_mask>().get(static_cast<std::size_t>(mask_elems + flag_elems));
   auto* flags = reinterpret_cast<std::uint8_t*>(mask + mask_elems);
-  std::uint8_t* scratch = thread_buffer<std::uint8_t, kScratchpad>().get(static_cast<std::size_t>(scratch_bytes));
+  std::uint8_t* scratch = thread_buffer<std::uint8_t, Scratch::onednn_scratchpad>().get(static_cast<std::size_t>(scratch_bytes));
   auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
-  float* q_copy = dense_q ? thread_buffer<float, kDenseQ>().get(numel(qshape)) : nullptr;
-  float* k_copy = dense_k ? thread_buffer<float, kDenseK>().get(numel(kshape)) : nullptr;
-  float* v_copy = dense_v ? thread_buffer<float, kDenseV>().get(numel(vshape)) : nullptr;
-  float* o_copy = dense_o ? thread_buffer<float, kDenseO>().get(numel(oshape)) : nullptr;
+  float* q_copy = dense_q ? thread_buffer<float, Scratch::onednn_dense_q>().get(numel(qshape)) : nullptr;
+  float* k_copy = dense_k ? thread_buffer<float, Scratch::onednn_dense_k>().get(numel(kshape)) : nullptr;
+  float* v_copy = dense_v ? thread_buffer<float, Scratch::onednn_dense_v>().get(numel(vshape)) : nullptr;
+  float* o_copy = dense_o ? thread_buffer<float, Scratch::onednn_dense_out>().get(numel(oshape)) : nullptr;
   const auto all_rows = [&](std::int64_t) { return Sq; };
   const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
   if (dense_q) copy_rows(op.q, p.qs, q_copy, op.qs, qshape, all_rows), op.q = q_copy;

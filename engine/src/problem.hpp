@@ -8,6 +8,9 @@
 
 namespace simdattn::detail {
 
+// How the mask is read: by its dtype (u8 boolean, f32/f64 additive).
+enum class MaskKind : std::uint8_t { none, boolean, additive };
+
 struct Problem {
   DType dtype = DType::f32;  // of q, k, v and out
   std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
@@ -63,24 +66,6 @@ struct Problem {
                                     : static_cast<const double*>(mask)[off];
   }
 };
-
-// Structural visibility of key j to query i of batch b: key lengths, causal, window, global
-// tokens and the block mask (not the explicit mask). This is docs/design.md's position rule with
-// the sparse patterns, stated once.
-inline bool position_visible(const Problem& p, std::int64_t b, std::int64_t i, std::int64_t j) {
-  const std::int64_t L = p.key_len(b);
-  if (j >= L) return false;
-  const std::int64_t pos = i + p.query_offset(b);
-  // Global key or global query (positions 0 .. G-1): nothing else hides it.
-  if (j < p.global_tokens || (pos >= 0 && pos < p.global_tokens)) return true;
-  if (p.block_mask != nullptr && !p.block_allows(i, j)) return false;
-  if (p.causal != Causal::none && j > pos) return false;
-  if (p.has_window) {
-    if (p.window_left >= 0 && j < pos - p.window_left) return false;
-    if (p.window_right >= 0 && j > pos + p.window_right) return false;
-  }
-  return true;
-}
 
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "problem.hpp"
+#include "visibility.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -1,7 +1,5 @@
 #include "simdattn/runtime.hpp"
 
-#include <algorithm>
-#include <chrono>
 #include <exception>
 #include <stdexcept>
 
@@ -11,7 +9,6 @@
 #include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
-#include "simdattn/simd/kernels.hpp"
 #include "simdattn/version.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
@@ -44,26 +41,6 @@ RuntimeInfo runtime_info() {
                         std::to_string(v->patch);
 #endif
   return info;
-}
-
-double measure_fma_peak(int threads, double seconds) {
-  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
-  detail::check_isa();
-  const auto& probe = simd::kernels().probe;
-  constexpr std::int64_t kIters = std::int64_t{1} << 20;  // ~3 ms per chain run at this peak
-  const auto start = std::chrono::steady_clock::now();
-  double best = 0.0;
-  float sink = 0.f;
-  for (int run = 0; run < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds; ++run) {
-    const auto t0 = std::chrono::steady_clock::now();
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += probe.fma_chains(kIters, 0.5f + static_cast<float>(omp_get_thread_num()));
-    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(kIters) * probe.flops_per_iter * threads / dt * 1e-9);
-  }
-  volatile float keep = sink;  // the chains' result must be used
-  (void)keep;
-  return best;
 }
 
 }  // namespace simdattn

@@ -12,10 +12,14 @@
 // neighbour) leaves items to the others and a worker can keep state across the items it claims.
 // For items whose result does not depend on which thread computes them. worker must not throw.
 // parallel_for_each_claimed(n, threads, min_per_thread, fn): fn(i, i + 1) for each claimed item.
+// parallel_shares (below): claimed runs of items of uneven cost, with stealing.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <new>
+#include <utility>
+#include <vector>
 
 #include <omp.h>
 
@@ -70,6 +74,91 @@ void parallel_claims(std::int64_t n, int threads, std::int64_t min_per_thread, W
     return i;
   });
 }
+
+// parallel_shares(prefix, nt, worker): items 0 .. n-1 of uneven cost, given as prefix sums of
+// their costs (prefix.size() == n + 1, prefix[0] == 0), on nt threads (1: the calling thread, no
+// region). Each thread owns the items whose cost prefix starts in its equal share of the total
+// and takes them from the front in runs of about an eighth of the share; a thread whose share is
+// done takes the back half of what is left of the fullest other share. worker(next) runs once
+// on each thread; next() returns the next run [begin, end) of items, begin >= end once none is
+// left. A thread slowed down (another process on its core, a VM's noisy neighbour) so leaves
+// work to the others instead of keeping them waiting at the join, while each share is still
+// walked in order (neighbouring items share data: the fused attention kernel's packed K/V
+// blocks). For items whose result does not depend on which thread computes them. worker must
+// not throw.
+template <class Worker>
+void parallel_shares(const std::vector<std::int64_t>& prefix, int nt, Worker&& worker) {
+  const std::int64_t n = static_cast<std::int64_t>(prefix.size()) - 1;
+  if (n <= 0) return;
+  if (nt <= 1) {
+    bool done = false;
+    worker([&] {
+      const std::pair<std::int64_t, std::int64_t> all{done ? n : 0, n};
+      done = true;
+      return all;
+    });
+    return;
+  }
+  // [2t]: next item of share t, [2t + 1]: its end. Storage of the calling thread, reached by
+  // the team through this reference.
+  thread_local std::vector<std::int64_t> share_storage;
+  std::vector<std::int64_t>& share = share_storage;
+  share.resize(2 * static_cast<std::size_t>(nt));
+  const std::int64_t total = prefix.back();
+  for (int t = 0; t < nt; ++t) {
+    share[2 * t] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * t / nt) - prefix.begin();
+    share[2 * t + 1] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * (t + 1) / nt) - prefix.begin();
+  }
+#pragma omp parallel num_threads(nt)
+  {
+    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
+    const int threads = omp_get_num_threads();
+    const std::int64_t run = std::max<std::int64_t>(1, (share[2 * t + 1] - share[2 * t]) / 8);
+    worker([&] {
+      std::pair<std::int64_t, std::int64_t> claimed{0, 0};
+#pragma omp critical(simdattn_parallel_shares)
+      {
+        std::int64_t& own = share[2 * t];
+        if (own < share[2 * t + 1]) {
+          claimed = {own, std::min(share[2 * t + 1], own + run)};
+          own = claimed.second;
+        } else {  // steal the back half of the fullest share
+          std::size_t victim = 0;
+          std::int64_t most = 0;
+          for (std::size_t v = 0; v < static_cast<std::size_t>(threads); ++v)
+            if (share[2 * v + 1] - share[2 * v] > most) most = share[2 * v + 1] - share[2 * v], victim = v;
+          if (most > 0) {
+            claimed = {share[2 * victim + 1] - (most + 1) / 2, share[2 * victim + 1]};
+            share[2 * victim + 1] = claimed.first;
+          }
+        }
+      }
+      return claimed;
+    });
+  }
+}
+
+// An exception must not leave an OpenMP region: a thread runs its part under guard(), which
+// records a std::bad_alloc (a scratch buffer that could not grow), and the caller calls
+// rethrow() after the region.
+class RegionFailure {
+ public:
+  template <class Body>
+  void guard(Body&& body) noexcept {
+    try {
+      body();
+    } catch (const std::bad_alloc&) {
+#pragma omp atomic write
+      failed_ = true;
+    }
+  }
+  void rethrow() const {
+    if (failed_) throw std::bad_alloc();
+  }
+
+ private:
+  bool failed_ = false;
+};
 
 template <class Fn>
 void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {

@@ -171,21 +171,12 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   p.os = out.strides;
 
   // mask
-  p.mask_kind = opt.mask_kind;
-  if (opt.mask_kind != MaskKind::none && opt.mask_kind != MaskKind::boolean && opt.mask_kind != MaskKind::additive)
-    throw Error("options.mask_kind", "unknown value " + std::to_string(int(opt.mask_kind)) +
-                                         " (expected none, boolean or additive)");
-  if (opt.mask_kind == MaskKind::none) {
-    if (opt.mask.data != nullptr)
-      throw Error("options.mask", "a mask is given but options.mask_kind is none "
-                                  "(set MaskKind::boolean or MaskKind::additive)");
-  } else {
+  if (!opt.mask.empty()) {
     const ConstTensorView& m = opt.mask;
-    if (opt.mask_kind == MaskKind::boolean && m.dtype != DType::u8)
-      throw Error("options.mask", "a boolean mask needs dtype u8 (bool), got " +
-                                      std::string(dtype_name(m.dtype)));
-    if (opt.mask_kind == MaskKind::additive && m.dtype != DType::f32 && m.dtype != DType::f64)
-      throw Error("options.mask", "an additive mask needs dtype f32 or f64, got " +
+    if (m.dtype == DType::u8) p.mask_kind = MaskKind::boolean;
+    else if (m.dtype == DType::f32 || m.dtype == DType::f64) p.mask_kind = MaskKind::additive;
+    else
+      throw Error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32/f64 (additive), got " +
                                       std::string(dtype_name(m.dtype)));
     const Shape4 target{p.B, p.H, p.Sq, p.Sk};
     for (int d = 0; d < 4; ++d)

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <new>
 
 namespace simdattn::detail {
@@ -40,18 +41,39 @@ struct AlignedBuffer {
   }
 };
 
-// Slots of the calling thread's buffers, one set per dtype. A caller may hold one slot while
-// calling code that uses another (the attention kernels call the GEMM).
-enum BufferSlot : int {
-  kGemmPackedB = 0,
-  kGemmPackedA = 1,  // packed A block + an edge tile
-  kAttention = 2,    // the fused attention kernel's blocks and packed K^T / V
+// Every per-thread scratch buffer of the engine, one name each (one buffer per slot and dtype).
+// A caller may hold one slot while calling code that uses another (the attention kernels call
+// the GEMM; the MHA layer calls attention and the GEMM).
+enum class Scratch : int {
+  gemm_packed_b,        // the GEMM's packed B block
+  gemm_packed_a,        // the GEMM's packed A block and an edge tile
+  attention,            // the native attention paths' blocks, packed K^T / V, decode rows
+  linear,               // the native linear-attention kernel's panels and state
+  onednn_scores,        // onednn backend: scores of one step
+  onednn_mask,          // onednn backend: the step's mask and empty-row flags
+  onednn_scratchpad,    // onednn backend: oneDNN's scratchpads (bytes)
+  onednn_dense_q,       // onednn backend: dense copies of inputs whose inner stride is not 1
+  onednn_dense_k,
+  onednn_dense_v,
+  onednn_dense_out,
+  mha_projection,       // MHA layer: the q|k|v projection (q alone in cross-attention)
+  mha_projection_kv,    // MHA layer: the k and v projections in cross-attention
+  mha_attention_out,    // MHA layer: the attention output [B, Sq, H*hd]
+  mha_mask,             // MHA layer: key padding combined with an additive mask
+  mha_padding_mask,     // MHA layer: key padding as a boolean mask
 };
 
-template <class T, int kSlot>
+template <class T, Scratch kSlot>
 AlignedBuffer<T>& thread_buffer() {
   thread_local AlignedBuffer<T> buffer;
   return buffer;
 }
+
+// x rounded up to a multiple of `to` (> 0).
+constexpr std::int64_t round_up(std::int64_t x, std::int64_t to) { return (x + to - 1) / to * to; }
+
+// Elements of T in one 64-byte line: scratch parts are rounded up to it to stay aligned.
+template <class T>
+constexpr std::int64_t kLineElems = 64 / static_cast<std::int64_t>(sizeof(T));
 
 }  // namespace simdattn::detail

@@ -20,6 +20,7 @@
 #include <omp.h>
 
 #include "args.hpp"
+#include "simdattn/bench.hpp"
 #include "commands.hpp"
 
 namespace simdattn::cli {

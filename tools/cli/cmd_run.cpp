@@ -35,9 +35,7 @@ void run(const RunArgs& a) {
   NpyArray mask;
   if (!a.mask.empty()) {
     mask = load_npy("--mask", a.mask);
-    if (mask.dtype == DType::u8) opt.mask_kind = MaskKind::boolean;
-    else if (mask.dtype == DType::f32 || mask.dtype == DType::f64) opt.mask_kind = MaskKind::additive;
-    else
+    if (mask.dtype != DType::u8 && mask.dtype != DType::f32 && mask.dtype != DType::f64)
       throw UsageError("--mask " + a.mask + ": expected dtype |b1, |u1, <f4 or <f8, got " +
                        mask.descr());
     if (mask.shape.size() > 4)

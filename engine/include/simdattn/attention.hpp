@@ -16,8 +16,8 @@
 //   key lengths     j < L[b]                       (L[b] = Sk when no key lengths are given)
 //   causal          j <= p
 //   window          p - left <= j <= p + right     (a side given as -1 is unbounded)
-//   boolean mask    mask[b, h, i, j] != 0
-// An additive mask is added to the scaled scores; -inf there gives exactly zero weight.
+//   boolean mask    mask[b, h, i, j] != 0          (a mask of dtype u8)
+// An additive mask (dtype f32 or f64) is added to the scaled scores; -inf there gives exactly zero weight.
 // A query row with no visible key (or whose every score is -inf) outputs zeros, in every
 // backend. NaN in the inputs propagates to the affected rows as in the maths.
 #pragma once
@@ -39,12 +39,6 @@ enum class Backend : std::uint8_t {
   onednn,     // oneDNN primitives: cross-check and speed peer
 };
 
-enum class MaskKind : std::uint8_t {
-  none,
-  boolean,   // dtype u8, nonzero = attend
-  additive,  // dtype f32 or f64, added to the scaled scores
-};
-
 // Sliding window around each query's position p: keys p - left .. p + right are visible.
 // -1 on a side means unbounded on that side.
 struct Window {
@@ -58,11 +52,10 @@ struct AttentionOptions {
 
   Causal causal = Causal::none;
 
-  // Boolean or additive mask, broadcastable to [B, H, Sq, Sk]: each dimension equals the target's
-  // or is 1 (e.g. [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk]). mask_kind selects how the
-  // values are read; a mask with MaskKind::none must be empty.
+  // Mask, broadcastable to [B, H, Sq, Sk]: each dimension equals the target's or is 1 (e.g.
+  // [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk]). Its dtype says how it is read: u8 is
+  // boolean (nonzero = attend), f32 or f64 additive (added to the scaled scores). Empty: none.
   ConstTensorView mask;
-  MaskKind mask_kind = MaskKind::none;
 
   // Per-batch key lengths L[b] in [0, Sk]; empty means L[b] = Sk. Size must be B.
   std::span<const std::int64_t> key_lengths;

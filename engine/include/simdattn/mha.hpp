@@ -21,6 +21,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "simdattn/attention.hpp"
@@ -44,25 +45,26 @@ struct MhaWeights {
   std::vector<T> bq, bk, bv, bo;
 };
 
-// A batch of sequences [B, S, E], C order (row stride E).
-struct ConstSeqView {
-  const void* data = nullptr;
+// A batch of sequences [B, S, E], C order (row stride E). Pointer is const void* (ConstSeqView,
+// inputs) or void* (SeqView, outputs); a SeqView converts to a ConstSeqView.
+template <class Pointer>
+struct BasicSeqView {
+  Pointer data = nullptr;
   DType dtype = DType::f32;
   std::int64_t B = 0, S = 0, E = 0;
-  ConstSeqView() = default;
+
+  BasicSeqView() = default;
   template <class T>
-  ConstSeqView(const T* d, std::int64_t b, std::int64_t s, std::int64_t e)
-      : data(d), dtype(dtype_of<T>()), B(b), S(s), E(e) {}
+    requires std::is_convertible_v<T*, Pointer>
+  BasicSeqView(T* d, std::int64_t b, std::int64_t s, std::int64_t e)
+      : data(d), dtype(dtype_of<std::remove_const_t<T>>()), B(b), S(s), E(e) {}
+  template <class P>
+    requires(!std::is_same_v<P, Pointer> && std::is_convertible_v<P, Pointer>)
+  BasicSeqView(const BasicSeqView<P>& o)  // NOLINT: SeqView -> ConstSeqView, implicit by design
+      : data(o.data), dtype(o.dtype), B(o.B), S(o.S), E(o.E) {}
 };
-struct SeqView {
-  void* data = nullptr;
-  DType dtype = DType::f32;
-  std::int64_t B = 0, S = 0, E = 0;
-  SeqView() = default;
-  template <class T>
-  SeqView(T* d, std::int64_t b, std::int64_t s, std::int64_t e)
-      : data(d), dtype(dtype_of<T>()), B(b), S(s), E(e) {}
-};
+using ConstSeqView = BasicSeqView<const void*>;
+using SeqView = BasicSeqView<void*>;
 
 struct MhaOptions {
   Causal causal = Causal::none;
@@ -113,9 +115,9 @@ class MultiHeadAttention {
   void forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                const MhaOptions& options = {}) const;
 
-  struct Impl;
 
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

@@ -19,10 +19,4 @@ struct RuntimeInfo {
 // Throws Error("SIMDATTN_ISA", ...) if the environment forces an unknown or unavailable ISA.
 RuntimeInfo runtime_info();
 
-// This machine's FP32 FMA throughput in GFLOP/s on `threads` threads: independent FMA chains on
-// full-width vectors of the dispatched ISA, best of a few runs of about `seconds` in total. The
-// yardstick `simdattn compare` and the perf suite state their speeds against (perf/ measures the
-// same probe as peak/fma/t<N>).
-double measure_fma_peak(int threads, double seconds = 0.2);
-
 }  // namespace simdattn

@@ -1,4 +1,4 @@
-// Umbrella header.
+// Umbrella header: the whole public API. Benchmarking aids are in simdattn/bench.hpp.
 #pragma once
 
 #include "simdattn/attention.hpp"
@@ -10,4 +10,3 @@
 #include "simdattn/safetensors.hpp"
 #include "simdattn/tensor.hpp"
 #include "simdattn/version.hpp"
-#include "simdattn/workloads.hpp"

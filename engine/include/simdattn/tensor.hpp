@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string_view>
+#include <type_traits>
 
 namespace simdattn {
 
@@ -57,49 +58,37 @@ constexpr Shape4 contiguous_strides(const Shape4& shape) noexcept {
   return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1};
 }
 
-// Read-only view.
-struct ConstTensorView {
-  const void* data = nullptr;
+// A view: `Pointer` is const void* for inputs (ConstTensorView) and void* for outputs
+// (TensorView); a TensorView converts to a ConstTensorView, not the other way.
+template <class Pointer>
+struct BasicTensorView {
+  Pointer data = nullptr;
   DType dtype = DType::f32;
   Shape4 shape{0, 0, 0, 0};
   Shape4 strides{0, 0, 0, 0};
 
-  constexpr ConstTensorView() = default;
-  ConstTensorView(const void* d, DType t, const Shape4& s, const Shape4& st)
+  constexpr BasicTensorView() = default;
+  BasicTensorView(Pointer d, DType t, const Shape4& s, const Shape4& st)
       : data(d), dtype(t), shape(s), strides(st) {}
-  ConstTensorView(const void* d, DType t, const Shape4& s)
-      : data(d), dtype(t), shape(s), strides(contiguous_strides(s)) {}
+  BasicTensorView(Pointer d, DType t, const Shape4& s) : BasicTensorView(d, t, s, contiguous_strides(s)) {}
 
+  // Typed pointers give the dtype: float -> f32, double -> f64, uint8_t/bool -> u8, ...
   template <class T>
-  ConstTensorView(const T* d, const Shape4& s) : ConstTensorView(d, dtype_of<T>(), s) {}
+    requires std::is_convertible_v<T*, Pointer>
+  BasicTensorView(T* d, const Shape4& s) : BasicTensorView(d, dtype_of<std::remove_const_t<T>>(), s) {}
   template <class T>
-  ConstTensorView(const T* d, const Shape4& s, const Shape4& st)
-      : ConstTensorView(d, dtype_of<T>(), s, st) {}
+    requires std::is_convertible_v<T*, Pointer>
+  BasicTensorView(T* d, const Shape4& s, const Shape4& st)
+      : BasicTensorView(d, dtype_of<std::remove_const_t<T>>(), s, st) {}
+
+  template <class P>
+    requires(!std::is_same_v<P, Pointer> && std::is_convertible_v<P, Pointer>)
+  BasicTensorView(const BasicTensorView<P>& o)  // NOLINT: TensorView -> ConstTensorView, implicit
+      : data(o.data), dtype(o.dtype), shape(o.shape), strides(o.strides) {}
 
   bool empty() const noexcept { return data == nullptr; }
 };
-
-// Writable view (outputs). Converts to a ConstTensorView.
-struct TensorView {
-  void* data = nullptr;
-  DType dtype = DType::f32;
-  Shape4 shape{0, 0, 0, 0};
-  Shape4 strides{0, 0, 0, 0};
-
-  constexpr TensorView() = default;
-  TensorView(void* d, DType t, const Shape4& s, const Shape4& st)
-      : data(d), dtype(t), shape(s), strides(st) {}
-  TensorView(void* d, DType t, const Shape4& s) : data(d), dtype(t), shape(s),
-      strides(contiguous_strides(s)) {}
-
-  template <class T>
-  TensorView(T* d, const Shape4& s) : TensorView(d, dtype_of<T>(), s) {}
-  template <class T>
-  TensorView(T* d, const Shape4& s, const Shape4& st) : TensorView(d, dtype_of<T>(), s, st) {}
-
-  operator ConstTensorView() const noexcept {  // NOLINT: implicit by design
-    return ConstTensorView(data, dtype, shape, strides);
-  }
-};
+using ConstTensorView = BasicTensorView<const void*>;
+using TensorView = BasicTensorView<void*>;
 
 }  // namespace simdattn

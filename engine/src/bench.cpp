@@ -1,7 +1,15 @@
-#include "simdattn/workloads.hpp"
+#include "simdattn/bench.hpp"
 
 #include <algorithm>
 #include <array>
+#include <chrono>
+#include <string>
+
+#include <omp.h>
+
+#include "problem.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn {
 namespace {
@@ -39,6 +47,26 @@ double attention_flops(std::int64_t B, std::int64_t H, std::int64_t Sq, std::int
     }
   }
   return 2.0 * double(B) * double(H) * pairs * double(D + Dv);
+}
+
+double measure_fma_peak(int threads, double seconds) {
+  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
+  detail::check_isa();
+  const auto& probe = simd::kernels().probe;
+  constexpr std::int64_t kIters = std::int64_t{1} << 20;  // ~3 ms per chain run at this peak
+  const auto start = std::chrono::steady_clock::now();
+  double best = 0.0;
+  float sink = 0.f;
+  for (int run = 0; run < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += probe.fma_chains(kIters, 0.5f + static_cast<float>(omp_get_thread_num()));
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(kIters) * probe.flops_per_iter * threads / dt * 1e-9);
+  }
+  volatile float keep = sink;  // the chains' result must be used
+  (void)keep;
+  return best;
 }
 
 }  // namespace simdattn

@@ -1,0 +1,107 @@
+// The native backend's decode path: few query rows per kv head (Sq * H / Hkv <= kDecodeMaxRows),
+// e.g. one new token against a KV cache. The work is a few matrix-vector products per head,
+// bound by reading K and V: with one row per kv head nothing is packed and the GEMV kernels
+// stream K (scores) and then V (weighted sum) exactly once; 2-8 rows take the GEMM driver's
+// small-M path. Per (batch, kv head), the group's query rows are gathered into one small
+// matrix Qg, then
+//   S = Qg K^T          [rows, L]   (keys past the batch's key length L are never read)
+//   P = softmax(S)      per row, with the scale, mask and visibility rule of scale_mask_row
+//   O = P V / l         [rows, Dv]
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "gemm.hpp"
+#include "native.hpp"
+#include "native_rows.hpp"
+#include "simdattn/simd/kernels.hpp"
+#include "threading.hpp"
+#include "visibility.hpp"
+#include "workspace.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+constexpr std::int64_t kDecodeMaxRows = 8;
+
+// One (batch b, kv head hk) item: Qg, S and O are this thread's scratch.
+template <class T>
+void decode_item(const Problem& p, const simd::KernelTable& kt, std::int64_t b, std::int64_t hk, T* qg, T* s,
+                 T* og) {
+  const simd::VectorKernels<T>& vk = kt.vec<T>();
+  const std::int64_t group = p.H / p.Hkv, rows = group * p.Sq;
+  // Qg: row r = (head hk * group + r / Sq, query r % Sq)
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const T* src =
+        static_cast<const T*>(p.q) + b * p.qs[0] + (hk * group + r / p.Sq) * p.qs[1] + (r % p.Sq) * p.qs[2];
+    std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
+  }
+  const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
+  const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+  const std::int64_t L = p.key_len(b);
+  GemmArgs<T> qk;  // S = Qg K^T
+  qk.trans_b = Trans::T;
+  qk.M = rows, qk.N = L, qk.K = p.D;
+  qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.ks[2], qk.C = s, qk.ldc = p.Sk;
+  gemm(qk, 1, &kt);  // L == 0: nothing
+  std::int64_t visible_rows = 0;
+  T l[kDecodeMaxRows];
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+    T* row = s + r * p.Sk;
+    const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
+    const T m = scale_mask_row(p, vk, row, b, h, i, 0, L, full);
+    l[r] = vk.exp_sub_max_sum(row, L, m);
+    visible_rows += l[r] != T(0);
+  }
+  if (visible_rows > 0) {
+    GemmArgs<T> pv;  // O = P V
+    pv.M = rows, pv.N = p.Dv, pv.K = L;
+    pv.A = s, pv.lda = p.Sk, pv.B = v, pv.ldb = p.vs[2], pv.C = og, pv.ldc = p.Dv;
+    gemm(pv, 1, &kt);
+  }
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+    T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+    write_output_row(p, vk, og + r * p.Dv, l[r], dst);
+  }
+}
+
+template <class T>
+void decode(const Problem& p) {
+  const simd::KernelTable& kt = simd::kernels();
+  const std::int64_t rows = (p.H / p.Hkv) * p.Sq;
+  const std::int64_t q_size = round_up(rows * p.D, kLineElems<T>), s_size = round_up(rows * p.Sk, kLineElems<T>);
+  const std::int64_t o_size = round_up(rows * p.Dv, kLineElems<T>);
+  const double bytes = double(p.Sk) * double(p.D + p.Dv) * sizeof(T);  // per item
+  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
+
+  RegionFailure failure;
+  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+    failure.guard([&] {
+      T* qg = thread_buffer<T, Scratch::attention>().get(static_cast<std::size_t>(q_size + s_size + o_size));
+      // The GEMM's packing buffers for the largest key length this problem allows (Sk): a KV
+      // cache passes its capacity as Sk, so decode steps whose lengths grow allocate nothing.
+      GemmArgs<T> bound;
+      bound.trans_b = Trans::T;
+      bound.M = rows, bound.N = std::max(p.Sk, p.Dv), bound.K = std::max(p.D, p.Sk);
+      gemm_reserve(bound, &kt);
+      for (std::int64_t it = it0; it < it1; ++it) decode_item(p, kt, it / p.Hkv, it % p.Hkv, qg, qg + q_size,
+                                                             qg + q_size + s_size);
+    });
+  });
+  failure.rethrow();
+}
+
+}  // namespace
+
+bool decode_fits(const Problem& p) {
+  return p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1;
+}
+
+void decode_attention(const Problem& p) {
+  if (p.dtype == DType::f32) decode<float>(p);
+  else decode<double>(p);
+}
+
+}  // namespace simdattn::detail

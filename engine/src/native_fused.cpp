@@ -1,0 +1,392 @@
+// The native backend's fused path (flash attention) on the simd/ micro-kernels.
+//
+// For each (batch b, head h, block of up to kBlockQ query rows):
+//   Q block, read in place (rows copied only if D is strided)  [br, D]
+//   for each key block of k_keys keys (128; up to 256 when that is all of them) that the
+//   visibility rule does not hide entirely:
+//     S = Q_blk K_blk^T             (in-place-A micro-kernel)   [br, Bc]
+//     scale, mask (only where the block is not fully visible), row max m_new
+//     P = exp(S - m_new), row sums; O and l rescaled by exp(m_old - m_new) only when m grows
+//     O += P V_blk                  (in-place-A micro-kernel)   [br, Dv]
+//   out = O / l, with l == 0 (no visible key) giving a zero row.
+// The Sq x Sk score matrix is never formed: S is one [br, Bc] block in the thread's scratch.
+//
+// Both GEMMs run the short, wide in-place-A tile (6 x 64 f32 on AVX-512), so neither Q nor P is
+// packed. K^T and V are packed into the thread's scratch a key block at a time, when a query block
+// first computes that block (its rows prefetched by the products of the block before), and every
+// later query block (and every query head of a grouped-query group) of that kv head reuses them.
+// The online-softmax step of a block's rows is one call (VectorKernels::softmax_rows). Threads
+// own equal shares of the flattened (batch, head, query block) items by the number of key blocks
+// each computes (so causal work splits evenly) and steal when theirs is done (parallel_shares).
+// Every row is computed the same way whatever the thread count or schedule: results are bitwise
+// identical for any count.
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdlib>
+#include <limits>
+#include <new>
+#include <vector>
+
+#include "native.hpp"
+#include "native_rows.hpp"
+#include "panels.hpp"
+#include "prefetch.hpp"
+#include "simdattn/simd/kernels.hpp"
+#include "threading.hpp"
+#include "visibility.hpp"
+#include "workspace.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+// Query rows per block: a multiple of the AVX-512 tile heights (12 packed, 6 in place) so
+// that full blocks have no short tiles; 96 rows x 128 keys of S is 48 KiB (f32), in L2 beside
+// the packed K^T and V blocks.
+constexpr std::int64_t kBlockQ = 96;
+// Keys per block: a multiple of every ISA's panel width (32, 16, 8 f32 columns); also the
+// granularity at which causal masks and windows skip whole blocks. Up to kMaxBlockK keys
+// (vit's 197) go as one block: one online-softmax step and one pass over O per query block
+// instead of two.
+constexpr std::int64_t kBlockK = 128;
+constexpr std::int64_t kMaxBlockK = 256;
+// Largest register-tile height or panel width of any ISA (bounds the row-pointer arrays).
+constexpr std::int64_t kMaxTile = 64;
+
+// Everything one call needs to know, shared by its threads.
+template <class T>
+struct FusedPlan {
+  const Problem& p;
+  const simd::GemmKernels<T>& gk;
+  const simd::VectorKernels<T>& vk;
+  std::int64_t tile_rows, tile_cols;  // the in-place-A tile both GEMMs run on
+  std::int64_t lanes;                 // elements per vector
+  std::int64_t dv_computed;           // Dv rounded up to a vector: the columns of O computed
+  std::int64_t dv_padded;             // Dv rounded up to tile_cols: O's row stride in scratch
+  std::int64_t q_blocks, k_blocks;    // query blocks per head, key blocks
+  std::int64_t q_rows;                // query rows per block (the last may have fewer)
+  std::int64_t k_keys;                // keys per block (the last may have fewer)
+  // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
+  // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
+  // are packed.
+  std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
+
+  FusedPlan(const Problem& prob, const simd::KernelTable& kt)
+      : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
+    tile_rows = gk.direct_blocking.mr;
+    tile_cols = gk.direct_blocking.nr;
+    lanes = gk.direct_blocking.lanes;
+    dv_computed = round_up(p.Dv, lanes);
+    if (tile_cols > kMaxTile || kBlockK % tile_cols != 0) std::abort();  // ISA table invariant
+    k_keys = p.Sk > kBlockK && p.Sk <= kMaxBlockK ? round_up(p.Sk, tile_cols) : kBlockK;
+    dv_padded = round_up(p.Dv, tile_cols);
+    // Equal blocks of at most kBlockQ rows, rounded to the tile height: Sq = 128 gives 66 + 62
+    // rather than 96 + 32.
+    q_blocks = (p.Sq + kBlockQ - 1) / kBlockQ;
+    q_rows = q_blocks > 0 ? std::min(kBlockQ, round_up((p.Sq + q_blocks - 1) / q_blocks, tile_rows)) : kBlockQ;
+    // A block mask: query blocks inside one row of bs x bs blocks (bs or bs / 2 rows), so that
+    // a query block's key panels are hidden or listed as a whole.
+    // (Small blocks keep the default: row blocks of a few rows would starve the micro-kernel.)
+    if (p.block_mask != nullptr && p.block_size >= 16 && p.block_size <= kBlockQ) q_rows = p.block_size;
+    else if (p.block_mask != nullptr && p.block_size % 2 == 0 && p.block_size / 2 >= 16 && p.block_size / 2 <= kBlockQ)
+      q_rows = p.block_size / 2;
+    // A narrow window (left side bounded): each query block computes its own rows' span plus
+    // the window; halving the block trims that span (long with window 512: 560 keys a block
+    // instead of 608). Guarded by sparse/native/long-window512.
+    if (p.block_mask == nullptr && p.has_window && p.window_left >= 0 && p.window_left <= 8 * k_keys)
+      q_rows = std::min(q_rows, round_up(kBlockQ / 2, tile_rows));
+    q_blocks = q_blocks > 0 ? (p.Sq + q_rows - 1) / q_rows : 0;
+    k_blocks = (p.Sk + k_keys - 1) / k_keys;
+    const std::int64_t a = kLineElems<T>;
+    k_size = round_up(k_blocks * p.D * k_keys, a);
+    v_size = round_up(k_blocks * k_keys * dv_padded, a);
+    q_size = round_up(kBlockQ * p.D, a);
+    s_size = round_up(kBlockQ * k_keys, a);
+    o_size = round_up(kBlockQ * dv_padded, a);
+    row_size = round_up(kBlockQ, a);
+    flag_size = round_up(k_blocks, a);
+  }
+  std::size_t scratch_size() const {
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size);
+  }
+};
+
+template <class T>
+class FusedWorker {
+ public:
+  FusedWorker(const FusedPlan<T>& plan, T* scratch_base) : plan_(plan), prob_(plan.p) {
+    T* s = scratch_base;
+    kp_ = s, s += plan.k_size;
+    vp_ = s, s += plan.v_size;
+    qp_ = s, s += plan.q_size;
+    sb_ = s, s += plan.s_size;
+    ob_ = s, s += plan.o_size;
+    m_ = s, s += plan.row_size;
+    l_ = s, s += plan.row_size;
+    alpha_ = s, s += plan.row_size;
+    packed_ = s;
+  }
+
+  // Computes item (b, h, query block qb).
+  void run(std::int64_t b, std::int64_t h, std::int64_t qb) {
+    const std::int64_t hk = h / (prob_.H / prob_.Hkv);
+    if (b != packed_b_ || hk != packed_hk_) start_kv(b, hk);
+    const std::int64_t i0 = qb * plan_.q_rows, br = std::min(plan_.q_rows, prob_.Sq - i0);
+    prepare_q(b, h, i0, br);
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    for (std::int64_t r = 0; r < br; ++r) m_[r] = neg_inf, l_[r] = T(0);
+
+    // O is not cleared: the first computed block writes it (beta = 0); until then every row
+    // max is -inf, so no rescale reads it. A query block with no visible key never reads it.
+    bool first = true;
+    // Keys [j0 + a, j0 + a + n) of key block jb (a a multiple of the vector width).
+    auto step = [&](std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover) {
+      const std::int64_t j0 = jb * plan_.k_keys;
+      if (packed_[jb] == T(0)) pack_block(jb);
+      prefetch_block(jb + 1);
+      if (first) prefetch_next_rows(b, h, i0 + br);
+      scores(jb, a, n, br);
+      softmax_update(b, h, i0, br, j0 + a, a, n, cover, first);
+      accumulate(jb, a, n, br, first ? T(0) : T(1));
+      first = false;
+    };
+    for (std::int64_t jb = 0; jb < plan_.k_blocks; ++jb) {
+      const std::int64_t j0 = jb * plan_.k_keys, nk = std::min(plan_.k_keys, prob_.Sk - j0);
+      const Cover cover = classify(prob_, b, i0, i0 + br, j0, j0 + nk);
+      if (cover == Cover::hidden) continue;
+      if (cover == Cover::mixed && structured_) {
+        // A block at the edge of the visible region (causal diagonal, window edge, key length,
+        // block mask): its runs of one vector's width of keys that no row of the query block sees
+        // are skipped; runs of the others go as one step. (Skipping whole 64-key panels instead
+        // computed ~10% more keys than visible on long, window 512.)
+        const std::int64_t w = plan_.lanes;
+        for (std::int64_t a = 0; a < nk;) {
+          std::int64_t e = a;
+          bool all_full = true;
+          while (e < nk) {
+            const std::int64_t n = std::min(w, nk - e);
+            const Cover sub = classify(prob_, b, i0, i0 + br, j0 + e, j0 + e + n);
+            if (sub == Cover::hidden) break;
+            all_full = all_full && sub == Cover::full;
+            e += n;
+          }
+          if (e > a) step(jb, a, e - a, all_full ? Cover::full : Cover::mixed);
+          a = e < nk ? e + std::min(w, nk - e) : e;  // past the hidden run
+        }
+        continue;
+      }
+      step(jb, 0, nk, cover);
+    }
+    write_out(b, h, i0, br);
+  }
+
+ private:
+  // K^T of kv head (b, hk) as B panels of tile_cols keys: block jb, panel c, row d holds keys
+  // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of tile_cols columns: block jb, panel c,
+  // row j holds V[j0 + j, c*tile_cols .. + tile_cols - 1]. Zero past the key length L[b] and Dv. A block is
+  // packed when a query block first computes it (blocks past L[b] are hidden, never visited:
+  // K/V past L[b] are never read, and a large, mostly empty KV cache costs only its used part),
+  // its rows prefetched while the block before it is computed.
+  void start_kv(std::int64_t b, std::int64_t hk) {
+    k_ = static_cast<const T*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
+    v_ = static_cast<const T*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
+    key_len_ = prob_.key_len(b);
+    std::fill(packed_, packed_ + plan_.k_blocks, T(0));
+    packed_b_ = b;
+    packed_hk_ = hk;
+  }
+  void pack_block(std::int64_t jb) {
+    const std::int64_t nr = plan_.tile_cols, tile_cols = plan_.tile_cols, D = prob_.D;
+    T* kb = kp_ + jb * D * plan_.k_keys;
+    for (std::int64_t c = 0; c < plan_.k_keys / nr; ++c) {
+      T* panel = kb + c * D * nr;
+      const std::int64_t j0 = jb * plan_.k_keys + c * nr;
+      const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
+      if (prob_.ks[3] == 1) {
+        plan_.vk.pack_transpose(n > 0 ? k_ + j0 * prob_.ks[2] : k_, prob_.ks[2], n, D, panel, nr, nr);
+        continue;
+      }
+      for (std::int64_t d = 0; d < D; ++d)
+        for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * prob_.ks[2] + d * prob_.ks[3]] : T(0);
+    }
+    // keys past L[b] are never read: V there may hold anything (a cache tail)
+    const std::int64_t rows = std::min(plan_.k_keys, key_len_ - jb * plan_.k_keys);
+    pack_row_panels(v_ + jb * plan_.k_keys * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols,
+                    vp_ + jb * plan_.k_keys * plan_.dv_padded);
+    packed_[jb] = T(1);
+  }
+  // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
+  // next prefetches of the micro-kernels.
+  void prefetch_block(std::int64_t jb) {
+    next_.clear();
+    const std::int64_t j0 = jb * plan_.k_keys;
+    if (jb >= plan_.k_blocks || j0 >= key_len_ || packed_[jb] != T(0)) return;
+    const std::int64_t rows = std::min(plan_.k_keys, key_len_ - j0);
+    next_.add(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], rows, prob_.D);
+    next_.add(v_ + j0 * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
+  }
+
+  // The Q rows the next query block of head (b, h) reads in place and the output rows it
+  // writes (from row i1 on), after any K/V rows: prefetched while the current block's first
+  // key block is computed.
+  void prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1) {
+    if (i1 >= prob_.Sq) return;
+    const std::int64_t rows = std::min(plan_.q_rows, prob_.Sq - i1);
+    next_.add(static_cast<const T*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i1 * prob_.qs[2], prob_.qs[2], prob_.qs[3], rows,
+              prob_.D);
+    next_.add(static_cast<const T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i1 * prob_.os[2], prob_.os[2], prob_.os[3], rows,
+              prob_.Dv);
+  }
+
+  // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
+  // read in place: Q itself when its rows are contiguous in D, else a copy.
+  void prepare_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    const T* q = static_cast<const T*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
+    if (prob_.qs[3] == 1) {
+      q_ = q;
+      ldq_ = prob_.qs[2];
+      return;
+    }
+    for (std::int64_t r = 0; r < br; ++r)
+      for (std::int64_t d = 0; d < prob_.D; ++d) qp_[r * prob_.D + d] = q[r * prob_.qs[2] + d * prob_.qs[3]];
+    q_ = qp_;
+    ldq_ = prob_.D;
+  }
+
+  // S[0:br, a:a + round_up(n, lanes)] = Q_blk K^T for keys a .. a + n - 1 of key block jb
+  // (unscaled; a is a multiple of the vector width). Each panel runs only the vectors it has
+  // keys for: the first from vector offset o (aligned: the panel's rows are), the last up to
+  // its last key.
+  void scores(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
+    const std::int64_t tile_rows = plan_.tile_rows, tile_cols = plan_.tile_cols, D = prob_.D, nk = a + n;
+    const T* kb = kp_ + jb * D * plan_.k_keys;
+    for (std::int64_t c = a / tile_cols; c * tile_cols < nk; ++c) {
+      const std::int64_t o = std::max<std::int64_t>(0, a - c * tile_cols);
+      const std::int64_t nv = (std::min(tile_cols, nk - c * tile_cols) - o + plan_.lanes - 1) / plan_.lanes;
+      const std::int64_t rows = nv == 1 ? 2 * tile_rows : tile_rows;  // one-vector tiles are twice as tall
+      for (std::int64_t r0 = 0; r0 < br; r0 += rows) {
+        const std::int64_t m = std::min(rows, br - r0);
+        const NextRows::Run pf = next_.take(D);
+        plan_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * tile_cols + o, tile_cols,
+                                         sb_ + r0 * plan_.k_keys + c * tile_cols + o, plan_.k_keys, T(1), T(0), pf.at, pf.lines);
+      }
+    }
+  }
+
+  // Scale and mask S, then the online softmax step for the block's rows (VectorKernels::
+  // softmax_rows): P = exp(S - m_new) in place, l and O rescaled where the row max grew.
+  // Keys j0 .. j0 + nk - 1 sit at column a of S. Fully visible blocks are scaled inside that
+  // step; the others are scaled and masked row by row first.
+  void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
+                      std::int64_t a, std::int64_t nk, Cover cover, bool first) {
+    T scale = static_cast<T>(prob_.scale);
+    const std::int64_t *lo = nullptr, *hi = nullptr;
+    if (cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none) {
+      // Only key lengths, causal and window: one visible interval per row, which the softmax
+      // step itself keeps to (no masking pass).
+      for (std::int64_t r = 0; r < br; ++r) {
+        const KeyRange keys = row_keys_in(prob_, b, i0 + r, j0, nk);
+        lo_[r] = keys.lo, hi_[r] = keys.hi;
+      }
+      lo = lo_.data(), hi = hi_.data();
+    } else if (cover != Cover::full) {
+      for (std::int64_t r = 0; r < br; ++r)
+        scale_mask_row(prob_, plan_.vk, sb_ + r * plan_.k_keys + a, b, h, i0 + r, j0, nk, false);
+      scale = T(1);
+    }
+    // NaN scores do not raise the max; they reach l and O through P instead.
+    plan_.vk.softmax_rows(sb_ + a, plan_.k_keys, br, nk, scale, lo, hi, m_, l_, alpha_);
+    if (first) return;  // O is written (beta = 0) by this block's product
+    for (std::int64_t r = 0; r < br; ++r) {
+      if (alpha_[r] == T(1)) continue;
+      T* o = ob_ + r * plan_.dv_padded;
+      // alpha = -1: the row's first visible key. What earlier blocks left in its O row is
+      // 0 * V of keys it cannot see, which is NaN where such V is Inf or NaN: start from zeros.
+      if (alpha_[r] < T(0)) std::fill(o, o + plan_.dv_computed, T(0));
+      else plan_.vk.scale(o, plan_.dv_computed, alpha_[r]);
+    }
+  }
+
+  // O[0:br, :] = P[0:br, a:a + n] V_blk[a:a + n, :] + beta * O
+  void accumulate(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, T beta) {
+    const std::int64_t tile_rows = plan_.tile_rows, tile_cols = plan_.tile_cols;
+    const T* vb = vp_ + jb * plan_.k_keys * plan_.dv_padded;
+    for (std::int64_t c = 0; c < plan_.dv_padded / tile_cols; ++c) {
+      const std::int64_t nv = (std::min(tile_cols, prob_.Dv - c * tile_cols) + plan_.lanes - 1) / plan_.lanes;
+      for (std::int64_t r0 = 0; r0 < br; r0 += tile_rows) {
+        const std::int64_t m = std::min(tile_rows, br - r0);
+        const NextRows::Run pf = next_.take(n);
+        plan_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * plan_.k_keys + a, plan_.k_keys, vb + c * plan_.k_keys * tile_cols + a * tile_cols, tile_cols,
+                                         ob_ + r0 * plan_.dv_padded + c * tile_cols, plan_.dv_padded, T(1), beta, pf.at, pf.lines);
+      }
+    }
+  }
+
+  void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    T* o = static_cast<T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1];
+    if (prob_.os[3] == 1) {
+      plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.os[2], prob_.os[2]);
+      return;
+    }
+    for (std::int64_t r = 0; r < br; ++r) write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.os[2]);
+  }
+
+  const FusedPlan<T>& plan_;
+  const Problem& prob_;
+  T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_, *alpha_;
+  T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
+  const T *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
+  std::int64_t key_len_ = 0;
+  NextRows next_;
+  std::array<std::int64_t, kBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
+  const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
+  // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
+  const bool structured_ = prob_.causal != Causal::none || prob_.has_window || prob_.key_lengths != nullptr || prob_.sparse();
+  std::int64_t ldq_ = 0;
+  std::int64_t packed_b_ = -1, packed_hk_ = -1;
+};
+
+template <class T>
+void fused(const Problem& p) {
+  const FusedPlan<T> plan(p, simd::kernels());
+  const std::int64_t items = p.B * p.H * plan.q_blocks;
+  if (items == 0) return;
+
+  // Cost of each item in key blocks, prefix-summed: threads take equal shares of the total.
+  thread_local std::vector<std::int64_t> prefix;
+  prefix.resize(static_cast<std::size_t>(items) + 1);
+  prefix[0] = 0;
+  for (std::int64_t it = 0; it < items; ++it) {
+    const std::int64_t qb = it % plan.q_blocks, b = it / (plan.q_blocks * p.H);
+    const std::int64_t i0 = qb * plan.q_rows, i1 = std::min(p.Sq, i0 + plan.q_rows);
+    std::int64_t cost = 1;  // packing Q and writing O
+    for (std::int64_t jb = 0; jb < plan.k_blocks; ++jb)
+      cost += classify(p, b, i0, i1, jb * plan.k_keys, std::min(p.Sk, (jb + 1) * plan.k_keys)) != Cover::hidden;
+    prefix[static_cast<std::size_t>(it) + 1] = prefix[static_cast<std::size_t>(it)] + cost;
+  }
+  const double flops_per_block = 2.0 * double(plan.q_rows) * double(plan.k_keys) * double(p.D + p.Dv);
+  const double useful = std::min(double(items), double(prefix.back()) * flops_per_block / kMinFlopsPerThread);
+  const auto nt = static_cast<int>(std::max(1.0, std::min<double>(resolve_threads(p.threads), useful)));
+
+  RegionFailure failure;
+  parallel_shares(prefix, nt, [&](auto next_run) {
+    failure.guard([&] {
+      FusedWorker<T> worker(plan, thread_buffer<T, Scratch::attention>().get(plan.scratch_size()));
+      for (auto run = next_run(); run.first < run.second; run = next_run())
+        for (std::int64_t it = run.first; it < run.second; ++it) {
+          const std::int64_t qb = it % plan.q_blocks, h = (it / plan.q_blocks) % p.H;
+          worker.run(it / (plan.q_blocks * p.H), h, qb);
+        }
+    });
+  });
+  failure.rethrow();
+}
+
+}  // namespace
+
+void fused_attention(const Problem& p) {
+  if (p.dtype == DType::f32) fused<float>(p);
+  else fused<double>(p);
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,169 @@
+// The native backend's short-key path (sdcross: 77 keys, D = Dv = 40), no mask: the transposed
+// problem, with queries on the vector lanes. Per (batch, head, block of 4 panels of queries),
+// for each panel of tile_cols queries:
+//   Q^T panel        = the Q rows, transposed                        [D, tile_cols]
+//   S^T              = K Q^T       (in-place-A tile over K's rows)   [L, tile_cols]
+//   P^T              = exp(S^T - column max), the column sums l  (one call: softmax_cols)
+//   O^T              = V^T P^T / l (in-place-A tile over V^T's rows) [Dv, tile_cols]
+//   out rows         = O^T, transposed
+// Keys and Dv are the tile rows, where a remainder costs a short tile, not lanes: the row-major
+// form computes 80 lanes for 77 keys and 48 for 40 output columns (12% of its FLOPs idle), and
+// softmax needs no horizontal reductions and no tails. All keys are one block, so the softmax
+// is the plain one (max, then exp and sum, then O / l: Dv rows normalised rather than L). V^T
+// is packed when a thread's item is of another kv head than its previous one (items of a head
+// are claimed mostly in a row, one at a time: a thread slowed by a neighbour leaves items to the
+// other). Guarded by attention/native/sdcross.
+#include <algorithm>
+#include <cstdint>
+
+#include "native.hpp"
+#include "prefetch.hpp"
+#include "simdattn/simd/kernels.hpp"
+#include "threading.hpp"
+#include "workspace.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+constexpr std::int64_t kShortMaxKeys = 96;
+constexpr std::int64_t kPanelsPerItem = 4;
+
+template <class T>
+class ShortKeys {
+ public:
+  explicit ShortKeys(const Problem& p)
+      : p_(p), gk_(simd::kernels().gemm<T>()), vk_(simd::kernels().vec<T>()) {
+    tile_rows_ = gk_.direct_blocking.mr, tile_cols_ = gk_.direct_blocking.nr, lanes_ = gk_.direct_blocking.lanes;
+    q_rows_ = kPanelsPerItem * tile_cols_;
+    q_blocks_ = (p.Sq + q_rows_ - 1) / q_rows_;
+    ldvt_ = round_up(p.Sk, lanes_);
+    vt_size_ = round_up(p.Dv * ldvt_, kLineElems<T>);
+    qt_size_ = round_up(p.D * q_rows_, kLineElems<T>);
+    st_size_ = round_up(p.Sk * q_rows_, kLineElems<T>);
+    ot_size_ = round_up(p.Dv * q_rows_, kLineElems<T>);
+  }
+
+  std::int64_t items() const { return p_.B * p_.H * q_blocks_; }
+  std::int64_t min_items_per_thread() const {
+    const double flops_per_item = 2.0 * double(q_rows_) * double(p_.Sk) * double(p_.D + p_.Dv);
+    return static_cast<std::int64_t>(kMinFlopsPerThread / flops_per_item) + 1;
+  }
+  std::size_t scratch_size() const {
+    return static_cast<std::size_t>(vt_size_ + qt_size_ + st_size_ + ot_size_ + round_up(q_rows_, kLineElems<T>));
+  }
+
+  // Per-thread state: the scratch parts and the kv head whose V^T is packed.
+  struct State {
+    T *vt, *qt, *st, *ot, *l;
+    std::int64_t packed_head = -1;  // b * Hkv + hk
+  };
+  State scratch(T* base) const {
+    T* vt = base;
+    T* qt = vt + vt_size_;
+    T* st = qt + qt_size_;
+    T* ot = st + st_size_;
+    return {vt, qt, st, ot, ot + ot_size_};
+  }
+
+  // Item it = (batch b, head h, query block qb).
+  void run(std::int64_t it, State& s) const {
+    const std::int64_t qb = it % q_blocks_, h = (it / q_blocks_) % p_.H, b = it / (q_blocks_ * p_.H);
+    const std::int64_t hk = h / (p_.H / p_.Hkv), L = p_.key_len(b);
+    const std::int64_t i0 = qb * q_rows_, nq = std::min(q_rows_, p_.Sq - i0);
+    T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1] + i0 * p_.os[2];
+    if (L == 0) {  // no visible key: zero rows
+      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p_.os[2], o + r * p_.os[2] + p_.Dv, T(0));
+      return;
+    }
+    if (s.packed_head != b * p_.Hkv + hk) {  // V^T of kv head (b, hk): row d holds V[0:L, d]
+      vk_.pack_transpose(static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1], p_.vs[2], L, p_.Dv, s.vt, ldvt_,
+                         L);
+      s.packed_head = b * p_.Hkv + hk;
+    }
+    const T* q = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i0 * p_.qs[2];
+    const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
+    for (std::int64_t c = 0; c * tile_cols_ < nq; ++c) panel(q, k, o, L, nq, c, s);
+  }
+
+ private:
+  // Queries c * tile_cols .. of the item (q, o at its first row; nq rows in all).
+  void panel(const T* q, const T* k, T* o, std::int64_t L, std::int64_t nq, std::int64_t c, const State& s) const {
+    const std::int64_t qn = std::min(tile_cols_, nq - c * tile_cols_), nv = (qn + lanes_ - 1) / lanes_;
+    // The next panel's Q rows and output rows, prefetched by this panel's products (the
+    // transposes that read and write them otherwise wait on memory).
+    NextRows next;
+    if ((c + 1) * tile_cols_ < nq) {
+      const std::int64_t qn1 = std::min(tile_cols_, nq - (c + 1) * tile_cols_);
+      next.add(o + (c + 1) * tile_cols_ * p_.os[2], p_.os[2], p_.os[3], qn1, p_.Dv);
+      next.add(q + (c + 1) * tile_cols_ * p_.qs[2], p_.qs[2], p_.qs[3], qn1, p_.D);
+    }
+    const std::int64_t rows_t = nv == 1 ? 2 * tile_rows_ : tile_rows_;  // one-vector tiles are twice as tall
+    T* qtc = s.qt + c * p_.D * tile_cols_;
+    T* stc = s.st + c * p_.Sk * tile_cols_;
+    T* otc = s.ot + c * p_.Dv * tile_cols_;
+    T* l = s.l + c * tile_cols_;
+    vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
+    for (std::int64_t r0 = 0; r0 < L; r0 += rows_t) {
+      const NextRows::Run pf = next.take(p_.D);
+      gk_.ukernel_direct_a_pf[nv][std::min(rows_t, L - r0)](p_.D, k + r0 * p_.ks[2], p_.ks[2], qtc, tile_cols_,
+                                                            stc + r0 * tile_cols_, tile_cols_, T(1), T(0), pf.at,
+                                                            pf.lines);
+    }
+    vk_.softmax_cols(stc, tile_cols_, L, nv * lanes_, static_cast<T>(p_.scale), l);
+    for (std::int64_t r0 = 0; r0 < p_.Dv; r0 += rows_t) {
+      const NextRows::Run pf = next.take(L);
+      gk_.ukernel_direct_a_pf[nv][std::min(rows_t, p_.Dv - r0)](L, s.vt + r0 * ldvt_, ldvt_, stc, tile_cols_,
+                                                                otc + r0 * tile_cols_, tile_cols_, T(1), T(0),
+                                                                pf.at, pf.lines);
+    }
+    vk_.normalize_cols(otc, tile_cols_, p_.Dv, nv * lanes_, l);
+    T* oc = o + c * tile_cols_ * p_.os[2];
+    vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.os[2], p_.Dv);
+    // A query with no finite score has zero weights, and 0 * an infinite V is NaN: zeros, as
+    // the row-major kernel writes for a row with l == 0.
+    for (std::int64_t r = 0; r < qn; ++r)
+      if (l[r] == T(0)) std::fill(oc + r * p_.os[2], oc + r * p_.os[2] + p_.Dv, T(0));
+  }
+
+  const Problem& p_;
+  const simd::GemmKernels<T>& gk_;
+  const simd::VectorKernels<T>& vk_;
+  std::int64_t tile_rows_, tile_cols_, lanes_;  // the in-place-A tile
+  std::int64_t q_rows_, q_blocks_;               // queries per item, items per head
+  std::int64_t ldvt_;                            // row stride of V^T: Sk rounded up to a vector
+  std::int64_t vt_size_, qt_size_, st_size_, ot_size_;
+};
+
+template <class T>
+bool fits(const Problem& p) {
+  const simd::GemmKernels<T>& gk = simd::kernels().gemm<T>();
+  const std::int64_t lanes = gk.direct_blocking.lanes;
+  return p.Sk >= 1 && p.Sk <= kShortMaxKeys && p.mask_kind == MaskKind::none && p.causal == Causal::none &&
+         !p.has_window && !p.sparse() && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1 && p.os[3] == 1 &&
+         p.Sq >= gk.direct_blocking.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
+}
+
+template <class T>
+void short_keys(const Problem& p) {
+  const ShortKeys<T> path(p);
+  const std::int64_t items = path.items();
+  RegionFailure failure;
+  parallel_claims(items, p.threads, path.min_items_per_thread(), [&](auto next_item) {
+    failure.guard([&] {
+      auto s = path.scratch(thread_buffer<T, Scratch::attention>().get(path.scratch_size()));
+      for (std::int64_t it = next_item(); it < items; it = next_item()) path.run(it, s);
+    });
+  });
+  failure.rethrow();
+}
+
+}  // namespace
+
+bool short_keys_fit(const Problem& p) { return p.dtype == DType::f32 ? fits<float>(p) : fits<double>(p); }
+
+void short_keys_attention(const Problem& p) {
+  if (p.dtype == DType::f32) short_keys<float>(p);
+  else short_keys<double>(p);
+}
+
+}  // namespace simdattn::detail
