@@ -26,8 +26,8 @@ void pack_a(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t
     T* dst = Ap + ir * kc;
     if (g.trans_a == Trans::N) {
       // A panel is the transpose of m rows of A: the SIMD transposing pack (register transposes
-      // on AVX-512 f32; the scalar loop it replaced, mr read streams and one write stream, made
-      // gemm 1024^3/t1 7% slower: 15.89 vs 14.87 ms, /t2 10%: 8.60 vs 7.79 ms, best of 5).
+      // on AVX-512 f32), not a scalar loop of mr read streams and one write stream. Guarded by
+      // gemm/native/1024x1024x1024.
       vk.pack_transpose(g.A + (i0 + ir) * g.lda + p0, g.lda, m, kc, dst, mr, mr);
       continue;
     }
@@ -46,8 +46,8 @@ void pack_b(const GemmArgs<T>& g, const simd::VectorKernels<T>& vk, std::int64_t
             std::int64_t j0, std::int64_t nc, int nr, T* Bp, std::int64_t panel_begin, std::int64_t panel_end) {
   if (g.trans_b == Trans::N) {
     // Full panels row by row: each row of the block is read once, front to back, which the
-    // hardware prefetchers follow (a panel at a time reads a column strip, a new page per row:
-    // gemm 1024^3 t1 0.3 ms faster, same-process harness).
+    // hardware prefetchers follow (a panel at a time reads a column strip, a new page per row).
+    // Guarded by gemm/native/1024x1024x1024.
     const std::int64_t full_end = std::min(nc / nr, panel_end);
     if (panel_begin < full_end) {
       const std::size_t bytes = sizeof(T) * static_cast<std::size_t>(nr);
@@ -100,9 +100,8 @@ constexpr std::int64_t kDirectAMaxCols = 128;
 // one L1 set.
 constexpr std::int64_t kDirectBMaxRows = 256;
 // ... and only while B's rows are at most a page apart: a kc-row panel of wider rows touches a
-// page per row, and every load of the in-place kernel risks a TLB miss (perf: mha bert-layer,
-// whose QKV projection reads a 768 x 2304 weight, best of 6 runs 5.39 ms packed vs 5.73 ms in
-// place).
+// page per row, and every load of the in-place kernel risks a TLB miss (perf: mha/native/
+// bert-layer, whose QKV projection reads a 768 x 2304 weight, is faster packed).
 constexpr std::int64_t kDirectBMaxRowBytes = 4096;
 
 // Columns of B per packed block: the table's nc, fewer if the kc x nc block (kc = min(K, the
@@ -118,11 +117,10 @@ int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
   return static_cast<int>(std::clamp<long>(cols / bs.nr * bs.nr, bs.nr, bs.nc));
 }
 
-// A pre-packed B goes rows outer (see gemm_rows) only when each thread has at least this many
-// rows: the first sweep of A rows over a block of B pulls it from L3, which few rows do not
-// amortise (perf: mha bert-layer's QKV projection, 128x2304x768 pre-packed, same-process
-// harness: columns outer 2.68-2.72 ms, rows outer 2.95; 256 rows 5.55 vs 5.80 ms; 384 rows
-// 8.69 vs 8.64; gpt-layer's, 1024 rows, 25.7 vs 23.0 ms, and 11.5 vs 11.4 ms at 2 threads).
+// A pre-packed B goes rows outer (see pass_rows_outer) only when each thread has at least this
+// many rows: the first sweep of A rows over a block of B pulls it from L3, which few rows do not
+// amortise. The crossover lies between 256 and 384 rows; guarded by mha/native/bert-layer (128
+// rows: columns outer faster) and mha/native/gpt-layer (1024 rows: rows outer faster).
 constexpr std::int64_t kPrepackedRowsOuterMin = 384;
 
 // Which micro-kernel the driver runs, its blocking and loop order, whether A or B is read in
@@ -153,10 +151,11 @@ bool single_block(const GemmArgs<T>& g, const Mode<T>& mode) {
 
 // Row tiles (mr rows each) per claim of a dynamic row split: 48 rows of f32 on AVX-512, ~45 us of
 // a 2048-wide, 64-deep product; small enough to even out a thread that falls 100 us behind.
+// Guarded by gemm/native/2048x2048x64/t2.
 constexpr std::int64_t kRowUnitsPerClaim = 4;
 
 // Column panels per claim of a dynamic column split: 64 columns of f32 on AVX-512 (gemm
-// 128x768x768: 12 claims of ~35 us).
+// 128x768x768: 12 claims of ~35 us). Guarded by gemm/native/128x768x768/t2.
 constexpr std::int64_t kColUnitsPerClaim = 2;
 
 // Buffer sizes (elements) for one thread's part of the driver.
@@ -173,30 +172,14 @@ struct Extents {
   }
 };
 
-// The calling thread's packing buffers inside a parallel region, where an exception must not
-// escape: a failed allocation skips the thread's work and is rethrown after the region.
-template <class T>
-struct ThreadBuffers {
-  bool failed = false;
-  // body(Bp, Aws) on this thread's buffers, sized for `ex`.
-  template <class Body>
-  void run(const Extents<T>& ex, const simd::GemmBlocking& bs, Body&& body) {
-    T* Bp = nullptr;
-    T* Aws = nullptr;
-    try {
-      Bp = thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size());
-      Aws = thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs));
-    } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-      failed = true;
-      return;
-    }
-    body(Bp, Aws);
-  }
-  void rethrow() const {
-    if (failed) throw std::bad_alloc();
-  }
-};
+// body(Bp, Aws) on the calling thread's packing buffers, sized for `ex`: the packed B block and
+// the packed A block with an edge tile. Throws std::bad_alloc (inside a parallel region, run
+// it under a RegionFailure).
+template <class T, class Body>
+void with_packing_buffers(const Extents<T>& ex, const simd::GemmBlocking& bs, Body&& body) {
+  T* Bp = thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size());
+  body(Bp, thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs)));
+}
 
 // One micro-tile of C at rows i, columns j (m x n valid). Short tiles (m < mr) run the m-row
 // kernel; narrow ones (n < nr) go through `tile`. B's rows are ldb apart.
@@ -223,6 +206,87 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
     }
 }
 
+// One pass of the driver: the kc x nc block of B at depth pc and column jc, and how to reach
+// its panels (packed into Bp, pre-packed, or read in place).
+template <class T>
+struct BPass {
+  const GemmArgs<T>& g;
+  std::int64_t jc, nc, pc, kc;
+  int nr;
+  std::int64_t first_packed;  // panels before it are read in place (B in place)
+  T* Bp;
+  T beta;                     // g.beta for the first pass over K, then 1
+  const T* panel(std::int64_t jr) const {
+    if (g.packed_b != nullptr) return g.packed_b->panel(g.b_col + jc + jr, pc);
+    return jr / nr < first_packed ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
+  }
+  std::int64_t ld(std::int64_t jr) const { return jr / nr < first_packed ? g.ldb : std::int64_t{nr}; }
+  bool packed(std::int64_t jr) const { return jr / nr >= first_packed; }
+  std::int64_t width(std::int64_t jr) const { return std::min<std::int64_t>(nr, nc - jr); }
+};
+
+// A read in place: rows outer; the mr x kc slice of A stays in L1 across the few column panels.
+template <class T>
+void pass_direct_a(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const Mode<T>& mode, std::int64_t i_begin,
+                   std::int64_t i_end, T* tile) {
+  const GemmArgs<T>& g = bp.g;
+  const int mr = mode.bs.mr;
+  for (std::int64_t i = i_begin; i < i_end; i += mr) {
+    const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
+    for (std::int64_t jr = 0; jr < bp.nc; jr += bp.nr)
+      run_tile(g, gk, mode, bp.kc, g.A + i * g.lda + bp.pc, g.lda, bp.panel(jr), bp.ld(jr), bp.packed(jr), i,
+               bp.jc + jr, m, bp.width(jr), bp.beta, tile);
+  }
+}
+
+// B in place (few rows of C) or pre-packed (with few rows per thread): columns outer, so each
+// kc x nr panel of B is read from L3 once and reused, from L1 or L2, across the rows of the
+// packed mc x kc block of A (in L2). With a_ready, A is one mc x kc block Ap already holds.
+// While a B panel's tiles run, they prefetch the next panel into L2.
+template <class T>
+void pass_columns_outer(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+                        const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, T* Ap, T* tile, bool a_ready) {
+  const int mr = mode.bs.mr;
+  for (std::int64_t ic = i_begin; ic < i_end; ic += mode.bs.mc) {
+    const std::int64_t mc = std::min<std::int64_t>(mode.bs.mc, i_end - ic);
+    if (!a_ready) pack_a(bp.g, vk, ic, mc, bp.pc, bp.kc, mr, Ap);
+    NextRows next;
+    for (std::int64_t jr = 0; jr < bp.nc; jr += bp.nr) {
+      next.clear();
+      if (jr + bp.nr < bp.nc) next.add(bp.panel(jr + bp.nr), bp.ld(jr + bp.nr), 1, bp.kc, std::int64_t{bp.nr});
+      for (std::int64_t ir = 0; ir < mc; ir += mr)
+        run_tile(bp.g, gk, mode, bp.kc, Ap + ir * bp.kc, 0, bp.panel(jr), bp.ld(jr), bp.packed(jr), ic + ir,
+                 bp.jc + jr, std::min<std::int64_t>(mr, mc - ir), bp.width(jr), bp.beta, tile, next.take(bp.kc));
+    }
+  }
+}
+
+// B packed: rows outer. Each mr x kc micro-panel of A is packed just before its row of tiles and
+// stays in L1 while they sweep the kc x nc block of B, which stays in L2 (rather than columns
+// outer with an mc x kc block of A in L2: guarded by gemm/native/1024x1024x1024/t1). The tiles
+// prefetch the next micro-panel's rows of A into L2 meanwhile. C goes out with ordinary stores,
+// row panel by row panel, which the prefetchers follow (non-temporal stores lose here: guarded
+// by gemm/native/2048x2048x64).
+template <class T>
+void pass_rows_outer(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+                     const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, T* Ap, T* tile) {
+  const GemmArgs<T>& g = bp.g;
+  const int mr = mode.bs.mr;
+  NextRows next;
+  for (std::int64_t i = i_begin; i < i_end; i += mr) {
+    const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
+    pack_a(g, vk, i, m, bp.pc, bp.kc, mr, Ap);
+    next.clear();
+    if (const std::int64_t mn = std::min<std::int64_t>(mr, i_end - i - m); mn > 0) {
+      if (g.trans_a == Trans::N) next.add(g.A + (i + m) * g.lda + bp.pc, g.lda, 1, mn, bp.kc);
+      else next.add(g.A + bp.pc * g.lda + i + m, g.lda, 1, bp.kc, mn);
+    }
+    for (std::int64_t jr = 0; jr < bp.nc; jr += bp.nr)
+      run_tile(g, gk, mode, bp.kc, Ap, 0, bp.panel(jr), bp.ld(jr), bp.packed(jr), i, bp.jc + jr, m, bp.width(jr),
+               bp.beta, tile, next.take(bp.kc));
+  }
+}
+
 // The loops over rows [i_begin, i_end) of C (a multiple of mr apart, except at M). Bp receives
 // each kc x nc block of B, Aws the packed A; both are the calling thread's own. With
 // b_ready, B is one block (single_block) that this thread's Bp already holds, packed; with
@@ -232,77 +296,20 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
                const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, T* Bp, T* Aws, bool b_ready = false,
                bool a_ready = false) {
   const simd::GemmBlocking& bs = mode.bs;
-  const int mr = bs.mr, nr = bs.nr;
-  const std::int64_t MC = bs.mc, KC = bs.kc, NC = bs.nc;
   const Extents<T> ex(g, bs);
-  T* Ap = Aws;
   T* tile = Aws + ex.mc * ex.kc;
-
-  for (std::int64_t jc = 0; jc < g.N; jc += NC) {
-    const std::int64_t nc = std::min(NC, g.N - jc);
-    const std::int64_t panels = (nc + nr - 1) / nr;
-    for (std::int64_t pc = 0; pc < g.K; pc += KC) {
-      const std::int64_t kc = std::min(KC, g.K - pc);
-      const T beta = pc == 0 ? g.beta : T(1);
+  for (std::int64_t jc = 0; jc < g.N; jc += bs.nc) {
+    const std::int64_t nc = std::min<std::int64_t>(bs.nc, g.N - jc);
+    const std::int64_t panels = (nc + bs.nr - 1) / bs.nr;
+    for (std::int64_t pc = 0; pc < g.K; pc += bs.kc) {
+      const std::int64_t kc = std::min<std::int64_t>(bs.kc, g.K - pc);
       // B in place: only a partial last panel is packed (reads must stay inside B's rows).
-      const std::int64_t first = mode.direct_b ? nc / nr : 0;
-      if (g.packed_b == nullptr && !b_ready) pack_b(g, vk, pc, kc, jc, nc, nr, Bp, first, panels);
-      // Panel jr of B for this pass, and the distance between its rows.
-      auto b_panel = [&](std::int64_t jr) {
-        if (g.packed_b != nullptr) return g.packed_b->panel(g.b_col + jc + jr, pc);
-        return jr / nr < first ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
-      };
-      auto b_ld = [&](std::int64_t jr) { return jr / nr < first ? g.ldb : std::int64_t{nr}; };
-      auto b_packed = [&](std::int64_t jr) { return jr / nr >= first; };
-      if (mode.direct_a) {
-        // Rows outer: the mr x kc slice of A stays in L1 across the few column panels.
-        for (std::int64_t i = i_begin; i < i_end; i += mr) {
-          const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
-          for (std::int64_t jr = 0; jr < nc; jr += nr)
-            run_tile(g, gk, mode, kc, g.A + i * g.lda + pc, g.lda, b_panel(jr), b_ld(jr), b_packed(jr), i, jc + jr, m,
-                     std::min<std::int64_t>(nr, nc - jr), beta, tile);
-        }
-      } else if (!mode.rows_outer) {
-        // B in place (few rows of C) or pre-packed (with few rows per thread): columns outer,
-        // so each kc x nr panel of B is read from L3 once and reused, from L1 or L2, across
-        // the rows of the packed mc x kc block of A (in L2).
-        for (std::int64_t ic = i_begin; ic < i_end; ic += MC) {
-          const std::int64_t mc = std::min(MC, i_end - ic);
-          if (!a_ready) pack_a(g, vk, ic, mc, pc, kc, mr, Ap);
-          // While a B panel's tiles run, they prefetch the next panel into L2.
-          NextRows next;
-          for (std::int64_t jr = 0; jr < nc; jr += nr) {
-            next.clear();
-            if (jr + nr < nc) next.add(b_panel(jr + nr), b_ld(jr + nr), 1, kc, std::int64_t{nr});
-            for (std::int64_t ir = 0; ir < mc; ir += mr)
-              run_tile(g, gk, mode, kc, Ap + ir * kc, 0, b_panel(jr), b_ld(jr), b_packed(jr), ic + ir, jc + jr,
-                       std::min<std::int64_t>(mr, mc - ir), std::min<std::int64_t>(nr, nc - jr), beta, tile,
-                       next.take(kc));
-          }
-        }
-      } else {
-        // B packed: rows outer. Each mr x kc micro-panel of A is packed just before its row of
-        // tiles and stays in L1 while they sweep the kc x nc block of B, which stays in L2
-        // (columns outer, with an mc x kc block of A in L2 and B's panels meant for L1, had
-        // gemm 1024^3 t1 at 14.9 ms, this 13.5-13.7 ms, same-process harness, best of 8). The
-        // tiles prefetch the next micro-panel's rows of A into L2 meanwhile. C goes out with
-        // ordinary stores, row panel by row panel, which the prefetchers follow (non-temporal
-        // stores for a large C written in one pass, a gain with columns outer, lost here: gemm
-        // 2048x2048x64 3.54 against 3.36 ms at 1 thread, 1.78 against 1.65 at 2).
-        NextRows next;
-        for (std::int64_t i = i_begin; i < i_end; i += mr) {
-          const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
-          pack_a(g, vk, i, m, pc, kc, mr, Ap);
-          next.clear();
-          if (const std::int64_t mn = std::min<std::int64_t>(mr, i_end - i - m); mn > 0) {
-            if (g.trans_a == Trans::N) next.add(g.A + (i + m) * g.lda + pc, g.lda, 1, mn, kc);
-            else next.add(g.A + pc * g.lda + i + m, g.lda, 1, kc, mn);
-          }
-          for (std::int64_t jr = 0; jr < nc; jr += nr)
-            run_tile(g, gk, mode, kc, Ap, 0, b_panel(jr), b_ld(jr), b_packed(jr), i, jc + jr, m,
-                     std::min<std::int64_t>(nr, nc - jr), beta, tile, next.take(kc));
-        }
-      }
+      const std::int64_t first = mode.direct_b ? nc / bs.nr : 0;
+      if (g.packed_b == nullptr && !b_ready) pack_b(g, vk, pc, kc, jc, nc, bs.nr, Bp, first, panels);
+      const BPass<T> pass{g, jc, nc, pc, kc, bs.nr, first, Bp, pc == 0 ? g.beta : T(1)};
+      if (mode.direct_a) pass_direct_a(pass, gk, mode, i_begin, i_end, tile);
+      else if (!mode.rows_outer) pass_columns_outer(pass, gk, vk, mode, i_begin, i_end, Aws, tile, a_ready);
+      else pass_rows_outer(pass, gk, vk, mode, i_begin, i_end, Aws, tile);
     }
   }
 }
@@ -336,6 +343,97 @@ void gemv(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int threads) {
   });
 }
 
+// Rows split across threads. Each packs every block of B into its own buffer: twice the
+// packing work, but no barrier per block and no block half in the other core's cache (guarded
+// by gemm/native/1024x1024x1024/t2 and gemm/native/1024x3072x1024/t2).
+template <class T>
+void split_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+                const Mode<T>& mode, int nt) {
+  const simd::GemmBlocking& bs = mode.bs;
+  const Extents<T> ex(g, bs);
+  const std::int64_t row_units = (g.M + bs.mr - 1) / bs.mr;
+  auto rows = [&](std::int64_t u0, std::int64_t u1, T* Bp, T* Aws, bool b_ready) {
+    gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws, b_ready);
+  };
+  if (nt == 1) {
+    with_packing_buffers(ex, bs, [&](T* Bp, T* Aws) { rows(0, row_units, Bp, Aws, false); });
+    return;
+  }
+  RegionFailure failure;
+  if (single_block(g, mode)) {
+    // One block of B: each thread packs it once, then claims row chunks until none is left, so
+    // a thread whose vCPU is descheduled a while (a noisy VM) leaves its rows to the other
+    // instead of holding up the call. Which thread computes a row changes none of its bits.
+    // Blocks of B past the first would need a barrier each: those keep the static split below.
+    const std::int64_t chunks = (row_units + kRowUnitsPerClaim - 1) / kRowUnitsPerClaim;
+    parallel_claims(chunks, nt, 1, [&](auto next) {
+      failure.guard([&] {
+        with_packing_buffers(ex, bs, [&](T* Bp, T* Aws) {
+          bool packed = false;  // B, by this thread's first chunk
+          for (std::int64_t c = next(); c < chunks; c = next(), packed = true)
+            rows(c * kRowUnitsPerClaim, std::min(row_units, (c + 1) * kRowUnitsPerClaim), Bp, Aws, packed);
+        });
+      });
+    });
+  } else {
+    parallel_for(row_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
+      failure.guard([&] { with_packing_buffers(ex, bs, [&](T* Bp, T* Aws) { rows(u0, u1, Bp, Aws, false); }); });
+    });
+  }
+  failure.rethrow();
+}
+
+// Few rows: the columns split across threads; each runs the whole driver on its own columns
+// with its own buffers (packing the small A twice costs little).
+template <class T>
+void split_columns(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+                   const Mode<T>& mode, int nt) {
+  const simd::GemmBlocking& bs = mode.bs;
+  const std::int64_t col_units = (g.N + bs.nr - 1) / bs.nr;
+  // The problem restricted to column panels [u0, u1).
+  auto columns = [&](std::int64_t u0, std::int64_t u1) {
+    GemmArgs<T> part = g;
+    const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
+    part.N = j1 - j0;
+    part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
+    part.b_col = g.b_col + j0;
+    part.C = g.C + j0;
+    return part;
+  };
+  RegionFailure failure;
+  // Columns go out in chunks to whichever thread is free (as rows do in split_rows) when a chunk
+  // costs no repacking of A: A read in place, or one mc x kc block of it, packed once per
+  // thread (guarded by gemm/native/128x768x768/t2). Otherwise each thread takes a static share
+  // and packs A once per block.
+  if (mode.direct_a || (!mode.rows_outer && g.M <= bs.mc && g.K <= bs.kc)) {
+    const std::int64_t chunks = (col_units + kColUnitsPerClaim - 1) / kColUnitsPerClaim;
+    const Extents<T> ex(g, bs);  // sized for the whole problem's columns: one size for every chunk
+    parallel_claims(chunks, nt, 1, [&](auto next) {
+      failure.guard([&] {
+        with_packing_buffers(ex, bs, [&](T* Bp, T* Aws) {
+          bool a_packed = false;  // A, by this thread's first chunk (unused when A is read in place)
+          for (std::int64_t c = next(); c < chunks; c = next(), a_packed = true) {
+            const GemmArgs<T> part = columns(c * kColUnitsPerClaim, std::min(col_units, (c + 1) * kColUnitsPerClaim));
+            gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws, false, a_packed);
+          }
+        });
+      });
+    });
+  } else {
+    parallel_for(col_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
+      const GemmArgs<T> part = columns(u0, u1);
+      if (part.N <= 0) return;
+      // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
+      // (and k blocking), and results would depend on the thread count.
+      failure.guard([&] {
+        with_packing_buffers(Extents<T>(part, bs), bs,
+                             [&](T* Bp, T* Aws) { gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws); });
+      });
+    });
+  }
+  failure.rethrow();
+}
+
 }  // namespace
 
 template <class T>
@@ -362,102 +460,10 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
                                                                       flops / kMinFlopsPerThread),
                                                      1.0, 1e6));
   const Mode<T> mode(g, gk, nt);
-  const simd::GemmBlocking& bs = mode.bs;
-  const Extents<T> ex(g, bs);
-  const std::int64_t row_units = (g.M + bs.mr - 1) / bs.mr;
-
   // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5); columns
-  // split evenly (perf: gemm 128x768x768/t2, best of 5 runs 553 us with columns vs 618 us with
-  // rows, when rows still shared B between barriers; mha bert-layer/t2 3.18 vs 3.61 ms).
-  if (nt == 1 || row_units >= 8 * nt) {
-    // Rows split across threads. Each packs every block of B into its own buffer: twice the
-    // packing work, but no barrier per block and no block half in the other core's cache
-    // (sharing one packed block between barriers was slower at 2 threads, same-process
-    // harness, best of 6: gemm 1024^3 6.87 against 6.68 ms, 1024x3072x1024 21.9 against 21.2,
-    // 2048x64x2048 1.59 against 1.57).
-    if (nt == 1) {
-      gemm_rows(g, gk, vk, mode, 0, g.M, thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size()),
-                thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs)));
-      return;
-    }
-    ThreadBuffers<T> buffers;
-    if (single_block(g, mode)) {
-      // One block of B: each thread packs it once, then claims row chunks until none is left,
-      // so a thread whose vCPU is descheduled a while (a noisy VM) leaves its rows to the other
-      // instead of holding up the call. Which thread computes a row changes none of its bits.
-      // (Same-process harness, alternating, best of 5, at a noisy hour: gemm 2048x2048x64 t2
-      // 1.709-1.926 ms against 1.739-1.916 with the static split, oneDNN 1.73-2.19; 2048x64x2048
-      // 1.590 against 1.599. Blocks of B past the first would need a barrier each: those keep
-      // the static split below.)
-      const std::int64_t chunks = (row_units + kRowUnitsPerClaim - 1) / kRowUnitsPerClaim;
-      parallel_claims(chunks, nt, 1, [&](auto next) {
-        buffers.run(ex, bs, [&](T* Bp, T* Aws) {
-          bool packed = false;  // B, by this thread's first chunk
-          for (std::int64_t c = next(); c < chunks; c = next(), packed = true) {
-            const std::int64_t u0 = c * kRowUnitsPerClaim, u1 = std::min(row_units, u0 + kRowUnitsPerClaim);
-            gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws, packed);
-          }
-        });
-      });
-      buffers.rethrow();
-      return;
-    }
-#pragma omp parallel num_threads(nt)
-    {
-      const int tid = omp_get_thread_num(), T_ = omp_get_num_threads();
-      const std::int64_t u0 = row_units * tid / T_, u1 = row_units * (tid + 1) / T_;
-      buffers.run(ex, bs, [&](T* Bp, T* Aws) {
-        gemm_rows(g, gk, vk, mode, std::min(g.M, u0 * bs.mr), std::min(g.M, u1 * bs.mr), Bp, Aws);
-      });
-    }
-    buffers.rethrow();
-    return;
-  }
-
-  // Few rows: split the columns instead; each thread runs the whole driver on its own columns
-  // with its own buffers (packing the small A twice costs little).
-  const std::int64_t col_units = (g.N + bs.nr - 1) / bs.nr;
-  ThreadBuffers<T> buffers;
-  // The problem restricted to column panels [u0, u1).
-  auto columns = [&](std::int64_t u0, std::int64_t u1) {
-    GemmArgs<T> part = g;
-    const std::int64_t j0 = u0 * bs.nr, j1 = std::min(g.N, u1 * bs.nr);
-    part.N = j1 - j0;
-    part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
-    part.b_col = g.b_col + j0;
-    part.C = g.C + j0;
-    return part;
-  };
-  // Columns go out in chunks to whichever thread is free (as rows do above) when a chunk costs
-  // no repacking of A: A read in place, or one mc x kc block of it, packed once per thread
-  // (gemm 128x768x768 t2, same-process harness, alternating, quiet: 0.440-0.446 ms against
-  // 0.430-0.445 with static halves, oneDNN 0.429-0.439). Otherwise each thread takes a static
-  // share and packs A once per block.
-  const bool claim = mode.direct_a || (!mode.rows_outer && g.M <= bs.mc && g.K <= bs.kc);
-  if (claim) {
-    const std::int64_t chunks = (col_units + kColUnitsPerClaim - 1) / kColUnitsPerClaim;
-    parallel_claims(chunks, nt, 1, [&](auto next) {
-      // Buffers sized for the whole problem's columns: one size for every chunk.
-      buffers.run(ex, bs, [&](T* Bp, T* Aws) {
-        bool a_packed = false;  // A, by this thread's first chunk (unused when A is read in place)
-        for (std::int64_t c = next(); c < chunks; c = next(), a_packed = true) {
-          const GemmArgs<T> part = columns(c * kColUnitsPerClaim, std::min(col_units, (c + 1) * kColUnitsPerClaim));
-          gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws, false, a_packed);
-        }
-      });
-    });
-    buffers.rethrow();
-    return;
-  }
-  parallel_for(col_units, nt, 1, [&](std::int64_t u0, std::int64_t u1) {
-    const GemmArgs<T> part = columns(u0, u1);
-    if (part.N <= 0) return;
-    // The whole problem's mode, not the slice's: a narrow slice would otherwise switch kernels
-    // (and k blocking), and results would depend on the thread count.
-    buffers.run(Extents<T>(part, bs), bs,
-                [&](T* Bp, T* Aws) { gemm_rows(part, gk, vk, mode, 0, part.M, Bp, Aws); });
-  });
-  buffers.rethrow();
+  // split evenly (guarded by gemm/native/128x768x768/t2 and mha/native/bert-layer/t2).
+  if (nt == 1 || (g.M + mode.bs.mr - 1) / mode.bs.mr >= 8 * nt) split_rows(g, gk, vk, mode, nt);
+  else split_columns(g, gk, vk, mode, nt);
 }
 
 template <class T>
