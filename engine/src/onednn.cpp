@@ -61,18 +61,35 @@ using Dims = memory::dims;
 constexpr std::int64_t kScoreBudget = std::int64_t{32} << 20;
 constexpr std::size_t kCacheCapacity = 512;  // step geometries kept; the cache is cleared beyond
 
+// Strides of a [heads, rows, inner] view of one batch (elements).
+struct ViewStrides {
+  std::int64_t head = 0, row = 0, inner = 0;
+  bool operator==(const ViewStrides&) const = default;
+};
+
 // Everything one step's primitives depend on.
 struct StepKey {
-  // Hc, Hk, rows, W, D, Dv; strides (head, row, inner) of q, k, v, out; mask heads and rows
-  // (0 = no mask); scale bits; threads.
-  std::array<std::int64_t, 22> v{};
+  std::int64_t heads = 0, kv_heads = 0;  // query heads of the step, K/V heads it reads (1 or heads)
+  std::int64_t rows = 0, keys = 0;       // query rows, keys handed to oneDNN
+  std::int64_t D = 0, Dv = 0;
+  ViewStrides q, k, v, out;
+  std::int64_t mask_heads = 0, mask_rows = 0;  // the mask's [heads, rows, keys]; 0: no mask
+  std::uint32_t scale_bits = 0;                // the f32 scale
+  int threads = 0;
   bool operator==(const StepKey&) const = default;
 };
 
 struct StepKeyHash {
+  static void mix(std::uint64_t& h, std::int64_t x) {  // FNV-1a, a field at a time
+    h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+  }
   std::size_t operator()(const StepKey& k) const noexcept {
-    std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the fields
-    for (std::int64_t x : k.v) h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
+    std::uint64_t h = 1469598103934665603ull;
+    for (std::int64_t x : {k.heads, k.kv_heads, k.rows, k.keys, k.D, k.Dv, k.mask_heads, k.mask_rows,
+                           std::int64_t{k.scale_bits}, std::int64_t{k.threads}})
+      mix(h, x);
+    for (const ViewStrides& v : {k.q, k.k, k.v, k.out})
+      for (std::int64_t x : {v.head, v.row, v.inner}) mix(h, x);
     return static_cast<std::size_t>(h);
   }
 };
@@ -115,24 +132,23 @@ memory::desc dense_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3) {
   return memory::desc(Dims{1, d1, d2, d3}, memory::data_type::f32, memory::format_tag::abcd);
 }
 
-std::shared_ptr<const StepPrims> create_prims(const StepKey& key, const dnnl::engine& eng) {
-  const auto& k = key.v;
-  const std::int64_t Hc = k[0], Hk = k[1], rows = k[2], W = k[3], D = k[4], Dv = k[5];
+std::shared_ptr<const StepPrims> create_prims(const StepKey& k, const dnnl::engine& eng) {
+  const std::int64_t W = k.keys;
   auto p = std::make_shared<StepPrims>();
-  p->q = view_desc(Hc, rows, D, k[6], k[7], k[8]);
-  p->kt = view_desc(Hk, D, W, k[9], k[11], k[10]);  // K^T: K's row and inner strides swap
-  p->v = view_desc(Hk, W, Dv, k[12], k[13], k[14]);
-  p->o = view_desc(Hc, rows, Dv, k[15], k[16], k[17]);
-  p->scores = dense_desc(Hc, rows, W);
+  p->q = view_desc(k.heads, k.rows, k.D, k.q.head, k.q.row, k.q.inner);
+  p->kt = view_desc(k.kv_heads, k.D, W, k.k.head, k.k.inner, k.k.row);  // K^T: row and inner swap
+  p->v = view_desc(k.kv_heads, W, k.Dv, k.v.head, k.v.row, k.v.inner);
+  p->o = view_desc(k.heads, k.rows, k.Dv, k.out.head, k.out.row, k.out.inner);
+  p->scores = dense_desc(k.heads, k.rows, W);
   float scale = 0.f;
-  std::memcpy(&scale, &k[20], sizeof scale);
+  std::memcpy(&scale, &k.scale_bits, sizeof scale);
 
   dnnl::primitive_attr attr, plain;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   attr.set_output_scales(0, {scale});
-  if (k[18] > 0) {
-    p->mask = dense_desc(k[18], k[19], W);
+  if (k.mask_heads > 0) {
+    p->mask = dense_desc(k.mask_heads, k.mask_rows, W);
     dnnl::post_ops po;
     po.append_binary(dnnl::algorithm::binary_add, p->mask);
     attr.set_post_ops(po);
@@ -268,146 +284,197 @@ void zero_row(float* o, const Shape4& os, std::int64_t Dv) {
   for (std::int64_t d = 0; d < Dv; ++d) o[d * os[3]] = 0.f;
 }
 
+// One call: its geometry, the plan of its blocks, its buffers. Steps (run() below): plan every
+// block and create its primitives; allocate and make dense copies; execute block by block;
+// copy a dense output back.
+class Call {
+ public:
+  explicit Call(const Problem& p)
+      : p_(p), threads_(resolve_threads(p.threads)),
+        per_group_(p.H / p.Hkv > 1 && p.Hkv > 1),
+        heads_(per_group_ ? p.H / p.Hkv : p.H), kv_heads_(per_group_ ? 1 : p.Hkv), units_(per_group_ ? p.Hkv : 1),
+        qshape_{p.B, p.H, p.Sq, p.D}, kshape_{p.B, p.Hkv, p.Sk, p.D}, vshape_{p.B, p.Hkv, p.Sk, p.Dv},
+        oshape_{p.B, p.H, p.Sq, p.Dv},
+        op_{static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v),
+            static_cast<float*>(p.o), p.qs, p.ks, p.vs, p.os} {
+    dense_q_ = !inner_contiguous(qshape_, p.qs), dense_k_ = !inner_contiguous(kshape_, p.ks);
+    dense_v_ = !inner_contiguous(vshape_, p.vs), dense_o_ = !inner_contiguous(oshape_, p.os);
+    if (dense_q_) op_.qs = contiguous_strides(qshape_);
+    if (dense_k_) op_.ks = contiguous_strides(kshape_);
+    if (dense_v_) op_.vs = contiguous_strides(vshape_);
+    if (dense_o_) op_.os = contiguous_strides(oshape_);
+    const bool user_mask = p.mask_kind != MaskKind::none;
+    user_mask_ = user_mask;
+    mask_by_head_ = user_mask && p.ms[1] != 0 && p.H > 1;
+    mask_by_row_ = user_mask && p.ms[2] != 0 && p.Sq > 1;
+  }
+  ~Call() { blocks().clear(); }  // drop the primitive references
+  Call(const Call&) = delete;
+  Call& operator=(const Call&) = delete;
+
+  // Every block, its primitives and the buffer sizes, before anything runs.
+  void plan() {
+    const std::int64_t rows_per_block =
+        std::clamp<std::int64_t>(kScoreBudget / 4 / (heads_ * std::max<std::int64_t>(p_.Sk, 1)), 1, p_.Sq);
+    blocks().clear();
+    try {
+      for (std::int64_t b = 0; b < p_.B; ++b)
+        for (std::int64_t i0 = 0; i0 < p_.Sq; i0 += rows_per_block)
+          blocks().push_back(plan_block(b, i0, std::min(p_.Sq, i0 + rows_per_block)));
+    } catch (const dnnl::error& e) {
+      throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
+    }
+  }
+
+  // The calling thread's buffers, and dense copies of inputs whose inner stride is not 1.
+  void prepare() {
+    scores_ = thread_buffer<float, Scratch::onednn_scores>().get(static_cast<std::size_t>(score_elems_));
+    mask_ = thread_buffer<float, Scratch::onednn_mask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
+    flags_ = reinterpret_cast<std::uint8_t*>(mask_ + mask_elems_);
+    scratch_ = thread_buffer<std::uint8_t, Scratch::onednn_scratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
+    auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
+    float* q_copy = dense_q_ ? thread_buffer<float, Scratch::onednn_dense_q>().get(numel(qshape_)) : nullptr;
+    float* k_copy = dense_k_ ? thread_buffer<float, Scratch::onednn_dense_k>().get(numel(kshape_)) : nullptr;
+    float* v_copy = dense_v_ ? thread_buffer<float, Scratch::onednn_dense_v>().get(numel(vshape_)) : nullptr;
+    o_copy_ = dense_o_ ? thread_buffer<float, Scratch::onednn_dense_out>().get(numel(oshape_)) : nullptr;
+    const auto all_rows = [&](std::int64_t) { return p_.Sq; };
+    const auto key_rows = [&](std::int64_t b) { return p_.key_len(b); };
+    if (dense_q_) copy_rows(op_.q, p_.qs, q_copy, op_.qs, qshape_, all_rows), op_.q = q_copy;
+    if (dense_k_) copy_rows(op_.k, p_.ks, k_copy, op_.ks, kshape_, key_rows), op_.k = k_copy;
+    if (dense_v_) copy_rows(op_.v, p_.vs, v_copy, op_.vs, vshape_, key_rows), op_.v = v_copy;
+    if (dense_o_) op_.o = o_copy_;
+  }
+
+  void execute() {
+    thread_local dnnl::stream stream(onednn().engine);
+    try {
+      for (const Block& blk : blocks()) run_block(blk, stream);
+    } catch (const dnnl::error& e) {
+      throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
+    }
+  }
+
+  void finish() {
+    if (dense_o_)
+      copy_rows(o_copy_, op_.os, static_cast<float*>(p_.o), p_.os, oshape_, [&](std::int64_t) { return p_.Sq; });
+  }
+
+ private:
+  // The calling thread's block list, reused across calls.
+  static std::vector<Block>& blocks() {
+    thread_local std::vector<Block> list;
+    return list;
+  }
+
+  Block plan_block(std::int64_t b, std::int64_t i0, std::int64_t i1) {
+    Block blk;
+    blk.b = b, blk.i0 = i0, blk.i1 = i1;
+    bool structure_hides = false;
+    key_range(p_, blk, structure_hides);
+    const std::int64_t rows = i1 - i0, W = blk.jhi - blk.jlo;
+    if (W <= 0) return blk;
+    if (structure_hides || user_mask_) {
+      blk.mask_heads = mask_by_head_ ? p_.H : 1;
+      blk.mask_rows = structure_hides || mask_by_row_ || mask_by_head_ ? rows : 1;
+    }
+    const float scale = static_cast<float>(p_.scale);
+    StepKey key;
+    key.heads = heads_, key.kv_heads = kv_heads_, key.rows = rows, key.keys = W, key.D = p_.D, key.Dv = p_.Dv;
+    key.q = {op_.qs[1], op_.qs[2], op_.qs[3]};
+    key.k = {op_.ks[1], op_.ks[2], op_.ks[3]};
+    key.v = {op_.vs[1], op_.vs[2], op_.vs[3]};
+    key.out = {op_.os[1], op_.os[2], op_.os[3]};
+    key.mask_heads = blk.mask_heads == 0 ? 0 : (mask_by_head_ ? heads_ : 1);
+    key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
+    std::memcpy(&key.scale_bits, &scale, sizeof scale);
+    key.threads = threads_;
+    blk.prims = get_prims(key);
+    score_elems_ = std::max(score_elems_, heads_ * rows * W);
+    for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
+      scratch_bytes_ = std::max(scratch_bytes_, static_cast<std::int64_t>(sd->get_size()));
+    mask_elems_ = std::max(mask_elems_, blk.mask_heads * blk.mask_rows * W);
+    flag_elems_ = std::max(flag_elems_, blk.mask_heads * blk.mask_rows);
+    return blk;
+  }
+
+  void run_block(const Block& blk, dnnl::stream& stream) {
+    const std::int64_t rows = blk.i1 - blk.i0;
+    float* o_blk = op_.o + blk.b * op_.os[0] + blk.i0 * op_.os[2];
+    if (blk.jhi == blk.jlo) {  // no row of the block sees a key
+      for (std::int64_t h = 0; h < p_.H; ++h)
+        for (std::int64_t r = 0; r < rows; ++r) zero_row(o_blk + h * op_.os[1] + r * op_.os[2], op_.os, p_.Dv);
+      return;
+    }
+    if (blk.mask_heads > 0) build_mask(p_, blk, mask_, flags_);
+    for (std::int64_t u = 0; u < units_; ++u) {
+      run_unit(blk, u, o_blk + u * heads_ * op_.os[1], stream);
+      if (blk.mask_heads > 0) zero_empty_rows(blk, u, o_blk + u * heads_ * op_.os[1]);
+    }
+  }
+
+  // The three primitives on heads [u * heads_, (u + 1) * heads_) of the block.
+  void run_unit(const Block& blk, std::int64_t u, float* o_u, dnnl::stream& stream) {
+    const StepPrims& prims = *blk.prims;
+    const dnnl::engine& eng = onednn().engine;
+    const std::int64_t h0 = u * heads_, hk0 = per_group_ ? u : 0, W = blk.jhi - blk.jlo;
+    const float* q_u = op_.q + blk.b * op_.qs[0] + h0 * op_.qs[1] + blk.i0 * op_.qs[2];
+    const float* k_u = op_.k + blk.b * op_.ks[0] + hk0 * op_.ks[1] + blk.jlo * op_.ks[2];
+    const float* v_u = op_.v + blk.b * op_.vs[0] + hk0 * op_.vs[1] + blk.jlo * op_.vs[2];
+    memory q_mem(prims.q, eng, const_cast<float*>(q_u));
+    memory k_mem(prims.kt, eng, const_cast<float*>(k_u));
+    memory s_mem(prims.scores, eng, scores_);
+    std::unordered_map<int, memory> qk_args{{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
+    if (blk.mask_heads > 0) {
+      float* m_u = mask_ + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
+      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
+    }
+    qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch_));
+    prims.qk.execute(stream, qk_args);
+    prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
+                                   {DNNL_ARG_DST, s_mem},
+                                   {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch_)}});
+    memory v_mem(prims.v, eng, const_cast<float*>(v_u));
+    memory o_mem(prims.o, eng, o_u);
+    prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem},
+                              {DNNL_ARG_WEIGHTS, v_mem},
+                              {DNNL_ARG_DST, o_mem},
+                              {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch_)}});
+    stream.wait();
+  }
+
+  // Rows with no visible key (flagged by build_mask) get zeros instead of softmax's NaN.
+  void zero_empty_rows(const Block& blk, std::int64_t u, float* o_u) const {
+    const std::int64_t h0 = u * heads_;
+    for (std::int64_t h = 0; h < heads_; ++h)
+      for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
+        const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) + (blk.mask_rows > 1 ? r : 0);
+        if (flags_[f]) zero_row(o_u + h * op_.os[1] + r * op_.os[2], op_.os, p_.Dv);
+      }
+  }
+
+  const Problem& p_;
+  const int threads_;
+  // Heads per step and the K/V heads it reads: all heads at once unless grouped-query, where
+  // each of the units_ steps takes one K/V head and its group.
+  const bool per_group_;
+  const std::int64_t heads_, kv_heads_, units_;
+  const Shape4 qshape_, kshape_, vshape_, oshape_;
+  Operands op_;  // what oneDNN reads and writes: the inputs, or their dense copies
+  bool dense_q_, dense_k_, dense_v_, dense_o_;
+  bool user_mask_, mask_by_head_, mask_by_row_;
+  std::int64_t score_elems_ = 0, mask_elems_ = 0, flag_elems_ = 0, scratch_bytes_ = 0;
+  float *scores_ = nullptr, *mask_ = nullptr, *o_copy_ = nullptr;
+  std::uint8_t *flags_ = nullptr, *scratch_ = nullptr;
+};
+
 void run(const Problem& p) {
-  const std::int64_t B = p.B, H = p.H, Hkv = p.Hkv, Sq = p.Sq, Sk = p.Sk, D = p.D, Dv = p.Dv;
-  if (B == 0 || H == 0 || Sq == 0 || Dv == 0) return;
+  if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
   const ThreadScope scope(p.threads);
-  const int threads = resolve_threads(p.threads);
-  const std::int64_t group = H / Hkv;
-  // Heads per step and the K/V heads it reads: all heads at once unless grouped-query.
-  const bool per_group = group > 1 && Hkv > 1;
-  const std::int64_t Hc = per_group ? group : H;
-  const std::int64_t Hk = per_group ? 1 : Hkv;
-  const std::int64_t units = per_group ? Hkv : 1;
-  const std::int64_t rows_per_block =
-      std::clamp<std::int64_t>(kScoreBudget / 4 / (Hc * std::max<std::int64_t>(Sk, 1)), 1, Sq);
-
-  Operands op{static_cast<const float*>(p.q), static_cast<const float*>(p.k),
-              static_cast<const float*>(p.v), static_cast<float*>(p.o), p.qs, p.ks, p.vs, p.os};
-  const Shape4 qshape{B, H, Sq, D}, kshape{B, Hkv, Sk, D}, vshape{B, Hkv, Sk, Dv}, oshape{B, H, Sq, Dv};
-  const bool dense_q = !inner_contiguous(qshape, p.qs), dense_k = !inner_contiguous(kshape, p.ks);
-  const bool dense_v = !inner_contiguous(vshape, p.vs), dense_o = !inner_contiguous(oshape, p.os);
-  if (dense_q) op.qs = contiguous_strides(qshape);
-  if (dense_k) op.ks = contiguous_strides(kshape);
-  if (dense_v) op.vs = contiguous_strides(vshape);
-  if (dense_o) op.os = contiguous_strides(oshape);
-
-  const bool user_mask = p.mask_kind != MaskKind::none;
-  const bool mask_by_head = user_mask && p.ms[1] != 0 && H > 1;
-  const bool mask_by_row = user_mask && p.ms[2] != 0 && Sq > 1;
-  float scale_f = static_cast<float>(p.scale);
-
-  // Plan: every block, its primitives and the buffer sizes, before anything runs.
-  thread_local std::vector<Block> blocks;
-  blocks.clear();
-  std::int64_t score_elems = 0, mask_elems = 0, flag_elems = 0, scratch_bytes = 0;
-  try {
-    for (std::int64_t b = 0; b < B; ++b) {
-      for (std::int64_t i0 = 0; i0 < Sq; i0 += rows_per_block) {
-        Block blk;
-        blk.b = b, blk.i0 = i0, blk.i1 = std::min(Sq, i0 + rows_per_block);
-        bool structure_hides = false;
-        key_range(p, blk, structure_hides);
-        const std::int64_t rows = blk.i1 - blk.i0, W = blk.jhi - blk.jlo;
-        if (W > 0) {
-          if (structure_hides || user_mask) {
-            blk.mask_heads = mask_by_head ? H : 1;
-            blk.mask_rows = structure_hides || mask_by_row || mask_by_head ? rows : 1;
-          }
-          StepKey key;
-          const std::int64_t mh = blk.mask_heads == 0 ? 0 : (mask_by_head ? Hc : 1);
-          key.v = {Hc,        Hk,        rows,      W,         D,         Dv,
-                   op.qs[1],  op.qs[2],  op.qs[3],  op.ks[1],  op.ks[2],  op.ks[3],
-                   op.vs[1],  op.vs[2],  op.vs[3],  op.os[1],  op.os[2],  op.os[3],
-                   mh,        mh ? blk.mask_rows : 0, 0, threads};
-          std::memcpy(&key.v[20], &scale_f, sizeof scale_f);
-          blk.prims = get_prims(key);
-          score_elems = std::max(score_elems, Hc * rows * W);
-          for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
-            scratch_bytes = std::max(scratch_bytes, static_cast<std::int64_t>(sd->get_size()));
-          mask_elems = std::max(mask_elems, blk.mask_heads * blk.mask_rows * W);
-          flag_elems = std::max(flag_elems, blk.mask_heads * blk.mask_rows);
-        }
-        blocks.push_back(std::move(blk));
-      }
-    }
-  } catch (const dnnl::error& e) {
-    blocks.clear();
-    throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
-  }
-  float* scores = thread_buffer<float, Scratch::onednn_scores>().get(static_cast<std::size_t>(score_elems));
-  float* mask = thread_buffer<float, Scratch::onednn_mask>().get(static_cast<std::size_t>(mask_elems + flag_elems));
-  auto* flags = reinterpret_cast<std::uint8_t*>(mask + mask_elems);
-  std::uint8_t* scratch = thread_buffer<std::uint8_t, Scratch::onednn_scratchpad>().get(static_cast<std::size_t>(scratch_bytes));
-  auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
-  float* q_copy = dense_q ? thread_buffer<float, Scratch::onednn_dense_q>().get(numel(qshape)) : nullptr;
-  float* k_copy = dense_k ? thread_buffer<float, Scratch::onednn_dense_k>().get(numel(kshape)) : nullptr;
-  float* v_copy = dense_v ? thread_buffer<float, Scratch::onednn_dense_v>().get(numel(vshape)) : nullptr;
-  float* o_copy = dense_o ? thread_buffer<float, Scratch::onednn_dense_out>().get(numel(oshape)) : nullptr;
-  const auto all_rows = [&](std::int64_t) { return Sq; };
-  const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
-  if (dense_q) copy_rows(op.q, p.qs, q_copy, op.qs, qshape, all_rows), op.q = q_copy;
-  if (dense_k) copy_rows(op.k, p.ks, k_copy, op.ks, kshape, key_rows), op.k = k_copy;
-  if (dense_v) copy_rows(op.v, p.vs, v_copy, op.vs, vshape, key_rows), op.v = v_copy;
-  if (dense_o) op.o = o_copy;
-
-  thread_local dnnl::stream stream(onednn().engine);
-  try {
-    for (const Block& blk : blocks) {
-      const std::int64_t rows = blk.i1 - blk.i0, W = blk.jhi - blk.jlo;
-      float* o_blk = op.o + blk.b * op.os[0] + blk.i0 * op.os[2];
-      if (W == 0) {  // no row of the block sees a key
-        for (std::int64_t h = 0; h < H; ++h)
-          for (std::int64_t r = 0; r < rows; ++r) zero_row(o_blk + h * op.os[1] + r * op.os[2], op.os, Dv);
-        continue;
-      }
-      if (blk.mask_heads > 0) build_mask(p, blk, mask, flags);
-      const StepPrims& prims = *blk.prims;
-      const dnnl::engine& eng = onednn().engine;
-      for (std::int64_t u = 0; u < units; ++u) {
-        const std::int64_t h0 = u * Hc, hk0 = per_group ? u : 0;
-        const float* q_u = op.q + blk.b * op.qs[0] + h0 * op.qs[1] + blk.i0 * op.qs[2];
-        const float* k_u = op.k + blk.b * op.ks[0] + hk0 * op.ks[1] + blk.jlo * op.ks[2];
-        const float* v_u = op.v + blk.b * op.vs[0] + hk0 * op.vs[1] + blk.jlo * op.vs[2];
-        float* o_u = o_blk + h0 * op.os[1];
-        memory q_mem(prims.q, eng, const_cast<float*>(q_u));
-        memory k_mem(prims.kt, eng, const_cast<float*>(k_u));
-        memory s_mem(prims.scores, eng, scores);
-        std::unordered_map<int, memory> qk_args{
-            {DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
-        if (blk.mask_heads > 0) {
-          float* m_u = mask + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
-          qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
-        }
-        qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch));
-        prims.qk.execute(stream, qk_args);
-        prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
-                                       {DNNL_ARG_DST, s_mem},
-                                       {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch)}});
-        memory v_mem(prims.v, eng, const_cast<float*>(v_u));
-        memory o_mem(prims.o, eng, o_u);
-        prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem},
-                                  {DNNL_ARG_WEIGHTS, v_mem},
-                                  {DNNL_ARG_DST, o_mem},
-                                  {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch)}});
-        stream.wait();
-        if (blk.mask_heads > 0) {
-          for (std::int64_t h = 0; h < Hc; ++h)
-            for (std::int64_t r = 0; r < rows; ++r) {
-              const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) +
-                                     (blk.mask_rows > 1 ? r : 0);
-              if (flags[f]) zero_row(o_u + h * op.os[1] + r * op.os[2], op.os, Dv);
-            }
-        }
-      }
-    }
-  } catch (const dnnl::error& e) {
-    blocks.clear();
-    throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
-  }
-  blocks.clear();  // drop the primitive references
-
-  if (dense_o) copy_rows(o_copy, op.os, static_cast<float*>(p.o), p.os, oshape, all_rows);
+  Call call(p);
+  call.plan();
+  call.prepare();
+  call.execute();
+  call.finish();
 }
 
 }  // namespace
