@@ -3,7 +3,15 @@
 
 #include <cstddef>
 
+#include "text.hpp"
+
 namespace simdattn::detail {
+
+std::string shape_str(std::span<const std::int64_t> dims) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) out += (i ? ", " : "") + std::to_string(dims[i]);
+  return out + "]";
+}
 
 std::string printable(const std::string& s) {
   static const char hex[] = "0123456789abcdef";

@@ -12,6 +12,7 @@
 #include "gemm.hpp"
 #include "problem.hpp"
 #include "simdattn/error.hpp"
+#include "text.hpp"
 #include "simdattn/safetensors.hpp"
 #include "workspace.hpp"
 
@@ -20,18 +21,9 @@ namespace {
 
 using detail::GemmArgs;
 using detail::Scratch;
+using detail::shape_str;
 using detail::thread_buffer;
 
-
-std::string dims(std::initializer_list<std::int64_t> d) {
-  std::string s = "[";
-  bool first = true;
-  for (std::int64_t x : d) {
-    s += (first ? "" : ", ") + std::to_string(x);
-    first = false;
-  }
-  return s + "]";
-}
 
 // y[M, N] = x[M, K] W^T + b (torch's nn.Linear), with W^T [K, ...] pre-packed for the GEMM
 // (columns col .. col + N - 1 of it): no call packs a weight, and a decode step's
@@ -132,7 +124,7 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   auto check = [](const std::vector<T>& v, std::int64_t rows, std::int64_t cols, const char* name,
                   const char* what) {
     if (static_cast<std::int64_t>(v.size()) != rows * cols)
-      throw Error(name, std::string("expected ") + what + " " + dims({rows, cols}) + " = " +
+      throw Error(name, std::string("expected ") + what + " " + shape_str({rows, cols}) + " = " +
                             std::to_string(rows * cols) + " elements, got " + std::to_string(v.size()));
   };
   auto check_bias = [](const std::vector<T>& v, std::int64_t n, const char* name) {
@@ -190,7 +182,7 @@ void check_seq(const char* name, const ConstSeqView& s, DType dtype, std::int64_
                           std::string(dtype_name(dtype)));
   if (s.B < 0 || s.S < 0 || (B >= 0 && s.B != B) || s.E != E)
     throw Error(name, "expected shape " + std::string(B >= 0 ? "[B=" + std::to_string(B) : "[B") +
-                          ", S, E=" + std::to_string(E) + "], got " + dims({s.B, s.S, s.E}));
+                          ", S, E=" + std::to_string(E) + "], got " + shape_str({s.B, s.S, s.E}));
   if (s.data == nullptr && s.B * s.S * s.E != 0) throw Error(name, "null data");
 }
 
@@ -201,7 +193,7 @@ void check_rows(const char* name, const ConstSeqView& s, std::int64_t width) {
   std::int64_t n = 0;
   if (__builtin_mul_overflow(s.B, s.S, &n) || __builtin_mul_overflow(n, width, &n) ||
       n > std::numeric_limits<std::int64_t>::max() / static_cast<std::int64_t>(sizeof(T)))
-    throw Error(name, "size overflow: " + dims({s.B, s.S, s.E}) + " through this layer's " + std::to_string(width) +
+    throw Error(name, "size overflow: " + shape_str({s.B, s.S, s.E}) + " through this layer's " + std::to_string(width) +
                           "-wide projections");
 }
 
@@ -210,7 +202,7 @@ void check_out(const SeqView& o, DType dtype, std::int64_t B, std::int64_t S, st
     throw Error("out", "dtype " + std::string(dtype_name(o.dtype)) + " differs from the layer's " +
                            std::string(dtype_name(dtype)));
   if (o.B != B || o.S != S || o.E != E)
-    throw Error("out", "expected shape " + dims({B, S, E}) + ", got " + dims({o.B, o.S, o.E}));
+    throw Error("out", "expected shape " + shape_str({B, S, E}) + ", got " + shape_str({o.B, o.S, o.E}));
   if (o.data == nullptr && B * S * E != 0) throw Error("out", "null data");
 }
 
@@ -242,13 +234,13 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
     for (int d = 0; d < 4; ++d)
       if (am.shape[d] < 1 || am.strides[d] < 0)
         throw Error("options.attn_mask", "needs sizes >= 1 and strides >= 0 (shape " +
-                                             dims({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) + ")");
+                                             shape_str({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) + ")");
     if (am.data == nullptr) throw Error("options.attn_mask", "null data");
     const Shape4 target{B, H, Sq, Sk};
     for (int d = 0; d < 4; ++d)
       if (am.shape[d] != target[d] && am.shape[d] != 1)
-        throw Error("options.attn_mask", "shape " + dims({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
-                                             " does not broadcast to " + dims({B, H, Sq, Sk}));
+        throw Error("options.attn_mask", "shape " + shape_str({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
+                                             " does not broadcast to " + shape_str({B, H, Sq, Sk}));
     const std::int64_t mh = am.shape[1], mi = am.shape[2];
     T* m = thread_buffer<T, Scratch::mha_mask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
     const T neg_inf = -std::numeric_limits<T>::infinity();

@@ -15,9 +15,12 @@
 
 #include "file_io.hpp"
 #include "simdattn/error.hpp"
+#include "text.hpp"
 
 namespace simdattn {
 namespace {
+
+using detail::shape_str;
 
 // The spec's dtypes and their element sizes.
 std::size_t dtype_bytes(const std::string& dtype) {
@@ -33,15 +36,99 @@ std::size_t dtype_bytes(const std::string& dtype) {
 // Headers larger than this are refused before allocating for them (the format's own limit).
 constexpr std::uint64_t kMaxHeader = 100u << 20;
 
-std::string shape_str(const std::vector<std::int64_t>& s) {
-  std::string out = "[";
-  for (std::size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
+// The header's JSON: an 8-byte little-endian length N, then N bytes of JSON. Sets header_len.
+nlohmann::json parse_header(const std::string& path, const std::byte* bytes, std::size_t size,
+                            std::uint64_t& header_len) {
+  std::uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(bytes[i]);
+  if (n > size - 8)
+    throw Error(path, "header length " + std::to_string(n) + " exceeds the file (" + std::to_string(size - 8) +
+                          " bytes after the length)");
+  if (n > kMaxHeader)
+    throw Error(path, "header length " + std::to_string(n) + " exceeds the format's 100 MiB limit");
+  const char* text = reinterpret_cast<const char*>(bytes + 8);
+  nlohmann::json header;
+  try {
+    header = nlohmann::json::parse(text, text + n);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!header.is_object()) throw Error(path, "header is not a JSON object");
+  header_len = n;
+  return header;
 }
 
-}  // namespace
+// The shape of one tensor entry: integers >= 0 whose product fits. Sets numel.
+std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& where, const nlohmann::json& shape,
+                                      std::uint64_t& numel) {
+  std::vector<std::int64_t> dims;
+  numel = 1;
+  for (const auto& d : shape) {
+    if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
+      throw Error(path, where + ": shape " + shape.dump() + " must hold integers >= 0");
+    const std::uint64_t dim = d.get<std::uint64_t>();
+    if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
+        __builtin_mul_overflow(numel, dim, &numel))
+      throw Error(path, where + ": shape " + shape.dump() + " overflows");
+    dims.push_back(static_cast<std::int64_t>(dim));
+  }
+  return dims;
+}
 
-SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+// One tensor entry, checked against the data section [data, data + data_size). Sets its
+// [begin, end) offsets.
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& entry,
+                             const std::byte* data, std::uint64_t data_size, std::uint64_t& begin, std::uint64_t& end) {
+  const std::string where = "tensor '" + name + "'";
+  if (!entry.is_object()) throw Error(path, where + ": entry is not a JSON object");
+  if (!entry.contains("dtype") || !entry["dtype"].is_string())
+    throw Error(path, where + ": missing or non-string \"dtype\"");
+  if (!entry.contains("shape") || !entry["shape"].is_array())
+    throw Error(path, where + ": missing or non-array \"shape\"");
+  if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2)
+    throw Error(path, where + ": \"data_offsets\" must be an array [begin, end]");
+  SafetensorsEntry t;
+  t.dtype = entry["dtype"].get<std::string>();
+  const std::size_t esize = dtype_bytes(t.dtype);
+  if (esize == 0) throw Error(path, where + ": unknown dtype '" + t.dtype + "'");
+  std::uint64_t numel = 0;
+  t.shape = parse_shape(path, where, entry["shape"], numel);
+  const auto& off = entry["data_offsets"];
+  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
+    throw Error(path, where + ": data_offsets " + off.dump() + " must be integers >= 0");
+  begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
+  if (begin > end) throw Error(path, where + ": data_offsets " + off.dump() + " has begin > end");
+  if (end > data_size)
+    throw Error(path, where + ": data_offsets " + off.dump() + " run past the data section (" +
+                          std::to_string(data_size) + " bytes)");
+  std::uint64_t want = 0;
+  if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want) || want != end - begin)
+    throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs " + std::to_string(want) +
+                          " bytes, data_offsets " + off.dump() + " span " + std::to_string(end - begin));
+  t.data = data + begin;
+  t.bytes = static_cast<std::size_t>(end - begin);
+  return t;
+}
+
+// No overlaps: sorted by begin, each tensor ends before the next begins (empty ones excepted).
+void check_no_overlap(const std::string& path, const std::vector<std::pair<std::uint64_t, std::uint64_t>>& spans,
+                      const std::vector<std::string>& names) {
+  std::vector<std::size_t> order(spans.size());
+  for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return spans[a] < spans[b]; });
+  std::uint64_t reach = 0;
+  std::size_t reach_of = 0;
+  for (std::size_t idx : order) {
+    const auto [begin, end] = spans[idx];
+    if (begin == end) continue;
+    if (begin < reach) throw Error(path, "tensors '" + names[reach_of] + "' and '" + names[idx] + "' overlap");
+    reach = end;
+    reach_of = idx;
+  }
+}
+
+// Maps `path` read-only; sets size. Throws Error for a file that cannot hold a header.
+void* map_file(const std::string& path, std::size_t& size) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
@@ -49,38 +136,26 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     ::close(fd);
     throw Error(path, "not a regular file");
   }
-  size_ = static_cast<std::size_t>(st.st_size);
-  if (size_ < 8) {
+  size = static_cast<std::size_t>(st.st_size);
+  if (size < 8) {
     ::close(fd);
-    throw Error(path, "file of " + std::to_string(size_) +
+    throw Error(path, "file of " + std::to_string(size) +
                           " bytes is too short for a safetensors header (8-byte length + JSON)");
   }
-  map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd, 0);
+  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
   ::close(fd);
-  if (map_ == MAP_FAILED) {
-    map_ = nullptr;
-    throw Error(path, std::string("cannot map: ") + std::strerror(errno));
-  }
+  if (map == MAP_FAILED) throw Error(path, std::string("cannot map: ") + std::strerror(errno));
+  return map;
+}
+
+}  // namespace
+
+SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  map_ = map_file(path, size_);
   try {
     const auto* bytes = static_cast<const std::byte*>(map_);
     std::uint64_t n = 0;
-    for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(bytes[i]);
-    if (n > size_ - 8)
-      throw Error(path, "header length " + std::to_string(n) + " exceeds the file (" +
-                            std::to_string(size_ - 8) + " bytes after the length)");
-    if (n > kMaxHeader)
-      throw Error(path, "header length " + std::to_string(n) + " exceeds the format's 100 MiB limit");
-    const char* text = reinterpret_cast<const char*>(bytes + 8);
-    nlohmann::json header;
-    try {
-      header = nlohmann::json::parse(text, text + n);
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(path, std::string("header is not valid JSON: ") + e.what());
-    }
-    if (!header.is_object()) throw Error(path, "header is not a JSON object");
-    const std::byte* data = bytes + 8 + n;
-    const std::uint64_t data_size = size_ - 8 - n;
-
+    const nlohmann::json header = parse_header(path, bytes, size_, n);
     std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [begin, end) per tensor
     std::vector<std::string> span_names;
     for (const auto& [name, entry] : header.items()) {
@@ -92,62 +167,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
         }
         continue;
       }
-      const std::string where = "tensor '" + name + "'";
-      if (!entry.is_object()) throw Error(path, where + ": entry is not a JSON object");
-      if (!entry.contains("dtype") || !entry["dtype"].is_string())
-        throw Error(path, where + ": missing or non-string \"dtype\"");
-      if (!entry.contains("shape") || !entry["shape"].is_array())
-        throw Error(path, where + ": missing or non-array \"shape\"");
-      if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() ||
-          entry["data_offsets"].size() != 2)
-        throw Error(path, where + ": \"data_offsets\" must be an array [begin, end]");
-      SafetensorsEntry t;
-      t.dtype = entry["dtype"].get<std::string>();
-      const std::size_t esize = dtype_bytes(t.dtype);
-      if (esize == 0) throw Error(path, where + ": unknown dtype '" + t.dtype + "'");
-      std::uint64_t numel = 1;
-      for (const auto& d : entry["shape"]) {
-        if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
-          throw Error(path, where + ": shape " + entry["shape"].dump() + " must hold integers >= 0");
-        const std::uint64_t dim = d.get<std::uint64_t>();
-        if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
-            __builtin_mul_overflow(numel, dim, &numel))
-          throw Error(path, where + ": shape " + entry["shape"].dump() + " overflows");
-        t.shape.push_back(static_cast<std::int64_t>(dim));
-      }
-      const auto& off = entry["data_offsets"];
-      if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-        throw Error(path, where + ": data_offsets " + off.dump() + " must be integers >= 0");
-      const std::uint64_t begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-      if (begin > end) throw Error(path, where + ": data_offsets " + off.dump() + " has begin > end");
-      if (end > data_size)
-        throw Error(path, where + ": data_offsets " + off.dump() + " run past the data section (" +
-                              std::to_string(data_size) + " bytes)");
-      std::uint64_t want = 0;
-      if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want) || want != end - begin)
-        throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs " +
-                              std::to_string(want) + " bytes, data_offsets " + off.dump() + " span " +
-                              std::to_string(end - begin));
-      t.data = data + begin;
-      t.bytes = static_cast<std::size_t>(end - begin);
+      std::uint64_t begin = 0, end = 0;
+      tensors_.emplace(name, parse_entry(path, name, entry, bytes + 8 + n, size_ - 8 - n, begin, end));
       spans.emplace_back(begin, end);
       span_names.push_back(name);
-      tensors_.emplace(name, std::move(t));
     }
-    // No overlaps: sorted by begin, each tensor ends before the next begins (empty ones excepted).
-    std::vector<std::size_t> order(spans.size());
-    for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return spans[a] < spans[b]; });
-    std::uint64_t reach = 0;
-    std::size_t reach_of = 0;
-    for (std::size_t idx : order) {
-      const auto [begin, end] = spans[idx];
-      if (begin == end) continue;
-      if (begin < reach)
-        throw Error(path, "tensors '" + span_names[reach_of] + "' and '" + span_names[idx] + "' overlap");
-      reach = end;
-      reach_of = idx;
-    }
+    check_no_overlap(path, spans, span_names);
   } catch (...) {
     ::munmap(map_, size_);
     map_ = nullptr;

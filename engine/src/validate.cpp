@@ -3,20 +3,14 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 
 #include "problem.hpp"
 #include "simdattn/error.hpp"
+#include "text.hpp"
 
 namespace simdattn::detail {
 namespace {
-
-std::string shape_str(const Shape4& s) {
-  std::ostringstream os;
-  os << '[' << s[0] << ", " << s[1] << ", " << s[2] << ", " << s[3] << ']';
-  return os.str();
-}
 
 // Byte span [lo, hi) a view touches; {0, 0} for an empty view. Throws on overflow.
 struct Span {
@@ -117,14 +111,10 @@ Shape4 output_shape(const Shape4& qs, const Shape4& ks, const Shape4& vs) {
   return {B, H, qs[2], Dv};
 }
 
-}  // namespace
-
-Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
-                     const TensorView& out, const AttentionOptions& opt) {
-  check_isa();
-  Problem p;
-
-  // dtypes
+// q, k, v and out: dtypes, byte spans (sizes, strides, null pointers, overflow), shapes, and
+// that out aliases nothing. Returns out's byte span.
+Span set_tensors(Problem& p, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                 const TensorView& out) {
   check_qkv_dtypes(q, k, v);
   if (out.dtype != q.dtype)
     throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from q's " +
@@ -169,8 +159,11 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   p.ks = k.strides;
   p.vs = v.strides;
   p.os = out.strides;
+  return so;
+}
 
-  // mask
+// The mask: its dtype says boolean (u8) or additive (f32/f64); broadcastable to [B, H, Sq, Sk].
+void set_mask(Problem& p, const AttentionOptions& opt, const Span& so) {
   if (!opt.mask.empty()) {
     const ConstTensorView& m = opt.mask;
     if (m.dtype == DType::u8) p.mask_kind = MaskKind::boolean;
@@ -190,8 +183,9 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
     p.mask_dtype = m.dtype;
     for (int d = 0; d < 4; ++d) p.ms[d] = m.shape[d] == 1 ? 0 : m.strides[d];
   }
+}
 
-  // key lengths
+void set_key_lengths(Problem& p, const AttentionOptions& opt, const Span& so) {
   if (!opt.key_lengths.empty()) {
     if (static_cast<std::int64_t>(opt.key_lengths.size()) != p.B)
       throw Error("options.key_lengths", "expected " + std::to_string(p.B) +
@@ -209,8 +203,10 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
       throw Error("out", "memory overlaps options.key_lengths");
     p.key_lengths = opt.key_lengths.data();
   }
+}
 
-  // causal, window, scale, threads, backend
+// Causal and window.
+void set_structure(Problem& p, const AttentionOptions& opt) {
   if (opt.causal != Causal::none && opt.causal != Causal::top_left &&
       opt.causal != Causal::bottom_right)
     throw Error("options.causal", "unknown value " + std::to_string(int(opt.causal)));
@@ -227,7 +223,10 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
     p.window_left = std::min(opt.window->left, reach);
     p.window_right = std::min(opt.window->right, reach);
   }
-  // sparse patterns
+}
+
+// Global tokens and the block mask.
+void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
   if (opt.global_tokens < 0)
     throw Error("options.global_tokens", "must be >= 0, got " + std::to_string(opt.global_tokens));
   p.global_tokens = std::min(opt.global_tokens, p.Sq + p.Sk);  // beyond every position: saturate
@@ -252,7 +251,19 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
     p.bm_row = bm.strides[2];
     p.bm_col = bm.strides[3];
   }
+}
 
+}  // namespace
+
+Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                     const TensorView& out, const AttentionOptions& opt) {
+  check_isa();
+  Problem p;
+  const Span so = set_tensors(p, q, k, v, out);
+  set_mask(p, opt, so);
+  set_key_lengths(p, opt, so);
+  set_structure(p, opt);
+  set_sparse(p, opt, so);
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   if (!std::isfinite(p.scale))
     throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));

@@ -1,0 +1,17 @@
+// Text the error messages share (error.cpp).
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <span>
+#include <string>
+
+namespace simdattn::detail {
+
+// "[2, 3, 4]"
+std::string shape_str(std::span<const std::int64_t> dims);
+inline std::string shape_str(std::initializer_list<std::int64_t> dims) {
+  return shape_str(std::span<const std::int64_t>(dims.begin(), dims.size()));
+}
+
+}  // namespace simdattn::detail
