@@ -36,7 +36,7 @@ struct AlignedAllocator {
 
 // A K x N matrix packed once into the micro-panels of one ISA's packed micro-kernel, for a B
 // that many GEMMs multiply (a layer's weights): they skip packing it (a 128-row projection
-// spent ~14% of its time there). The panel of columns [j, j + nr) (j a multiple of nr) in the
+// spends ~14% of its time there otherwise: mha/native/bert-layer). The panel of columns [j, j + nr) (j a multiple of nr) in the
 // depth block [p, p + kc) (p a multiple of kc) holds min(kc, K - p) rows nr apart at
 // data + p * Np + (j / nr) * nr * min(kc, K - p), Np = N rounded up to nr; zero past N.
 template <class T>

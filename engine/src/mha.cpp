@@ -465,85 +465,104 @@ ConstTensorView KvCache::values() const noexcept {
 
 namespace {
 
+// One layer's tensors in a file, under a prefix.
 template <class T>
-MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std::int64_t kv_heads,
-                              const std::string& prefix) {
-  const auto& t = f.tensors();
-  auto shape_of = [&](const std::string& name) -> const std::vector<std::int64_t>& {
-    const auto it = t.find(prefix + name);
-    if (it == t.end()) throw Error(f.path(), "no tensor named '" + prefix + name + "'");
+struct LayerTensors {
+  const SafetensorsFile& f;
+  const std::string& prefix;
+  // The shape of a tensor that must exist (2-D unless a bias).
+  const std::vector<std::int64_t>& shape_of(const std::string& name) const {
+    const auto it = f.tensors().find(prefix + name);
+    if (it == f.tensors().end()) throw Error(f.path(), "no tensor named '" + prefix + name + "'");
     if (it->second.shape.size() != 2 && name.find("bias") == std::string::npos)
       throw Error(f.path(), "tensor '" + prefix + name + "' must be 2-D [out, in], has " +
                                 std::to_string(it->second.shape.size()) + " dimensions");
     return it->second.shape;
-  };
-  auto has = [&](const std::string& name) { return t.count(prefix + name) != 0; };
-  auto read = [&](const std::string& name, std::vector<std::int64_t> shape) {
+  }
+  bool has(const std::string& name) const { return f.tensors().count(prefix + name) != 0; }
+  std::vector<T> read(const std::string& name, std::vector<std::int64_t> shape) const {
     return f.read<T>(prefix + name, shape);
-  };
+  }
+};
+
+// Hugging Face names: q_proj/k_proj/v_proj/o_proj .weight, each with an optional .bias.
+template <class T>
+void load_hf(const LayerTensors<T>& t, std::int64_t kv_heads, MhaConfig& cfg, MhaWeights<T>& w) {
+  const auto qs = t.shape_of("q_proj.weight");
+  const auto ks = t.shape_of("k_proj.weight");
+  const auto vs = t.shape_of("v_proj.weight");
+  t.shape_of("o_proj.weight");  // present and 2-D, before anything is read
+  const std::int64_t heads = cfg.heads;
+  cfg.d_model = qs[1];
+  if (qs[0] < heads || qs[0] % heads != 0)
+    throw Error(t.f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a positive multiple of heads " +
+                                std::to_string(heads));
+  cfg.head_dim = qs[0] / heads;
+  if (kv_heads == 0) {
+    if (ks[0] % cfg.head_dim != 0)
+      throw Error(t.f.path(), "k_proj.weight has " + std::to_string(ks[0]) + " rows, not a multiple of head_dim " +
+                                  std::to_string(cfg.head_dim));
+    kv_heads = ks[0] / cfg.head_dim;
+  }
+  cfg.kv_heads = kv_heads;
+  cfg.kdim = ks[1];
+  cfg.vdim = vs[1];
+  const std::int64_t nq = heads * cfg.head_dim, nkv = kv_heads * cfg.head_dim;
+  w.wq = t.read("q_proj.weight", {nq, cfg.d_model});
+  w.wk = t.read("k_proj.weight", {nkv, cfg.kdim});
+  w.wv = t.read("v_proj.weight", {nkv, cfg.vdim});
+  w.wo = t.read("o_proj.weight", {cfg.d_model, nq});
+  if (t.has("q_proj.bias")) w.bq = t.read("q_proj.bias", {nq});
+  if (t.has("k_proj.bias")) w.bk = t.read("k_proj.bias", {nkv});
+  if (t.has("v_proj.bias")) w.bv = t.read("v_proj.bias", {nkv});
+  if (t.has("o_proj.bias")) w.bo = t.read("o_proj.bias", {cfg.d_model});
+}
+
+// torch.nn.MultiheadAttention's state_dict: in_proj_weight (or q/k/v_proj_weight), in_proj_bias,
+// out_proj.weight, out_proj.bias.
+template <class T>
+void load_torch(const LayerTensors<T>& t, std::int64_t kv_heads, MhaConfig& cfg, MhaWeights<T>& w) {
+  if (kv_heads != 0 && kv_heads != cfg.heads)
+    throw Error("kv_heads", "torch.nn.MultiheadAttention weights have kv_heads == heads; got " +
+                                std::to_string(kv_heads));
+  cfg.kv_heads = cfg.heads;
+  const std::int64_t d = t.shape_of("out_proj.weight")[0];
+  cfg.d_model = d;
+  if (t.has("in_proj_weight")) {
+    const auto packed = t.read("in_proj_weight", {3 * d, d});
+    w.wq.assign(packed.begin(), packed.begin() + d * d);
+    w.wk.assign(packed.begin() + d * d, packed.begin() + 2 * d * d);
+    w.wv.assign(packed.begin() + 2 * d * d, packed.end());
+  } else {
+    cfg.kdim = t.shape_of("k_proj_weight")[1];
+    cfg.vdim = t.shape_of("v_proj_weight")[1];
+    w.wq = t.read("q_proj_weight", {d, d});
+    w.wk = t.read("k_proj_weight", {d, cfg.kdim});
+    w.wv = t.read("v_proj_weight", {d, cfg.vdim});
+  }
+  w.wo = t.read("out_proj.weight", {d, d});
+  if (t.has("in_proj_bias")) {
+    const auto b = t.read("in_proj_bias", {3 * d});
+    w.bq.assign(b.begin(), b.begin() + d);
+    w.bk.assign(b.begin() + d, b.begin() + 2 * d);
+    w.bv.assign(b.begin() + 2 * d, b.end());
+  }
+  if (t.has("out_proj.bias")) w.bo = t.read("out_proj.bias", {d});
+}
+
+template <class T>
+MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std::int64_t kv_heads,
+                              const std::string& prefix) {
   if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
+  const LayerTensors<T> t{f, prefix};
   MhaConfig cfg;
   cfg.heads = heads;
   MhaWeights<T> w;
-  if (has("q_proj.weight")) {  // Hugging Face naming
-    const auto qs = shape_of("q_proj.weight");
-    const auto ks = shape_of("k_proj.weight");
-    const auto vs = shape_of("v_proj.weight");
-    shape_of("o_proj.weight");  // present and 2-D, before anything is read
-    cfg.d_model = qs[1];
-    if (qs[0] < heads || qs[0] % heads != 0)
-      throw Error(f.path(), "q_proj.weight has " + std::to_string(qs[0]) + " rows, not a positive multiple of heads " +
-                                std::to_string(heads));
-    cfg.head_dim = qs[0] / heads;
-    if (kv_heads == 0) {
-      if (ks[0] % cfg.head_dim != 0)
-        throw Error(f.path(), "k_proj.weight has " + std::to_string(ks[0]) + " rows, not a multiple of head_dim " +
-                                  std::to_string(cfg.head_dim));
-      kv_heads = ks[0] / cfg.head_dim;
-    }
-    cfg.kv_heads = kv_heads;
-    cfg.kdim = ks[1];
-    cfg.vdim = vs[1];
-    const std::int64_t nq = heads * cfg.head_dim, nkv = kv_heads * cfg.head_dim;
-    w.wq = read("q_proj.weight", {nq, cfg.d_model});
-    w.wk = read("k_proj.weight", {nkv, cfg.kdim});
-    w.wv = read("v_proj.weight", {nkv, cfg.vdim});
-    w.wo = read("o_proj.weight", {cfg.d_model, nq});
-    if (has("q_proj.bias")) w.bq = read("q_proj.bias", {nq});
-    if (has("k_proj.bias")) w.bk = read("k_proj.bias", {nkv});
-    if (has("v_proj.bias")) w.bv = read("v_proj.bias", {nkv});
-    if (has("o_proj.bias")) w.bo = read("o_proj.bias", {cfg.d_model});
-  } else if (has("in_proj_weight") || has("q_proj_weight")) {  // torch.nn.MultiheadAttention
-    if (kv_heads != 0 && kv_heads != heads)
-      throw Error("kv_heads", "torch.nn.MultiheadAttention weights have kv_heads == heads; got " +
-                                  std::to_string(kv_heads));
-    cfg.kv_heads = heads;
-    const std::int64_t d = shape_of("out_proj.weight")[0];
-    cfg.d_model = d;
-    if (has("in_proj_weight")) {
-      const auto packed = read("in_proj_weight", {3 * d, d});
-      w.wq.assign(packed.begin(), packed.begin() + d * d);
-      w.wk.assign(packed.begin() + d * d, packed.begin() + 2 * d * d);
-      w.wv.assign(packed.begin() + 2 * d * d, packed.end());
-    } else {
-      cfg.kdim = shape_of("k_proj_weight")[1];
-      cfg.vdim = shape_of("v_proj_weight")[1];
-      w.wq = read("q_proj_weight", {d, d});
-      w.wk = read("k_proj_weight", {d, cfg.kdim});
-      w.wv = read("v_proj_weight", {d, cfg.vdim});
-    }
-    w.wo = read("out_proj.weight", {d, d});
-    if (has("in_proj_bias")) {
-      const auto b = read("in_proj_bias", {3 * d});
-      w.bq.assign(b.begin(), b.begin() + d);
-      w.bk.assign(b.begin() + d, b.begin() + 2 * d);
-      w.bv.assign(b.begin() + 2 * d, b.end());
-    }
-    if (has("out_proj.bias")) w.bo = read("out_proj.bias", {d});
-  } else {
+  if (t.has("q_proj.weight")) load_hf(t, kv_heads, cfg, w);
+  else if (t.has("in_proj_weight") || t.has("q_proj_weight")) load_torch(t, kv_heads, cfg, w);
+  else
     throw Error(f.path(), "no attention weights under prefix '" + prefix +
                               "' (expected in_proj_weight, q_proj_weight or q_proj.weight)");
-  }
   return MultiHeadAttention(cfg, std::move(w));
 }
 

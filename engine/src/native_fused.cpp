@@ -157,8 +157,8 @@ class FusedWorker {
       if (cover == Cover::mixed && structured_) {
         // A block at the edge of the visible region (causal diagonal, window edge, key length,
         // block mask): its runs of one vector's width of keys that no row of the query block sees
-        // are skipped; runs of the others go as one step. (Skipping whole 64-key panels instead
-        // computed ~10% more keys than visible on long, window 512.)
+        // are skipped; runs of the others go as one step. (Whole 64-key panels would compute
+        // ~10% more keys than visible on long with window 512: sparse/native/long-window512.)
         const std::int64_t w = plan_.lanes;
         for (std::int64_t a = 0; a < nk;) {
           std::int64_t e = a;

@@ -10,9 +10,10 @@ namespace simdattn::detail {
 
 // The rows a kernel reads (or writes) next, handed out as contiguous runs of cache lines to
 // the prefetching micro-kernel (GemmKernels::ukernel_direct_a_pf), which spreads them over its
-// k loop: the data then arrives in L2 while the FMA units work. (Measured here: one burst of
-// prefetches per call stalls on the core's line-fill buffers; with none, the passes that read
-// the rows first stall on demand misses.) Rows with a non-unit inner stride are not prefetched.
+// k loop: the data then arrives in L2 while the FMA units work. (One burst of prefetches per
+// call stalls on the core's line-fill buffers; with none, the passes that read the rows first
+// stall on demand misses: guarded by attention/native/gpt, attention/native/sdcross and
+// linear/native/long.) Rows with a non-unit inner stride are not prefetched.
 class NextRows {
  public:
   template <class T>
