@@ -448,7 +448,8 @@ TEST_CASE("scale and scale_to on every ISA, all lengths") {
   }
 }
 
-TEST_CASE("linear attention's feature maps (elu1, relu) on every ISA: values, NaN, infinities, tails") {
+TEST_CASE("linear attention's feature maps (elu1, relu) on every ISA: values, NaN, infinities, tails" *
+          doctest::test_suite(simdattn::test::every_isa)) {
   std::mt19937_64 rng(simdattn::test::base_seed() + 61);
   std::uniform_real_distribution<double> u(-20.0, 20.0);
   for (const KernelTable* kt : tables()) {
