@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "gemm.hpp"
+#include "simd_test_util.hpp"
 #include "test_util.hpp"
 
 using namespace simdattn;
@@ -19,12 +20,6 @@ using detail::GemmArgs;
 using detail::Trans;
 
 namespace {
-
-std::vector<const simd::KernelTable*> tables() {
-  std::vector<const simd::KernelTable*> out;
-  for (simd::Isa isa : simd::available_isas()) out.push_back(simd::kernels_for(isa));
-  return out;
-}
 
 template <class T>
 struct Problem {
@@ -102,7 +97,7 @@ void check(const simd::KernelTable& kt, std::mt19937_64& rng, Trans ta, Trans tb
 
 TEST_CASE("gemm: sizes around every tile and block, all layouts, every ISA (f32 and f64)") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 40);
-  for (const simd::KernelTable* kt : tables()) {
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
     const auto& b32 = kt->gemm_f32.blocking;
     const std::int64_t mr = b32.mr, nr = b32.nr;
     const std::vector<std::int64_t> ms{1, 2, mr - 1, mr, mr + 1, 2 * mr + 3, 127};
@@ -125,7 +120,7 @@ TEST_CASE("gemm: sizes around every tile and block, all layouts, every ISA (f32 
 
 TEST_CASE("gemm: blocks larger than mc, kc and nc, at 1 and 2 threads") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 41);
-  for (const simd::KernelTable* kt : tables()) {
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
     const auto& b = kt->gemm_f32.blocking;
     for (Trans ta : {Trans::N, Trans::T})
       for (Trans tb : {Trans::N, Trans::T}) {
@@ -144,7 +139,7 @@ TEST_CASE("gemm: one block of B, row (or column) chunks claimed by whichever thr
   // chunk (one tile and 5 rows) is short, its last tile too. B packed, A read in place
   // (N <= 128), transposed operands, beta != 0; results exact against the naive loop.
   std::mt19937_64 rng(simdattn::test::base_seed() + 45);
-  for (const simd::KernelTable* kt : tables()) {
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
     const std::int64_t mr = kt->gemm_f32.blocking.mr;
     const std::int64_t M = mr * 4 * 7 + mr + 5;
     for (int threads : {2, 3}) {
@@ -169,7 +164,7 @@ TEST_CASE("gemm: a large C written in one pass, aligned or not, at 1 and 2 threa
   Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, N, K, 0, 2.f, 0.f);
   const std::vector<float> want = naive(p);
   std::vector<float> store(static_cast<std::size_t>(M * N) + 32);
-  for (const simd::KernelTable* kt : tables())
+  for (const simd::KernelTable* kt : test::kernel_tables())
     for (int threads : {1, 2})
       for (std::size_t shift : {std::size_t{0}, std::size_t{1}}) {
         CAPTURE(simd::isa_name(kt->isa));
@@ -200,7 +195,7 @@ TEST_CASE("gemm: a large C written in one pass, aligned or not, at 1 and 2 threa
 
 TEST_CASE("gemm: M = 1 (matrix-vector), K = 0, empty, alpha = 0") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 42);
-  for (const simd::KernelTable* kt : tables()) {
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
     for (std::int64_t N : {1, 5, 16, 63, 64, 65, 300, 4096})
       for (std::int64_t K : {1, 3, 16, 17, 128})
         for (Trans ta : {Trans::N, Trans::T})
@@ -243,7 +238,7 @@ TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
 
 TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every ISA, 1 and 2 threads") {
   std::mt19937_64 rng(test::base_seed() + 91);
-  for (const simd::KernelTable* kt : tables()) {
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
     const std::int64_t nr = kt->gemm_f32.blocking.nr, kc = kt->gemm_f32.blocking.kc;
     for (auto [M, Ntot, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 70, 33}, {1, 3 * nr + 5, kc + 7},
                               {2, nr, 1}, {13, 2 * nr + 1, kc}, {29, 5 * nr - 3, 2 * kc + 3}, {130, 4 * nr, 40},

@@ -88,7 +88,8 @@ void check_random(std::mt19937_64& rng, int trial) {
 
 }  // namespace
 
-TEST_CASE("linear attention equals the quadratic form (random, every feature map, chunk sizes)") {
+TEST_CASE("linear attention equals the quadratic form (random, every feature map, chunk sizes)" *
+          doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 51);
   for (int trial = 0; trial < 60; ++trial) {
     if (trial % 4 < 2) check_random<float>(rng, trial);
@@ -96,7 +97,8 @@ TEST_CASE("linear attention equals the quadratic form (random, every feature map
   }
 }
 
-TEST_CASE("linear attention with head sizes wider than a kernel panel and chunks of several panels") {
+TEST_CASE("linear attention with head sizes wider than a kernel panel and chunks of several panels" *
+          doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 53);
   for (auto [D, Dv, chunk] : {std::tuple{70, 130, 100}, std::tuple{128, 128, 64}, std::tuple{33, 65, 150}}) {
     Buffer<float> q({1, 2, 203, D}), k({1, 1, 203, D}), v({1, 1, 203, Dv});
@@ -147,7 +149,8 @@ TEST_CASE("the recurrent state after N steps equals causal linear attention") {
   CHECK(state.tokens() == 0);
 }
 
-TEST_CASE("linear attention validates its options") {
+TEST_CASE("linear attention validates its options" *
+          doctest::test_suite(test::every_isa)) {
   Buffer<float> q({1, 2, 5, 4}), k({1, 2, 6, 4}), v({1, 2, 6, 4}), o({1, 2, 5, 4});
   LinearAttentionOptions opt;
   opt.causal = true;

@@ -124,13 +124,6 @@ double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
   return err / scale;
 }
 
-std::vector<Backend> core_backends(bool f64) {
-  std::vector<Backend> out;
-  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
-    if (backend_available(b) && !(f64 && b == Backend::onednn)) out.push_back(b);
-  return out;
-}
-
 }  // namespace
 
 TEST_CASE("MHA self-attention equals the float64 definition (f64 and f32, every backend)") {
@@ -152,7 +145,7 @@ TEST_CASE("MHA self-attention equals the float64 definition (f64 and f32, every 
         CAPTURE(int(causal));
         CAPTURE(pad);
         const MultiHeadAttention l64(m.cfg, m.w);
-        for (Backend be : core_backends(true)) {
+        for (Backend be : test::backends(true)) {
           opt.backend = be;
           std::vector<double> y(std::size_t(B * S * d));
           l64.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), opt);
@@ -160,7 +153,7 @@ TEST_CASE("MHA self-attention equals the float64 definition (f64 and f32, every 
         }
         const MultiHeadAttention l32(m.cfg, weights_as<float>(m.w));
         const auto xf = conv<float>(x);
-        for (Backend be : core_backends(false)) {
+        for (Backend be : test::backends(false)) {
           opt.backend = be;
           std::vector<float> y(std::size_t(B * S * d));
           l32.forward(ConstSeqView(xf.data(), B, S, d), SeqView(y.data(), B, S, d), opt);

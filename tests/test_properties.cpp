@@ -12,13 +12,6 @@ using test::Buffer;
 
 namespace {
 
-std::vector<Backend> backends() {
-  std::vector<Backend> out;
-  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
-    if (backend_available(b)) out.push_back(b);
-  return out;
-}
-
 struct Case {
   std::int64_t B, H, Hkv, Sq, Sk, D, Dv;
   Buffer<double> q, k, v;
@@ -65,7 +58,7 @@ double slack(Backend be) { return be == Backend::onednn ? 1e-5 : 1e-12; }
 
 TEST_CASE("each output row is a convex combination of V rows") {
   std::mt19937_64 rng(test::base_seed() + 1);
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     for (int trial = 0; trial < 40; ++trial) {
       Case c = random_case(rng);
       AttentionOptions opt;
@@ -93,7 +86,7 @@ TEST_CASE("each output row is a convex combination of V rows") {
 
 TEST_CASE("permuting keys and values together leaves non-causal output unchanged") {
   std::mt19937_64 rng(test::base_seed() + 2);
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     for (int trial = 0; trial < 30; ++trial) {
       Case c = random_case(rng);
       AttentionOptions opt;
@@ -112,7 +105,7 @@ TEST_CASE("permuting keys and values together leaves non-causal output unchanged
 
 TEST_CASE("changing future keys and values leaves causal rows unchanged (both alignments)") {
   std::mt19937_64 rng(test::base_seed() + 3);
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     for (int trial = 0; trial < 30; ++trial) {
       Case c = random_case(rng);
       for (Causal causal : {Causal::top_left, Causal::bottom_right}) {
@@ -144,7 +137,7 @@ TEST_CASE("changing future keys and values leaves causal rows unchanged (both al
 
 TEST_CASE("grouped-query attention equals multi-head attention with K/V heads repeated") {
   std::mt19937_64 rng(test::base_seed() + 4);
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     for (int trial = 0; trial < 30; ++trial) {
       const std::int64_t group = 1 + trial % 4;
       Case c = random_case(rng, group);
@@ -165,7 +158,7 @@ TEST_CASE("grouped-query attention equals multi-head attention with K/V heads re
 
 TEST_CASE("a fully masked row is zero (boolean mask, key length 0, additive -inf, window)") {
   std::mt19937_64 rng(test::base_seed() + 5);
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     Case c = random_case(rng);
     c.B = 2;
     c.q = Buffer<double>({2, c.H, c.Sq, c.D});

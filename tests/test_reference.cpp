@@ -15,13 +15,6 @@ namespace {
 
 const double kLn2 = std::log(2.0);
 
-std::vector<Backend> backends() {
-  std::vector<Backend> out;
-  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
-    if (backend_available(b)) out.push_back(b);
-  return out;
-}
-
 // Runs [1,1,Sq,D] x [1,1,Sk,D] attention and returns O [Sq][Dv] row-major. The reference and
 // native backends run in f64; onednn, which has no f64, in f32.
 std::vector<double> run(Backend backend, const std::vector<double>& q, const std::vector<double>& k,
@@ -64,7 +57,7 @@ TEST_CASE("hand-computed 2x2: scores, softmax, weighted values") {
   const double a = 2.0 / (e + 1.0), b = 2.0 * e / (e + 1.0);  // 0.5378828427399903, 1.4621171572600098
   AttentionOptions opt;
   opt.scale = 1.0;
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     CAPTURE(backend_name(be));
     check_close(run(be, q, k, v, 2, 2, 2, 2, opt), {1 + a, 2 + a, 1 + b, 2 + b}, be);
     opt.causal = Causal::top_left;  // row 0 sees key 0 only
@@ -76,7 +69,7 @@ TEST_CASE("hand-computed 2x2: scores, softmax, weighted values") {
 TEST_CASE("hand-computed 3x3 with and without the causal mask") {
   AttentionOptions opt;
   opt.scale = kLn2;
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     CAPTURE(backend_name(be));
     // row 0: (7+14+0)/3, (0+21+42)/3; row 1: (7+28+0)/7, (0+42+168)/7; row 2: (7+56)/21, (84+672)/21
     opt.causal = Causal::none;
@@ -94,7 +87,7 @@ TEST_CASE("hand-computed Sq != Sk: the two causal alignments differ") {
   const std::vector<double> q{1, 2};
   AttentionOptions opt;
   opt.scale = kLn2;
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     CAPTURE(backend_name(be));
     // top-left: query 0 at position 0 sees key 0; query 1 at position 1 sees keys 0-1 with
     // weights 1/5, 4/5: (7 + 56)/5, (0 + 84)/5
@@ -110,7 +103,7 @@ TEST_CASE("hand-computed Sq != Sk: the two causal alignments differ") {
 TEST_CASE("hand-computed masks, key lengths and windows") {
   AttentionOptions base;
   base.scale = kLn2;
-  for (Backend be : backends()) {
+  for (Backend be : test::backends()) {
     CAPTURE(backend_name(be));
     {  // key length 2: row 0 uniform over keys 0-1; row 1 weights 1/3, 2/3; row 2 1/5, 4/5
       AttentionOptions opt = base;

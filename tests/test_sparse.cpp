@@ -57,16 +57,11 @@ Buffer<std::uint8_t> dense_mask(const SparseCase& c) {
 
 template <class T>
 void check_sparse(const SparseCase& c, std::mt19937_64& rng) {
-  Buffer<T> q({c.B, c.H, c.Sq, c.D}), k({c.B, c.Hkv, c.Sk, c.D}), v({c.B, c.Hkv, c.Sk, c.D});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
+  const auto [q, k, v] = test::random_qkv<T>(rng, c.B, c.H, c.Hkv, c.Sq, c.Sk, c.D);
   const Buffer<std::uint8_t> dense = dense_mask(c);
   AttentionOptions want_opt;
-  want_opt.backend = Backend::reference;
   want_opt.mask = dense.cview();
-  Buffer<T> want({c.B, c.H, c.Sq, c.D});
-  attention(q.cview(), k.cview(), v.cview(), want.view(), want_opt);
+  const Buffer<T> want = test::run_attention(Backend::reference, q, k, v, want_opt);
 
   AttentionOptions opt;
   opt.causal = c.causal;
@@ -76,11 +71,8 @@ void check_sparse(const SparseCase& c, std::mt19937_64& rng) {
   opt.block_size = c.bs;
   const std::int64_t nbq = (c.Sq + c.bs - 1) / c.bs, nbk = (c.Sk + c.bs - 1) / c.bs;
   if (!c.blocks.empty()) opt.block_mask = ConstTensorView(c.blocks.data(), DType::u8, {1, 1, nbq, nbk});
-  for (Backend be : {Backend::reference, Backend::native, Backend::onednn}) {
-    if (!backend_available(be) || (be == Backend::onednn && sizeof(T) == 8)) continue;
-    opt.backend = be;
-    Buffer<T> out({c.B, c.H, c.Sq, c.D});
-    attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+  for (Backend be : test::backends(sizeof(T) == 8)) {  // oneDNN has no f64
+    const Buffer<T> out = test::run_attention(be, q, k, v, opt);
     CAPTURE(backend_name(be));
     CAPTURE(c.describe());
     CHECK(test::max_abs_diff(out, want) <= test::tolerance<T>(test::max_abs(v)));
@@ -119,7 +111,8 @@ SparseCase random_case(std::mt19937_64& rng) {
 
 }  // namespace
 
-TEST_CASE("sparse patterns equal the reference with the equivalent dense mask (random, every backend)") {
+TEST_CASE("sparse patterns equal the reference with the equivalent dense mask (random, every backend)" *
+          doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 41);
   for (int trial = 0; trial < 200; ++trial) {
     const SparseCase c = random_case(rng);
@@ -151,10 +144,7 @@ TEST_CASE("an additive mask's NaN or +inf at keys a sparse pattern hides never r
   // f32 inputs with an f64 mask take the native kernel's element-by-element mask path.
   std::mt19937_64 rng(test::base_seed() + 43);
   const std::int64_t S = 40;
-  Buffer<float> q({1, 2, S, 8}), k({1, 2, S, 8}), v({1, 2, S, 8});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
+  const auto [q, k, v] = test::random_qkv<float>(rng, 1, 2, 2, S, S, 8);
   Buffer<double> m({1, 1, S, S});
   m.for_each([](double& x, auto, auto, auto i, auto j) { x = j > i ? (j % 2 ? NAN : INFINITY) : 0.25 * double(j % 3); });
   std::vector<std::uint8_t> blocks{1, 0, 1, 1, 1, 0, 0, 1, 1};  // bs 16: 3 x 3 blocks
@@ -163,15 +153,10 @@ TEST_CASE("an additive mask's NaN or +inf at keys a sparse pattern hides never r
   opt.mask = m.cview();           // additive (f32); no global tokens: a global query would see them
   opt.block_size = 16;
   opt.block_mask = ConstTensorView(blocks.data(), DType::u8, {1, 1, 3, 3});
-  Buffer<float> ref({1, 2, S, 8});
-  opt.backend = Backend::reference;
-  attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
+  const Buffer<float> ref = test::run_attention(Backend::reference, q, k, v, opt);
   for (float x : ref.data) REQUIRE(std::isfinite(x));
-  for (Backend be : {Backend::native, Backend::onednn}) {
-    if (!backend_available(be)) continue;
-    Buffer<float> out({1, 2, S, 8});
-    opt.backend = be;
-    attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+  for (Backend be : test::fast_backends()) {
+    const Buffer<float> out = test::run_attention(be, q, k, v, opt);
     CAPTURE(backend_name(be));
     CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
   }

@@ -26,7 +26,7 @@ TEST_CASE("parallel_for covers every index exactly once, in balanced chunks") {
   }
 }
 
-TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
+TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads" * doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 20);
   // Small, multi-block (several query and key blocks, causal work to balance), decode-like
   // (one query per head, grouped-query heads), and short key rows (without causal: the
@@ -35,20 +35,15 @@ TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
                                     {1, 2, 2, 2, 3000, 32}, {2, 4, 2, 700, 77, 40}};
   for (const auto& sh : shapes) {
     const std::int64_t B = sh[0], H = sh[1], Hkv = sh[2], Sq = sh[3], Sk = sh[4], D = sh[5];
-    Buffer<float> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
-    q.fill_normal(rng);
-    k.fill_normal(rng);
-    v.fill_normal(rng);
+    const auto [q, k, v] = test::random_qkv<float>(rng, B, H, Hkv, Sq, Sk, D);
     for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
       AttentionOptions opt;
       opt.causal = causal;
       opt.threads = 1;
-      Buffer<float> one({B, H, Sq, D});
-      attention(q.cview(), k.cview(), v.cview(), one.view(), opt);
+      const Buffer<float> one = test::run_attention(Backend::native, q, k, v, opt);
       for (int t : {2, 3, 7}) {
         opt.threads = t;
-        Buffer<float> out({B, H, Sq, D});
-        attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+        const Buffer<float> out = test::run_attention(Backend::native, q, k, v, opt);
         CAPTURE(Sq);
         CAPTURE(Sk);
         CHECK(out.data == one.data);
@@ -60,12 +55,9 @@ TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads") {
 TEST_CASE("concurrent calls from many threads, and calls inside a parallel region") {
   std::mt19937_64 rng(test::base_seed() + 21);
   const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
-  Buffer<float> q({B, H, Sq, D}), k({B, H, Sk, D}), v({B, H, Sk, D});
-  q.fill_normal(rng);
-  k.fill_normal(rng);
-  v.fill_normal(rng);
-  Buffer<float> expect({B, H, Sq, D});
-  attention(q.cview(), k.cview(), v.cview(), expect.view());
+  // A named struct, not a structured binding: its members are used in lambdas and an OpenMP region.
+  const test::Qkv<float> in = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);
+  const Buffer<float> expect = test::run_attention(Backend::native, in.q, in.k, in.v);
 
   std::vector<Buffer<float>> outs(4, Buffer<float>({B, H, Sq, D}));
   std::vector<std::thread> pool;
@@ -73,7 +65,7 @@ TEST_CASE("concurrent calls from many threads, and calls inside a parallel regio
     pool.emplace_back([&, t] {
       AttentionOptions opt;
       opt.threads = 2;
-      for (int rep = 0; rep < 20; ++rep) attention(q.cview(), k.cview(), v.cview(), outs[t].view(), opt);
+      for (int rep = 0; rep < 20; ++rep) attention(in.q.cview(), in.k.cview(), in.v.cview(), outs[t].view(), opt);
     });
   for (auto& th : pool) th.join();
   for (const auto& o : outs) CHECK(o.data == expect.data);
@@ -86,7 +78,7 @@ TEST_CASE("concurrent calls from many threads, and calls inside a parallel regio
     in_parallel_threads = omp_get_num_threads();
     AttentionOptions opt;
     opt.threads = 2;  // must not nest: runs on this thread
-    attention(q.cview(), k.cview(), v.cview(), nested[omp_get_thread_num()].view(), opt);
+    attention(in.q.cview(), in.k.cview(), in.v.cview(), nested[omp_get_thread_num()].view(), opt);
   }
   for (int t = 0; t < in_parallel_threads; ++t) CHECK(nested[t].data == expect.data);
 }

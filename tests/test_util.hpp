@@ -1,5 +1,6 @@
-// Shared helpers for the tests: random tensors, owning 4-D buffers with any layout, and an
-// error measure with docs/design.md's tolerances.
+// Shared helpers for the tests: the backends to run, random tensors, owning 4-D buffers with any
+// layout, random Q/K/V, one attention call into a new buffer, and an error measure with
+// docs/design.md's tolerances.
 #pragma once
 
 #include <algorithm>
@@ -21,6 +22,27 @@ inline std::uint64_t base_seed() {
     return env ? std::strtoull(env, nullptr, 10) : 20261130ULL;
   }();
   return seed;
+}
+
+// The doctest suite that tests/CMakeLists.txt runs again with SIMDATTN_ISA forced to each lower
+// ISA (attention_on_avx2, attention_on_sse2): TEST_CASE("..." * doctest::test_suite(every_isa)).
+inline constexpr char every_isa[] = "attention on every ISA";
+
+// The backends this build has: reference, native and, where built, onednn. With f64 = true, only
+// those that take f64 inputs (onednn has no f64).
+inline std::vector<Backend> backends(bool f64 = false) {
+  std::vector<Backend> out;
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
+    if (backend_available(b) && !(f64 && b == Backend::onednn)) out.push_back(b);
+  return out;
+}
+
+// The same without the reference: the backends checked against it.
+inline std::vector<Backend> fast_backends(bool f64 = false) {
+  std::vector<Backend> out;
+  for (Backend b : backends(f64))
+    if (b != Backend::reference) out.push_back(b);
+  return out;
 }
 
 // An owning 4-D buffer that can be laid out as [B,H,S,D] or [B,S,H,D], with optional padding
@@ -59,6 +81,39 @@ struct Buffer {
   ConstTensorView cview() const { return ConstTensorView(data.data(), shape, strides); }
   TensorView view() { return TensorView(data.data(), shape, strides); }
 };
+
+// Q [B, H, Sq, D], K [B, Hkv, Sk, D] and V [B, Hkv, Sk, Dv], dense [B, H, S, D], drawn from N(0, 1)
+// in that order (the same draws as filling three such buffers one after the other).
+template <class T>
+struct Qkv {
+  Buffer<T> q, k, v;
+};
+
+template <class T>
+Qkv<T> random_qkv(std::mt19937_64& rng, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Sq,
+                  std::int64_t Sk, std::int64_t D, std::int64_t Dv) {
+  Qkv<T> t{Buffer<T>({B, H, Sq, D}), Buffer<T>({B, Hkv, Sk, D}), Buffer<T>({B, Hkv, Sk, Dv})};
+  t.q.fill_normal(rng);
+  t.k.fill_normal(rng);
+  t.v.fill_normal(rng);
+  return t;
+}
+
+template <class T>
+Qkv<T> random_qkv(std::mt19937_64& rng, std::int64_t B, std::int64_t H, std::int64_t Hkv, std::int64_t Sq,
+                  std::int64_t Sk, std::int64_t D) {
+  return random_qkv<T>(rng, B, H, Hkv, Sq, Sk, D, D);
+}
+
+// attention() on `backend` into a new dense [B, H, Sq, Dv] buffer (opt.backend is overridden).
+template <class T>
+Buffer<T> run_attention(Backend backend, const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>& v,
+                        AttentionOptions opt = {}) {
+  opt.backend = backend;
+  Buffer<T> out({q.shape[0], q.shape[1], q.shape[2], v.shape[3]});
+  attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+  return out;
+}
 
 // The same tensor in another dtype, with the same layout.
 template <class To, class From>

@@ -1,0 +1,99 @@
+// Every backend against the reference on edge-case shapes and options: sizes of one, head sizes
+// past every panel, sizes around the native kernel's blocks, the short-key-row (transposed) form,
+// bands that hide whole key blocks and windows far beyond the sequence.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <limits>
+#include <random>
+
+#include "backend_config.hpp"
+
+using namespace simdattn;
+using test::Buffer;
+using test::Config;
+
+TEST_CASE("edge cases: Sk = 1, Sq = 1, D = 1, D = 257, Sq != Sk" * doctest::test_suite(test::every_isa)) {
+  std::mt19937_64 rng(test::base_seed() + 11);
+  const std::int64_t shapes[][4] = {{1, 1, 1, 1}, {5, 1, 8, 8}, {1, 7, 3, 3}, {4, 9, 257, 257},
+                                    {33, 1, 16, 5}, {1, 65, 64, 64}, {17, 18, 2, 31}};
+  for (const auto& s : shapes) {
+    for (Causal causal : {Causal::none, Causal::top_left, Causal::bottom_right}) {
+      Config c = Config::sized(2, 2, 1, s[0], s[1], s[2], s[3]);
+      c.causal = causal;
+      test::check_config<float>(c, rng);
+      test::check_config<double>(c, rng);
+    }
+  }
+}
+
+TEST_CASE("sizes one below, at and above the native block sizes" * doctest::test_suite(test::every_isa)) {
+  std::mt19937_64 rng(test::base_seed() + 14);
+  const std::int64_t sq[] = {95, 96, 97, 191, 193};
+  // keys: around the 128-key block and the 64-key panel; (128, 256] goes as one block of up to 256
+  const std::int64_t sk[] = {63, 64, 65, 127, 128, 129, 197, 255, 256, 257};
+  int n = 0;
+  for (std::int64_t Sq : sq)
+    for (std::int64_t Sk : sk) {
+      Config c = Config::sized(1, 2, 1, Sq, Sk, (n % 3 == 0) ? 64 : 17, (n % 2 == 0) ? 64 : 40);
+      c.causal = static_cast<Causal>(n % 3);
+      test::check_config<float>(c, rng);
+      ++n;
+    }
+}
+
+TEST_CASE("short key rows without a mask (the native kernel's transposed form): sizes, layouts, key lengths" *
+          doctest::test_suite(test::every_isa)) {
+  // Up to 96 keys, Sq >= 64 and keys or Dv off the vector width: queries go on the vector lanes.
+  std::mt19937_64 rng(test::base_seed() + 16);
+  const std::int64_t sq[] = {64, 65, 84, 127, 128, 129, 300};
+  const std::int64_t sk[] = {1, 5, 16, 17, 77, 95, 96};
+  const std::int64_t dims[][2] = {{40, 40}, {1, 17}, {64, 1}, {33, 65}};
+  int n = 0;
+  for (std::int64_t Sq : sq)
+    for (std::int64_t Sk : sk) {
+      const auto& d = dims[n % 4];
+      Config c = Config::sized(n % 2 + 1, 4, n % 3 == 0 ? 1 : 2, Sq, Sk, d[0], d[1]);
+      c.bshd = n % 2 == 0;
+      c.row_pad = n % 5 == 0 ? 3 : 0;
+      c.key_lengths = n % 4 == 1;
+      if (n % 3 == 2) c.scale = -0.3;
+      if (n % 2 == 0) test::check_config<float>(c, rng);
+      else test::check_config<double>(c, rng);
+      ++n;
+    }
+}
+
+TEST_CASE("a band that hides whole key blocks in the middle of every row") {
+  std::mt19937_64 rng(test::base_seed() + 15);
+  for (Causal causal : {Causal::none, Causal::bottom_right}) {
+    Config c = Config::sized(2, 2, 2, 700, 700, 32, 32);
+    c.causal = causal;
+    c.window = Window{40, causal == Causal::none ? 40 : 0};
+    c.key_lengths = true;
+    test::check_config<float>(c, rng);
+  }
+  // The same band as an explicit boolean mask, plus the first keys (a global-token pattern):
+  // rows see keys 0-7, then nothing until their band.
+  const std::int64_t S = 600, D = 16;
+  const auto [q, k, v] = test::random_qkv<float>(rng, 1, 1, 1, S, S, D);
+  Buffer<std::uint8_t> m({1, 1, S, S});
+  m.for_each([](std::uint8_t& x, auto, auto, auto i, auto j) { x = (j < 8 || (j >= i - 20 && j <= i + 20)) ? 1 : 0; });
+  AttentionOptions opt;
+  opt.mask = m.cview();
+  const Buffer<float> ref = test::run_attention(Backend::reference, q, k, v, opt);
+  const Buffer<float> out = test::run_attention(Backend::native, q, k, v, opt);
+  CHECK(test::max_abs_diff(out, ref) <= test::tolerance<float>(test::max_abs(v)));
+}
+
+TEST_CASE("window sides far beyond the sequence behave as unbounded") {
+  std::mt19937_64 rng(test::base_seed() + 18);
+  const std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  Config c = Config::sized(1, 2, 1, 150, 300, 16, 16);
+  for (Window w : {Window{-1, big}, Window{big, -1}, Window{big, big}, Window{big - 1, 3}}) {
+    c.window = w;
+    c.causal = Causal::bottom_right;
+    c.key_lengths = true;
+    test::check_config<float>(c, rng);
+  }
+}
