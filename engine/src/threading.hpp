@@ -2,9 +2,9 @@
 //
 // parallel_for(n, threads, min_per_thread, fn) calls fn(begin, end) over a partition of [0, n)
 // into contiguous, balanced chunks (thread t gets [n*t/T, n*(t+1)/T)), so the partition is a pure
-// function of (n, T). It opens an OpenMP region only when that can help: never for threads == 1,
-// never inside another parallel region (no nesting), and never with more threads than chunks of
-// `min_per_thread` items. fn must not throw.
+// function of (n, T). It runs on the calling thread's team (team.hpp) only when that can help:
+// never for threads == 1, never inside another parallel region (no nesting), and never with more
+// threads than chunks of `min_per_thread` items. fn must not throw.
 //
 // parallel_claims(n, threads, min_per_thread, worker): the same thread count, but items are
 // claimed one at a time: worker(next) runs once on each thread, and next() returns the next
@@ -16,22 +16,29 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <mutex>
 #include <new>
 #include <utility>
 #include <vector>
 
 #include <omp.h>
 
+#include "team.hpp"
+
 namespace simdattn::detail {
 
-// Below this many flops per thread a parallel region costs more than it saves (an OpenMP
-// fork/join is a few microseconds; 4 MFLOP is ~16 us at this machine's per-core peak).
+// Below this many flops per thread a parallel region costs more than it saves (waking a worker
+// and joining it takes a few microseconds; 4 MFLOP is ~16 us at this machine's per-core peak).
 // perf/bench_gemm.cpp's 128x768x768 and 1x4096x128 cases sit on either side of it.
 constexpr double kMinFlopsPerThread = 4e6;
 
+// Threads a call asks for: `requested`, or OpenMP's default (OMP_NUM_THREADS, else the CPUs the
+// process may use) for 0; 1 inside an OpenMP parallel region of the caller's or on a team's
+// worker (no nesting).
 inline int resolve_threads(int requested) {
-  if (omp_in_parallel()) return 1;
+  if (omp_in_parallel() || in_team_worker()) return 1;
   return requested > 0 ? requested : std::max(1, omp_get_max_threads());
 }
 
@@ -39,6 +46,13 @@ inline int resolve_threads(int requested) {
 inline std::int64_t threads_for(std::int64_t n, int threads, std::int64_t min_per_thread) {
   const std::int64_t nt = resolve_threads(threads);
   return std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
+}
+
+// body(t, T) on T threads of the calling thread's team (team.hpp), t = 0 on the caller; T may
+// be less than nt when the system refuses a thread.
+template <class Body>
+void run_parallel(int nt, Body&& body) {
+  run_on_team(nt, body);
 }
 
 template <class Fn>
@@ -49,29 +63,26 @@ void parallel_for(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&&
     fn(std::int64_t{0}, n);
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(nt))
-  {
-    const std::int64_t t = omp_get_thread_num();
-    const std::int64_t T = omp_get_num_threads();
-    fn(n * t / T, n * (t + 1) / T);
-  }
+  run_parallel(static_cast<int>(nt), [&](int t, int T) { fn(n * t / T, n * (t + 1) / T); });
 }
 
 template <class Worker>
 void parallel_claims(std::int64_t n, int threads, std::int64_t min_per_thread, Worker&& worker) {
   if (n <= 0) return;
   const std::int64_t nt = threads_for(n, threads, min_per_thread);
-  std::int64_t next = 0;
   if (nt <= 1) {
+    std::int64_t next = 0;
     worker([&] { return next++; });
     return;
   }
-#pragma omp parallel num_threads(static_cast<int>(nt))
-  worker([&] {
-    std::int64_t i;
-#pragma omp atomic capture
-    i = next++;
-    return i;
+  std::atomic<std::int64_t> next{0};
+  run_parallel(static_cast<int>(nt), [&](int, int) { worker([&] { return next.fetch_add(1, std::memory_order_relaxed); }); });
+}
+
+template <class Fn>
+void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
+  parallel_claims(n, threads, min_per_thread, [&](auto next) {
+    for (std::int64_t i = next(); i < n; i = next()) fn(i, i + 1);
   });
 }
 
@@ -103,42 +114,39 @@ void parallel_shares(const std::vector<std::int64_t>& prefix, int nt, Worker&& w
   // the team through this reference.
   thread_local std::vector<std::int64_t> share_storage;
   std::vector<std::int64_t>& share = share_storage;
-  share.resize(2 * static_cast<std::size_t>(nt));
+  share.assign(2 * static_cast<std::size_t>(nt), 0);
   const std::int64_t total = prefix.back();
   for (int t = 0; t < nt; ++t) {
     share[2 * t] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * t / nt) - prefix.begin();
     share[2 * t + 1] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * (t + 1) / nt) - prefix.begin();
   }
-#pragma omp parallel num_threads(nt)
-  {
-    const std::size_t t = static_cast<std::size_t>(omp_get_thread_num());
-    const int threads = omp_get_num_threads();
+  std::mutex claims;
+  run_parallel(nt, [&](int tid, int) {
+    const auto t = static_cast<std::size_t>(tid);
     const std::int64_t run = std::max<std::int64_t>(1, (share[2 * t + 1] - share[2 * t]) / 8);
     worker([&] {
       std::pair<std::int64_t, std::int64_t> claimed{0, 0};
-#pragma omp critical(simdattn_parallel_shares)
-      {
-        std::int64_t& own = share[2 * t];
-        if (own < share[2 * t + 1]) {
-          claimed = {own, std::min(share[2 * t + 1], own + run)};
-          own = claimed.second;
-        } else {  // steal the back half of the fullest share
-          std::size_t victim = 0;
-          std::int64_t most = 0;
-          for (std::size_t v = 0; v < static_cast<std::size_t>(threads); ++v)
-            if (share[2 * v + 1] - share[2 * v] > most) most = share[2 * v + 1] - share[2 * v], victim = v;
-          if (most > 0) {
-            claimed = {share[2 * victim + 1] - (most + 1) / 2, share[2 * victim + 1]};
-            share[2 * victim + 1] = claimed.first;
-          }
+      const std::lock_guard<std::mutex> lock(claims);
+      std::int64_t& own = share[2 * t];
+      if (own < share[2 * t + 1]) {
+        claimed = {own, std::min(share[2 * t + 1], own + run)};
+        own = claimed.second;
+      } else {  // steal the back half of the fullest share (a share no thread runs included)
+        std::size_t victim = 0;
+        std::int64_t most = 0;
+        for (std::size_t v = 0; v < static_cast<std::size_t>(nt); ++v)
+          if (share[2 * v + 1] - share[2 * v] > most) most = share[2 * v + 1] - share[2 * v], victim = v;
+        if (most > 0) {
+          claimed = {share[2 * victim + 1] - (most + 1) / 2, share[2 * victim + 1]};
+          share[2 * victim + 1] = claimed.first;
         }
       }
       return claimed;
     });
-  }
+  });
 }
 
-// An exception must not leave an OpenMP region: a thread runs its part under guard(), which
+// An exception must not leave a parallel region: a thread runs its part under guard(), which
 // records a std::bad_alloc (a scratch buffer that could not grow), and the caller calls
 // rethrow() after the region.
 class RegionFailure {
@@ -148,23 +156,15 @@ class RegionFailure {
     try {
       body();
     } catch (const std::bad_alloc&) {
-#pragma omp atomic write
-      failed_ = true;
+      failed_.store(true, std::memory_order_relaxed);
     }
   }
   void rethrow() const {
-    if (failed_) throw std::bad_alloc();
+    if (failed_.load(std::memory_order_relaxed)) throw std::bad_alloc();
   }
 
  private:
-  bool failed_ = false;
+  std::atomic<bool> failed_{false};
 };
-
-template <class Fn>
-void parallel_for_each_claimed(std::int64_t n, int threads, std::int64_t min_per_thread, Fn&& fn) {
-  parallel_claims(n, threads, min_per_thread, [&](auto next) {
-    for (std::int64_t i = next(); i < n; i = next()) fn(i, i + 1);
-  });
-}
 
 }  // namespace simdattn::detail

@@ -1,0 +1,144 @@
+// The calling thread's team of workers (team.hpp).
+#include "team.hpp"
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace simdattn::detail {
+namespace {
+
+thread_local bool tl_in_worker = false;
+
+inline void cpu_relax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
+// Spins until done() or kSpinMicros have passed; true if done.
+template <class Done>
+bool spin_until(Done done) noexcept {
+  const auto start = std::chrono::steady_clock::now();
+  for (unsigned i = 1;; ++i) {
+    if (done()) return true;
+    cpu_relax();
+    if (i % 64 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(kSpinMicros))
+      return false;
+  }
+}
+
+// Waits until `word` differs from `seen`: spins, then sleeps with `asleep` raised so that the
+// thread that changes the word knows to wake it.
+template <class T>
+void wait_while_equal(const std::atomic<T>& word, T seen, std::atomic<bool>& asleep) noexcept {
+  if (spin_until([&] { return word.load(std::memory_order_acquire) != seen; })) return;
+  asleep.store(true);  // seq_cst: ordered before the load below, as the waker's change is before its check
+  while (word.load() == seen) word.wait(seen);
+  asleep.store(false, std::memory_order_relaxed);
+}
+
+class Team {
+ public:
+  Team() = default;
+  Team(const Team&) = delete;
+  Team& operator=(const Team&) = delete;
+  ~Team() {
+    stop_.store(true, std::memory_order_relaxed);
+    for (auto& w : workers_) wake(*w);
+    for (auto& w : workers_) w->thread.join();
+  }
+
+  void run(int nt, void (*body)(void*, int, int), void* context) {
+    nt = start_workers(nt);
+    body_ = body;
+    context_ = context;
+    threads_ = nt;
+    remaining_.store(nt - 1, std::memory_order_relaxed);
+    for (int t = 1; t < nt; ++t) wake(*workers_[static_cast<std::size_t>(t - 1)]);
+    body(context, 0, nt);
+    wait_for_workers();
+  }
+
+  int started() const noexcept { return static_cast<int>(workers_.size()); }
+
+ private:
+  struct Worker {
+    alignas(64) std::atomic<std::uint32_t> jobs{0};  // jobs handed to this worker so far
+    std::atomic<bool> asleep{false};
+    std::thread thread;
+  };
+
+  // Makes sure nt - 1 workers exist; returns the threads the call can have (fewer if the
+  // system refuses a thread).
+  int start_workers(int nt) {
+    while (static_cast<int>(workers_.size()) < nt - 1) {
+      auto w = std::make_unique<Worker>();
+      const int index = static_cast<int>(workers_.size()) + 1;
+      try {
+        w->thread = std::thread([this, index, wp = w.get()] { worker_main(*wp, index); });
+      } catch (const std::system_error&) {
+        return static_cast<int>(workers_.size()) + 1;
+      }
+      workers_.push_back(std::move(w));
+    }
+    return nt;
+  }
+
+  void wake(Worker& w) {
+    w.jobs.fetch_add(1);  // seq_cst: before the check of asleep, as the sleeper's flag is before its load
+    if (w.asleep.load()) w.jobs.notify_one();
+  }
+
+  void worker_main(Worker& w, int index) {
+    tl_in_worker = true;
+    std::uint32_t seen = 0;
+    for (;;) {
+      wait_while_equal(w.jobs, seen, w.asleep);
+      seen = w.jobs.load(std::memory_order_acquire);
+      if (stop_.load(std::memory_order_relaxed)) return;
+      body_(context_, index, threads_);
+      if (remaining_.fetch_sub(1) == 1 && caller_asleep_.load()) remaining_.notify_one();
+    }
+  }
+
+  void wait_for_workers() {
+    if (spin_until([&] { return remaining_.load(std::memory_order_acquire) == 0; })) return;
+    caller_asleep_.store(true);
+    for (int r = remaining_.load(); r != 0; r = remaining_.load()) remaining_.wait(r);
+    caller_asleep_.store(false, std::memory_order_relaxed);
+  }
+
+  std::vector<std::unique_ptr<Worker>> workers_;  // worker t - 1 runs body(t)
+  void (*body_)(void*, int, int) = nullptr;             // the current job, written before the wakes
+  void* context_ = nullptr;
+  int threads_ = 1;
+  alignas(64) std::atomic<int> remaining_{0};      // workers still running the current job
+  std::atomic<bool> caller_asleep_{false};
+  std::atomic<bool> stop_{false};
+};
+
+Team& calling_thread_team() {
+  thread_local Team team;
+  return team;
+}
+
+}  // namespace
+
+void run_on_team(int nt, void (*body)(void*, int, int), void* context) {
+  if (nt <= 1 || tl_in_worker) {
+    body(context, 0, 1);
+    return;
+  }
+  calling_thread_team().run(nt, body, context);
+}
+
+bool in_team_worker() noexcept { return tl_in_worker; }
+
+int team_workers_started() noexcept { return calling_thread_team().started(); }
+
+}  // namespace simdattn::detail

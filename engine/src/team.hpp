@@ -1,0 +1,39 @@
+// The threads the engine's parallel loops run on (threading.hpp), in place of OpenMP's.
+//
+// Each calling thread has its own team of workers, started on first use and kept until the
+// thread exits (as OpenMP's runtime keeps a team per master thread). A call hands the team a
+// function and runs its own share on the calling thread. What differs from an OpenMP runtime is
+// how threads wait: a worker waiting for work, and a caller waiting for its workers, spin for at
+// most kSpinMicros and then sleep in the kernel (a futex, through std::atomic::wait). So a call
+// never burns its core waiting for a thread that another process keeps off the CPU: two
+// processes whose OpenMP teams spin against each other on the same cores can make a call 30x
+// slower, whatever the library computes, and OMP_WAIT_POLICY is not ours to set. The spin covers
+// the gap between the parallel regions of one call (a layer's GEMMs and attention), so workers
+// are awake when the next region starts.
+#pragma once
+
+#include <cstdint>
+
+namespace simdattn::detail {
+
+// How long a waiting thread spins before it sleeps.
+constexpr std::int64_t kSpinMicros = 50;
+
+// Runs body(t, T) for t in [0, T): t = 0 on the calling thread, the others on the calling
+// thread's team. T is nt, or fewer when the system refuses to start a thread; nt <= 1, or a call
+// from a team's worker (no nesting), runs body(0, 1) on the calling thread alone. body must not
+// throw.
+void run_on_team(int nt, void (*body)(void*, int, int), void* context);
+
+template <class Body>
+void run_on_team(int nt, Body& body) {
+  run_on_team(nt, [](void* c, int t, int T) { (*static_cast<Body*>(c))(t, T); }, &body);
+}
+
+// True on a team's worker thread while it runs a body.
+bool in_team_worker() noexcept;
+
+// Workers the calling thread's team has started so far (for tests).
+int team_workers_started() noexcept;
+
+}  // namespace simdattn::detail
