@@ -20,6 +20,16 @@ void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::str
   sub.add_option("--out", out, "output O [B, H, Sq, Dv] (.npy, Q's dtype)")->required();
 }
 
+void add_threads_option(CLI::App& sub, std::string& threads) {
+  sub.add_option("--threads", threads, "threads (>= 1; default: OpenMP's)");
+}
+
+void add_backend_threads_options(CLI::App& sub, std::string& backend, std::string& threads,
+                                 const std::string& backend_help) {
+  sub.add_option("--backend", backend, backend_help);
+  add_threads_option(sub, threads);
+}
+
 namespace {
 
 // strtod/strtoll accept leading white space, and strtod hexadecimal and inf/nan: a value here is
@@ -87,6 +97,16 @@ Window parse_window(const std::string& flag, const std::string& text) {
   return w;
 }
 
+int parse_threads(const std::string& text) {
+  return static_cast<int>(parse_int("--threads", text, 1, 4096));
+}
+
+std::string dims_text(const std::vector<std::int64_t>& dims) {
+  std::string s;
+  for (std::int64_t d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  return s;
+}
+
 NpyArray load_npy(const std::string& flag, const std::string& path) {
   try {
     return read_npy(path);
@@ -95,16 +115,25 @@ NpyArray load_npy(const std::string& flag, const std::string& path) {
   }
 }
 
-Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
+void check_float_array(const std::string& flag, const std::string& path, const NpyArray& a,
+                       std::size_t rank, const std::string& layout) {
   if (a.dtype != DType::f32 && a.dtype != DType::f64)
-    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " +
-                     a.descr());
-  if (a.shape.size() != 4) {
-    std::string s = "(";
-    for (std::size_t i = 0; i < a.shape.size(); ++i) s += (i ? ", " : "") + std::to_string(a.shape[i]);
-    throw UsageError(flag + " " + path + ": expected a 4-D array, got shape " + s + ")");
-  }
+    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + a.descr());
+  if (a.shape.size() != rank)
+    throw UsageError(flag + " " + path + ": expected a " + std::to_string(rank) + "-D array" + layout +
+                     ", got shape (" + dims_text(a.shape) + ")");
+}
+
+Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
+  check_float_array(flag, path, a, 4, "");
   return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
+}
+
+NpyArray load_bool_npy(const std::string& flag, const std::string& path) {
+  NpyArray a = load_npy(flag, path);
+  if (a.dtype != DType::u8)
+    throw UsageError(flag + " " + path + ": expected dtype |b1 or |u1, got " + a.descr());
+  return a;
 }
 
 QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v) {
@@ -121,11 +150,7 @@ QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string&
   if (f.v.dtype != f.q.dtype)
     throw UsageError("--v " + v + ": dtype " + f.v.descr() + " differs from --q's " +
                      f.q.descr());
-  try {
-    f.os = attention_output_shape(f.q_view(), f.k_view(), f.v_view());
-  } catch (const Error& e) {
-    throw usage_error(e);
-  }
+  f.os = with_flag_errors([&] { return attention_output_shape(f.q_view(), f.k_view(), f.v_view()); });
   return f;
 }
 
@@ -133,8 +158,7 @@ NpyArray make_output(DType dtype, std::vector<std::int64_t> shape) {
   NpyArray out;
   out.dtype = dtype;
   out.shape = std::move(shape);
-  std::string dims;
-  for (std::int64_t d : out.shape) dims += (dims.empty() ? "" : ", ") + std::to_string(d);
+  const std::string dims = dims_text(out.shape);
   std::int64_t bytes = static_cast<std::int64_t>(dtype_size(dtype));
   for (std::int64_t d : out.shape)
     if (__builtin_mul_overflow(bytes, d, &bytes))
@@ -160,6 +184,13 @@ void save_output(const std::string& path, const NpyArray& a) {
   } catch (const Error& e) {
     throw UsageError(std::string("--out ") + e.what());
   }
+}
+
+void write_output(const std::string& path, DType dtype, std::vector<std::int64_t> shape,
+                  const std::function<void(void*)>& compute) {
+  NpyArray out = make_output(dtype, std::move(shape));
+  with_flag_errors([&] { compute(out.data.data()); });
+  save_output(path, out);
 }
 
 std::string flag_for(const std::string& argument) {

@@ -1,7 +1,9 @@
-// Strict parsing of CLI option values and loading of .npy inputs, with errors that name the flag.
+// What the subcommands share: strict parsing of option values, the options they have in common,
+// loading .npy inputs and writing the output, with errors that name the flag.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -25,12 +27,25 @@ std::int64_t parse_int(const std::string& flag, const std::string& text, std::in
 Causal parse_causal(const std::string& flag, const std::string& text);
 Backend parse_backend(const std::string& flag, const std::string& text);
 Window parse_window(const std::string& flag, const std::string& text);
+// --threads: 1 to 4096.
+int parse_threads(const std::string& text);
+
+// "d0, d1, ...": a shape as the error messages print it.
+std::string dims_text(const std::vector<std::int64_t>& dims);
 
 // Reads a .npy file given to `flag`; errors become UsageError("--flag PATH: ...").
 NpyArray load_npy(const std::string& flag, const std::string& path);
 
+// An f32 or f64 array of `rank` dimensions; `layout` (" [B, S, E]", or empty) follows "expected a
+// N-D array" in the error.
+void check_float_array(const std::string& flag, const std::string& path, const NpyArray& a,
+                       std::size_t rank, const std::string& layout);
+
 // A 4-D attention input: rank 4, dtype f32 or f64.
 Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a);
+
+// A boolean mask file (|b1 or |u1) given to `flag`.
+NpyArray load_bool_npy(const std::string& flag, const std::string& path);
 
 // --q, --k, --v of the run and linear commands: rank 4, f32 or f64, one dtype, shapes that fit
 // together (checked before the output is allocated: a zero-size input can declare any shape).
@@ -41,11 +56,20 @@ struct QkvFiles {
   ConstTensorView q_view() const { return ConstTensorView(q.data.data(), q.dtype, qs); }
   ConstTensorView k_view() const { return ConstTensorView(k.data.data(), k.dtype, ks); }
   ConstTensorView v_view() const { return ConstTensorView(v.data.data(), v.dtype, vs); }
+  std::vector<std::int64_t> o_shape() const { return {os[0], os[1], os[2], os[3]}; }
+  TensorView o_view(void* data) const { return TensorView(data, q.dtype, os); }
 };
 QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v);
 
 // The required --q, --k, --v and --out options of the run and linear commands.
 void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out);
+
+// --threads, as every command spells it.
+void add_threads_option(CLI::App& sub, std::string& threads);
+
+// --backend (described by `backend_help`), then --threads.
+void add_backend_threads_options(CLI::App& sub, std::string& backend, std::string& threads,
+                                 const std::string& backend_help);
 
 // A zeroed output array of `dtype` and `shape`; UsageError naming --out if its size in bytes
 // overflows or cannot be allocated.
@@ -54,11 +78,26 @@ NpyArray make_output(DType dtype, std::vector<std::int64_t> shape);
 // write_npy, with errors naming --out.
 void save_output(const std::string& path, const NpyArray& a);
 
+// The output of run, linear and mha: make_output(dtype, shape), filled by `compute` (given its bytes;
+// an Error it throws becomes usage_error), then save_output(path).
+void write_output(const std::string& path, DType dtype, std::vector<std::int64_t> shape,
+                  const std::function<void(void*)>& compute);
+
 // The API's argument names in an Error (q, options.mask, config.heads, ...) as the flags the
 // user typed (--q, --mask, --heads, ...); other names are returned unchanged.
 std::string flag_for(const std::string& argument);
 
 // The Error as a UsageError whose message starts with the flag instead of the argument name.
 UsageError usage_error(const Error& e);
+
+// Runs `f`; an Error it throws is rethrown as usage_error.
+template <class F>
+decltype(auto) with_flag_errors(F&& f) {
+  try {
+    return f();
+  } catch (const Error& e) {
+    throw usage_error(e);
+  }
+}
 
 }  // namespace simdattn::cli

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <cstdio>
 #include <iostream>
-#include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -53,46 +53,54 @@ std::string describe(const Problem& p) {
          " Dv=" + std::to_string(p.Dv) + " causal=" + std::string(causal_name(p.causal));
 }
 
+// Explicit sizes start from bert's; --hkv, --sk and --dv default to --h, --sq and --d.
+Problem sized_problem(const CompareArgs& a) {
+  constexpr std::int64_t kMax = std::int64_t{1} << 31;
+  Problem p;
+  if (!a.b.empty()) p.B = parse_int("--b", a.b, 1, kMax);
+  if (!a.h.empty()) p.H = parse_int("--h", a.h, 1, kMax);
+  p.Hkv = a.hkv.empty() ? p.H : parse_int("--hkv", a.hkv, 1, kMax);
+  if (!a.sq.empty()) p.Sq = parse_int("--sq", a.sq, 1, kMax);
+  p.Sk = a.sk.empty() ? p.Sq : parse_int("--sk", a.sk, 1, kMax);
+  if (!a.d.empty()) p.D = parse_int("--d", a.d, 1, kMax);
+  p.Dv = a.dv.empty() ? p.D : parse_int("--dv", a.dv, 1, kMax);
+  if (p.H % p.Hkv != 0)
+    throw UsageError("--hkv: expected a divisor of --h " + std::to_string(p.H) + ", got " +
+                     std::to_string(p.Hkv));
+  if (!a.causal.empty()) p.causal = parse_causal("--causal", a.causal);
+  p.name = "custom:" + describe(p);
+  std::replace(p.name.begin(), p.name.end(), ' ', ',');
+  return p;
+}
+
+// A standard workload (default bert); a --causal other than its own is added to its name.
+Problem named_problem(const CompareArgs& a) {
+  const std::string name = a.workload.empty() ? "bert" : a.workload;
+  const Workload* w = find_workload(name);
+  if (w == nullptr) {
+    std::string names;
+    for (const auto& s : standard_workloads()) names += (names.empty() ? "" : ", ") + std::string(s.name);
+    throw UsageError("--workload: unknown workload '" + name + "' (expected one of: " + names + ")");
+  }
+  Problem p;
+  p.name = std::string(w->name);
+  p.B = w->B, p.H = w->H, p.Hkv = w->Hkv, p.Sq = w->Sq, p.Sk = w->Sk, p.D = w->D, p.Dv = w->D;
+  p.causal = w->causal;
+  if (!a.causal.empty()) {
+    const Causal c = parse_causal("--causal", a.causal);
+    if (c != p.causal) p.name += "(causal=" + std::string(causal_name(c)) + ")";
+    p.causal = c;
+  }
+  return p;
+}
+
 Problem make_problem(const CompareArgs& a) {
   const bool explicit_sizes = !a.b.empty() || !a.h.empty() || !a.hkv.empty() || !a.sq.empty() ||
                               !a.sk.empty() || !a.d.empty() || !a.dv.empty();
-  Problem p;
   if (!a.workload.empty() && explicit_sizes)
     throw UsageError("--workload: give either a named workload or explicit sizes (--b --h --hkv --sq "
                      "--sk --d --dv), not both");
-  if (explicit_sizes) {
-    constexpr std::int64_t kMax = std::int64_t{1} << 31;
-    if (!a.b.empty()) p.B = parse_int("--b", a.b, 1, kMax);
-    if (!a.h.empty()) p.H = parse_int("--h", a.h, 1, kMax);
-    p.Hkv = a.hkv.empty() ? p.H : parse_int("--hkv", a.hkv, 1, kMax);
-    if (!a.sq.empty()) p.Sq = parse_int("--sq", a.sq, 1, kMax);
-    p.Sk = a.sk.empty() ? p.Sq : parse_int("--sk", a.sk, 1, kMax);
-    if (!a.d.empty()) p.D = parse_int("--d", a.d, 1, kMax);
-    p.Dv = a.dv.empty() ? p.D : parse_int("--dv", a.dv, 1, kMax);
-    if (p.H % p.Hkv != 0)
-      throw UsageError("--hkv: expected a divisor of --h " + std::to_string(p.H) + ", got " +
-                       std::to_string(p.Hkv));
-    if (!a.causal.empty()) p.causal = parse_causal("--causal", a.causal);
-    p.name = "custom:" + describe(p);
-    for (char& c : p.name)
-      if (c == ' ') c = ',';
-  } else {
-    const std::string name = a.workload.empty() ? "bert" : a.workload;
-    const Workload* w = find_workload(name);
-    if (w == nullptr) {
-      std::string names;
-      for (const auto& s : standard_workloads()) names += (names.empty() ? "" : ", ") + std::string(s.name);
-      throw UsageError("--workload: unknown workload '" + name + "' (expected one of: " + names + ")");
-    }
-    p.name = std::string(w->name);
-    p.B = w->B, p.H = w->H, p.Hkv = w->Hkv, p.Sq = w->Sq, p.Sk = w->Sk, p.D = w->D, p.Dv = w->D;
-    p.causal = w->causal;
-    if (!a.causal.empty()) {
-      const Causal c = parse_causal("--causal", a.causal);
-      if (c != p.causal) p.name += "(causal=" + std::string(causal_name(c)) + ")";
-      p.causal = c;
-    }
-  }
+  const Problem p = explicit_sizes ? sized_problem(a) : named_problem(a);
   const double elems = double(p.B) * double(p.H) * double(p.Sq) * double(p.D) +
                        double(p.B) * double(p.Hkv) * double(p.Sk) * double(p.D + p.Dv) +
                        3.0 * double(p.B) * double(p.H) * double(p.Sq) * double(p.Dv);
@@ -104,55 +112,46 @@ Problem make_problem(const CompareArgs& a) {
   return p;
 }
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+std::size_t numel(std::int64_t a0, std::int64_t a1, std::int64_t a2, std::int64_t a3) {
+  return static_cast<std::size_t>(a0 * a1 * a2 * a3);
 }
 
-struct Result {
-  Backend backend;
-  bool timed = false;
-  int runs = 0;
-  double median_ms = 0, gflops = 0, percent_of_peak = 0, max_abs_err = 0;
+// One comparison: the problem, its inputs ([B, H, S, D] contiguous) and the oracle's output on
+// the query rows that are checked.
+struct Bench {
+  Problem p;
+  int threads = 1;
+  double flops = 0;
+  bool full_reference = true;  // the reference is timed and checks every row
+  std::vector<float> q, k, v;
+  double tolerance = 0;
+  std::vector<std::int64_t> rows;
+  std::vector<float> ref;  // [B, H, rows.size(), Dv]
+
+  ConstTensorView q_view() const { return ConstTensorView(q.data(), {p.B, p.H, p.Sq, p.D}); }
+  ConstTensorView k_view() const { return ConstTensorView(k.data(), {p.B, p.Hkv, p.Sk, p.D}); }
+  ConstTensorView v_view() const { return ConstTensorView(v.data(), {p.B, p.Hkv, p.Sk, p.Dv}); }
+  std::int64_t rows_checked() const { return std::int64_t(rows.size()); }
 };
 
-void progress(bool on, const std::string& msg) {
-  if (on) std::cerr << "simdattn compare: " << msg << std::endl;
+// Standard normal inputs from a fixed seed, so that every run times the same numbers; the
+// tolerance scales with V, which bounds the output.
+void make_inputs(Bench& b) {
+  const Problem& p = b.p;
+  b.q.resize(numel(p.B, p.H, p.Sq, p.D));
+  b.k.resize(numel(p.B, p.Hkv, p.Sk, p.D));
+  b.v.resize(numel(p.B, p.Hkv, p.Sk, p.Dv));
+  std::mt19937_64 rng(0);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (auto* t : {&b.q, &b.k, &b.v})
+    for (float& x : *t) x = n(rng);
+  double max_v = 0.0;
+  for (float x : b.v) max_v = std::max(max_v, double(std::abs(x)));
+  b.tolerance = 1e-5 * std::max(1.0, max_v);
 }
 
-void compare(const CompareArgs& a) {
-  const Problem p = make_problem(a);
-  const int threads = a.threads.empty() ? std::max(1, omp_get_max_threads())
-                                        : static_cast<int>(parse_int("--threads", a.threads, 1, 4096));
-  const double flops = attention_flops(p.B, p.H, p.Sq, p.Sk, p.D, p.Dv, p.causal);
-  const bool full_reference = flops <= kReferenceFullFlops;
-  const bool verbose = !full_reference;  // anything that takes more than a few seconds
-
-  // Inputs: standard normal, fixed seed; [B, H, S, D] contiguous.
-  const auto numel = [](std::int64_t a0, std::int64_t a1, std::int64_t a2, std::int64_t a3) {
-    return static_cast<std::size_t>(a0 * a1 * a2 * a3);
-  };
-  std::vector<float> q(numel(p.B, p.H, p.Sq, p.D)), k(numel(p.B, p.Hkv, p.Sk, p.D)),
-      v(numel(p.B, p.Hkv, p.Sk, p.Dv));
-  {
-    std::mt19937_64 rng(0);
-    std::normal_distribution<float> n(0.f, 1.f);
-    for (auto* t : {&q, &k, &v})
-      for (float& x : *t) x = n(rng);
-  }
-  const ConstTensorView qv(q.data(), {p.B, p.H, p.Sq, p.D}), kv(k.data(), {p.B, p.Hkv, p.Sk, p.D}),
-      vv(v.data(), {p.B, p.Hkv, p.Sk, p.Dv});
-  const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
-  double max_v = 0.0;
-  for (float x : v) max_v = std::max(max_v, double(std::abs(x)));
-  const double tolerance = 1e-5 * std::max(1.0, max_v);
-
-  // The FMA peak, measured before and after the backends (this VM's second core is sometimes
-  // unavailable for a fraction of a second; the larger of the two is the machine's).
-  progress(verbose, "measuring the FMA peak on " + std::to_string(threads) + " threads");
-  double peak = measure_fma_peak(threads);
-
-  // The oracle: the reference on every row, or on kSampleRows evenly spaced query rows (each a
-  // one-row problem whose causal visibility becomes a key length).
+// Every query row, or kSampleRows evenly spaced ones when the reference is too slow for all.
+std::vector<std::int64_t> checked_rows(const Problem& p, bool full_reference) {
   std::vector<std::int64_t> rows;
   if (full_reference) {
     for (std::int64_t i = 0; i < p.Sq; ++i) rows.push_back(i);
@@ -160,145 +159,202 @@ void compare(const CompareArgs& a) {
     const std::int64_t n = std::min(p.Sq, kSampleRows);
     for (std::int64_t s = 0; s < n; ++s) rows.push_back(n == 1 ? 0 : s * (p.Sq - 1) / (n - 1));
   }
-  std::vector<Result> results;
-  std::vector<float> ref(numel(p.B, p.H, std::int64_t(rows.size()), p.Dv));
-  if (!full_reference) {
-    progress(verbose, "reference on " + std::to_string(rows.size()) + " sampled query rows");
-    std::vector<std::int64_t> lengths(static_cast<std::size_t>(p.B));
-    for (std::size_t r = 0; r < rows.size(); ++r) {
-      const std::int64_t i = rows[r];
-      AttentionOptions opt;
-      opt.backend = Backend::reference;
-      std::int64_t visible = p.Sk;
-      if (p.causal == Causal::top_left) visible = std::clamp<std::int64_t>(i + 1, 0, p.Sk);
-      if (p.causal == Causal::bottom_right) visible = std::clamp<std::int64_t>(i + p.Sk - p.Sq + 1, 0, p.Sk);
-      std::fill(lengths.begin(), lengths.end(), visible);
-      opt.key_lengths = lengths;
-      const ConstTensorView qi(q.data() + i * p.D, {p.B, p.H, 1, p.D}, {p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1});
-      const TensorView oi(ref.data() + std::int64_t(r) * p.Dv, {p.B, p.H, 1, p.Dv},
-                          {p.H * std::int64_t(rows.size()) * p.Dv, std::int64_t(rows.size()) * p.Dv, p.Dv, 1});
-      attention(qi, kv, vv, oi, opt);
-    }
-  }
+  return rows;
+}
 
-  std::vector<float> out(numel(p.B, p.H, p.Sq, p.Dv));
+// The reference on the sampled rows only: each a one-row problem whose causal visibility becomes
+// a key length.
+void reference_on_rows(Bench& b) {
+  const Problem& p = b.p;
+  const std::int64_t n = b.rows_checked();
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(p.B));
+  for (std::int64_t r = 0; r < n; ++r) {
+    const std::int64_t i = b.rows[std::size_t(r)];
+    AttentionOptions opt;
+    opt.backend = Backend::reference;
+    std::int64_t visible = p.Sk;
+    if (p.causal == Causal::top_left) visible = std::clamp<std::int64_t>(i + 1, 0, p.Sk);
+    if (p.causal == Causal::bottom_right) visible = std::clamp<std::int64_t>(i + p.Sk - p.Sq + 1, 0, p.Sk);
+    std::fill(lengths.begin(), lengths.end(), visible);
+    opt.key_lengths = lengths;
+    const ConstTensorView qi(b.q.data() + i * p.D, {p.B, p.H, 1, p.D}, {p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1});
+    const TensorView oi(b.ref.data() + r * p.Dv, {p.B, p.H, 1, p.Dv}, {p.H * n * p.Dv, n * p.Dv, p.Dv, 1});
+    attention(qi, b.k_view(), b.v_view(), oi, opt);
+  }
+}
+
+struct Result {
+  Backend backend;
+  int runs = 0;
+  double median_ms = 0, gflops = 0, percent_of_peak = 0, max_abs_err = 0;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void progress(bool on, const std::string& msg) {
+  if (on) std::cerr << "simdattn compare: " << msg << std::endl;
+}
+
+// A warm-up call (caches, primitives, page faults), then the median of timed calls into `out`.
+Result time_backend(const Bench& b, Backend be, std::vector<float>& out) {
+  AttentionOptions opt;
+  opt.backend = be;
+  opt.causal = b.p.causal;
+  opt.threads = be == Backend::reference ? 1 : b.threads;  // the reference is single-threaded
+  const TensorView ov(out.data(), {b.p.B, b.p.H, b.p.Sq, b.p.Dv});
+  progress(!b.full_reference, "timing " + std::string(backend_name(be)));
+  attention(b.q_view(), b.k_view(), b.v_view(), ov, opt);
+  std::vector<double> times;
+  const auto start = std::chrono::steady_clock::now();
+  const int min_runs = be == Backend::reference ? 3 : kMinRuns;
+  while (int(times.size()) < kMaxRuns && (int(times.size()) < min_runs || seconds_since(start) < kMinSeconds)) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attention(b.q_view(), b.k_view(), b.v_view(), ov, opt);
+    times.push_back(seconds_since(t0));
+  }
+  std::sort(times.begin(), times.end());
+  const std::size_t m = times.size();
+  const double median = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
+  Result res;
+  res.backend = be;
+  res.runs = int(m);
+  res.median_ms = median * 1e3;
+  res.gflops = b.flops / median * 1e-9;
+  return res;
+}
+
+// max |O - O_ref| over the checked rows; a NaN on one side only is an infinite error.
+double max_abs_error(const Bench& b, const std::vector<float>& out) {
+  const Problem& p = b.p;
+  const std::int64_t n = b.rows_checked();
+  double err = 0.0;
+  for (std::int64_t bi = 0; bi < p.B; ++bi)
+    for (std::int64_t h = 0; h < p.H; ++h)
+      for (std::int64_t r = 0; r < n; ++r)
+        for (std::int64_t d = 0; d < p.Dv; ++d) {
+          const double x = out[std::size_t(((bi * p.H + h) * p.Sq + b.rows[std::size_t(r)]) * p.Dv + d)];
+          const double y = b.ref[std::size_t(((bi * p.H + h) * n + r) * p.Dv + d)];
+          const double e = std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
+          err = std::max(err, e);
+        }
+  return err;
+}
+
+// Every backend of the build, the reference first: with full_reference its output is the oracle
+// the others are measured against.
+std::vector<Result> run_backends(Bench& b) {
+  std::vector<Result> results;
+  std::vector<float> out(numel(b.p.B, b.p.H, b.p.Sq, b.p.Dv));
   for (Backend be : {Backend::reference, Backend::native, Backend::onednn}) {
     if (!backend_available(be)) continue;
-    if (be == Backend::reference && !full_reference) continue;
-    const std::string bname(backend_name(be));
-    AttentionOptions opt;
-    opt.backend = be;
-    opt.causal = p.causal;
-    opt.threads = be == Backend::reference ? 1 : threads;  // the reference is single-threaded
-    const TensorView ov(out.data(), oshape);
-    progress(verbose, "timing " + bname);
-    attention(qv, kv, vv, ov, opt);  // warm-up: caches, primitives, page faults
-    std::vector<double> times;
-    const auto start = std::chrono::steady_clock::now();
-    const int min_runs = be == Backend::reference ? 3 : kMinRuns;
-    while (int(times.size()) < kMaxRuns &&
-           (int(times.size()) < min_runs || seconds_since(start) < kMinSeconds)) {
-      const auto t0 = std::chrono::steady_clock::now();
-      attention(qv, kv, vv, ov, opt);
-      times.push_back(seconds_since(t0));
-    }
-    std::sort(times.begin(), times.end());
-    const std::size_t m = times.size();
-    const double median = m % 2 ? times[m / 2] : 0.5 * (times[m / 2 - 1] + times[m / 2]);
-    Result res;
-    res.backend = be;
-    res.timed = true;
-    res.runs = int(m);
-    res.median_ms = median * 1e3;
-    res.gflops = flops / median * 1e-9;
-    if (be == Backend::reference) ref = out;  // full_reference: rows are every row
-    for (std::int64_t b = 0; b < p.B; ++b)
-      for (std::int64_t h = 0; h < p.H; ++h)
-        for (std::size_t r = 0; r < rows.size(); ++r)
-          for (std::int64_t d = 0; d < p.Dv; ++d) {
-            const double x = out[std::size_t(((b * p.H + h) * p.Sq + rows[r]) * p.Dv + d)];
-            const double y = ref[std::size_t(((b * p.H + h) * std::int64_t(rows.size()) + std::int64_t(r)) * p.Dv + d)];
-            const double e = std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
-            res.max_abs_err = std::max(res.max_abs_err, e);
-          }
+    if (be == Backend::reference && !b.full_reference) continue;
+    Result res = time_backend(b, be, out);
+    if (be == Backend::reference) b.ref = out;  // full_reference: rows are every row
+    res.max_abs_err = max_abs_error(b, out);
     results.push_back(res);
   }
+  return results;
+}
 
-  peak = std::max(peak, measure_fma_peak(threads));
-  for (Result& r : results) r.percent_of_peak = 100.0 * r.gflops / peak;
+void print_json(const Bench& b, const std::vector<Result>& results, double peak) {
+  nlohmann::json arr = nlohmann::json::array();
+  for (const Result& r : results)
+    arr.push_back({{"backend", std::string(backend_name(r.backend))},
+                   {"workload", b.p.name},
+                   {"threads", r.backend == Backend::reference ? 1 : b.threads},
+                   {"median_ms", r.median_ms},
+                   {"gflops", r.gflops},
+                   {"max_abs_err", r.max_abs_err},
+                   {"percent_of_peak", r.percent_of_peak},
+                   {"runs", r.runs},
+                   {"tolerance", b.tolerance},
+                   {"rows_checked", b.full_reference ? b.p.Sq : b.rows_checked()},
+                   {"flops", b.flops},
+                   {"peak_gflops", peak}});
+  std::cout << arr.dump(2) << std::endl;
+}
 
-  const std::string checked = full_reference
-                                  ? "all " + std::to_string(p.Sq) + " query rows"
-                                  : std::to_string(rows.size()) + " of " + std::to_string(p.Sq) +
-                                        " query rows (evenly spaced; every batch and head)";
-  if (a.json) {
-    nlohmann::json arr = nlohmann::json::array();
-    for (const Result& r : results)
-      arr.push_back({{"backend", std::string(backend_name(r.backend))},
-                     {"workload", p.name},
-                     {"threads", r.backend == Backend::reference ? 1 : threads},
-                     {"median_ms", r.median_ms},
-                     {"gflops", r.gflops},
-                     {"max_abs_err", r.max_abs_err},
-                     {"percent_of_peak", r.percent_of_peak},
-                     {"runs", r.runs},
-                     {"tolerance", tolerance},
-                     {"rows_checked", full_reference ? p.Sq : std::int64_t(rows.size())},
-                     {"flops", flops},
-                     {"peak_gflops", peak}});
-    std::cout << arr.dump(2) << std::endl;
-  } else {
-    char line[256];
-    std::cout << "simdattn compare: " << p.name << " (" << describe(p) << "), f32, " << threads
-              << (threads == 1 ? " thread" : " threads") << '\n';
-    std::snprintf(line, sizeof line, "%.3g GFLOP per call; FMA peak measured now: %.1f GFLOP/s on %d thread(s)\n",
-                  flops * 1e-9, peak, threads);
-    std::cout << line;
-    std::snprintf(line, sizeof line, "%-10s %12s %10s %8s %13s %6s\n", "backend", "median ms", "GFLOP/s",
-                  "% peak", "max abs err", "runs");
-    std::cout << line;
-    for (const Result& r : results) {
-      std::snprintf(line, sizeof line, "%-10s %12.3f %10.1f %7.1f%% %13.3g %6d%s\n",
-                    std::string(backend_name(r.backend)).c_str(), r.median_ms, r.gflops, r.percent_of_peak,
-                    r.max_abs_err, r.runs, r.backend == Backend::reference ? "  (1 thread)" : "");
-      std::cout << line;
-    }
-    if (!full_reference)
-      std::cout << "reference: not timed (" << flops * 1e-9
-                << " GFLOP per call would take too long); errors are against it on " << checked << '\n';
-    else
-      std::cout << "errors: against the reference on " << checked << '\n';
-    std::snprintf(line, sizeof line, "tolerance: max abs err <= 1e-5 * max(1, max|V|) = %.3g\n", tolerance);
+void print_table(const Bench& b, const std::vector<Result>& results, double peak) {
+  const Problem& p = b.p;
+  char line[256];
+  std::cout << "simdattn compare: " << p.name << " (" << describe(p) << "), f32, " << b.threads
+            << (b.threads == 1 ? " thread" : " threads") << '\n';
+  std::snprintf(line, sizeof line, "%.3g GFLOP per call; FMA peak measured now: %.1f GFLOP/s on %d thread(s)\n",
+                b.flops * 1e-9, peak, b.threads);
+  std::cout << line;
+  std::snprintf(line, sizeof line, "%-10s %12s %10s %8s %13s %6s\n", "backend", "median ms", "GFLOP/s", "% peak",
+                "max abs err", "runs");
+  std::cout << line;
+  for (const Result& r : results) {
+    std::snprintf(line, sizeof line, "%-10s %12.3f %10.1f %7.1f%% %13.3g %6d%s\n",
+                  std::string(backend_name(r.backend)).c_str(), r.median_ms, r.gflops, r.percent_of_peak,
+                  r.max_abs_err, r.runs, r.backend == Backend::reference ? "  (1 thread)" : "");
     std::cout << line;
   }
+  if (!b.full_reference)
+    std::cout << "reference: not timed (" << b.flops * 1e-9
+              << " GFLOP per call would take too long); errors are against it on " << b.rows.size() << " of "
+              << p.Sq << " query rows (evenly spaced; every batch and head)\n";
+  else
+    std::cout << "errors: against the reference on all " << p.Sq << " query rows\n";
+  std::snprintf(line, sizeof line, "tolerance: max abs err <= 1e-5 * max(1, max|V|) = %.3g\n", b.tolerance);
+  std::cout << line;
+}
+
+void compare(const CompareArgs& a) {
+  Bench b;
+  b.p = make_problem(a);
+  b.threads = a.threads.empty() ? std::max(1, omp_get_max_threads()) : parse_threads(a.threads);
+  b.flops = attention_flops(b.p.B, b.p.H, b.p.Sq, b.p.Sk, b.p.D, b.p.Dv, b.p.causal);
+  b.full_reference = b.flops <= kReferenceFullFlops;
+  const bool verbose = !b.full_reference;  // anything that takes more than a few seconds
+  make_inputs(b);
+
+  // The FMA peak, measured before and after the backends (this VM's second core is sometimes
+  // unavailable for a fraction of a second; the larger of the two is the machine's).
+  progress(verbose, "measuring the FMA peak on " + std::to_string(b.threads) + " threads");
+  double peak = measure_fma_peak(b.threads);
+  b.rows = checked_rows(b.p, b.full_reference);
+  b.ref.resize(numel(b.p.B, b.p.H, b.rows_checked(), b.p.Dv));
+  if (!b.full_reference) {
+    progress(verbose, "reference on " + std::to_string(b.rows.size()) + " sampled query rows");
+    reference_on_rows(b);
+  }
+  std::vector<Result> results = run_backends(b);
+  peak = std::max(peak, measure_fma_peak(b.threads));
+  for (Result& r : results) r.percent_of_peak = 100.0 * r.gflops / peak;
+
+  if (a.json) print_json(b, results, peak);
+  else print_table(b, results, peak);
   for (const Result& r : results)
-    if (!(r.max_abs_err <= tolerance))
+    if (!(r.max_abs_err <= b.tolerance))
       throw std::runtime_error(std::string(backend_name(r.backend)) +
                                " disagrees with the reference beyond the tolerance");
+}
+
+void add_options(CLI::App& sub, CompareArgs& a) {
+  sub.add_option("--workload", a.workload, "bert | vit | gpt | long | decode | sdcross | batch (default bert)");
+  sub.add_option("--b", a.b, "batch size (explicit sizes; default 1)");
+  sub.add_option("--h", a.h, "query heads (default 12)");
+  sub.add_option("--hkv", a.hkv, "key/value heads, a divisor of --h (default --h)");
+  sub.add_option("--sq", a.sq, "query length (default 128)");
+  sub.add_option("--sk", a.sk, "key length (default --sq)");
+  sub.add_option("--d", a.d, "head size (default 64)");
+  sub.add_option("--dv", a.dv, "value head size (default --d)");
+  sub.add_option("--causal", a.causal, "none | top-left | bottom-right (default: the workload's)");
+  add_threads_option(sub, a.threads);
+  sub.add_flag("--json", a.json,
+               "print a JSON array of {backend, workload, threads, median_ms, gflops, max_abs_err, ...}");
 }
 
 }  // namespace
 
 Command add_compare_command(CLI::App& app) {
-  auto args = std::make_shared<CompareArgs>();
-  CLI::App* sub = app.add_subcommand(
-      "compare", "Every backend on the same random inputs: median time, GFLOP/s, % of FMA peak, error");
-  sub->add_option("--workload", args->workload,
-                  "bert | vit | gpt | long | decode | sdcross | batch (default bert)");
-  sub->add_option("--b", args->b, "batch size (explicit sizes; default 1)");
-  sub->add_option("--h", args->h, "query heads (default 12)");
-  sub->add_option("--hkv", args->hkv, "key/value heads, a divisor of --h (default --h)");
-  sub->add_option("--sq", args->sq, "query length (default 128)");
-  sub->add_option("--sk", args->sk, "key length (default --sq)");
-  sub->add_option("--d", args->d, "head size (default 64)");
-  sub->add_option("--dv", args->dv, "value head size (default --d)");
-  sub->add_option("--causal", args->causal, "none | top-left | bottom-right (default: the workload's)");
-  sub->add_option("--threads", args->threads, "threads (>= 1; default: OpenMP's)");
-  sub->add_flag("--json", args->json,
-                "print a JSON array of {backend, workload, threads, median_ms, gflops, max_abs_err, ...}");
-  return [args, sub] {
-    if (*sub) compare(*args);
-  };
+  return add_command<CompareArgs>(
+      app, "compare", "Every backend on the same random inputs: median time, GFLOP/s, % of FMA peak, error",
+      add_options, compare);
 }
 
 }  // namespace simdattn::cli

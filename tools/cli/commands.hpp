@@ -3,6 +3,8 @@
 #pragma once
 
 #include <functional>
+#include <memory>
+#include <string>
 
 #include <CLI/CLI.hpp>
 
@@ -15,5 +17,18 @@ Command add_info_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
 Command add_mha_command(CLI::App& app);
 Command add_linear_command(CLI::App& app);
+
+// The subcommand `name`: `options` binds its options to an Args that CLI11 fills while parsing,
+// so the Args lives as long as the returned Command, which calls `run` if the subcommand was given.
+template <class Args>
+Command add_command(CLI::App& app, const std::string& name, const std::string& description,
+                    void (*options)(CLI::App&, Args&), void (*run)(const Args&)) {
+  auto args = std::make_shared<Args>();
+  CLI::App* sub = app.add_subcommand(name, description);
+  options(*sub, *args);
+  return [args, sub, run] {
+    if (*sub) run(*args);
+  };
+}
 
 }  // namespace simdattn::cli
