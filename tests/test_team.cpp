@@ -1,0 +1,101 @@
+// The team of worker threads the engine's parallel loops run on (engine/src/team.hpp): every
+// share runs exactly once on its own thread, the caller takes share 0, nothing nests, sleeping
+// workers wake, concurrent callers each get their own team, and a thread's team ends with it.
+#include <doctest/doctest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <set>
+#include <thread>
+#include <vector>
+
+#include "team.hpp"
+#include "threading.hpp"
+
+using simdattn::detail::run_on_team;
+
+namespace {
+
+// Runs one team call of nt shares; checks each share ran once with T == nt, share 0 on the
+// calling thread and every share on a thread of its own.
+void check_one_call(int nt) {
+  std::vector<std::atomic<int>> runs(static_cast<std::size_t>(nt));
+  std::vector<std::thread::id> ids(static_cast<std::size_t>(nt));
+  std::atomic<int> wrong_T{0};
+  auto body = [&](int t, int T) {
+    if (T != nt) wrong_T.fetch_add(1);
+    runs[static_cast<std::size_t>(t)].fetch_add(1);
+    ids[static_cast<std::size_t>(t)] = std::this_thread::get_id();
+  };
+  run_on_team(nt, body);
+  CHECK(wrong_T.load() == 0);
+  for (const auto& r : runs) CHECK(r.load() == 1);
+  CHECK(ids[0] == std::this_thread::get_id());
+  CHECK(std::set<std::thread::id>(ids.begin(), ids.end()).size() == static_cast<std::size_t>(nt));
+}
+
+}  // namespace
+
+TEST_CASE("team: each share runs once, share 0 on the caller, each on a thread of its own") {
+  for (int nt : {1, 2, 3, 5, 2, 7}) check_one_call(nt);
+  CHECK(simdattn::detail::team_workers_started() >= 6);  // the largest team asked for, less the caller
+}
+
+TEST_CASE("team: workers asleep after a pause wake for the next call") {
+  for (int i = 0; i < 5; ++i) {
+    // Well past the spin (kSpinMicros): workers and caller go to sleep in between.
+    std::this_thread::sleep_for(std::chrono::milliseconds(3));
+    check_one_call(3);
+  }
+}
+
+TEST_CASE("team: a call from a worker runs on that worker alone") {
+  std::atomic<int> nested_runs{0}, nested_on_other_thread{0}, nested_T_not_1{0};
+  auto body = [&](int, int) {
+    const std::thread::id me = std::this_thread::get_id();
+    auto inner = [&](int, int T) {
+      nested_runs.fetch_add(1);
+      if (T != 1) nested_T_not_1.fetch_add(1);
+      if (std::this_thread::get_id() != me) nested_on_other_thread.fetch_add(1);
+    };
+    if (simdattn::detail::in_team_worker()) run_on_team(4, inner);
+  };
+  run_on_team(3, body);
+  CHECK(nested_runs.load() == 2);  // the two workers, each alone
+  CHECK(nested_T_not_1.load() == 0);
+  CHECK(nested_on_other_thread.load() == 0);
+}
+
+TEST_CASE("team: many back-to-back calls and concurrent callers add up") {
+  constexpr int kCalls = 2000;
+  std::atomic<long> total{0};
+  auto caller = [&](int nt) {
+    for (int i = 0; i < kCalls; ++i) {
+      auto body = [&](int t, int) { total.fetch_add(t + 1); };
+      run_on_team(nt, body);
+    }
+  };
+  std::vector<std::thread> callers;
+  for (int nt : {2, 3, 4}) callers.emplace_back(caller, nt);
+  caller(2);
+  for (auto& c : callers) c.join();  // each caller's team ends with its thread
+  // sum over calls of 1 + 2 + ... + nt
+  CHECK(total.load() == long(kCalls) * (3 + 6 + 10 + 3));
+}
+
+TEST_CASE("team: parallel_shares hands out every item exactly once, also with stealing") {
+  for (int nt : {1, 2, 3, 8}) {
+    std::vector<std::int64_t> prefix{0};
+    for (int i = 0; i < 500; ++i) prefix.push_back(prefix.back() + 1 + (i % 7 == 0 ? 40 : 0));
+    std::vector<std::atomic<int>> hits(500);
+    simdattn::detail::parallel_shares(prefix, nt, [&](auto next_run) {
+      for (auto run = next_run(); run.first < run.second; run = next_run())
+        for (std::int64_t i = run.first; i < run.second; ++i) {
+          if (i % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // uneven: others steal
+          hits[static_cast<std::size_t>(i)].fetch_add(1);
+        }
+    });
+    for (const auto& h : hits) CHECK(h.load() == 1);
+  }
+}
