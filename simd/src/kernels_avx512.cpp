@@ -1,34 +1,55 @@
 // AVX-512 (F/BW/DQ/CD) build of the kernels. Compiled with -mavx512f -mavx512bw -mavx512dq
 // -mavx512cd -mavx2 -mfma (see simd/CMakeLists.txt).
 //
-// Blocking, f32: a 12 x 32 tile: 24 accumulators + 2 B vectors + 1 A broadcast of the 32 zmm
-// registers. Two FMA pipes x 4-cycle latency need >= 8 independent chains; 24 give slack.
-// Packed B (most shapes): rows outer. kc = 256: an A micro-panel (12 x 256 x 4 B = 12 KiB)
-// stays in L1 while it sweeps the packed kc x nc block of B, which stays in L2: nc = 4096 at
-// most, lowered by the driver to fill half of the CPU's L2 (1024 at kc = 256 in a 2 MiB L2,
-// the whole 2048 columns at K = 64). B pre-packed (few rows per thread) or read in place:
-// columns outer, the A block (mc = 336 rows) in L2; a pre-packed 256 x 32 panel (32 KiB) in
-// L1; read in place, passes are kc_b_in_place = 768 deep, the kernel prefetching B's rows
-// (gemm 128x768x768, same-process harness: kc 256 without the prefetch 0.90 ms at 1 thread,
-// 0.46-0.48 at 2; one 768-deep pass with it 0.85-0.87 and 0.44). Measured (gemm 1024^3 t1,
-// same-process harness, best of 8-15): columns outer with kc 512 / mc 336 / B block in L3:
-// 14.8-15.0 ms; rows outer, kc 256 / nc 1024: 13.4-13.7; nc 512: 14.2; kc 384: 14.0; kc 344 /
-// nc 768: 14.0.
-// f64: 14 x 16 tiles, kc = 256, nc <= 2048, mc = 168.
-// In-place A (narrow C): 6 x 64 f32 / 6 x 32 f64 tiles, 24 accumulators + 4 B vectors + 1 A
-// broadcast; 6 rows of A per L1 set stay within its 12 ways, and a 64-wide head is one panel.
-#include "kernels_impl.hpp"
+// The GEMM blocking. Packed B (most shapes) goes rows outer: an A micro-panel stays in L1 while
+// it sweeps the packed kc x nc block of B, which stays in L2. B pre-packed (few rows per
+// thread) or read in place goes columns outer, the mc x kc block of A in L2. kc = 256 and nc
+// fitted to half of the L2 beat both columns outer with kc = 512 and the B block in L3, and
+// rows outer with kc = 344-384 or nc = 512-768 (guarded by gemm/native/1024x1024x1024/t1).
+#include "impl/tables.hpp"
 
 namespace simdattn::simd {
+namespace {
+
+// f32: a 12 x 32 tile, 24 accumulators + 2 B vectors + 1 A broadcast of the 32 zmm registers.
+// Two FMA pipes x 4-cycle latency need >= 8 independent chains; 24 give slack.
+constexpr impl::GemmParams kF32{
+    .tile = {.mr = 12, .nv = 2},
+    .mc = 336,  // 336 x 256 x 4 B = 336 KiB of A in L2 (guarded by gemm/native/128x768x768/t1)
+    // An A micro-panel (12 x 256 x 4 B = 12 KiB) stays in L1; so does a pre-packed 256 x 32
+    // panel of B (32 KiB).
+    .kc = 256,
+    // At most: the driver lowers it to fill half of the CPU's L2 (1024 at kc = 256 in a 2 MiB
+    // L2; the whole 2048 columns at K = 64, guarded by gemm/native/2048x2048x64/t1).
+    .nc = 4096,
+    // The kernel prefetches B's rows, so a deeper panel than L1 holds costs nothing and C is
+    // passed over less: one pass over a 768-deep B (guarded by gemm/native/128x768x768/t1 and
+    // t2).
+    .kc_b_in_place = 768,
+    // A read in place (narrow C): 6 x 64, 24 accumulators + 4 B vectors + 1 A broadcast; 6 rows
+    // of A per L1 set stay within its 12 ways, and a 64-wide head is one panel.
+    .tile_a_in_place = {.mr = 6, .nv = 4},
+    // A's rows stream through; the packed B panel (2048 x 64 x 4 B = 512 KiB) stays in L2
+    // (guarded by gemm/native/2048x64x2048/t1).
+    .kc_a_in_place = 2048,
+};
+
+// f64: the f32 blocking in bytes, on 14 x 16 tiles (28 accumulators + 2 B vectors + 1 A
+// broadcast) and 6 x 32 tiles with A read in place.
+constexpr impl::GemmParams kF64{
+    .tile = {.mr = 14, .nv = 2},
+    .mc = 168,
+    .kc = 256,
+    .nc = 2048,
+    .kc_b_in_place = 768,
+    .tile_a_in_place = {.mr = 6, .nv = 4},
+    .kc_a_in_place = 1024,
+};
+
+}  // namespace
 
 KernelTable make_table_avx512() {
-  using A = xsimd::avx512bw;
-  return {Isa::avx512,
-          impl::make_probe_kernels<A>(),
-          impl::make_gemm_kernels<A, float, 12, 2, 6, 4>(336, 256, 4096, 2048, 768),
-          impl::make_gemm_kernels<A, double, 14, 2, 6, 4>(168, 256, 2048, 1024, 768),
-          impl::make_vector_kernels<A, float>(),
-          impl::make_vector_kernels<A, double>()};
+  return impl::make_kernel_table<xsimd::avx512bw, kF32, kF64>(Isa::avx512);
 }
 
 }  // namespace simdattn::simd

@@ -1,19 +1,40 @@
 // SSE2 baseline build of the kernels: runs on every x86-64 CPU. No FMA (xsimd emulates it with a
-// multiply and an add). Blocking: 16 xmm registers hold a 4 x 8 f32 tile (8 accumulators) + 2 B
-// vectors + 1 A broadcast + temporaries; kc = 256, nc <= 2048 (the driver fits the B block to
-// half the L2); B read in place: 768-deep passes, mc = 128. f64: 4 x 4 tiles.
-#include "kernels_impl.hpp"
+// multiply and an add).
+//
+// The GEMM blocking follows kernels_avx512.cpp's plan on the 16 xmm registers. Guarded by the
+// gemm/native benchmarks with SIMDATTN_ISA=sse2.
+#include "impl/tables.hpp"
 
 namespace simdattn::simd {
+namespace {
+
+// f32: a 4 x 8 tile, 8 accumulators + 2 B vectors + 1 A broadcast + the emulated FMA's
+// temporaries of the 16 xmm registers.
+constexpr impl::GemmParams kF32{
+    .tile = {.mr = 4, .nv = 2},
+    .mc = 128,  // 128 x 256 x 4 B = 128 KiB of A in L2
+    .kc = 256,  // an A micro-panel (4 x 256 x 4 B = 4 KiB) stays in L1
+    .nc = 2048,  // at most (the driver fits the B block to half the L2)
+    .kc_b_in_place = 768,  // the kernel prefetches B's rows: one pass over a 768-deep B
+    .tile_a_in_place = {.mr = 4, .nv = 2},
+    .kc_a_in_place = 512,
+};
+
+// f64: 4 x 4 tiles, otherwise the same.
+constexpr impl::GemmParams kF64{
+    .tile = {.mr = 4, .nv = 2},
+    .mc = 128,
+    .kc = 256,
+    .nc = 2048,
+    .kc_b_in_place = 768,
+    .tile_a_in_place = {.mr = 4, .nv = 2},
+    .kc_a_in_place = 512,
+};
+
+}  // namespace
 
 KernelTable make_table_sse2() {
-  using A = xsimd::sse2;
-  return {Isa::sse2,
-          impl::make_probe_kernels<A>(),
-          impl::make_gemm_kernels<A, float, 4, 2, 4, 2>(128, 256, 2048, 512, 768),
-          impl::make_gemm_kernels<A, double, 4, 2, 4, 2>(128, 256, 2048, 512, 768),
-          impl::make_vector_kernels<A, float>(),
-          impl::make_vector_kernels<A, double>()};
+  return impl::make_kernel_table<xsimd::sse2, kF32, kF64>(Isa::sse2);
 }
 
 }  // namespace simdattn::simd

@@ -3,7 +3,7 @@
 // Callers (engine/) see plain function pointers over float/double arrays; only simd/src touches
 // xsimd batch types. Each ISA's table is built in its own translation unit compiled with that
 // ISA's flags (kernels_avx512.cpp, kernels_avx2.cpp, kernels_sse2.cpp) from the one set of
-// Arch-templated kernels in kernels_impl.hpp.
+// Arch-templated kernels in simd/src/impl/ (tables.hpp builds the table).
 #pragma once
 
 #include <array>
@@ -48,8 +48,8 @@ template <class T>
 using GemmUkernelPf = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
                                T alpha, T beta, const void* pf, std::int64_t pf_lines);
 
-// Cache blocking of the GEMM driver for one ISA and dtype. See kernels_impl.hpp for the
-// reasoning behind each ISA's numbers.
+// Cache blocking of the GEMM driver for one ISA and dtype. Each ISA's numbers, and the reasons
+// for them, are in simd/src/kernels_<isa>.cpp.
 struct GemmBlocking {
   int mr, nr;  // register tile (micro-kernel)
   int lanes;   // elements per vector (nr is a multiple)
@@ -133,7 +133,8 @@ struct VectorKernels {
   //   l[r] = l[r] * alpha[r] (when the max grew) + sum of the new x[r, :];  m[r] = m_new.
   // The caller rescales (or, for -1, clears) the output rows with alpha[r] != 1. One call per
   // block: the passes of four rows are interleaved and the constants loaded once, where a pair of
-  // calls per row cost as much again as the arithmetic on short rows (sdcross: 77 keys).
+  // calls per row cost as much again as the arithmetic on short rows (guarded by
+  // attention/native/sdcross: 77 keys).
   // With lo and hi (else null), row r sees only the keys [lo[r], hi[r]) (0 <= lo, hi <= n; none
   // if hi <= lo): the others weigh exactly 0 and are neither read nor part of the max (a causal
   // or window edge block, without a separate masking pass).
@@ -141,7 +142,8 @@ struct VectorKernels {
                        const std::int64_t* hi, T* m, T* l, T* alpha);
   // The online softmax's last step for a block of rows: y[r, :n] = x[r, :n] * (1 / l[r]), and
   // zeros without reading x[r] where l[r] == 0 (a row with no visible key). One call per block:
-  // a call per row cost 7% of sdcross (40-wide rows).
+  // on short rows (sdcross's are 40 wide) a call per row costs a measurable share of the run
+  // (guarded by attention/native/sdcross).
   void (*normalize_rows)(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_t n, const T* l, T* y,
                          std::int64_t ldy);
   // Softmax down the columns of a block of scores (one query per column: keys are rows), not
