@@ -92,17 +92,17 @@ void scale_c(const GemmArgs<T>& g) {
 
 // A narrow C reuses each packed A micro-panel only ceil(N / nr) times: up to this many columns
 // the in-place-A kernel runs instead (perf: gemm 2048x64x2048, the P.V shape).
-constexpr std::int64_t kDirectAMaxCols = 128;
+constexpr std::int64_t kAInPlaceMaxCols = 128;
 
 // With few rows, each packed B panel is reused by few tiles and packing B costs more than it
 // saves (perf: gemm 128x768x768, a BERT projection): up to this many rows the micro-kernel reads
 // a row-major B in place. Not when B's rows are a multiple of 4 KiB apart: they would all share
 // one L1 set.
-constexpr std::int64_t kDirectBMaxRows = 256;
+constexpr std::int64_t kBInPlaceMaxRows = 256;
 // ... and only while B's rows are at most a page apart: a kc-row panel of wider rows touches a
 // page per row, and every load of the in-place kernel risks a TLB miss (perf: mha/native/
 // bert-layer, whose QKV projection reads a 768 x 2304 weight, is faster packed).
-constexpr std::int64_t kDirectBMaxRowBytes = 4096;
+constexpr std::int64_t kBInPlaceMaxRowBytes = 4096;
 
 // Columns of B per packed block: the table's nc, fewer if the kc x nc block (kc = min(K, the
 // table's kc)) would not fit in half of this CPU's L2, where it stays while every A micro-panel
@@ -128,17 +128,17 @@ constexpr std::int64_t kPrepackedRowsOuterMin = 384;
 template <class T>
 struct Mode {
   simd::GemmBlocking bs;
-  bool direct_a, direct_b, rows_outer;
+  bool a_in_place, b_in_place, rows_outer;
   Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int nt)
-      : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols ? gk.direct_blocking
+      : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kAInPlaceMaxCols ? gk.blocking_a_in_place
                                                                                       : gk.blocking),
-        direct_a(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kDirectAMaxCols),
-        direct_b(g.packed_b == nullptr && !direct_a && g.trans_b == Trans::N && g.M <= kDirectBMaxRows &&
+        a_in_place(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kAInPlaceMaxCols),
+        b_in_place(g.packed_b == nullptr && !a_in_place && g.trans_b == Trans::N && g.M <= kBInPlaceMaxRows &&
                  (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0 &&
-                 g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kDirectBMaxRowBytes),
-        rows_outer(!direct_a && !direct_b && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)) {
+                 g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kBInPlaceMaxRowBytes),
+        rows_outer(!a_in_place && !b_in_place && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)) {
     if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
-    if (direct_b) bs.kc = bs.kc_b_in_place;
+    if (b_in_place) bs.kc = bs.kc_b_in_place;
   }
 };
 
@@ -194,7 +194,7 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
   T* out = full ? c : tile;
   const std::int64_t ldo = full ? g.ldc : nr;
   const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
-  if (mode.direct_a) gk.ukernel_direct_a[nr / mode.bs.lanes][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
+  if (mode.a_in_place) gk.ukernel_a_in_place[nr / mode.bs.lanes][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
   else if (b_packed && pf.lines > 0) gk.ukernel_pf[m](kc, a, bp, ldb, out, ldo, alpha, b, pf.at, pf.lines);
   else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
@@ -227,7 +227,7 @@ struct BPass {
 
 // A read in place: rows outer; the mr x kc slice of A stays in L1 across the few column panels.
 template <class T>
-void pass_direct_a(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const Mode<T>& mode, std::int64_t i_begin,
+void pass_a_in_place(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const Mode<T>& mode, std::int64_t i_begin,
                    std::int64_t i_end, T* tile) {
   const GemmArgs<T>& g = bp.g;
   const int mr = mode.bs.mr;
@@ -304,10 +304,10 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
     for (std::int64_t pc = 0; pc < g.K; pc += bs.kc) {
       const std::int64_t kc = std::min<std::int64_t>(bs.kc, g.K - pc);
       // B in place: only a partial last panel is packed (reads must stay inside B's rows).
-      const std::int64_t first = mode.direct_b ? nc / bs.nr : 0;
+      const std::int64_t first = mode.b_in_place ? nc / bs.nr : 0;
       if (g.packed_b == nullptr && !b_ready) pack_b(g, vk, pc, kc, jc, nc, bs.nr, Bp, first, panels);
       const BPass<T> pass{g, jc, nc, pc, kc, bs.nr, first, Bp, pc == 0 ? g.beta : T(1)};
-      if (mode.direct_a) pass_direct_a(pass, gk, mode, i_begin, i_end, tile);
+      if (mode.a_in_place) pass_a_in_place(pass, gk, mode, i_begin, i_end, tile);
       else if (!mode.rows_outer) pass_columns_outer(pass, gk, vk, mode, i_begin, i_end, Aws, tile, a_ready);
       else pass_rows_outer(pass, gk, vk, mode, i_begin, i_end, Aws, tile);
     }
@@ -405,7 +405,7 @@ void split_columns(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const s
   // costs no repacking of A: A read in place, or one mc x kc block of it, packed once per
   // thread (guarded by gemm/native/128x768x768/t2). Otherwise each thread takes a static share
   // and packs A once per block.
-  if (mode.direct_a || (!mode.rows_outer && g.M <= bs.mc && g.K <= bs.kc)) {
+  if (mode.a_in_place || (!mode.rows_outer && g.M <= bs.mc && g.K <= bs.kc)) {
     const std::int64_t chunks = (col_units + kColUnitsPerClaim - 1) / kColUnitsPerClaim;
     const Extents<T> ex(g, bs);  // sized for the whole problem's columns: one size for every chunk
     parallel_claims(chunks, nt, 1, [&](auto next) {
@@ -472,7 +472,7 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
   simd::GemmBlocking b_in_place = gk.blocking;  // (as Mode has it for B read in place)
   b_in_place.kc = b_in_place.kc_b_in_place;
-  const simd::GemmBlocking* blockings[] = {&gk.blocking, &b_in_place, &gk.direct_blocking};
+  const simd::GemmBlocking* blockings[] = {&gk.blocking, &b_in_place, &gk.blocking_a_in_place};
   std::size_t b = 0, a = 0;
   for (const simd::GemmBlocking* bs : blockings) {
     const Extents<T> ex(g, *bs);

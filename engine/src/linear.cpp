@@ -133,7 +133,7 @@ struct LinearPlan {
   std::int64_t s_qa, s_f, s_kt, s_sv, s_num, s_z, s_den;
   LinearPlan(const Problem& prob, const LinearAttentionOptions& opt)
       : p(prob), o(opt), gk(simd::kernels().gemm<T>()), vk(simd::kernels().vec<T>()) {
-    tile_rows = gk.direct_blocking.mr, tile_cols = gk.direct_blocking.nr, lanes = gk.direct_blocking.lanes;
+    tile_rows = gk.blocking_a_in_place.mr, tile_cols = gk.blocking_a_in_place.nr, lanes = gk.blocking_a_in_place.lanes;
     C = std::max<std::int64_t>(1, std::min(o.chunk, std::max(p.Sq, p.Sk)));
     Cp = round_up(C, tile_cols), Dvp = round_up(p.Dv, tile_cols);
     key_panels = Cp / tile_cols, value_panels = Dvp / tile_cols;
@@ -235,7 +235,7 @@ class LinearWorker {
     for (std::int64_t c = 0; c * tc < kmax; ++c) {
       const std::int64_t nv = (std::min(tc, kmax - c * tc) + lanes - 1) / lanes;
       const detail::NextRows::Run pf = next_.take(D);
-      pl_.gk.ukernel_direct_a_pf[nv][rows](D, fqr, lq, kt_ + c * D * tc, tc, a + c * tc, lq, T(1), T(0), pf.at,
+      pl_.gk.ukernel_a_in_place_pf[nv][rows](D, fqr, lq, kt_ + c * D * tc, tc, a + c * tc, lq, T(1), T(0), pf.at,
                                            pf.lines);
     }
     for (std::int64_t i = 0; i < rows; ++i) {
@@ -248,7 +248,7 @@ class LinearWorker {
     for (std::int64_t c = 0; c < pl_.value_panels; ++c) {
       const std::int64_t nv = (std::min(tc, p_.Dv - c * tc) + lanes - 1) / lanes;
       const detail::NextRows::Run pf = next_.take(D + kmax - skip);
-      pl_.gk.ukernel_direct_a_pf[nv][rows](D + kmax - skip, fqr + skip, lq, sv_ + c * pl_.ls + skip * tc, tc,
+      pl_.gk.ukernel_a_in_place_pf[nv][rows](D + kmax - skip, fqr + skip, lq, sv_ + c * pl_.ls + skip * tc, tc,
                                            num_ + r0 * pl_.Dvp + c * tc, pl_.Dvp, T(1), T(0), pf.at, pf.lines);
     }
     write(c0, r0, rows);
@@ -287,7 +287,7 @@ class LinearWorker {
       const std::int64_t nv = (std::min(tc, N - c * tc) + pl_.lanes - 1) / pl_.lanes;
       for (std::int64_t r0 = 0; r0 < M; r0 += tr) {
         const detail::NextRows::Run pf = next_.take(K);
-        pl_.gk.ukernel_direct_a_pf[nv][std::min(tr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, tc,
+        pl_.gk.ukernel_a_in_place_pf[nv][std::min(tr, M - r0)](K, A + r0 * lda, lda, B + c * pstride, tc,
                                                              Cm + r0 * ldc + c * tc, ldc, T(1), beta, pf.at,
                                                              pf.lines);
       }
@@ -303,7 +303,7 @@ class LinearWorker {
         const std::int64_t kk = std::min(tc, n - pk * tc);
         for (std::int64_t r0 = 0; r0 < D; r0 += tr) {
           const detail::NextRows::Run pf = next_.take(kk);
-          pl_.gk.ukernel_direct_a_pf[nv][std::min(tr, D - r0)](kk, kt_ + pk * D * tc + r0 * tc, tc,
+          pl_.gk.ukernel_a_in_place_pf[nv][std::min(tr, D - r0)](kk, kt_ + pk * D * tc + r0 * tc, tc,
                                                                sv_ + c * pl_.ls + (D + pk * tc) * tc, tc,
                                                                sv_ + c * pl_.ls + r0 * tc, tc, T(1), T(1), pf.at,
                                                                pf.lines);

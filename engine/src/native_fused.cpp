@@ -73,9 +73,9 @@ struct FusedPlan {
 
   FusedPlan(const Problem& prob, const simd::KernelTable& kt)
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
-    tile_rows = gk.direct_blocking.mr;
-    tile_cols = gk.direct_blocking.nr;
-    lanes = gk.direct_blocking.lanes;
+    tile_rows = gk.blocking_a_in_place.mr;
+    tile_cols = gk.blocking_a_in_place.nr;
+    lanes = gk.blocking_a_in_place.lanes;
     dv_computed = round_up(p.Dv, lanes);
     if (tile_cols > kMaxTile || kBlockK % tile_cols != 0) std::abort();  // ISA table invariant
     k_keys = p.Sk > kBlockK && p.Sk <= kMaxBlockK ? round_up(p.Sk, tile_cols) : kBlockK;
@@ -267,7 +267,7 @@ class FusedWorker {
       for (std::int64_t r0 = 0; r0 < br; r0 += rows) {
         const std::int64_t m = std::min(rows, br - r0);
         const NextRows::Run pf = next_.take(D);
-        plan_.gk.ukernel_direct_a_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * tile_cols + o, tile_cols,
+        plan_.gk.ukernel_a_in_place_pf[nv][m](D, q_ + r0 * ldq_, ldq_, kb + c * D * tile_cols + o, tile_cols,
                                          sb_ + r0 * plan_.k_keys + c * tile_cols + o, plan_.k_keys, T(1), T(0), pf.at, pf.lines);
       }
     }
@@ -316,7 +316,7 @@ class FusedWorker {
       for (std::int64_t r0 = 0; r0 < br; r0 += tile_rows) {
         const std::int64_t m = std::min(tile_rows, br - r0);
         const NextRows::Run pf = next_.take(n);
-        plan_.gk.ukernel_direct_a_pf[nv][m](n, sb_ + r0 * plan_.k_keys + a, plan_.k_keys, vb + c * plan_.k_keys * tile_cols + a * tile_cols, tile_cols,
+        plan_.gk.ukernel_a_in_place_pf[nv][m](n, sb_ + r0 * plan_.k_keys + a, plan_.k_keys, vb + c * plan_.k_keys * tile_cols + a * tile_cols, tile_cols,
                                          ob_ + r0 * plan_.dv_padded + c * tile_cols, plan_.dv_padded, T(1), beta, pf.at, pf.lines);
       }
     }

@@ -33,7 +33,7 @@ class ShortKeys {
  public:
   explicit ShortKeys(const Problem& p)
       : p_(p), gk_(simd::kernels().gemm<T>()), vk_(simd::kernels().vec<T>()) {
-    tile_rows_ = gk_.direct_blocking.mr, tile_cols_ = gk_.direct_blocking.nr, lanes_ = gk_.direct_blocking.lanes;
+    tile_rows_ = gk_.blocking_a_in_place.mr, tile_cols_ = gk_.blocking_a_in_place.nr, lanes_ = gk_.blocking_a_in_place.lanes;
     q_rows_ = kPanelsPerItem * tile_cols_;
     q_blocks_ = (p.Sq + q_rows_ - 1) / q_rows_;
     ldvt_ = round_up(p.Sk, lanes_);
@@ -105,14 +105,14 @@ class ShortKeys {
     vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
     for (std::int64_t r0 = 0; r0 < L; r0 += rows_t) {
       const NextRows::Run pf = next.take(p_.D);
-      gk_.ukernel_direct_a_pf[nv][std::min(rows_t, L - r0)](p_.D, k + r0 * p_.ks[2], p_.ks[2], qtc, tile_cols_,
+      gk_.ukernel_a_in_place_pf[nv][std::min(rows_t, L - r0)](p_.D, k + r0 * p_.ks[2], p_.ks[2], qtc, tile_cols_,
                                                             stc + r0 * tile_cols_, tile_cols_, T(1), T(0), pf.at,
                                                             pf.lines);
     }
     vk_.softmax_cols(stc, tile_cols_, L, nv * lanes_, static_cast<T>(p_.scale), l);
     for (std::int64_t r0 = 0; r0 < p_.Dv; r0 += rows_t) {
       const NextRows::Run pf = next.take(L);
-      gk_.ukernel_direct_a_pf[nv][std::min(rows_t, p_.Dv - r0)](L, s.vt + r0 * ldvt_, ldvt_, stc, tile_cols_,
+      gk_.ukernel_a_in_place_pf[nv][std::min(rows_t, p_.Dv - r0)](L, s.vt + r0 * ldvt_, ldvt_, stc, tile_cols_,
                                                                 otc + r0 * tile_cols_, tile_cols_, T(1), T(0),
                                                                 pf.at, pf.lines);
     }
@@ -137,10 +137,10 @@ class ShortKeys {
 template <class T>
 bool fits(const Problem& p) {
   const simd::GemmKernels<T>& gk = simd::kernels().gemm<T>();
-  const std::int64_t lanes = gk.direct_blocking.lanes;
+  const std::int64_t lanes = gk.blocking_a_in_place.lanes;
   return p.Sk >= 1 && p.Sk <= kShortMaxKeys && p.mask_kind == MaskKind::none && p.causal == Causal::none &&
          !p.has_window && !p.sparse() && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1 && p.os[3] == 1 &&
-         p.Sq >= gk.direct_blocking.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
+         p.Sq >= gk.blocking_a_in_place.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
 }
 
 template <class T>

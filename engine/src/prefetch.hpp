@@ -9,7 +9,7 @@
 namespace simdattn::detail {
 
 // The rows a kernel reads (or writes) next, handed out as contiguous runs of cache lines to
-// the prefetching micro-kernel (GemmKernels::ukernel_direct_a_pf), which spreads them over its
+// the prefetching micro-kernel (GemmKernels::ukernel_a_in_place_pf), which spreads them over its
 // k loop: the data then arrives in L2 while the FMA units work. (One burst of prefetches per
 // call stalls on the core's line-fill buffers; with none, the passes that read the rows first
 // stall on demand misses: guarded by attention/native/gpt, attention/native/sdcross and

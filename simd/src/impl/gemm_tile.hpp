@@ -160,7 +160,7 @@ void gemm_ukernel_b_in_place(std::int64_t kc, const T* Ap, const T* Bp, std::int
   gemm_tile<Arch, T, M, NV, true, false, MR>(kc, Ap, MR, Bp, ldb, C, ldc, alpha, beta);
 }
 
-// A read in place (GemmUkernelDirectA): M rows by NV vectors of a packed B panel NVP vectors
+// A read in place (GemmUkernelAInPlace): M rows by NV vectors of a packed B panel NVP vectors
 // wide.
 template <class Arch, class T, int M, int NV, int NVP>
 void gemm_ukernel_a_in_place(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, std::int64_t ldb,
@@ -169,7 +169,7 @@ void gemm_ukernel_a_in_place(std::int64_t kc, const T* A, std::int64_t lda, cons
   gemm_tile<Arch, T, M, NV, false, true, M, NVP * W>(kc, A, lda, Bp, ldb, C, ldc, alpha, beta);
 }
 
-// The same, prefetching the caller's next lines (GemmUkernelDirectAPf).
+// The same, prefetching the caller's next lines (GemmUkernelAInPlacePf).
 template <class Arch, class T, int M, int NV, int NVP>
 void gemm_ukernel_a_in_place_pf(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp, std::int64_t ldb,
                                 T* C, std::int64_t ldc, T alpha, T beta, const void* pf, std::int64_t pf_lines) {

@@ -27,7 +27,7 @@ struct Tile {
 
 // One ISA's GEMM blocking for one dtype, as kernels_<isa>.cpp give it (GemmBlocking says what
 // each depth and width bounds). Names say which operand is read in place; the table's
-// GemmKernels::direct_blocking and ukernel_direct_a* are the A-in-place ones.
+// GemmKernels::blocking_a_in_place and ukernel_a_in_place* are the A-in-place ones.
 struct GemmParams {
   Tile tile;              // A packed; B packed, pre-packed or read in place
   int mc;                 // rows of A per packed block, columns outer (a multiple of tile.mr)
@@ -108,17 +108,17 @@ GemmKernels<T> make_gemm_kernels() {
           [](auto m) { return &gemm_ukernel_b_in_place<Arch, T, decltype(m)::value, NV, MR>; }),
       .ukernel_pf = rows_table<GemmUkernelPf<T>, MR>(
           [](auto m) { return &gemm_ukernel_pf<Arch, T, decltype(m)::value, NV, MR>; }),
-      .direct_blocking = {.mr = AMR,
+      .blocking_a_in_place = {.mr = AMR,
                           .nr = ANV * W,
                           .lanes = W,
                           .mc = AMR,
                           .kc = P.kc_a_in_place,
                           .nc = P.nc,
                           .kc_b_in_place = P.kc_a_in_place},
-      .ukernel_direct_a = rows_by_width_table<GemmUkernelDirectA<T>, AMR, ANV>([](auto nv, auto m) {
+      .ukernel_a_in_place = rows_by_width_table<GemmUkernelAInPlace<T>, AMR, ANV>([](auto nv, auto m) {
         return &gemm_ukernel_a_in_place<Arch, T, decltype(m)::value, decltype(nv)::value, ANV>;
       }),
-      .ukernel_direct_a_pf = rows_by_width_table<GemmUkernelDirectAPf<T>, AMR, ANV>([](auto nv, auto m) {
+      .ukernel_a_in_place_pf = rows_by_width_table<GemmUkernelAInPlacePf<T>, AMR, ANV>([](auto nv, auto m) {
         return &gemm_ukernel_a_in_place_pf<Arch, T, decltype(m)::value, decltype(nv)::value, ANV>;
       }),
       .gemv_n = &gemv_n<Arch, T>,

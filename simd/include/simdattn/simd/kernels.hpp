@@ -32,13 +32,13 @@ using GemmUkernel = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int
 // on AVX-512) so that the MR rows of A, which may sit at a multiple of 4 KiB apart and so share
 // one L1 set, stay within the L1's associativity. All MR rows must exist.
 template <class T>
-using GemmUkernelDirectA = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
+using GemmUkernelAInPlace = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
                                     std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta);
 // The same, also prefetching (into L2) pf_lines cache lines from pf on, one per four k steps:
 // a caller that streams its next inputs from memory spreads their misses over its arithmetic
 // (a burst of software prefetches stalls on the core's few line-fill buffers instead).
 template <class T>
-using GemmUkernelDirectAPf = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
+using GemmUkernelAInPlacePf = void (*)(std::int64_t kc, const T* A, std::int64_t lda, const T* Bp,
                                       std::int64_t ldb, T* C, std::int64_t ldc, T alpha, T beta,
                                       const void* pf, std::int64_t pf_lines);
 
@@ -76,12 +76,12 @@ struct GemmKernels {
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_b_in_place;
   // ukernel, also prefetching the caller's next lines (GemmUkernelPf).
   std::array<GemmUkernelPf<T>, kMaxMr + 1> ukernel_pf;
-  GemmBlocking direct_blocking;  // A in place, B packed (mc unused)
-  // ukernel_direct_a[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
+  GemmBlocking blocking_a_in_place;  // A in place, B packed (mc unused)
+  // ukernel_a_in_place[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
   // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
   // cost only the vectors they have. One-vector tiles (nv = 1) exist for m up to 2 mr.
-  std::array<std::array<GemmUkernelDirectA<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a;
-  std::array<std::array<GemmUkernelDirectAPf<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_direct_a_pf;
+  std::array<std::array<GemmUkernelAInPlace<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_a_in_place;
+  std::array<std::array<GemmUkernelAInPlacePf<T>, kMaxMr + 1>, kMaxNv + 1> ukernel_a_in_place_pf;
   // y[0:n] := alpha * sum_k x[k] * B[k, 0:n] + beta * y  (B row-major, leading dim ldb);
   // beta == 0 never reads y. Streams B once.
   void (*gemv_n)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
