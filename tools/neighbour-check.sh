@@ -17,7 +17,7 @@ native_ms() {  # the native backend's median_ms from `simdattn compare --json`
 
 ( while :; do "$BIN" compare --workload gpt --threads 2 >/dev/null 2>&1 || exit; done ) &
 NEIGHBOUR=$!
-trap 'kill $NEIGHBOUR 2>/dev/null; wait $NEIGHBOUR 2>/dev/null || true' EXIT
+trap 'pkill -P $NEIGHBOUR 2>/dev/null; kill $NEIGHBOUR 2>/dev/null; wait $NEIGHBOUR 2>/dev/null || true' EXIT
 sleep 2
 
 defaults=() singles=()

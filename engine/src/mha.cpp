@@ -13,6 +13,7 @@
 #include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
+#include "threading.hpp"
 #include "simdattn/safetensors.hpp"
 #include "workspace.hpp"
 
@@ -394,12 +395,14 @@ const MhaConfig& MultiHeadAttention::config() const noexcept { return impl_->cfg
 DType MultiHeadAttention::dtype() const noexcept { return impl_->dtype; }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
+  const detail::OpenMpScope threads(options.backend == Backend::onednn);
   if (impl_->dtype == DType::f32) self_forward(impl_->f32, query, out, options);
   else self_forward(impl_->f64, query, out, options);
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
                                  const SeqView& out, const MhaOptions& options) const {
+  const detail::OpenMpScope threads(options.backend == Backend::onednn);
   if (impl_->dtype == DType::f32) cross_forward(impl_->f32, query, key, value, out, options);
   else cross_forward(impl_->f64, query, key, value, out, options);
 }
@@ -410,6 +413,7 @@ void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, cons
   if (cache.dtype_ != impl_->dtype || cache.kv_heads_ != c.kv_heads || cache.head_dim_ != c.head_dim)
     throw Error("cache", "was made for another layer (dtype " + std::string(dtype_name(cache.dtype_)) + ", kv_heads " +
                              std::to_string(cache.kv_heads_) + ", head_dim " + std::to_string(cache.head_dim_) + ")");
+  const detail::OpenMpScope threads(options.backend == Backend::onednn);
   if (impl_->dtype == DType::f32)
     cached_forward(impl_->f32, query, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
                    out, options);

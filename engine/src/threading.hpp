@@ -48,10 +48,35 @@ inline std::int64_t threads_for(std::int64_t n, int threads, std::int64_t min_pe
   return std::min(nt, std::max<std::int64_t>(1, n / std::max<std::int64_t>(1, min_per_thread)));
 }
 
-// body(t, T) on T threads of the calling thread's team (team.hpp), t = 0 on the caller; T may
-// be less than nt when the system refuses a thread.
+// While alive, the calling thread's parallel loops run on OpenMP's threads instead of its
+// team: for a call that also runs oneDNN, which computes on OpenMP's threads, so that the call
+// does not keep two sets of threads waiting against each other on the same cores (an MHA layer
+// whose attention core runs on the onednn backend; guarded by mha/onednn/bert-layer/t2).
+class OpenMpScope {
+ public:
+  explicit OpenMpScope(bool enable = true) : saved_(active()) { active() = active() || enable; }
+  ~OpenMpScope() { active() = saved_; }
+  OpenMpScope(const OpenMpScope&) = delete;
+  OpenMpScope& operator=(const OpenMpScope&) = delete;
+  static bool& active() {
+    thread_local bool on = false;
+    return on;
+  }
+
+ private:
+  bool saved_;
+};
+
+// body(t, T) on T threads, t = 0 on the caller: the calling thread's team (team.hpp), or
+// OpenMP's threads inside an OpenMpScope. T may be less than nt when the system refuses a
+// thread.
 template <class Body>
 void run_parallel(int nt, Body&& body) {
+  if (OpenMpScope::active()) {
+#pragma omp parallel num_threads(nt)
+    body(omp_get_thread_num(), omp_get_num_threads());
+    return;
+  }
   run_on_team(nt, body);
 }
 
