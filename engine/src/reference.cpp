@@ -46,8 +46,9 @@ void reference_impl(const Problem& p) {
         // scores of the visible keys
         bool any_nan = false;
         double m = neg_inf;
+        const KeyRange keys = row_keys(p, b, i);  // what position_visible asks, once per row
         for (std::int64_t j = 0; j < p.Sk; ++j) {
-          visible[j] = position_visible(p, b, i, j) &&
+          visible[j] = (p.sparse() ? position_visible(p, b, i, j) : j >= keys.lo && j < keys.hi) &&
                        (p.mask_kind != MaskKind::boolean || p.mask_allows(b, h, i, j));
           if (!visible[j]) continue;
           const T* kj = k + b * p.ks[0] + hk * p.ks[1] + j * p.ks[2];
