@@ -73,8 +73,9 @@ struct AttentionOptions {
   ConstTensorView block_mask;
   std::int64_t block_size = 64;
 
-  // Threads for this call: 0 = OpenMP's default; 1 = run wholly on the calling thread, with
-  // no OpenMP region. Calls made from inside a parallel region always run on the calling thread.
+  // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
+  // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
+  // worker threads run on the calling thread.
   int threads = 0;
 
   Backend backend = Backend::native;

@@ -1,4 +1,4 @@
-// Benchmarking aids shared by perf/, tools/ and tests (not part of the umbrella header): the
+// Benchmarking aids shared by perf/ and tools/ (not part of the umbrella header): the
 // standard attention workloads (docs/design.md), their FLOP counts and the machine's FMA peak.
 #pragma once
 
