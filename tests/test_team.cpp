@@ -10,6 +10,8 @@
 #include <thread>
 #include <vector>
 
+#include "simdattn/error.hpp"
+#include "simdattn/runtime.hpp"
 #include "team.hpp"
 #include "threading.hpp"
 
@@ -98,4 +100,37 @@ TEST_CASE("team: parallel_shares hands out every item exactly once, also with st
     });
     for (const auto& h : hits) CHECK(h.load() == 1);
   }
+}
+
+TEST_CASE("team: concurrent calls share the thread budget; a lone call gets all it asks for") {
+  const int saved = simdattn::thread_budget();
+  simdattn::set_thread_budget(4);
+  {  // alone: every thread asked for
+    int got = 0;
+    simdattn::detail::run_parallel(3, [&](int, int T) { got = T; });
+    CHECK(got == 3);
+  }
+  // Four callers, each asking for 3 threads, with bodies long enough to overlap: at no time do
+  // more than max(budget, callers) = 4 bodies run (without the budget up to 12 would).
+  std::atomic<int> running{0}, most{0};
+  auto caller = [&] {
+    for (int i = 0; i < 20; ++i)
+      simdattn::detail::run_parallel(3, [&](int, int) {
+        const int now = running.fetch_add(1) + 1;
+        for (int m = most.load(); now > m && !most.compare_exchange_weak(m, now);) {
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(300));
+        running.fetch_sub(1);
+      });
+  };
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 3; ++c) callers.emplace_back(caller);
+  caller();
+  for (auto& c : callers) c.join();
+  CHECK(most.load() >= 2);
+  CHECK(most.load() <= 4);
+  CHECK_THROWS_AS(simdattn::set_thread_budget(-1), simdattn::Error);
+  simdattn::set_thread_budget(0);  // the default: the process's CPUs
+  CHECK(simdattn::thread_budget() >= 1);
+  simdattn::set_thread_budget(saved);
 }

@@ -1,12 +1,15 @@
 #include "simdattn/runtime.hpp"
 
+#include <algorithm>
 #include <exception>
+#include <string>
 #include <stdexcept>
 
 #include <omp.h>
 
 #include "simdattn/attention.hpp"
 #include "problem.hpp"
+#include "team.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
 #include "simdattn/version.hpp"
@@ -32,7 +35,8 @@ RuntimeInfo runtime_info() {
   info.isa = std::string(simd::isa_name(simd::selected_isa()));
   info.isa_forced = simd::isa_forced();
   for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
-  info.default_threads = omp_get_max_threads();
+  info.thread_budget = detail::thread_budget();
+  info.default_threads = std::max(1, std::min(omp_get_max_threads(), info.thread_budget));
   for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
     if (backend_available(b)) info.backends.emplace_back(backend_name(b));
 #ifdef SIMDATTN_HAVE_ONEDNN
@@ -42,5 +46,12 @@ RuntimeInfo runtime_info() {
 #endif
   return info;
 }
+
+void set_thread_budget(int threads) {
+  if (threads < 0) throw Error("threads", "expected >= 0 (0 = the CPUs of the process's affinity), got " + std::to_string(threads));
+  detail::set_thread_budget(threads);
+}
+
+int thread_budget() noexcept { return detail::thread_budget(); }
 
 }  // namespace simdattn

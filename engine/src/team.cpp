@@ -1,6 +1,9 @@
 // The calling thread's team of workers (team.hpp).
 #include "team.hpp"
 
+#include <sched.h>
+
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
@@ -127,7 +130,41 @@ Team& calling_thread_team() {
   return team;
 }
 
+int affinity_cpus() noexcept {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+}
+
+std::atomic<int> g_budget{0};   // 0: the default, affinity_cpus()
+std::atomic<int> g_in_use{0};   // threads held by running parallel loops
+
 }  // namespace
+
+void set_thread_budget(int threads) noexcept { g_budget.store(std::max(0, threads)); }
+
+int thread_budget() noexcept {
+  const int b = g_budget.load(std::memory_order_relaxed);
+  if (b > 0) return b;
+  static const int cpus = affinity_cpus();
+  return cpus;
+}
+
+ThreadClaim::ThreadClaim(int nt) noexcept : granted_(1) {
+  if (nt <= 1) return;
+  const int budget = thread_budget();
+  int used = g_in_use.load(std::memory_order_relaxed);
+  int want = 0;
+  do want = std::clamp(budget - used, 1, nt);
+  while (!g_in_use.compare_exchange_weak(used, used + want, std::memory_order_relaxed));
+  granted_ = want;
+  counted_ = true;
+}
+
+ThreadClaim::~ThreadClaim() {
+  if (counted_) g_in_use.fetch_sub(granted_, std::memory_order_relaxed);
+}
 
 void run_on_team(int nt, void (*body)(void*, int, int), void* context) {
   if (nt <= 1 || tl_in_worker) {

@@ -30,6 +30,30 @@ void run_on_team(int nt, Body& body) {
   run_on_team(nt, [](void* c, int t, int T) { (*static_cast<Body*>(c))(t, T); }, &body);
 }
 
+// The process-wide thread budget: the most threads all concurrent parallel loops of the library
+// use together (each loop's calling thread included). A loop asking for nt threads gets
+// min(nt, budget - threads in use), at least 1 (its caller), and gives them back when done: a
+// lone call uses every core it asks for, and under load concurrent calls run side by side on
+// fewer threads each instead of oversubscribing the cores. Results do not depend on how many
+// threads a call gets.
+class ThreadClaim {
+ public:
+  explicit ThreadClaim(int nt) noexcept;
+  ~ThreadClaim();
+  ThreadClaim(const ThreadClaim&) = delete;
+  ThreadClaim& operator=(const ThreadClaim&) = delete;
+  int threads() const noexcept { return granted_; }
+
+ private:
+  int granted_;
+  bool counted_ = false;
+};
+
+// The budget: set_thread_budget(0) restores the default, the CPUs the process may run on (its
+// affinity mask) at first use.
+void set_thread_budget(int threads) noexcept;
+int thread_budget() noexcept;
+
 // True on a team's worker thread while it runs a body.
 bool in_team_worker() noexcept;
 

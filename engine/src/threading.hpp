@@ -39,7 +39,7 @@ constexpr double kMinFlopsPerThread = 4e6;
 // worker (no nesting).
 inline int resolve_threads(int requested) {
   if (omp_in_parallel() || in_team_worker()) return 1;
-  return requested > 0 ? requested : std::max(1, omp_get_max_threads());
+  return requested > 0 ? requested : std::max(1, std::min(omp_get_max_threads(), thread_budget()));
 }
 
 // Threads for n items of which each thread should get at least min_per_thread (1: no region).
@@ -68,16 +68,18 @@ class OpenMpScope {
 };
 
 // body(t, T) on T threads, t = 0 on the caller: the calling thread's team (team.hpp), or
-// OpenMP's threads inside an OpenMpScope. T may be less than nt when the system refuses a
+// OpenMP's threads inside an OpenMpScope. T may be less than nt: the process-wide thread budget
+// (ThreadClaim) leaves a call the threads other calls do not hold, and the system may refuse a
 // thread.
 template <class Body>
 void run_parallel(int nt, Body&& body) {
+  const ThreadClaim claim(nt);  // within the process-wide budget (team.hpp)
   if (OpenMpScope::active()) {
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(claim.threads())
     body(omp_get_thread_num(), omp_get_num_threads());
     return;
   }
-  run_on_team(nt, body);
+  run_on_team(claim.threads(), body);
 }
 
 template <class Fn>

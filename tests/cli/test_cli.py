@@ -567,6 +567,7 @@ class Info(CliCase):
         self.assertIn(fields["isa"].split()[0], ("sse2", "avx2", "avx512"))
         self.assertIn("sse2", fields["isa available"].split())
         self.assertGreaterEqual(int(fields["threads"]), 1)
+        self.assertGreaterEqual(int(fields["thread budget"]), int(fields["threads"]))
         self.assertIn("reference", fields["backends"].split())
 
     def test_forced_isa(self):

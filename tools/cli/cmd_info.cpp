@@ -23,6 +23,7 @@ Command add_info_command(CLI::App& app) {
     for (const auto& s : info.isas) std::cout << ' ' << s;
     std::cout << '\n';
     std::cout << "threads: " << info.default_threads << '\n';
+    std::cout << "thread budget: " << info.thread_budget << '\n';
     std::cout << "backends:";
     for (const auto& s : info.backends) std::cout << ' ' << s;
     std::cout << '\n';

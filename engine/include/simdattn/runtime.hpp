@@ -11,12 +11,23 @@ struct RuntimeInfo {
   std::string isa;                   // ISA the SIMD kernels dispatch to (sse2/avx2/avx512)
   bool isa_forced = false;           // chosen by SIMDATTN_ISA rather than detection
   std::vector<std::string> isas;     // ISAs the CPU supports, best first
-  int default_threads = 1;           // OpenMP's default thread count
+  int default_threads = 1;           // threads a call with threads = 0 asks for
+  int thread_budget = 1;             // set_thread_budget()
   std::vector<std::string> backends; // backends built in
   std::string onednn_version;        // empty if the oneDNN backend is not built
 };
 
 // Throws Error("SIMDATTN_ISA", ...) if the environment forces an unknown or unavailable ISA.
 RuntimeInfo runtime_info();
+
+// The process-wide thread budget: the most threads all concurrent calls of the library use
+// together, each call's own thread included (default, or after set_thread_budget(0): the CPUs
+// the process may run on, its affinity mask). A lone call gets every thread it asks for; calls
+// running at the same time share the budget and run on fewer threads each rather than
+// oversubscribing the cores (each always runs on at least its calling thread). Results do not
+// depend on it. The onednn backend's OpenMP threads are outside it. Throws Error("threads", ...)
+// for a negative value.
+void set_thread_budget(int threads);
+int thread_budget() noexcept;
 
 }  // namespace simdattn
