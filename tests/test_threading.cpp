@@ -52,10 +52,10 @@ TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads" * docte
   }
 }
 
-TEST_CASE("concurrent calls from many threads, and calls inside a parallel region") {
+TEST_CASE("concurrent calls from many threads") {
   std::mt19937_64 rng(test::base_seed() + 21);
   const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
-  // A named struct, not a structured binding: its members are used in lambdas and an OpenMP region.
+  // A named struct, not a structured binding: its members are used in lambdas.
   const test::Qkv<float> in = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);
   const Buffer<float> expect = test::run_attention(Backend::native, in.q, in.k, in.v);
 
@@ -69,7 +69,13 @@ TEST_CASE("concurrent calls from many threads, and calls inside a parallel regio
     });
   for (auto& th : pool) th.join();
   for (const auto& o : outs) CHECK(o.data == expect.data);
+}
 
+TEST_CASE("calls inside an OpenMP parallel region run on the calling thread") {
+  std::mt19937_64 rng(test::base_seed() + 21);
+  const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
+  const test::Qkv<float> in = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);
+  const Buffer<float> expect = test::run_attention(Backend::native, in.q, in.k, in.v);
   std::vector<Buffer<float>> nested(3, Buffer<float>({B, H, Sq, D}));
   int in_parallel_threads = 0;
 #pragma omp parallel num_threads(3)
@@ -81,4 +87,64 @@ TEST_CASE("concurrent calls from many threads, and calls inside a parallel regio
     attention(in.q.cview(), in.k.cview(), in.v.cview(), nested[omp_get_thread_num()].view(), opt);
   }
   for (int t = 0; t < in_parallel_threads; ++t) CHECK(nested[t].data == expect.data);
+}
+
+TEST_CASE("concurrent forward and decode steps of one MHA layer from many threads") {
+  std::mt19937_64 rng(test::base_seed() + 22);
+  const std::int64_t d = 64, heads = 4, kv_heads = 2, hd = 16, B = 2, S = 24;
+  std::normal_distribution<float> n(0.f, 0.2f);
+  auto randn = [&](std::int64_t count) {
+    std::vector<float> v(static_cast<std::size_t>(count));
+    for (float& x : v) x = n(rng);
+    return v;
+  };
+  MhaWeights<float> w{randn(heads * hd * d), randn(kv_heads * hd * d), randn(kv_heads * hd * d),
+                      randn(d * heads * hd), randn(heads * hd), {}, randn(kv_heads * hd), randn(d)};
+  const MultiHeadAttention layer(MhaConfig{.d_model = d, .heads = heads, .kv_heads = kv_heads, .head_dim = hd},
+                                 std::move(w));
+  const std::vector<float> x = randn(B * S * d);
+  MhaOptions opt;
+  opt.causal = Causal::top_left;
+  opt.threads = 2;
+  MhaOptions step = opt;  // over a cache: bottom-right alignment
+  step.causal = Causal::bottom_right;
+  std::vector<float> expect(x.size()), expect_decode(static_cast<std::size_t>(B * d));
+  layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(expect.data(), B, S, d), opt);
+  {  // a prompt of S - 1 tokens, then one step
+    KvCache cache(layer, B, S);
+    std::vector<float> prompt(static_cast<std::size_t>(B * (S - 1) * d)), last(static_cast<std::size_t>(B * d));
+    for (std::int64_t b = 0; b < B; ++b) {
+      std::copy_n(x.begin() + b * S * d, (S - 1) * d, prompt.begin() + b * (S - 1) * d);
+      std::copy_n(x.begin() + (b * S + S - 1) * d, d, last.begin() + b * d);
+    }
+    std::vector<float> y(prompt.size());
+    layer.forward(ConstSeqView(prompt.data(), B, S - 1, d), cache, SeqView(y.data(), B, S - 1, d), step);
+    layer.forward(ConstSeqView(last.data(), B, 1, d), cache, SeqView(expect_decode.data(), B, 1, d), step);
+  }
+  std::vector<std::vector<float>> outs(4, std::vector<float>(x.size())), steps(4, expect_decode);
+  std::vector<std::thread> pool;
+  for (int t = 0; t < 4; ++t)
+    pool.emplace_back([&, t] {
+      for (int rep = 0; rep < 5; ++rep) {
+        layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(outs[t].data(), B, S, d), opt);
+        KvCache cache(layer, B, S);  // each thread its own cache
+        std::vector<float> prompt(static_cast<std::size_t>(B * (S - 1) * d)), last(static_cast<std::size_t>(B * d));
+        for (std::int64_t b = 0; b < B; ++b) {
+          std::copy_n(x.begin() + b * S * d, (S - 1) * d, prompt.begin() + b * (S - 1) * d);
+          std::copy_n(x.begin() + (b * S + S - 1) * d, d, last.begin() + b * d);
+        }
+        std::vector<float> y(prompt.size());
+        layer.forward(ConstSeqView(prompt.data(), B, S - 1, d), cache, SeqView(y.data(), B, S - 1, d), step);
+        layer.forward(ConstSeqView(last.data(), B, 1, d), cache, SeqView(steps[t].data(), B, 1, d), step);
+      }
+    });
+  for (auto& th : pool) th.join();
+  for (int t = 0; t < 4; ++t) {
+    CHECK(outs[t] == expect);
+    CHECK(steps[t] == expect_decode);
+  }
+  // The decode step's output is the full forward's last row of every sequence (f32 tolerance).
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t c = 0; c < d; ++c)
+      CHECK(expect_decode[b * d + c] == doctest::Approx(expect[(b * S + S - 1) * d + c]).epsilon(1e-4));
 }

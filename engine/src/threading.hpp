@@ -137,35 +137,36 @@ void parallel_shares(const std::vector<std::int64_t>& prefix, int nt, Worker&& w
     });
     return;
   }
-  // [2t]: next item of share t, [2t + 1]: its end. Storage of the calling thread, reached by
-  // the team through this reference.
+  // [3t]: next item of share t, [3t + 1]: its end, [3t + 2]: its run length. Storage of the
+  // calling thread, reached by the team through this reference; set before the team starts.
   thread_local std::vector<std::int64_t> share_storage;
   std::vector<std::int64_t>& share = share_storage;
-  share.assign(2 * static_cast<std::size_t>(nt), 0);
+  share.assign(3 * static_cast<std::size_t>(nt), 0);
   const std::int64_t total = prefix.back();
-  for (int t = 0; t < nt; ++t) {
-    share[2 * t] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * t / nt) - prefix.begin();
-    share[2 * t + 1] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * (t + 1) / nt) - prefix.begin();
+  for (std::size_t t = 0; t < static_cast<std::size_t>(nt); ++t) {
+    const auto begin = static_cast<std::int64_t>(t), end = begin + 1;
+    share[3 * t] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * begin / nt) - prefix.begin();
+    share[3 * t + 1] = std::lower_bound(prefix.begin(), prefix.end() - 1, total * end / nt) - prefix.begin();
+    share[3 * t + 2] = std::max<std::int64_t>(1, (share[3 * t + 1] - share[3 * t]) / 8);
   }
   std::mutex claims;
   run_parallel(nt, [&](int tid, int) {
     const auto t = static_cast<std::size_t>(tid);
-    const std::int64_t run = std::max<std::int64_t>(1, (share[2 * t + 1] - share[2 * t]) / 8);
     worker([&] {
       std::pair<std::int64_t, std::int64_t> claimed{0, 0};
       const std::lock_guard<std::mutex> lock(claims);
-      std::int64_t& own = share[2 * t];
-      if (own < share[2 * t + 1]) {
-        claimed = {own, std::min(share[2 * t + 1], own + run)};
+      std::int64_t& own = share[3 * t];
+      if (own < share[3 * t + 1]) {
+        claimed = {own, std::min(share[3 * t + 1], own + share[3 * t + 2])};
         own = claimed.second;
       } else {  // steal the back half of the fullest share (a share no thread runs included)
         std::size_t victim = 0;
         std::int64_t most = 0;
         for (std::size_t v = 0; v < static_cast<std::size_t>(nt); ++v)
-          if (share[2 * v + 1] - share[2 * v] > most) most = share[2 * v + 1] - share[2 * v], victim = v;
+          if (share[3 * v + 1] - share[3 * v] > most) most = share[3 * v + 1] - share[3 * v], victim = v;
         if (most > 0) {
-          claimed = {share[2 * victim + 1] - (most + 1) / 2, share[2 * victim + 1]};
-          share[2 * victim + 1] = claimed.first;
+          claimed = {share[3 * victim + 1] - (most + 1) / 2, share[3 * victim + 1]};
+          share[3 * victim + 1] = claimed.first;
         }
       }
       return claimed;
