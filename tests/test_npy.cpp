@@ -66,7 +66,8 @@ TEST_CASE("npy round trip for every dtype and rank, in memory and on disk") {
   const std::vector<std::vector<std::int64_t>> shapes{{}, {0}, {5}, {2, 3}, {1, 2, 3, 4}, {3, 1, 0, 2}};
   int n = 0;
   for (auto [t, is_bool] : {std::pair{DType::f32, false}, {DType::f64, false}, {DType::u8, true},
-                            {DType::u8, false}, {DType::i32, false}, {DType::i64, false}}) {
+                            {DType::u8, false}, {DType::i32, false}, {DType::i64, false},
+                            {DType::f16, false}}) {
     for (const auto& shape : shapes) {
       const NpyArray a = make(t, shape, is_bool);
       const auto bytes = serialize_npy(a);
@@ -92,6 +93,10 @@ TEST_CASE("npy round trip for every dtype and rank, in memory and on disk") {
   }
   CHECK(files == n);
   std::filesystem::remove_all(dir);
+  // f16 is NumPy's float16, '<f2'; NumPy has no bfloat16, so a bf16 array is refused.
+  const auto f16 = serialize_npy(make(DType::f16, {2}));
+  CHECK(std::string(reinterpret_cast<const char*>(f16.data()), f16.size()).find("'descr': '<f2'") != std::string::npos);
+  CHECK_THROWS_WITH_AS(serialize_npy(make(DType::bf16, {2})), doctest::Contains("no bfloat16"), Error);
 }
 
 TEST_CASE("npy accepts format 2.0 and 3.0 headers, double quotes, Python 2 longs") {

@@ -79,6 +79,32 @@ TEST_CASE("safetensors round trip: dtypes, shapes, metadata, empty tensors") {
                        Error);
 }
 
+TEST_CASE("safetensors BF16 and F16 tensors: written, and read as f32 or f64 exactly") {
+  Cleanup c;
+  const std::string path = temp_path("half");
+  c.paths.push_back(path);
+  const std::vector<float> values{1.0f, -2.5f, 0x1p-24f, 65504.0f, 3.140625f};
+  std::vector<bfloat16> b;
+  std::vector<float16> h;
+  for (float v : values) b.push_back(to_bfloat16(v)), h.push_back(to_float16(v));
+  write_safetensors(path, {{"b", {DType::bf16, {5}, b.data()}}, {"h", {DType::f16, {5}, h.data()}}});
+  const SafetensorsFile f(path);
+  CHECK(f.tensors().at("b").dtype == "BF16");
+  CHECK(f.tensors().at("h").dtype == "F16");
+  const std::vector<float> rb = f.read<float>("b", {5}), rh = f.read<float>("h", {5});
+  const std::vector<double> rh64 = f.read<double>("h", {5});
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    CHECK(rb[i] == to_float(b[i]));
+    CHECK(rh[i] == to_float(h[i]));
+    CHECK(rh64[i] == static_cast<double>(to_float(h[i])));
+    CHECK(rh[i] == values[i]);  // every value above is exact in f16
+  }
+  CHECK(rb[4] == 3.140625f);  // exact in bf16 too (8 significant bits)
+  const std::vector<std::int32_t> ints{1, 2};
+  CHECK_THROWS_WITH_AS(write_safetensors(temp_path("ints"), {{"i", {DType::i32, {2}, ints.data()}}}),
+                       doctest::Contains("only f32, f64, bf16 and f16 can be written, got i32"), Error);
+}
+
 TEST_CASE("safetensors: every malformed kind is refused with its own message") {
   Cleanup c;
   const std::string ok = R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";

@@ -84,6 +84,7 @@ class DictParser {
     h.shape = *shape;
     const std::string& d = *descr;
     if (d == "<f4") h.dtype = DType::f32;
+    else if (d == "<f2") h.dtype = DType::f16;
     else if (d == "<f8") h.dtype = DType::f64;
     else if (d == "|b1") { h.dtype = DType::u8; h.is_bool = true; }
     else if (d == "|u1") h.dtype = DType::u8;
@@ -92,7 +93,7 @@ class DictParser {
     else if (!d.empty() && d[0] == '>')
       fail("big-endian dtype '" + d + "' is not supported (expected little-endian)");
     else
-      fail("unsupported dtype '" + d + "' (expected <f4, <f8, |b1, |u1, <i4 or <i8)");
+      fail("unsupported dtype '" + d + "' (expected <f2, <f4, <f8, |b1, |u1, <i4 or <i8)");
     return h;
   }
 
@@ -220,6 +221,8 @@ std::string NpyArray::descr() const {
     case DType::u8: return is_bool ? "|b1" : "|u1";
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
+    case DType::f16: return "<f2";
+    case DType::bf16: break;  // NumPy has no bfloat16
   }
   return "?";
 }
@@ -289,6 +292,8 @@ std::vector<std::byte> serialize_npy(const NpyArray& a) {
   }
   if (static_cast<std::uint64_t>(n) * dtype_size(a.dtype) != a.data.size())
     throw Error("npy", "data size " + std::to_string(a.data.size()) + " does not match shape x dtype size");
+  if (a.dtype == DType::bf16)
+    throw Error("npy", "NumPy has no bfloat16 dtype: convert the array to f32 (or f16) before writing it");
 
   std::string dict = "{'descr': '" + a.descr() + "', 'fortran_order': False, 'shape': (";
   for (std::size_t i = 0; i < a.shape.size(); ++i) {

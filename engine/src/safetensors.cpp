@@ -194,21 +194,19 @@ std::vector<T> SafetensorsFile::read(const std::string& name, const std::vector<
   std::size_t n = 1;
   for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
   std::vector<T> out(n);
-  if (t.dtype == "F32") {
+  // Element i of the file's dtype S, as T (the data is not aligned in general).
+  auto convert = [&]<class S>(S, auto to_value) {
     for (std::size_t i = 0; i < n; ++i) {
-      float x;
+      S x;
       std::memcpy(&x, t.data + i * sizeof x, sizeof x);
-      out[i] = static_cast<T>(x);
+      out[i] = static_cast<T>(to_value(x));
     }
-  } else if (t.dtype == "F64") {
-    for (std::size_t i = 0; i < n; ++i) {
-      double x;
-      std::memcpy(&x, t.data + i * sizeof x, sizeof x);
-      out[i] = static_cast<T>(x);
-    }
-  } else {
-    throw Error(path_, "tensor '" + name + "' has dtype " + t.dtype + ", expected F32 or F64");
-  }
+  };
+  if (t.dtype == "F32") convert(float{}, [](float x) { return x; });
+  else if (t.dtype == "F64") convert(double{}, [](double x) { return x; });
+  else if (t.dtype == "BF16") convert(bfloat16{}, [](bfloat16 x) { return to_float(x); });
+  else if (t.dtype == "F16") convert(float16{}, [](float16 x) { return to_float(x); });
+  else throw Error(path_, "tensor '" + name + "' has dtype " + t.dtype + ", expected F32, F64, BF16 or F16");
   return out;
 }
 
@@ -222,8 +220,14 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") throw Error(path, "'__metadata__' is reserved and cannot name a tensor");
-    if (t.dtype != DType::f32 && t.dtype != DType::f64)
-      throw Error(path, "tensor '" + name + "': only f32 and f64 can be written");
+    const char* dtype = t.dtype == DType::f32    ? "F32"
+                        : t.dtype == DType::f64  ? "F64"
+                        : t.dtype == DType::bf16 ? "BF16"
+                        : t.dtype == DType::f16  ? "F16"
+                                                 : nullptr;
+    if (dtype == nullptr)
+      throw Error(path, "tensor '" + name + "': only f32, f64, bf16 and f16 can be written, got " +
+                            std::string(dtype_name(t.dtype)));
     std::uint64_t bytes = dtype_size(t.dtype);
     for (std::int64_t d : t.shape) {
       if (d < 0) throw Error(path, "tensor '" + name + "': negative dimension in " + shape_str(t.shape));
@@ -233,7 +237,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
     if (bytes > 0 && t.data == nullptr) throw Error(path, "tensor '" + name + "': null data");
     std::uint64_t end = 0;
     if (__builtin_add_overflow(offset, bytes, &end)) throw Error(path, "tensors too large for one file");
-    header[name] = {{"dtype", t.dtype == DType::f32 ? "F32" : "F64"},
+    header[name] = {{"dtype", dtype},
                     {"shape", t.shape},
                     {"data_offsets", {offset, end}}};
     offset = end;

@@ -88,7 +88,7 @@ class MultiHeadAttention {
   // torch's in_proj_weight / q_proj_weight+k_proj_weight+v_proj_weight, in_proj_bias,
   // out_proj.weight, out_proj.bias; or Hugging Face's q_proj/k_proj/v_proj/o_proj .weight with
   // optional .bias. Names are looked up under `prefix`. d_model, head_dim, kdim and vdim come
-  // from the shapes; kv_heads too when given as 0. F32/F64 tensors convert to `dtype`.
+  // from the shapes; kv_heads too when given as 0. F32, F64, BF16 and F16 tensors convert to `dtype`.
   static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads,
                                              std::int64_t kv_heads = 0, const std::string& prefix = "",
                                              DType dtype = DType::f32);

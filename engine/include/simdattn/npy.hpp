@@ -1,9 +1,10 @@
 // NumPy .npy files: read and write.
 //
 // Reads format versions 1.0, 2.0 (and 3.0, whose header is UTF-8), C order, little-endian,
-// dtypes '<f4' '<f8' '|b1' '|u1' '<i4' '<i8'. Everything else (Fortran order, big-endian,
+// dtypes '<f2' '<f4' '<f8' '|b1' '|u1' '<i4' '<i8'. Everything else (Fortran order, big-endian,
 // other dtypes, a malformed header, truncated data or trailing bytes) is rejected with an
-// Error naming the file. Writes format 1.0, or 2.0 when the header would not fit.
+// Error naming the file. Writes format 1.0, or 2.0 when the header would not fit; a bf16 array
+// is refused (NumPy has no bfloat16).
 #pragma once
 
 #include <cstddef>

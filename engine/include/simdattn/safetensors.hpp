@@ -40,9 +40,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
 
-  // The tensor `name` converted to T (float or double) from F32 or F64, checked against
-  // `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another shape or a
-  // dtype other than F32/F64.
+  // The tensor `name` converted to T (float or double) from F32, F64, BF16 or F16, checked
+  // against `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another
+  // shape or another dtype.
   template <class T>
   std::vector<T> read(const std::string& name, const std::vector<std::int64_t>& shape) const;
 
@@ -54,7 +54,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// One tensor to write: F32 or F64 elements in C order.
+// One tensor to write: f32, f64, bf16 or f16 elements (F32, F64, BF16, F16) in C order.
 struct SafetensorsTensor {
   DType dtype = DType::f32;
   std::vector<std::int64_t> shape;

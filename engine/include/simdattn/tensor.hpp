@@ -11,6 +11,8 @@
 #include <string_view>
 #include <type_traits>
 
+#include "simdattn/half.hpp"
+
 namespace simdattn {
 
 enum class DType : std::uint8_t {
@@ -19,6 +21,8 @@ enum class DType : std::uint8_t {
   u8,   // bool / uint8 (masks: nonzero = attend)
   i32,
   i64,
+  bf16,  // simdattn::bfloat16 (half.hpp)
+  f16,   // simdattn::float16, IEEE binary16
 };
 
 constexpr std::size_t dtype_size(DType t) noexcept {
@@ -28,6 +32,8 @@ constexpr std::size_t dtype_size(DType t) noexcept {
     case DType::u8: return 1;
     case DType::i32: return 4;
     case DType::i64: return 8;
+    case DType::bf16: return 2;
+    case DType::f16: return 2;
   }
   return 0;
 }
@@ -39,6 +45,8 @@ constexpr std::string_view dtype_name(DType t) noexcept {
     case DType::u8: return "u8";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::bf16: return "bf16";
+    case DType::f16: return "f16";
   }
   return "?";
 }
@@ -50,6 +58,8 @@ template <> constexpr DType dtype_of<std::uint8_t>() { return DType::u8; }
 template <> constexpr DType dtype_of<bool>() { return DType::u8; }
 template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
+template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
+template <> constexpr DType dtype_of<float16>() { return DType::f16; }
 
 using Shape4 = std::array<std::int64_t, 4>;
 
