@@ -143,9 +143,10 @@ TEST_CASE("safetensors: every malformed kind is refused with its own message") {
   expect_error(file("no_offsets", R"({"t":{"dtype":"F32","shape":[2]}})", data), "data_offsets");
   expect_error(file("bad_meta", R"({"__metadata__":{"k":1}})", ""), "__metadata__");
   // A known dtype the layer cannot use is refused when read, naming the tensor.
-  const std::string f16 = file("f16", R"({"t":{"dtype":"F16","shape":[4],"data_offsets":[0,8]}})", data);
-  const SafetensorsFile f(f16);
-  CHECK_THROWS_WITH_AS(f.read<float>("t", {4}), doctest::Contains("dtype F16"), Error);
+  const std::string i16 = file("i16", R"({"t":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data);
+  const SafetensorsFile f(i16);
+  CHECK_THROWS_WITH_AS(f.read<float>("t", {4}), doctest::Contains("tensor 't' has dtype I16, expected F32, F64, BF16 or F16"),
+                       Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile(temp_path("does_not_exist")), doctest::Contains("cannot open"), Error);
 }
 

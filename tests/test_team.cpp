@@ -52,7 +52,7 @@ TEST_CASE("team: workers asleep after a pause wake for the next call") {
   }
 }
 
-TEST_CASE("team: a call from a worker runs on that worker alone") {
+TEST_CASE("team: a call from inside a share (the caller's or a worker's) runs on that thread alone") {
   std::atomic<int> nested_runs{0}, nested_on_other_thread{0}, nested_T_not_1{0};
   auto body = [&](int, int) {
     const std::thread::id me = std::this_thread::get_id();
@@ -61,10 +61,12 @@ TEST_CASE("team: a call from a worker runs on that worker alone") {
       if (T != 1) nested_T_not_1.fetch_add(1);
       if (std::this_thread::get_id() != me) nested_on_other_thread.fetch_add(1);
     };
-    if (simdattn::detail::in_team_worker()) run_on_team(4, inner);
+    CHECK(simdattn::detail::in_team_worker());
+    run_on_team(4, inner);
   };
   run_on_team(3, body);
-  CHECK(nested_runs.load() == 2);  // the two workers, each alone
+  CHECK_FALSE(simdattn::detail::in_team_worker());  // the caller, after the call
+  CHECK(nested_runs.load() == 3);  // the caller's share and the two workers', each alone
   CHECK(nested_T_not_1.load() == 0);
   CHECK(nested_on_other_thread.load() == 0);
 }

@@ -127,6 +127,10 @@ TEST_CASE("stride, overlap and overflow errors") {
 
 TEST_CASE("option errors") {
   Fixture f;
+  SUBCASE("mask with a shape but no data") {  // not silently left out
+    f.opt.mask = ConstTensorView(static_cast<const void*>(nullptr), DType::u8, {1, 1, 3, 5});
+    f.expect_error("options.mask", "null data");
+  }
   SUBCASE("mask of dtype i64") {
     const std::vector<std::int64_t> m(3 * 5, 1);
     f.opt.mask = ConstTensorView(m.data(), {1, 1, 3, 5});

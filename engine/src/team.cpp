@@ -2,6 +2,7 @@
 #include "team.hpp"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -15,7 +16,8 @@
 namespace simdattn::detail {
 namespace {
 
-thread_local bool tl_in_worker = false;
+thread_local bool tl_in_worker = false;  // a team's worker thread
+thread_local bool tl_in_region = false;  // a caller running its share of a team call
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -56,14 +58,16 @@ class Team {
     for (auto& w : workers_) w->thread.join();
   }
 
-  void run(int nt, void (*body)(void*, int, int), void* context) {
+  void run(int nt, void (*body)(void*, int, int) noexcept, void* context) {
     nt = start_workers(nt);
     body_ = body;
     context_ = context;
     threads_ = nt;
     remaining_.store(nt - 1, std::memory_order_relaxed);
     for (int t = 1; t < nt; ++t) wake(*workers_[static_cast<std::size_t>(t - 1)]);
+    tl_in_region = true;  // a parallel loop inside the caller's share runs on the caller alone
     body(context, 0, nt);
+    tl_in_region = false;
     wait_for_workers();
   }
 
@@ -78,18 +82,23 @@ class Team {
 
   // Makes sure nt - 1 workers exist; returns the threads the call can have (fewer if the
   // system refuses a thread).
-  int start_workers(int nt) {
+  int start_workers(int nt) noexcept {
     while (static_cast<int>(workers_.size()) < nt - 1) {
-      auto w = std::make_unique<Worker>();
-      const int index = static_cast<int>(workers_.size()) + 1;
       try {
-        w->thread = std::thread([this, index, wp = w.get()] { worker_main(*wp, index); });
-      } catch (const std::system_error&) {
-        return static_cast<int>(workers_.size()) + 1;
+        workers_.push_back(std::make_unique<Worker>());  // listed before its thread starts
+      } catch (const std::bad_alloc&) {
+        break;
       }
-      workers_.push_back(std::move(w));
+      Worker& w = *workers_.back();
+      const int index = static_cast<int>(workers_.size());
+      try {
+        w.thread = std::thread([this, index, &w] { worker_main(w, index); });
+      } catch (const std::system_error&) {
+        workers_.pop_back();
+        break;
+      }
     }
-    return nt;
+    return std::min(nt, static_cast<int>(workers_.size()) + 1);
   }
 
   void wake(Worker& w) {
@@ -117,7 +126,7 @@ class Team {
   }
 
   std::vector<std::unique_ptr<Worker>> workers_;  // worker t - 1 runs body(t)
-  void (*body_)(void*, int, int) = nullptr;             // the current job, written before the wakes
+  void (*body_)(void*, int, int) noexcept = nullptr;             // the current job, written before the wakes
   void* context_ = nullptr;
   int threads_ = 1;
   alignas(64) std::atomic<int> remaining_{0};      // workers still running the current job
@@ -133,7 +142,8 @@ Team& calling_thread_team() {
 int affinity_cpus() noexcept {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
+  // The process's main thread (its id is the process id): not the calling thread's own mask.
+  if (sched_getaffinity(getpid(), sizeof set, &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
@@ -166,15 +176,15 @@ ThreadClaim::~ThreadClaim() {
   if (counted_) g_in_use.fetch_sub(granted_, std::memory_order_relaxed);
 }
 
-void run_on_team(int nt, void (*body)(void*, int, int), void* context) {
-  if (nt <= 1 || tl_in_worker) {
+void run_on_team(int nt, void (*body)(void*, int, int) noexcept, void* context) {
+  if (nt <= 1 || tl_in_worker || tl_in_region) {
     body(context, 0, 1);
     return;
   }
   calling_thread_team().run(nt, body, context);
 }
 
-bool in_team_worker() noexcept { return tl_in_worker; }
+bool in_team_worker() noexcept { return tl_in_worker || tl_in_region; }
 
 int team_workers_started() noexcept { return calling_thread_team().started(); }
 

@@ -23,11 +23,12 @@ constexpr std::int64_t kSpinMicros = 50;
 // thread's team. T is nt, or fewer when the system refuses to start a thread; nt <= 1, or a call
 // from a team's worker (no nesting), runs body(0, 1) on the calling thread alone. body must not
 // throw.
-void run_on_team(int nt, void (*body)(void*, int, int), void* context);
+void run_on_team(int nt, void (*body)(void*, int, int) noexcept, void* context);
 
+// (An exception escaping body ends the process, as one escaping an OpenMP region does.)
 template <class Body>
 void run_on_team(int nt, Body& body) {
-  run_on_team(nt, [](void* c, int t, int T) { (*static_cast<Body*>(c))(t, T); }, &body);
+  run_on_team(nt, [](void* c, int t, int T) noexcept { (*static_cast<Body*>(c))(t, T); }, &body);
 }
 
 // The process-wide thread budget: the most threads all concurrent parallel loops of the library
@@ -54,7 +55,8 @@ class ThreadClaim {
 void set_thread_budget(int threads) noexcept;
 int thread_budget() noexcept;
 
-// True on a team's worker thread while it runs a body.
+// True on a team's worker thread, and on a caller while it runs its own share of a team call:
+// a parallel loop started there runs on that thread alone (no nesting).
 bool in_team_worker() noexcept;
 
 // Workers the calling thread's team has started so far (for tests).

@@ -164,7 +164,7 @@ Span set_tensors(Problem& p, const ConstTensorView& q, const ConstTensorView& k,
 
 // The mask: its dtype says boolean (u8) or additive (f32/f64); broadcastable to [B, H, Sq, Sk].
 void set_mask(Problem& p, const AttentionOptions& opt, const Span& so) {
-  if (!opt.mask.empty()) {
+  if (opt.mask.data != nullptr || opt.mask.shape != Shape4{}) {  // a shape without data is an error
     const ConstTensorView& m = opt.mask;
     if (m.dtype == DType::u8) p.mask_kind = MaskKind::boolean;
     else if (m.dtype == DType::f32 || m.dtype == DType::f64) p.mask_kind = MaskKind::additive;
