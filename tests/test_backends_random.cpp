@@ -46,6 +46,16 @@ Config random_config(std::mt19937_64& rng) {
 
 }  // namespace
 
+TEST_CASE("backends agree with the reference on 500 random configurations of bf16 and of f16" *
+          doctest::test_suite(test::every_isa)) {
+  std::mt19937_64 rng(test::base_seed() + 11);
+  for (int trial = 0; trial < 1000; ++trial) {
+    const Config c = random_config(rng);
+    if (trial % 2 == 0) test::check_config<bfloat16>(c, rng);
+    else test::check_config<float16>(c, rng);
+  }
+}
+
 TEST_CASE("backends agree with the reference on 500 random configurations" * doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 10);
   for (int trial = 0; trial < 500; ++trial) {

@@ -106,3 +106,64 @@ TEST_CASE("bfloat16 and float16 from random f32 and f64 equal the nearest value 
     CHECK(simdattn::to_bfloat16(fb).bits == nearest_by_search<bfloat16>(fb, 0x7f7f));
   }
 }
+
+TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks of any float dtype" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 41);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t B = 2, H = 4, Hkv = 2, Sq = 5, Sk = 70, D = 24;
+    test::Buffer<T> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
+    q.fill_normal(rng), k.fill_normal(rng), v.fill_normal(rng, 2.0);
+    const std::vector<std::int64_t> lengths{40, 70};
+    // Poison past batch 0's length: never read, so it cannot reach an output.
+    for (std::int64_t h = 0; h < Hkv; ++h)
+      for (std::int64_t j = 40; j < Sk; ++j)
+        for (std::int64_t d = 0; d < D; ++d) {
+          k.at(0, h, j, d) = test::value<T>(std::numeric_limits<double>::quiet_NaN());
+          v.at(0, h, j, d) = test::value<T>(std::numeric_limits<double>::infinity());
+        }
+    test::Buffer<float16> mask({1, 1, Sq, Sk});  // an additive f16 mask, whatever the inputs' dtype
+    mask.for_each([&](float16& x, auto, auto, auto i, auto j) { x = to_float16((i + j) % 7 == 0 ? -1e9 : 0.25 * double(j % 3)); });
+    AttentionOptions opt;
+    opt.key_lengths = lengths;
+    opt.causal = Causal::bottom_right;
+    opt.mask = mask.cview();
+    test::Buffer<T> ref({B, H, Sq, D});
+    opt.backend = Backend::reference;
+    attention(q.cview(), k.cview(), v.cview(), ref.view(), opt);
+    test::Buffer<T> out({B, H, Sq, D});
+    opt.backend = Backend::native;
+    attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+    bool finite = true;
+    out.for_each([&](T& x, auto...) { finite = finite && std::isfinite(test::as_double(x)); });
+    CHECK(finite);
+    CHECK(test::max_abs_diff(out, ref) <= test::tolerance<T>(test::max_abs(v) > 1e30 ? 8.0 : test::max_abs(v)));
+    // The same inputs widened to f32 on the reference: the bf16/f16 result is its rounding.
+    test::Buffer<double> q64({B, H, Sq, D}), k64({B, Hkv, Sk, D}), v64({B, Hkv, Sk, D}), ref64({B, H, Sq, D});
+    q64.for_each([&](double& x, auto a, auto b, auto c, auto d) { x = test::as_double(q.at(a, b, c, d)); });
+    k64.for_each([&](double& x, auto a, auto b, auto c, auto d) { x = test::as_double(k.at(a, b, c, d)); });
+    v64.for_each([&](double& x, auto a, auto b, auto c, auto d) { x = test::as_double(v.at(a, b, c, d)); });
+    opt.backend = Backend::reference;
+    attention(q64.cview(), k64.cview(), v64.cview(), ref64.view(), opt);
+    ref.for_each([&](T& x, auto a, auto b, auto c, auto d) {
+      CHECK(test::as_double(x) == test::as_double(test::value<T>(ref64.at(a, b, c, d))));
+    });
+  };
+  run(bfloat16{});
+  run(float16{});
+#ifdef SIMDATTN_HAVE_ONEDNN
+  {  // the onednn backend does not take them yet: a clear error naming the backend option
+    test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
+    AttentionOptions opt;
+    opt.backend = Backend::onednn;
+    CHECK_THROWS_WITH_AS(attention(q.cview(), q.cview(), q.cview(), o.view(), opt),
+                         doctest::Contains("for bf16 inputs"), Error);
+  }
+#endif
+  // Linear attention does not take them yet: a clear error, not a misread.
+  test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
+  CHECK_THROWS_WITH_AS(linear_attention(q.cview(), q.cview(), q.cview(), o.view()),
+                       doctest::Contains("linear attention takes f32 or f64, got bf16"), Error);
+}

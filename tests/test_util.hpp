@@ -9,8 +9,10 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "element.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace simdattn::test {
@@ -45,6 +47,18 @@ inline std::vector<Backend> fast_backends(bool f64 = false) {
   return out;
 }
 
+// An element as a double (exact), and a double as an element of T (rounded to nearest even).
+template <class T>
+double as_double(T x) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) return detail::widen(x);
+  else return static_cast<double>(x);
+}
+template <class T>
+T value(double d) {
+  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) return detail::narrow<T>(d);
+  else return static_cast<T>(d);
+}
+
 // An owning 4-D buffer that can be laid out as [B,H,S,D] or [B,S,H,D], with optional padding
 // between rows (odd strides).
 template <class T>
@@ -76,7 +90,7 @@ struct Buffer {
   }
   void fill_normal(std::mt19937_64& rng, double sd = 1.0) {
     std::normal_distribution<double> n(0.0, sd);
-    for_each([&](T& x, auto...) { x = static_cast<T>(n(rng)); });
+    for_each([&](T& x, auto...) { x = value<T>(n(rng)); });
   }
   ConstTensorView cview() const { return ConstTensorView(data.data(), shape, strides); }
   TensorView view() { return TensorView(data.data(), shape, strides); }
@@ -134,7 +148,7 @@ double max_abs_diff(const Buffer<T>& a, const Buffer<U>& b) {
     for (std::int64_t j = 0; j < a.shape[1]; ++j)
       for (std::int64_t k = 0; k < a.shape[2]; ++k)
         for (std::int64_t l = 0; l < a.shape[3]; ++l) {
-          const double x = a.at(i, j, k, l), y = b.at(i, j, k, l);
+          const double x = as_double(a.at(i, j, k, l)), y = as_double(b.at(i, j, k, l));
           if (std::isnan(x) || std::isnan(y)) {
             if (std::isnan(x) != std::isnan(y)) return INFINITY;
             continue;
@@ -148,14 +162,18 @@ template <class T>
 double max_abs(const Buffer<T>& a) {
   double m = 0.0;
   for (T x : a.data)
-    if (!std::isnan(x)) m = std::max(m, std::abs(static_cast<double>(x)));
+    if (!std::isnan(as_double(x))) m = std::max(m, std::abs(as_double(x)));
   return m;
 }
 
-// docs/design.md: fp32 <= 1e-5 * max(1, max|V|); f64 <= 1e-12 * max(1, max|V|).
+// docs/design.md: f32 <= 1e-5 * max(1, max|V|); f64 <= 1e-12; bf16 <= 1e-2; f16 <= 2e-3.
 template <class T>
 double tolerance(double max_abs_v) {
-  return (sizeof(T) == 4 ? 1e-5 : 1e-12) * std::max(1.0, max_abs_v);
+  double t = 1e-5;
+  if constexpr (std::is_same_v<T, double>) t = 1e-12;
+  else if constexpr (std::is_same_v<T, bfloat16>) t = 1e-2;
+  else if constexpr (std::is_same_v<T, float16>) t = 2e-3;
+  return t * std::max(1.0, max_abs_v);
 }
 
 }  // namespace simdattn::test

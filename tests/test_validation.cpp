@@ -89,12 +89,12 @@ TEST_CASE("dtype errors") {
   }
   SUBCASE("q integer") {
     f.qv.dtype = DType::i32;
-    f.expect_error("q", "f32 or f64");
+    f.expect_error("q", "dtype must be f32, f64, bf16 or f16, got i32");
   }
   SUBCASE("mask of an integer dtype other than u8") {
     std::vector<std::int32_t> m(15);
     f.opt.mask = ConstTensorView(m.data(), {1, 1, 3, 5});
-    f.expect_error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32/f64 (additive), got i32");
+    f.expect_error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32, f64, bf16 or f16 (additive), got i32");
   }
 }
 

@@ -358,6 +358,8 @@ void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const 
   AttentionOptions a;  // shapes, dtypes, strides, overlap, threads: the attention rules
   a.threads = options.threads;
   const Problem p = detail::make_problem(q, k, v, out, a);
+  if (p.dtype != DType::f32 && p.dtype != DType::f64)
+    throw Error("q", "linear attention takes f32 or f64, got " + std::string(dtype_name(p.dtype)));
   if (options.causal && p.Sq != p.Sk)
     throw Error("options.causal", "causal linear attention needs Sq == Sk, got Sq=" + std::to_string(p.Sq) +
                                       ", Sk=" + std::to_string(p.Sk));

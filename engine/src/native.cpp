@@ -1,10 +1,68 @@
 // The native backend: picks one of its paths (native.hpp) for a validated problem.
 #include "native.hpp"
 
+#include <algorithm>
+#include <cstdint>
+
+#include "element.hpp"
+#include "threading.hpp"
+#include "workspace.hpp"
+
 namespace simdattn::detail {
+namespace {
+
+// Rows of a [B, heads, S, cols] view (strides st) between two element types: rows [0, rows(b))
+// of every (b, h) converted, the rest of a dense destination zeroed.
+template <class To, class From, class RowsFn>
+void convert_rows(const From* src, const Shape4& st, To* dst, const Shape4& dt, const Shape4& shape, int threads,
+                  RowsFn rows) {
+  const std::int64_t items = shape[0] * shape[1];
+  const auto min_items = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(1, shape[2] * shape[3]));
+  parallel_for(items, threads, min_items, [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t it = i0; it < i1; ++it) {
+      const std::int64_t b = it / shape[1], h = it % shape[1], n = rows(b);
+      for (std::int64_t i = 0; i < shape[2]; ++i) {
+        To* d = dst + b * dt[0] + h * dt[1] + i * dt[2];
+        const From* s = src + b * st[0] + h * st[1] + i * st[2];
+        for (std::int64_t c = 0; c < shape[3]; ++c)
+          d[c * dt[3]] = i < n ? narrow<To>(widen(s[c * st[3]])) : To{};
+      }
+    }
+  });
+}
+
+// bf16/f16 operands: q, k and v widened to dense f32 copies (K and V rows at or past a batch's
+// key length are not read: zeros), attention computed on the f32 paths (products and softmax in
+// f32), and the f32 output narrowed (to nearest even) into out.
+template <class H>
+void widened(const Problem& p) {
+  const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
+  const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
+  auto numel = [](const Shape4& s) { return static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * s[3])); };
+  float* q = thread_buffer<float, Scratch::widened_q>().get(numel(qshape));
+  float* k = thread_buffer<float, Scratch::widened_k>().get(numel(kshape));
+  float* v = thread_buffer<float, Scratch::widened_v>().get(numel(vshape));
+  float* o = thread_buffer<float, Scratch::widened_out>().get(numel(oshape));
+  const auto all_rows = [&](std::int64_t) { return p.Sq; };
+  const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
+  convert_rows(static_cast<const H*>(p.q), p.qs, q, contiguous_strides(qshape), qshape, p.threads, all_rows);
+  convert_rows(static_cast<const H*>(p.k), p.ks, k, contiguous_strides(kshape), kshape, p.threads, key_rows);
+  convert_rows(static_cast<const H*>(p.v), p.vs, v, contiguous_strides(vshape), vshape, p.threads, key_rows);
+  Problem f = p;
+  f.dtype = DType::f32;
+  f.q = q, f.k = k, f.v = v, f.o = o;
+  f.qs = contiguous_strides(qshape), f.ks = contiguous_strides(kshape), f.vs = contiguous_strides(vshape);
+  f.os = contiguous_strides(oshape);
+  attention_native(f);
+  convert_rows(o, f.os, static_cast<H*>(p.o), p.os, oshape, p.threads, all_rows);
+}
+
+}  // namespace
 
 void attention_native(const Problem& p) {
-  if (decode_fits(p)) decode_attention(p);
+  if (p.dtype == DType::bf16) widened<bfloat16>(p);
+  else if (p.dtype == DType::f16) widened<float16>(p);
+  else if (decode_fits(p)) decode_attention(p);
   else if (short_keys_fit(p)) short_keys_attention(p);
   else fused_attention(p);
 }

@@ -482,8 +482,9 @@ void run(const Problem& p) {
 void attention_onednn(const Problem& p) {
   if (p.dtype != DType::f32)
     throw Error("options.backend",
-                "the onednn backend computes in f32 only (oneDNN 2.6 has no f64 matmul); "
-                "use the native or reference backend for f64 inputs");
+                "the onednn backend computes in f32 only (oneDNN 2.6 has no f64 matmul; bf16 and f16 are "
+                "not supported here yet); use the native or reference backend for " +
+                    std::string(dtype_name(p.dtype)) + " inputs");
   run(p);
 }
 

@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "element.hpp"
 #include "simdattn/attention.hpp"
 
 namespace simdattn::detail {
@@ -62,8 +63,12 @@ struct Problem {
   }
   double mask_add(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     const std::int64_t off = mask_offset(b, h, i, j);
-    return mask_dtype == DType::f32 ? static_cast<const float*>(mask)[off]
-                                    : static_cast<const double*>(mask)[off];
+    switch (mask_dtype) {
+      case DType::f64: return static_cast<const double*>(mask)[off];
+      case DType::bf16: return widen(static_cast<const bfloat16*>(mask)[off]);
+      case DType::f16: return widen(static_cast<const float16*>(mask)[off]);
+      default: return static_cast<const float*>(mask)[off];
+    }
   }
 };
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <vector>
 
+#include "element.hpp"
 #include "problem.hpp"
 #include "visibility.hpp"
 
@@ -54,7 +55,7 @@ void reference_impl(const Problem& p) {
           const T* kj = k + b * p.ks[0] + hk * p.ks[1] + j * p.ks[2];
           double dot = 0.0;
           for (std::int64_t d = 0; d < p.D; ++d)
-            dot += static_cast<double>(qi[d * p.qs[3]]) * static_cast<double>(kj[d * p.ks[3]]);
+            dot += widen(qi[d * p.qs[3]]) * widen(kj[d * p.ks[3]]);
           double s = p.scale * dot;
           if (p.mask_kind == MaskKind::additive) s += p.mask_add(b, h, i, j);
           score[j] = s;
@@ -73,7 +74,7 @@ void reference_impl(const Problem& p) {
             const double w = std::exp(score[j] - m);  // exp(-inf) = 0 for -inf scores
             sum += w;
             const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
-            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += w * static_cast<double>(vj[d * p.vs[3]]);
+            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += w * widen(vj[d * p.vs[3]]);
           }
         }
 
@@ -82,7 +83,7 @@ void reference_impl(const Problem& p) {
           double out = 0.0;  // fully masked row (m == -inf): zeros
           if (any_nan) out = std::numeric_limits<double>::quiet_NaN();
           else if (m != neg_inf) out = acc[d] / sum;
-          oi[d * p.os[3]] = static_cast<T>(out);
+          oi[d * p.os[3]] = narrow<T>(out);
         }
       }
     }
@@ -92,8 +93,12 @@ void reference_impl(const Problem& p) {
 }  // namespace
 
 void attention_reference(const Problem& p) {
-  if (p.dtype == DType::f32) reference_impl<float>(p);
-  else reference_impl<double>(p);
+  switch (p.dtype) {
+    case DType::f64: reference_impl<double>(p); break;
+    case DType::bf16: reference_impl<bfloat16>(p); break;
+    case DType::f16: reference_impl<float16>(p); break;
+    default: reference_impl<float>(p); break;
+  }
 }
 
 }  // namespace simdattn::detail

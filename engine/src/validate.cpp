@@ -71,8 +71,8 @@ bool overlaps(const Span& a, const Span& b) {
 }
 
 void check_float(const std::string& name, DType t) {
-  if (t != DType::f32 && t != DType::f64)
-    throw Error(name, "dtype must be f32 or f64, got " + std::string(dtype_name(t)));
+  if (t != DType::f32 && t != DType::f64 && t != DType::bf16 && t != DType::f16)
+    throw Error(name, "dtype must be f32, f64, bf16 or f16, got " + std::string(dtype_name(t)));
 }
 
 // q a float dtype, k and v the same.
@@ -167,10 +167,11 @@ void set_mask(Problem& p, const AttentionOptions& opt, const Span& so) {
   if (opt.mask.data != nullptr || opt.mask.shape != Shape4{}) {  // a shape without data is an error
     const ConstTensorView& m = opt.mask;
     if (m.dtype == DType::u8) p.mask_kind = MaskKind::boolean;
-    else if (m.dtype == DType::f32 || m.dtype == DType::f64) p.mask_kind = MaskKind::additive;
+    else if (m.dtype == DType::f32 || m.dtype == DType::f64 || m.dtype == DType::bf16 || m.dtype == DType::f16)
+      p.mask_kind = MaskKind::additive;
     else
-      throw Error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32/f64 (additive), got " +
-                                      std::string(dtype_name(m.dtype)));
+      throw Error("options.mask", "dtype must be u8 (boolean: nonzero = attend) or f32, f64, bf16 or f16 "
+                                  "(additive), got " + std::string(dtype_name(m.dtype)));
     const Shape4 target{p.B, p.H, p.Sq, p.Sk};
     for (int d = 0; d < 4; ++d)
       if (m.shape[d] != 1 && m.shape[d] != target[d])

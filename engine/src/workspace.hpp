@@ -61,6 +61,10 @@ enum class Scratch : int {
   mha_attention_out,    // MHA layer: the attention output [B, Sq, H*hd]
   mha_mask,             // MHA layer: key padding combined with an additive mask
   mha_padding_mask,     // MHA layer: key padding as a boolean mask
+  widened_q,            // native backend, bf16/f16 operands: f32 copies of q, k, v and out
+  widened_k,
+  widened_v,
+  widened_out,
 };
 
 template <class T, Scratch kSlot>

@@ -3,7 +3,7 @@
 //   O = softmax(Q K^T * scale + mask) V
 //
 // Shapes (all 4-D strided views, see tensor.hpp):
-//   q   [B, H,   Sq, D ]   f32 or f64
+//   q   [B, H,   Sq, D ]   f32, f64, bf16 or f16 (simdattn/half.hpp)
 //   k   [B, Hkv, Sk, D ]   same dtype as q
 //   v   [B, Hkv, Sk, Dv]   same dtype as q
 //   out [B, H,   Sq, Dv]   same dtype as q; must not overlap q, k, v or the mask
@@ -17,7 +17,7 @@
 //   causal          j <= p
 //   window          p - left <= j <= p + right     (a side given as -1 is unbounded)
 //   boolean mask    mask[b, h, i, j] != 0          (a mask of dtype u8)
-// An additive mask (dtype f32 or f64) is added to the scaled scores; -inf there gives exactly zero weight.
+// An additive mask (dtype f32, f64, bf16 or f16) is added to the scaled scores; -inf there gives exactly zero weight.
 // A query row with no visible key (or whose every score is -inf) outputs zeros, in every
 // backend. NaN in the inputs propagates to the affected rows as in the maths.
 #pragma once
@@ -54,7 +54,8 @@ struct AttentionOptions {
 
   // Mask, broadcastable to [B, H, Sq, Sk]: each dimension equals the target's or is 1 (e.g.
   // [1,1,Sq,Sk], [B,1,Sq,Sk], [B,H,Sq,Sk], [B,1,1,Sk]). Its dtype says how it is read: u8 is
-  // boolean (nonzero = attend), f32 or f64 additive (added to the scaled scores). Empty: none.
+  // boolean (nonzero = attend), f32, f64, bf16 or f16 additive (added to the scaled scores).
+  // Empty (no data and no shape): none.
   ConstTensorView mask;
 
   // Per-batch key lengths L[b] in [0, Sk]; empty means L[b] = Sk. Size must be B.
