@@ -172,6 +172,31 @@ class RunMatchesOracle(CliCase):
         q, k, v = self.inputs()
         self.check(q, k, v, ["--threads", "1"], backend="native")
 
+    def test_half_precision(self):
+        """<f2 files compute in f16 by default; --dtype rounds the inputs (to nearest even, done
+        here by bit manipulation) and the output keeps Q's .npy dtype."""
+        def to_bf16(x):  # f32 array -> its bf16 rounding, as float64
+            u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+            u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+            return u.astype(np.uint32).view(np.float32).astype(np.float64)
+        q, k, v = self.inputs(dtype=np.float16)
+        for backend in ("reference", "native"):
+            o = self.run_attention(q, k, v, "--backend", backend, "--causal", "bottom-right")
+            self.assertEqual(o.dtype, np.float16)
+            want = oracle(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), causal="bottom-right")
+            self.assertLessEqual(np.abs(o.astype(np.float64) - want).max(), 2e-3 * max(1.0, np.abs(v).max()))
+        q, k, v = self.inputs(dtype=np.float32)
+        for backend in ("reference", "native"):
+            o = self.run_attention(q, k, v, "--backend", backend, "--dtype", "bf16")
+            self.assertEqual(o.dtype, np.float32)
+            want = oracle(to_bf16(q), to_bf16(k), to_bf16(v))
+            self.assertLessEqual(np.abs(o - want).max(), 1e-2 * max(1.0, np.abs(v).max()))
+            # the output went through bf16: every value is a bf16 value
+            self.assertTrue(np.array_equal(to_bf16(o), o.astype(np.float64)))
+            o16 = self.run_attention(q, k, v, "--backend", backend, "--dtype", "f16")
+            want16 = oracle(*(x.astype(np.float16).astype(np.float64) for x in (q, k, v)))
+            self.assertLessEqual(np.abs(o16 - want16).max(), 2e-3 * max(1.0, np.abs(v).max()))
+
     def test_sparse_patterns(self):
         q, k, v = self.inputs(B=2, H=2, Hkv=1, Sq=40, Sk=50, D=8, Dv=8)
         blocks = self.rng.random((5, 7)) < 0.4  # block size 8: ceil(40/8) x ceil(50/8)
@@ -278,7 +303,7 @@ class BadInput(CliCase):
         L = self.save("Lb.npy", np.array([True, False]))
         self.expect_fail(self.base() + ["--key-lengths", L], "expected dtype <i4 or <i8, got |b1")
         self.expect_fail(self.base(**{"--q": self.save("q8.npy", np.zeros((2, 4, 5, 8), np.int64))}),
-                         "expected dtype <f4 or <f8, got <i8")
+                         "expected dtype <f2, <f4 or <f8, got <i8")
         self.expect_fail(self.base(**{"--q": self.dir}), "is a directory")
 
     def test_outputs_too_large_for_memory(self):
@@ -329,6 +354,10 @@ class BadInput(CliCase):
                          "--q")
         self.expect_fail(self.base(**{"--q": self.save("c.npy", np.zeros((2, 4, 5, 8), np.complex64))}),
                          "unsupported dtype")
+
+    def test_dtype_flag(self):
+        self.expect_fail(self.base() + ["--dtype", "f8"], "--dtype: expected f32, f64, bf16 or f16, got 'f8'")
+        self.expect_fail(self.base() + ["--dtype", "bf16", "--backend", "onednn"], "--backend")
 
     def test_shapes_and_dtypes(self):
         self.expect_fail(self.base(**{"--q": self.save("r3.npy", np.zeros((4, 5, 8), np.float32))}),

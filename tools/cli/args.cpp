@@ -85,6 +85,39 @@ Backend parse_backend(const std::string& flag, const std::string& text) {
   throw UsageError(flag + ": expected reference, native or onednn, got '" + text + "'");
 }
 
+DType parse_dtype(const std::string& flag, const std::string& text) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    if (text == dtype_name(t)) return t;
+  throw UsageError(flag + ": expected f32, f64, bf16 or f16, got '" + text + "'");
+}
+
+NpyArray converted(const NpyArray& a, DType to) {
+  if (a.dtype == to) return a;
+  NpyArray out;
+  out.dtype = to;
+  out.shape = a.shape;
+  const std::size_t n = a.data.size() / dtype_size(a.dtype);
+  out.data.resize(n * dtype_size(to));
+  auto load = [&](std::size_t i) -> double {
+    switch (a.dtype) {
+      case DType::f64: return a.as<double>()[i];
+      case DType::f16: return to_float(a.as<float16>()[i]);
+      case DType::bf16: return to_float(a.as<bfloat16>()[i]);
+      default: return a.as<float>()[i];
+    }
+  };
+  for (std::size_t i = 0; i < n; ++i) {
+    const double x = load(i);
+    switch (to) {
+      case DType::f64: out.as<double>()[i] = x; break;
+      case DType::f16: out.as<float16>()[i] = to_float16(x); break;
+      case DType::bf16: out.as<bfloat16>()[i] = to_bfloat16(x); break;
+      default: out.as<float>()[i] = static_cast<float>(x); break;
+    }
+  }
+  return out;
+}
+
 Window parse_window(const std::string& flag, const std::string& text) {
   const auto comma = text.find(',');
   if (comma == std::string::npos)
@@ -116,16 +149,17 @@ NpyArray load_npy(const std::string& flag, const std::string& path) {
 }
 
 void check_float_array(const std::string& flag, const std::string& path, const NpyArray& a,
-                       std::size_t rank, const std::string& layout) {
-  if (a.dtype != DType::f32 && a.dtype != DType::f64)
-    throw UsageError(flag + " " + path + ": expected dtype <f4 or <f8, got " + a.descr());
+                       std::size_t rank, const std::string& layout, bool f16_ok) {
+  if (a.dtype != DType::f32 && a.dtype != DType::f64 && !(f16_ok && a.dtype == DType::f16))
+    throw UsageError(flag + " " + path + ": expected dtype " + (f16_ok ? "<f2, <f4 or <f8" : "<f4 or <f8") +
+                     ", got " + a.descr());
   if (a.shape.size() != rank)
     throw UsageError(flag + " " + path + ": expected a " + std::to_string(rank) + "-D array" + layout +
                      ", got shape (" + dims_text(a.shape) + ")");
 }
 
-Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a) {
-  check_float_array(flag, path, a, 4, "");
+Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a, bool f16_ok) {
+  check_float_array(flag, path, a, 4, "", f16_ok);
   return {a.shape[0], a.shape[1], a.shape[2], a.shape[3]};
 }
 
@@ -136,14 +170,14 @@ NpyArray load_bool_npy(const std::string& flag, const std::string& path) {
   return a;
 }
 
-QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v) {
+QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v, bool f16_ok) {
   QkvFiles f;
   f.q = load_npy("--q", q);
   f.k = load_npy("--k", k);
   f.v = load_npy("--v", v);
-  f.qs = shape4("--q", q, f.q);
-  f.ks = shape4("--k", k, f.k);
-  f.vs = shape4("--v", v, f.v);
+  f.qs = shape4("--q", q, f.q, f16_ok);
+  f.ks = shape4("--k", k, f.k, f16_ok);
+  f.vs = shape4("--v", v, f.v, f16_ok);
   if (f.k.dtype != f.q.dtype)
     throw UsageError("--k " + k + ": dtype " + f.k.descr() + " differs from --q's " +
                      f.q.descr());

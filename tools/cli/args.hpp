@@ -36,19 +36,26 @@ std::string dims_text(const std::vector<std::int64_t>& dims);
 // Reads a .npy file given to `flag`; errors become UsageError("--flag PATH: ...").
 NpyArray load_npy(const std::string& flag, const std::string& path);
 
-// An f32 or f64 array of `rank` dimensions; `layout` (" [B, S, E]", or empty) follows "expected a
-// N-D array" in the error.
+// An f32 or f64 (or, with f16_ok, f16) array of `rank` dimensions; `layout` (" [B, S, E]", or
+// empty) follows "expected a N-D array" in the error.
 void check_float_array(const std::string& flag, const std::string& path, const NpyArray& a,
-                       std::size_t rank, const std::string& layout);
+                       std::size_t rank, const std::string& layout, bool f16_ok = false);
 
-// A 4-D attention input: rank 4, dtype f32 or f64.
-Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a);
+// A 4-D attention input: rank 4, dtype f32 or f64 (or, with f16_ok, f16).
+Shape4 shape4(const std::string& flag, const std::string& path, const NpyArray& a, bool f16_ok = false);
+
+// --dtype: f32, f64, bf16 or f16.
+DType parse_dtype(const std::string& flag, const std::string& text);
+
+// `a` with its elements converted to `to` (rounded to nearest even; a copy even when the same).
+NpyArray converted(const NpyArray& a, DType to);
 
 // A boolean mask file (|b1 or |u1) given to `flag`.
 NpyArray load_bool_npy(const std::string& flag, const std::string& path);
 
-// --q, --k, --v of the run and linear commands: rank 4, f32 or f64, one dtype, shapes that fit
-// together (checked before the output is allocated: a zero-size input can declare any shape).
+// --q, --k, --v of the run and linear commands: rank 4, f32 or f64 (or, with f16_ok, f16), one
+// dtype, shapes that fit together (checked before the output is allocated: a zero-size input can
+// declare any shape).
 struct QkvFiles {
   NpyArray q, k, v;
   Shape4 qs{}, ks{}, vs{};
@@ -59,7 +66,7 @@ struct QkvFiles {
   std::vector<std::int64_t> o_shape() const { return {os[0], os[1], os[2], os[3]}; }
   TensorView o_view(void* data) const { return TensorView(data, q.dtype, os); }
 };
-QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v);
+QkvFiles load_qkv(const std::string& q, const std::string& k, const std::string& v, bool f16_ok = false);
 
 // The required --q, --k, --v and --out options of the run and linear commands.
 void add_qkv_out_options(CLI::App& sub, std::string& q, std::string& k, std::string& v, std::string& out);

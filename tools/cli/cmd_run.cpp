@@ -10,7 +10,7 @@ namespace {
 
 struct RunArgs {
   std::string q, k, v, out, mask, causal = "none", scale, key_lengths, window, backend = "native",
-      threads, global_tokens, block_mask, block_size;
+      threads, global_tokens, block_mask, block_size, dtype;
 };
 
 // The option values, parsed before any file is read so that a typo fails fast. The masks and key
@@ -34,8 +34,8 @@ AttentionOptions parse_options(const RunArgs& a) {
 // --mask: boolean or additive, broadcast NumPy-style (aligned to the right, missing leading
 // dimensions are 1) to [B, H, Sq, Sk].
 ConstTensorView mask_view(const std::string& path, const NpyArray& mask) {
-  if (mask.dtype != DType::u8 && mask.dtype != DType::f32 && mask.dtype != DType::f64)
-    throw UsageError("--mask " + path + ": expected dtype |b1, |u1, <f4 or <f8, got " + mask.descr());
+  if (mask.dtype != DType::u8 && mask.dtype != DType::f32 && mask.dtype != DType::f64 && mask.dtype != DType::f16)
+    throw UsageError("--mask " + path + ": expected dtype |b1, |u1, <f2, <f4 or <f8, got " + mask.descr());
   if (mask.shape.size() > 4)
     throw UsageError("--mask " + path + ": expected at most 4 dimensions (broadcastable to "
                      "[B, H, Sq, Sk]), got " + std::to_string(mask.shape.size()));
@@ -72,7 +72,14 @@ ConstTensorView block_mask_view(const std::string& path, const NpyArray& blocks,
 
 void run(const RunArgs& a) {
   AttentionOptions opt = parse_options(a);
-  const QkvFiles in = load_qkv(a.q, a.k, a.v);
+  const DType compute = a.dtype.empty() ? DType::f32 : parse_dtype("--dtype", a.dtype);
+  QkvFiles in = load_qkv(a.q, a.k, a.v, true);
+  const DType written = in.q.dtype;  // the output's .npy dtype: Q's
+  if (!a.dtype.empty() && compute != written) {  // inputs rounded to the computing dtype
+    in.q = converted(in.q, compute);
+    in.k = converted(in.k, compute);
+    in.v = converted(in.v, compute);
+  }
   // The files the options' views point into.
   NpyArray mask, blocks;
   std::vector<std::int64_t> lengths;
@@ -88,8 +95,14 @@ void run(const RunArgs& a) {
     blocks = load_bool_npy("--block-mask", a.block_mask);
     opt.block_mask = block_mask_view(a.block_mask, blocks, opt.block_size, in.qs[2], in.ks[2]);
   }
-  write_output(a.out, in.q.dtype, in.o_shape(),
-               [&](void* o) { attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o), opt); });
+  if (in.q.dtype == written) {
+    write_output(a.out, written, in.o_shape(),
+                 [&](void* o) { attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o), opt); });
+    return;
+  }
+  NpyArray o = make_output(in.q.dtype, in.o_shape());
+  with_flag_errors([&] { attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o.data.data()), opt); });
+  save_output(a.out, converted(o, written));
 }
 
 void add_options(CLI::App& sub, RunArgs& a) {
@@ -106,6 +119,9 @@ void add_options(CLI::App& sub, RunArgs& a) {
   sub.add_option("--block-mask", a.block_mask,
                  "block-sparse layout: bool/uint8 [ceil(Sq/BS), ceil(Sk/BS)], nonzero = block computed");
   sub.add_option("--block-size", a.block_size, "BS, the block mask's block size (default 64)");
+  sub.add_option("--dtype", a.dtype,
+                 "f32 | f64 | bf16 | f16: Q, K and V are rounded to it before computing (default: their "
+                 ".npy dtype); the output is written in Q's .npy dtype");
   add_backend_threads_options(sub, a.backend, a.threads, "reference | native | onednn (default native)");
 }
 
