@@ -9,6 +9,7 @@
 #include <random>
 
 #include "simdattn/half.hpp"
+#include "simd_test_util.hpp"
 #include "test_util.hpp"
 
 using simdattn::bfloat16;
@@ -111,9 +112,9 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
   std::mt19937_64 rng(test::base_seed() + 41);
-  auto run = [&](auto tag) {
+  auto run = [&](auto tag, std::int64_t Sq) {  // Sq = 1: the decode path on 16-bit K and V
     using T = decltype(tag);
-    const std::int64_t B = 2, H = 4, Hkv = 2, Sq = 5, Sk = 70, D = 24;
+    const std::int64_t B = 2, H = 4, Hkv = 2, Sk = 70, D = 24;
     test::Buffer<T> q({B, H, Sq, D}), k({B, Hkv, Sk, D}), v({B, Hkv, Sk, D});
     q.fill_normal(rng), k.fill_normal(rng), v.fill_normal(rng, 2.0);
     const std::vector<std::int64_t> lengths{40, 70};
@@ -151,8 +152,10 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
       CHECK(test::as_double(x) == test::as_double(test::value<T>(ref64.at(a, b, c, d))));
     });
   };
-  run(bfloat16{});
-  run(float16{});
+  for (std::int64_t Sq : {5, 1}) {
+    run(bfloat16{}, Sq);
+    run(float16{}, Sq);
+  }
 #ifdef SIMDATTN_HAVE_ONEDNN
   {  // the onednn backend does not take them yet: a clear error naming the backend option
     test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
@@ -166,4 +169,44 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
   test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
   CHECK_THROWS_WITH_AS(linear_attention(q.cview(), q.cview(), q.cview(), o.view()),
                        doctest::Contains("linear attention takes f32 or f64, got bf16"), Error);
+}
+
+TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 42);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    CAPTURE(simd::isa_name(kt->isa));
+    for (bool bf16 : {true, false}) {
+      const simd::HalfGemvKernels& g = bf16 ? kt->gemv_bf16 : kt->gemv_f16;
+      auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
+      for (std::int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 64, 70}) {
+        for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
+          const std::int64_t ldb = std::max(n, k) + 3;
+          std::vector<std::uint16_t> Bm(static_cast<std::size_t>(ldb * std::max(n, k)));
+          for (auto& b : Bm) b = bf16 ? to_bfloat16(nd(rng)).bits : to_float16(nd(rng)).bits;
+          std::vector<float> x(static_cast<std::size_t>(std::max(n, k)));
+          for (auto& v : x) v = static_cast<float>(nd(rng));
+          for (float beta : {0.0f, 0.5f}) {
+            // dot_rows: y[j] = 1.5 * x . B[j, :] + beta y[j]; sum_rows: y[j] = 1.5 * sum_p x[p] B[p, j] + beta y[j]
+            std::vector<float> y1(static_cast<std::size_t>(n), beta == 0.0f ? NAN : 0.25f), y2 = y1;
+            g.dot_rows(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y1.data());
+            g.sum_rows(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y2.data());
+            for (std::int64_t j = 0; j < n; ++j) {
+              double d = 0, s = 0, scale = 0;
+              for (std::int64_t p = 0; p < k; ++p) {
+                d += x[p] * widen(Bm[j * ldb + p]);
+                s += x[p] * widen(Bm[p * ldb + j]);
+                scale += std::fabs(x[p]) * 4.0;
+              }
+              const double prev = beta == 0.0f ? 0.0 : 0.25 * beta;
+              CHECK(std::fabs(y1[j] - (1.5 * d + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
+              CHECK(std::fabs(y2[j] - (1.5 * s + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
+            }
+          }
+        }
+      }
+    }
+  }
 }

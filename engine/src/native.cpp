@@ -60,7 +60,8 @@ void widened(const Problem& p) {
 }  // namespace
 
 void attention_native(const Problem& p) {
-  if (p.dtype == DType::bf16) widened<bfloat16>(p);
+  if (decode_half_fits(p)) decode_half_attention(p);
+  else if (p.dtype == DType::bf16) widened<bfloat16>(p);
   else if (p.dtype == DType::f16) widened<float16>(p);
   else if (decode_fits(p)) decode_attention(p);
   else if (short_keys_fit(p)) short_keys_attention(p);

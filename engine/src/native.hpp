@@ -1,5 +1,7 @@
 // The native backend's paths. attention_native (native.cpp) takes the first that fits:
-//   decode      few query rows per kv head: streams K and V once (native_decode.cpp)
+//   decode      few query rows per kv head: streams K and V once (native_decode.cpp), in bf16
+//               and f16 as they are
+//   widened     other bf16/f16 problems: f32 copies on the paths below (native.cpp)
 //   short keys  up to 96 keys, no mask: queries on the vector lanes (native_short_keys.cpp)
 //   fused       everything else: flash attention on key blocks (native_fused.cpp)
 #pragma once
@@ -10,6 +12,9 @@ namespace simdattn::detail {
 
 bool decode_fits(const Problem& p);
 void decode_attention(const Problem& p);
+// The decode path on bf16/f16 K and V as they are (16-bit GEMV kernels).
+bool decode_half_fits(const Problem& p);
+void decode_half_attention(const Problem& p);
 
 bool short_keys_fit(const Problem& p);
 void short_keys_attention(const Problem& p);

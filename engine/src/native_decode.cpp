@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
+#include "element.hpp"
 #include "gemm.hpp"
 #include "native.hpp"
 #include "native_rows.hpp"
@@ -93,7 +95,62 @@ void decode(const Problem& p) {
   failure.rethrow();
 }
 
+// bf16/f16 K and V, read as they are (half the bytes of f32): per (batch, kv head), each query
+// row of the group gets its scores from the 16-bit GEMV kernels (K's rows dotted with the
+// widened q row), the f32 softmax of scale_mask_row, and its output from V's rows weighted by the
+// weights, rounded to the output's dtype at the end.
+template <class H>
+void decode_half(const Problem& p) {
+  const simd::KernelTable& kt = simd::kernels();
+  const simd::HalfGemvKernels& g = std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16;
+  const simd::VectorKernels<float>& vk = kt.vec<float>();
+  const std::int64_t group = p.H / p.Hkv;
+  const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
+  const double bytes = double(p.Sk) * double(p.D + p.Dv) * sizeof(H);  // per item
+  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
+  RegionFailure failure;
+  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+    failure.guard([&] {
+      float* q = thread_buffer<float, Scratch::attention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
+      float* s = q + q_size;
+      float* o = s + s_size;
+      for (std::int64_t it = it0; it < it1; ++it) {
+        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
+        const auto* k = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.k) + b * p.ks[0] + hk * p.ks[1]);
+        const auto* v = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.v) + b * p.vs[0] + hk * p.vs[1]);
+        for (std::int64_t r = 0; r < group * p.Sq; ++r) {
+          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+          const H* qi = static_cast<const H*>(p.q) + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
+          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.qs[3]]));
+          g.dot_rows(L, p.D, 1.0f, q, k, p.ks[2], 0.0f, s);
+          const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
+          const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
+          const float l = vk.exp_sub_max_sum(s, L, m);
+          H* dst = static_cast<H*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+          if (l == 0.0f) {  // no visible key: zeros
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = H{};
+            continue;
+          }
+          g.sum_rows(p.Dv, L, 1.0f / l, s, v, p.vs[2], 0.0f, o);
+          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = narrow<H>(o[d]);
+        }
+      }
+    });
+  });
+  failure.rethrow();
+}
+
 }  // namespace
+
+bool decode_half_fits(const Problem& p) {
+  return (p.dtype == DType::bf16 || p.dtype == DType::f16) && p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows &&
+         p.ks[3] == 1 && p.vs[3] == 1;
+}
+
+void decode_half_attention(const Problem& p) {
+  if (p.dtype == DType::bf16) decode_half<bfloat16>(p);
+  else decode_half<float16>(p);
+}
 
 bool decode_fits(const Problem& p) {
   return p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1;

@@ -58,7 +58,7 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
   for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
   const T* add = nullptr;
-  if (p.mask_kind == MaskKind::additive && p.mask_dtype == p.dtype && p.ms[3] == 1)
+  if (p.mask_kind == MaskKind::additive && p.mask_dtype == dtype_of<T>() && p.ms[3] == 1)
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);

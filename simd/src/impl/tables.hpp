@@ -11,6 +11,7 @@
 #include "batch.hpp"
 #include "gemm_tile.hpp"
 #include "gemv.hpp"
+#include "gemv_half.hpp"
 #include "pack.hpp"
 #include "probe.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -133,7 +134,9 @@ KernelTable make_kernel_table(Isa isa) {
           .gemm_f32 = make_gemm_kernels<Arch, float, F32>(),
           .gemm_f64 = make_gemm_kernels<Arch, double, F64>(),
           .vec_f32 = make_vector_kernels<Arch, float>(),
-          .vec_f64 = make_vector_kernels<Arch, double>()};
+          .vec_f64 = make_vector_kernels<Arch, double>(),
+          .gemv_bf16 = {.dot_rows = &half_dot_rows<Arch, true>, .sum_rows = &half_sum_rows<Arch, true>},
+          .gemv_f16 = {.dot_rows = &half_dot_rows<Arch, false>, .sum_rows = &half_sum_rows<Arch, false>}};
 }
 
 }  // namespace simdattn::simd::impl

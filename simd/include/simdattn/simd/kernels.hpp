@@ -165,6 +165,17 @@ struct ProbeKernels {
   int flops_per_iter;  // 2 * chains * lanes
 };
 
+// Matrix-vector products with B in 16-bit floats (bf16 or f16 bits), widened to f32 as they are
+// loaded; x, y and every sum in f32. beta == 0 never reads y.
+struct HalfGemvKernels {
+  // y[j] = alpha * sum_p x[p] * B[j * ldb + p] + beta * y[j], j < n: B's rows dotted with x.
+  void (*dot_rows)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
+                   std::int64_t ldb, float beta, float* y);
+  // y[j] = alpha * sum_p x[p] * B[p * ldb + j] + beta * y[j], j < n: B's rows weighted by x, summed.
+  void (*sum_rows)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
+                   std::int64_t ldb, float beta, float* y);
+};
+
 struct KernelTable {
   Isa isa;
   ProbeKernels probe;
@@ -172,6 +183,8 @@ struct KernelTable {
   GemmKernels<double> gemm_f64;
   VectorKernels<float> vec_f32;
   VectorKernels<double> vec_f64;
+  HalfGemvKernels gemv_bf16;
+  HalfGemvKernels gemv_f16;
 
   template <class T> const GemmKernels<T>& gemm() const;
   template <class T> const VectorKernels<T>& vec() const;
