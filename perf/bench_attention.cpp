@@ -1,4 +1,5 @@
-// attention/<backend>/<workload>/t<threads>: docs/design.md's standard workloads on each backend.
+// attention/<backend>/<workload>/t<threads>: docs/design.md's standard workloads on each backend;
+// attention/native/<workload>.bf16/t<threads> and .f16: the same inputs rounded to bf16 / f16.
 // Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
 // reading K and V. Every backend of the build is registered, the reference only for workloads it
 // finishes in seconds.
@@ -6,6 +7,7 @@
 
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "perf_util.hpp"
@@ -14,26 +16,37 @@
 
 namespace {
 
+// Inputs of one workload in T (float, or bf16/f16 rounded from the same normal draws).
+template <class T>
 struct Inputs {
-  std::vector<float> q, k, v, o;
+  std::vector<T> q, k, v, o;
 };
 
-Inputs make_inputs(const simdattn::Workload& w) {
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, simdattn::bfloat16>) return simdattn::to_bfloat16(x);
+  else if constexpr (std::is_same_v<T, simdattn::float16>) return simdattn::to_float16(x);
+  else return x;
+}
+
+template <class T>
+Inputs<T> make_inputs(const simdattn::Workload& w) {
   std::mt19937 rng(42);
   std::normal_distribution<float> n(0.f, 1.f);
-  Inputs in;
+  Inputs<T> in;
   in.q.resize(std::size_t(w.B * w.H * w.Sq * w.D));
   in.k.resize(std::size_t(w.B * w.Hkv * w.Sk * w.D));
   in.v.resize(std::size_t(w.B * w.Hkv * w.Sk * w.D));
   in.o.resize(std::size_t(w.B * w.H * w.Sq * w.D));
   for (auto* vec : {&in.q, &in.k, &in.v})
-    for (auto& x : *vec) x = n(rng);
+    for (auto& x : *vec) x = from_float<T>(n(rng));
   return in;
 }
 
+template <class T>
 void bench_attention(benchmark::State& state, const simdattn::Workload& w, simdattn::Backend backend,
                      int threads) {
-  Inputs in = make_inputs(w);
+  Inputs<T> in = make_inputs<T>(w);
   simdattn::AttentionOptions opt;
   opt.causal = w.causal;
   opt.backend = backend;
@@ -44,7 +57,7 @@ void bench_attention(benchmark::State& state, const simdattn::Workload& w, simda
   const simdattn::TensorView o(in.o.data(), {w.B, w.H, w.Sq, w.D});
   const auto call = [&] { simdattn::attention(q, k, v, o, opt); };
   if (w.Sq == 1) {  // decode: bound by reading K and V, so measured in GB/s of K, V, Q and O
-    const double bytes = 4.0 * double(w.B * w.Hkv * w.Sk * 2 * w.D + w.B * w.H * w.Sq * 2 * w.D);
+    const double bytes = double(sizeof(T)) * double(w.B * w.Hkv * w.Sk * 2 * w.D + w.B * w.H * w.Sq * 2 * w.D);
     simdattn::perf::timed_loop(state, bytes, "GB/s", call);
   } else {
     const double flops = simdattn::attention_flops(w.B, w.H, w.Sq, w.Sk, w.D, w.D, w.causal);
@@ -66,10 +79,20 @@ int register_all() {
         if (b == simdattn::Backend::reference && t != 1) continue;  // reference is single-threaded
         const std::string name = "attention/" + std::string(simdattn::backend_name(b)) + "/" +
                                  std::string(w.name) + "/t" + std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), bench_attention, w, b, t)
+        benchmark::RegisterBenchmark(name.c_str(), bench_attention<float>, w, b, t)
             ->Unit(benchmark::kMillisecond)
             ;
       }
+    }
+    // bf16 and f16 on the native backend, named with the dtype after the workload.
+    for (int t : {1, 2}) {
+      const std::string base = "attention/native/" + std::string(w.name);
+      benchmark::RegisterBenchmark((base + ".bf16/t" + std::to_string(t)).c_str(),
+                                   bench_attention<simdattn::bfloat16>, w, simdattn::Backend::native, t)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((base + ".f16/t" + std::to_string(t)).c_str(),
+                                   bench_attention<simdattn::float16>, w, simdattn::Backend::native, t)
+          ->Unit(benchmark::kMillisecond);
     }
   }
   return 0;
