@@ -110,7 +110,8 @@ TEST_CASE("concurrent forward and decode steps of one MHA layer from many thread
   step.causal = Causal::bottom_right;
   std::vector<float> expect(x.size()), expect_decode(static_cast<std::size_t>(B * d));
   layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(expect.data(), B, S, d), opt);
-  {  // a prompt of S - 1 tokens, then one step
+  // A prompt of S - 1 tokens into a new cache, then one decode step whose output goes to y1.
+  auto prompt_then_step = [&](float* y1) {
     KvCache cache(layer, B, S);
     std::vector<float> prompt(static_cast<std::size_t>(B * (S - 1) * d)), last(static_cast<std::size_t>(B * d));
     for (std::int64_t b = 0; b < B; ++b) {
@@ -119,23 +120,16 @@ TEST_CASE("concurrent forward and decode steps of one MHA layer from many thread
     }
     std::vector<float> y(prompt.size());
     layer.forward(ConstSeqView(prompt.data(), B, S - 1, d), cache, SeqView(y.data(), B, S - 1, d), step);
-    layer.forward(ConstSeqView(last.data(), B, 1, d), cache, SeqView(expect_decode.data(), B, 1, d), step);
-  }
+    layer.forward(ConstSeqView(last.data(), B, 1, d), cache, SeqView(y1, B, 1, d), step);
+  };
+  prompt_then_step(expect_decode.data());
   std::vector<std::vector<float>> outs(4, std::vector<float>(x.size())), steps(4, expect_decode);
   std::vector<std::thread> pool;
   for (int t = 0; t < 4; ++t)
     pool.emplace_back([&, t] {
       for (int rep = 0; rep < 5; ++rep) {
         layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(outs[t].data(), B, S, d), opt);
-        KvCache cache(layer, B, S);  // each thread its own cache
-        std::vector<float> prompt(static_cast<std::size_t>(B * (S - 1) * d)), last(static_cast<std::size_t>(B * d));
-        for (std::int64_t b = 0; b < B; ++b) {
-          std::copy_n(x.begin() + b * S * d, (S - 1) * d, prompt.begin() + b * (S - 1) * d);
-          std::copy_n(x.begin() + (b * S + S - 1) * d, d, last.begin() + b * d);
-        }
-        std::vector<float> y(prompt.size());
-        layer.forward(ConstSeqView(prompt.data(), B, S - 1, d), cache, SeqView(y.data(), B, S - 1, d), step);
-        layer.forward(ConstSeqView(last.data(), B, 1, d), cache, SeqView(steps[t].data(), B, 1, d), step);
+        prompt_then_step(steps[t].data());  // each thread its own cache
       }
     });
   for (auto& th : pool) th.join();
