@@ -47,16 +47,15 @@ inline std::vector<Backend> fast_backends(bool f64 = false) {
   return out;
 }
 
-// An element as a double (exact), and a double as an element of T (rounded to nearest even).
+// An element as a double (exact), and a double as an element of T (rounded to nearest even):
+// the engine's own conversions (element.hpp).
 template <class T>
 double as_double(T x) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) return detail::widen(x);
-  else return static_cast<double>(x);
+  return detail::widen(x);
 }
 template <class T>
 T value(double d) {
-  if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) return detail::narrow<T>(d);
-  else return static_cast<T>(d);
+  return detail::narrow<T>(d);
 }
 
 // An owning 4-D buffer that can be laid out as [B,H,S,D] or [B,S,H,D], with optional padding

@@ -217,7 +217,7 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
   a.threads = o.threads;
   a.backend = o.backend;
   const bool padding = !o.key_padding_mask.empty();
-  const bool additive = o.attn_mask.data != nullptr || o.attn_mask.shape != Shape4{};
+  const bool additive = detail::view_given(o.attn_mask);
   if (additive && o.attn_mask.dtype != DType::f32 && o.attn_mask.dtype != DType::f64)
     throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " +
                                          std::string(dtype_name(o.attn_mask.dtype)));

@@ -9,7 +9,11 @@
 
 namespace simdattn::detail {
 
-// How the mask is read: by its dtype (u8 boolean, f32/f64 additive).
+// An optional view (a mask, a block mask) counts as given when it has data or a shape: a shape
+// without data is then an error, not an absent option.
+inline bool view_given(const ConstTensorView& v) noexcept { return v.data != nullptr || v.shape != Shape4{}; }
+
+// How the mask is read: by its dtype (u8 boolean; f32, f64, bf16 or f16 additive).
 enum class MaskKind : std::uint8_t { none, boolean, additive };
 
 struct Problem {

@@ -164,7 +164,7 @@ Span set_tensors(Problem& p, const ConstTensorView& q, const ConstTensorView& k,
 
 // The mask: its dtype says boolean (u8) or additive (f32/f64); broadcastable to [B, H, Sq, Sk].
 void set_mask(Problem& p, const AttentionOptions& opt, const Span& so) {
-  if (opt.mask.data != nullptr || opt.mask.shape != Shape4{}) {  // a shape without data is an error
+  if (view_given(opt.mask)) {
     const ConstTensorView& m = opt.mask;
     if (m.dtype == DType::u8) p.mask_kind = MaskKind::boolean;
     else if (m.dtype == DType::f32 || m.dtype == DType::f64 || m.dtype == DType::bf16 || m.dtype == DType::f16)
@@ -231,7 +231,7 @@ void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
   if (opt.global_tokens < 0)
     throw Error("options.global_tokens", "must be >= 0, got " + std::to_string(opt.global_tokens));
   p.global_tokens = std::min(opt.global_tokens, p.Sq + p.Sk);  // beyond every position: saturate
-  if (opt.block_mask.data != nullptr || opt.block_mask.shape != Shape4{}) {
+  if (view_given(opt.block_mask)) {
     const ConstTensorView& bm = opt.block_mask;
     if (opt.block_size < 1)
       throw Error("options.block_size", "must be >= 1, got " + std::to_string(opt.block_size));
