@@ -9,6 +9,7 @@
 #include <random>
 
 #include "simdattn/half.hpp"
+#include "gemm_half.hpp"
 #include "simd_test_util.hpp"
 #include "test_util.hpp"
 
@@ -204,6 +205,62 @@ TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta
               CHECK(std::fabs(y1[j] - (1.5 * d + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
               CHECK(std::fabs(y2[j] - (1.5 * s + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
             }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes around the tile, odd and "
+          "multi-block depths, column offsets, beta, threads" * doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 43);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  struct Shape {
+    std::int64_t M, N, K;
+  };
+  const Shape shapes[] = {{1, 1, 1},    {1, 70, 33},  {2, 31, 7},    {5, 64, 256}, {12, 32, 257},
+                          {13, 96, 3},  {40, 33, 513}, {100, 200, 64}, {1, 300, 600}, {97, 65, 300}};
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    CAPTURE(simd::isa_name(kt->isa));
+    for (bool bf16 : {true, false}) {
+      CAPTURE(bf16);
+      auto round = [&](double x) { return bf16 ? to_bfloat16(x).bits : to_float16(x).bits; };
+      auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
+      for (const Shape& s : shapes) {
+        CAPTURE(s.M);
+        CAPTURE(s.N);
+        CAPTURE(s.K);
+        // B is the first N columns of a wider matrix packed whole; the call takes a later
+        // column group (b_col) when there is room for one.
+        const std::int64_t nr = detail::half_gemm_kernels(*kt, bf16).nr;
+        const std::int64_t b_col = s.N % 2 == 0 ? nr : 0, NB = b_col + s.N + 5, lda = s.K + 3, ldc = s.N + 2;
+        std::vector<std::uint16_t> A(static_cast<std::size_t>(s.M * lda)), B(static_cast<std::size_t>(s.K * NB));
+        for (auto& a : A) a = round(nd(rng));
+        for (auto& b : B) b = round(nd(rng));
+        const detail::PackedHalf pb = detail::pack_half_b(B.data(), NB, s.K, NB, bf16, kt);
+        for (float beta : {0.0f, 0.5f}) {
+          for (int threads : {1, 2}) {
+            std::vector<float> C(static_cast<std::size_t>(s.M * ldc), beta == 0.0f ? NAN : 0.25f);
+            detail::HalfGemmArgs g;
+            g.M = s.M, g.N = s.N, g.K = s.K, g.A = A.data(), g.lda = lda, g.B = &pb, g.b_col = b_col;
+            g.C = C.data(), g.ldc = ldc, g.beta = beta;
+            detail::gemm_half(g, threads, kt);
+            double worst = 0;
+            for (std::int64_t i = 0; i < s.M; ++i) {
+              for (std::int64_t j = 0; j < s.N; ++j) {
+                double want = beta == 0.0f ? 0.0 : 0.25 * beta, mag = 0;
+                for (std::int64_t k = 0; k < s.K; ++k) {
+                  const double p = widen(A[i * lda + k]) * widen(B[k * NB + b_col + j]);
+                  want += p, mag += std::fabs(p);
+                }
+                worst = std::max(worst, std::fabs(C[i * ldc + j] - want) / (1e-30 + 1e-6 * (1.0 + mag)));
+              }
+              // The padding column past N is not written.
+              CHECK(std::isnan(C[i * ldc + s.N]) == (beta == 0.0f));
+            }
+            CHECK(worst <= 1.0);
           }
         }
       }

@@ -9,6 +9,7 @@ namespace simdattn::simd {
 
 std::string_view isa_name(Isa isa) noexcept {
   switch (isa) {
+    case Isa::avx512_bf16: return "avx512_bf16";
     case Isa::avx512: return "avx512";
     case Isa::avx2: return "avx2";
     case Isa::sse2: return "sse2";
@@ -20,7 +21,12 @@ const std::vector<Isa>& available_isas() {
   static const std::vector<Isa> isas = [] {
     const auto cpu = xsimd::available_architectures();
     std::vector<Isa> out;
-    if (cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512cd) out.push_back(Isa::avx512);
+    if (cpu.avx512f && cpu.avx512bw && cpu.avx512dq && cpu.avx512cd) {
+      // xsimd 8 does not know AVX512-BF16; the OS's ZMM state is what xsimd checked above.
+      __builtin_cpu_init();
+      if (__builtin_cpu_supports("avx512bf16")) out.push_back(Isa::avx512_bf16);
+      out.push_back(Isa::avx512);
+    }
     if (cpu.avx2 && cpu.fma3_avx2) out.push_back(Isa::avx2);
     out.push_back(Isa::sse2);
     return out;
@@ -40,7 +46,7 @@ Selection resolve() {
   const char* env = std::getenv("SIMDATTN_ISA");
   if (env == nullptr || *env == '\0') return {avail.front(), false};
   const std::string_view want(env);
-  for (Isa isa : {Isa::avx512, Isa::avx2, Isa::sse2}) {
+  for (Isa isa : {Isa::avx512_bf16, Isa::avx512, Isa::avx2, Isa::sse2}) {
     if (want != isa_name(isa)) continue;
     for (Isa a : avail)
       if (a == isa) return {isa, true};
@@ -49,7 +55,7 @@ Selection resolve() {
                              std::string(isa_name(avail.front())) + " and below)");
   }
   throw std::runtime_error("unknown ISA '" + std::string(want) +
-                           "' (expected avx512, avx2 or sse2)");
+                           "' (expected avx512_bf16, avx512, avx2 or sse2)");
 }
 
 const Selection& selection() {

@@ -3,6 +3,7 @@
 
 namespace simdattn::simd {
 
+KernelTable make_table_avx512_bf16();
 KernelTable make_table_avx512();
 KernelTable make_table_avx2();
 KernelTable make_table_sse2();
@@ -20,6 +21,10 @@ bool available(Isa isa) {
 const KernelTable* kernels_for(Isa isa) {
   if (!available(isa)) return nullptr;
   switch (isa) {
+    case Isa::avx512_bf16: {
+      static const KernelTable t = make_table_avx512_bf16();
+      return &t;
+    }
     case Isa::avx512: {
       static const KernelTable t = make_table_avx512();
       return &t;

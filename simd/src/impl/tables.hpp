@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "batch.hpp"
+#include "gemm_half.hpp"
 #include "gemm_tile.hpp"
 #include "gemv.hpp"
 #include "gemv_half.hpp"
@@ -126,7 +127,22 @@ GemmKernels<T> make_gemm_kernels() {
       .gemv_t = &gemv_t<Arch, T>};
 }
 
-// The whole table of one ISA; F32 and F64: its GEMM blocking per dtype.
+// The 16-bit-B GEMM in the conversion layout on an MR x NV tile (the f32 GEMM's).
+template <class Arch, bool kBf16, GemmParams P>
+HalfGemmKernels make_half_gemm_kernels() {
+  constexpr int W = static_cast<int>(batch<float, Arch>::size);
+  constexpr int MR = P.tile.mr, NV = P.tile.nv;
+  return {.mr = MR,
+          .nr = NV * W,
+          .kc = P.kc,
+          .mc = P.mc,
+          .pairs = false,
+          .ukernel = rows_table<HalfGemmUkernel, MR>(
+              [](auto m) { return &half_gemm_ukernel<Arch, kBf16, decltype(m)::value, MR, NV>; })};
+}
+
+// The whole table of one ISA; F32 and F64: its GEMM blocking per dtype (F32's also the 16-bit
+// GEMM's).
 template <class Arch, GemmParams F32, GemmParams F64>
 KernelTable make_kernel_table(Isa isa) {
   return {.isa = isa,
@@ -136,7 +152,9 @@ KernelTable make_kernel_table(Isa isa) {
           .vec_f32 = make_vector_kernels<Arch, float>(),
           .vec_f64 = make_vector_kernels<Arch, double>(),
           .gemv_bf16 = {.dot_rows = &half_dot_rows<Arch, true>, .sum_rows = &half_sum_rows<Arch, true>},
-          .gemv_f16 = {.dot_rows = &half_dot_rows<Arch, false>, .sum_rows = &half_sum_rows<Arch, false>}};
+          .gemv_f16 = {.dot_rows = &half_dot_rows<Arch, false>, .sum_rows = &half_sum_rows<Arch, false>},
+          .gemm_bf16 = make_half_gemm_kernels<Arch, true, F32>(),
+          .gemm_f16 = make_half_gemm_kernels<Arch, false, F32>()};
 }
 
 }  // namespace simdattn::simd::impl

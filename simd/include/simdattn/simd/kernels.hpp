@@ -176,6 +176,32 @@ struct HalfGemvKernels {
                    std::int64_t ldb, float beta, float* y);
 };
 
+// GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
+// once (engine/src/gemm_half.cpp):
+//
+//   C[0:m, 0:nr] := alpha * (Ap * Bp) + beta * C        (C f32, row-major, leading dim ldc)
+//
+// in one of two layouts (HalfGemmKernels::pairs):
+//   false: Ap holds kc steps of mr f32 values (column k of the rows, as GemmUkernel's), Bp kc
+//          rows of nr 16-bit values;
+//   true:  k goes in pairs (AVX512-BF16's vdpbf16ps): Ap holds ceil(kc / 2) steps of mr 32-bit
+//          words, word i of step s the bf16 pair (A[i, 2s], A[i, 2s + 1]) (the first in the low
+//          half), and Bp ceil(kc / 2) rows of nr such pairs (B[2s, j], B[2s + 1, j]); an odd kc's
+//          missing last k is zero in both.
+// Bp is 64-byte aligned; all nr columns are computed (a narrower edge goes through a scratch
+// tile, the caller's). beta == 0 never reads C.
+using HalfGemmUkernel = void (*)(std::int64_t kc, const void* Ap, const std::uint16_t* Bp, float* C,
+                                 std::int64_t ldc, float alpha, float beta);
+
+struct HalfGemmKernels {
+  int mr, nr;  // register tile
+  int kc;      // depth of one pass (even): a kc x nr panel of B stays in L1 across an mc-row block
+  int mc;      // rows of A packed per block (a multiple of mr; the mc x kc block stays in L2)
+  bool pairs;  // the layout above
+  // ukernel[m]: the first m rows of the tile (m = 1..mr); entry 0 is null.
+  std::array<HalfGemmUkernel, kMaxMr + 1> ukernel;
+};
+
 struct KernelTable {
   Isa isa;
   ProbeKernels probe;
@@ -185,6 +211,8 @@ struct KernelTable {
   VectorKernels<double> vec_f64;
   HalfGemvKernels gemv_bf16;
   HalfGemvKernels gemv_f16;
+  HalfGemmKernels gemm_bf16;
+  HalfGemmKernels gemm_f16;
 
   template <class T> const GemmKernels<T>& gemm() const;
   template <class T> const VectorKernels<T>& vec() const;

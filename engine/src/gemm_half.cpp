@@ -1,0 +1,148 @@
+#include "gemm_half.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "simdattn/half.hpp"
+#include "threading.hpp"
+#include "workspace.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+inline float widen_bits(std::uint16_t h, bool bf16) {
+  return bf16 ? to_float(bfloat16{h}) : to_float(float16{h});
+}
+
+// The micro-panels of rows [i0, i0 + mc) of A at depth [p0, p0 + kc), mr rows each (zero past
+// mc): f32 values, or bf16 pairs read as one 32-bit word (little-endian: the first k in the
+// low half) where both halves exist.
+void pack_a(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, bool bf16, std::int64_t i0, std::int64_t mc,
+            std::int64_t p0, std::int64_t kc, void* Ap) {
+  const int mr = hk.mr;
+  const std::int64_t steps = hk.pairs ? (kc + 1) / 2 : kc;
+  for (std::int64_t ir = 0; ir < mc; ir += mr) {
+    const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
+    if (hk.pairs) {
+      auto* dst = static_cast<std::uint32_t*>(Ap) + ir * steps;
+      for (std::int64_t r = 0; r < m; ++r) {
+        const std::uint16_t* a = g.A + (i0 + ir + r) * g.lda + p0;
+        std::int64_t s = 0;
+        for (; 2 * s + 1 < kc; ++s) dst[s * mr + r] = std::uint32_t{a[2 * s]} | std::uint32_t{a[2 * s + 1]} << 16;
+        if (s < steps) dst[s * mr + r] = a[2 * s];
+      }
+      for (std::int64_t r = m; r < mr; ++r)
+        for (std::int64_t s = 0; s < steps; ++s) dst[s * mr + r] = 0;
+    } else {
+      float* dst = static_cast<float*>(Ap) + ir * steps;
+      for (std::int64_t r = 0; r < m; ++r) {
+        const std::uint16_t* a = g.A + (i0 + ir + r) * g.lda + p0;
+        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = widen_bits(a[k], bf16);
+      }
+      for (std::int64_t r = m; r < mr; ++r)
+        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = 0.0f;
+    }
+  }
+}
+
+// Rows [i_begin, i_end) by column panels [q_begin, q_end) of C, on this thread's buffers.
+void gemm_block(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, std::int64_t i_begin, std::int64_t i_end,
+                std::int64_t q_begin, std::int64_t q_end) {
+  const PackedHalf& b = *g.B;
+  const int mr = hk.mr, nr = hk.nr;
+  const std::int64_t mc_max = std::min<std::int64_t>(hk.mc, (i_end - i_begin + mr - 1) / mr * mr);
+  const std::int64_t kc_max = std::min<std::int64_t>(hk.kc, g.K) + 1;  // + 1: an odd depth's pair
+  float* Ap = thread_buffer<float, Scratch::gemm_packed_a>().get(static_cast<std::size_t>(mc_max * kc_max));
+  float* tile = thread_buffer<float, Scratch::gemm_packed_b>().get(static_cast<std::size_t>(mr * nr));
+  for (std::int64_t ic = i_begin; ic < i_end; ic += mc_max) {
+    const std::int64_t mc = std::min(mc_max, i_end - ic);
+    for (std::int64_t pc = 0; pc < g.K; pc += hk.kc) {
+      const std::int64_t kc = std::min<std::int64_t>(hk.kc, g.K - pc);
+      const std::int64_t panel_words = mr * (hk.pairs ? (kc + 1) / 2 : kc);
+      pack_a(g, hk, b.bf16, ic, mc, pc, kc, Ap);
+      const float beta = pc == 0 ? g.beta : 1.0f;
+      for (std::int64_t q = q_begin; q < q_end; ++q) {
+        const std::int64_t j = q * nr, n = std::min<std::int64_t>(nr, g.N - j);
+        const std::uint16_t* bp = b.panel(g.b_col + j, pc);
+        for (std::int64_t ir = 0; ir < mc; ir += mr) {
+          const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
+          const void* a = Ap + (ir / mr) * panel_words;
+          float* c = g.C + (ic + ir) * g.ldc + j;
+          if (n == nr) {
+            hk.ukernel[m](kc, a, bp, c, g.ldc, 1.0f, beta);
+            continue;
+          }
+          hk.ukernel[m](kc, a, bp, tile, nr, 1.0f, 0.0f);
+          for (std::int64_t r = 0; r < m; ++r)
+            for (std::int64_t x = 0; x < n; ++x) {
+              float& cij = c[r * g.ldc + x];
+              cij = beta == 0.0f ? tile[r * nr + x] : tile[r * nr + x] + beta * cij;
+            }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+
+PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
+                       const simd::KernelTable* kt) {
+  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), bf16);
+  PackedHalf pb;
+  pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16;
+  pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
+  const std::int64_t depth = K + (K % hk.kc) % 2;  // the last block's rows, rounded up to even for pairs
+  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, (pb.pairs ? depth : K) * pb.Np)), 0);
+  for (std::int64_t p = 0; p < K; p += hk.kc) {
+    const std::int64_t kc = std::min<std::int64_t>(hk.kc, K - p);
+    for (std::int64_t j = 0; j < pb.Np; j += hk.nr) {
+      std::uint16_t* dst = const_cast<std::uint16_t*>(pb.panel(j, p));
+      for (std::int64_t k = 0; k < kc; ++k)
+        for (std::int64_t c = 0; c < hk.nr && j + c < N; ++c) {
+          const std::uint16_t v = B[(p + k) * ldb + j + c];
+          if (pb.pairs) dst[(k / 2) * 2 * hk.nr + 2 * c + k % 2] = v;
+          else dst[k * hk.nr + c] = v;
+        }
+    }
+  }
+  return pb;
+}
+
+void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) {
+  if (g.M <= 0 || g.N <= 0) return;
+  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), g.B->bf16);
+  const PackedHalf& b = *g.B;
+  if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 ||
+      g.b_col + g.N > b.N)
+    throw std::logic_error("gemm_half: the packed B does not match this call or ISA");
+  if (g.K <= 0) {  // C = beta * C
+    for (std::int64_t i = 0; i < g.M; ++i)
+      for (std::int64_t j = 0; j < g.N; ++j) {
+        float& c = g.C[i * g.ldc + j];
+        c = g.beta == 0.0f ? 0.0f : g.beta * c;
+      }
+    return;
+  }
+  const std::int64_t panels = (g.N + hk.nr - 1) / hk.nr, row_tiles = (g.M + hk.mr - 1) / hk.mr;
+  // A thread is worth its wake-up once it has kMinFlopsPerThread of products, or (few rows:
+  // bound by reading B) streams ~256 KiB of B.
+  const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
+  const double bytes = 2.0 * double(g.N) * double(g.K);
+  const int nt = static_cast<int>(std::clamp<double>(
+      std::min<double>(resolve_threads(threads), std::max(flops / kMinFlopsPerThread, bytes / (256.0 * 1024))), 1.0,
+      1e6));
+  RegionFailure failure;
+  if (row_tiles >= 8 * std::int64_t{nt}) {
+    parallel_for(row_tiles, nt, 1, [&](std::int64_t t0, std::int64_t t1) {
+      failure.guard([&] { gemm_block(g, hk, t0 * hk.mr, std::min(g.M, t1 * hk.mr), 0, panels); });
+    });
+  } else {
+    parallel_for(panels, nt, 1, [&](std::int64_t q0, std::int64_t q1) {
+      failure.guard([&] { gemm_block(g, hk, 0, g.M, q0, q1); });
+    });
+  }
+  failure.rethrow();
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,60 @@
+// The 16-bit GEMM: C (f32) = A B + beta C with A and B in bf16 or f16 and every product summed
+// in f32, B a layer's weights packed once (PackedHalf) in the layout of the ISA's micro-kernel
+// (simd::HalfGemmKernels: f32 A against widened B, or pairs of k for AVX512-BF16's vdpbf16ps).
+//
+// Columns outer: each mc x kc block of A is packed (widened to f32, or gathered into pairs),
+// then every kc x nr panel of B is read once per block from memory and reused, from L1, by the
+// block's row tiles. A single row (a decode step) streams B once. Threads split B's column
+// panels, or A's rows when each thread gets at least 8 row tiles.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "gemm.hpp"
+#include "simdattn/simd/kernels.hpp"
+
+namespace simdattn::detail {
+
+// B (K x N) packed for one ISA's 16-bit micro-kernel: the panel of columns [j, j + nr) in the
+// depth block [p, p + kc) holds rows(p) rows of nr values (pairs: rows(p) / 2 rows of nr pairs)
+// at data + p * Np + (j / nr) * nr * rows(p), rows(p) = min(kc, K - p) (pairs: rounded up to
+// even), Np = N rounded up to nr; zeros past N and past K.
+struct PackedHalf {
+  std::int64_t K = 0, N = 0, Np = 0;
+  int nr = 0, kc = 0;
+  bool pairs = false, bf16 = true;
+  std::vector<std::uint16_t, AlignedAllocator<std::uint16_t>> data;
+  std::int64_t rows(std::int64_t p) const {
+    const std::int64_t r = std::min<std::int64_t>(kc, K - p);
+    return pairs ? (r + 1) / 2 * 2 : r;
+  }
+  const std::uint16_t* panel(std::int64_t j, std::int64_t p) const { return data.data() + p * Np + (j / nr) * nr * rows(p); }
+};
+
+// The kernels of one 16-bit format in a table.
+inline const simd::HalfGemmKernels& half_gemm_kernels(const simd::KernelTable& t, bool bf16) {
+  return bf16 ? t.gemm_bf16 : t.gemm_f16;
+}
+
+// Packs B (K x N, row-major, leading dimension ldb; bf16 or f16 bits) for `kt`'s micro-kernel
+// (by default the dispatched ISA's). Throws std::bad_alloc.
+PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
+                       const simd::KernelTable* kt = nullptr);
+
+struct HalfGemmArgs {
+  std::int64_t M = 0, N = 0, K = 0;
+  const std::uint16_t* A = nullptr;  // M x K, leading dimension lda, the format B was packed in
+  std::int64_t lda = 0;
+  const PackedHalf* B = nullptr;     // columns [b_col, b_col + N) of it (b_col a multiple of its nr)
+  std::int64_t b_col = 0;
+  float* C = nullptr;                // M x N f32, leading dimension ldc
+  std::int64_t ldc = 0;
+  float beta = 0.0f;                 // beta == 0 never reads C
+};
+
+// threads as gemm(); `kt` must be the table B was packed for (by default the dispatched one).
+// Throws std::bad_alloc (scratch), std::logic_error if B was packed for another ISA.
+void gemm_half(const HalfGemmArgs& args, int threads, const simd::KernelTable* kt = nullptr);
+
+}  // namespace simdattn::detail

@@ -1,0 +1,79 @@
+// AVX512-BF16 build: the AVX-512 table with its bf16 GEMM replaced by vdpbf16ps kernels.
+// Compiled with the AVX-512 flags and -mavx512bf16 (see simd/CMakeLists.txt).
+//
+// vdpbf16ps multiplies the bf16 pairs of two vectors and adds both products of each pair to an
+// f32 lane: 32 multiply-adds per instruction where an f32 FMA does 16, reading the packed bf16
+// B panel (pairs of k) as it is, with no conversion. f16 keeps the AVX-512 conversion kernels.
+#include <immintrin.h>
+
+#include "impl/tables.hpp"
+
+namespace simdattn::simd {
+
+KernelTable make_table_avx512();
+
+namespace {
+
+constexpr int kMr = 12;  // 12 x 32 tile: 24 accumulators + 2 B vectors + 1 A broadcast
+constexpr int kNv = 2;   // vectors of 16 f32 columns (16 pairs of bf16 each)
+
+// The pair layout's micro-kernel (kernels.hpp, HalfGemmKernels::pairs): per pair of k steps,
+// two 64-byte loads of B's pairs, M broadcasts of A's pairs, M x 2 vdpbf16ps. Two pair steps a
+// loop iteration, so the counter and pointer updates take fewer issue slots.
+template <int M>
+void bf16_pairs_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp, float* C, std::int64_t ldc,
+                        float alpha, float beta) {
+  const auto* Ap = static_cast<const std::uint32_t*>(Ap_);
+  constexpr int NR = kNv * 16;
+  __m512 acc[M][kNv];
+#pragma GCC unroll 16
+  for (int i = 0; i < M; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < kNv; ++j) acc[i][j] = _mm512_setzero_ps();
+  const std::int64_t steps = (kc + 1) / 2;
+  auto step = [&](std::int64_t s) __attribute__((always_inline)) {
+    asm volatile("" ::: "memory");
+    __m512bh b[kNv];
+#pragma GCC unroll 2
+    for (int j = 0; j < kNv; ++j)
+      b[j] = (__m512bh)_mm512_load_si512(reinterpret_cast<const void*>(Bp + s * 2 * NR + j * 32));
+#pragma GCC unroll 16
+    for (int i = 0; i < M; ++i) {
+      const __m512bh a = (__m512bh)_mm512_set1_epi32(static_cast<int>(Ap[s * kMr + i]));
+#pragma GCC unroll 2
+      for (int j = 0; j < kNv; ++j) acc[i][j] = _mm512_dpbf16_ps(acc[i][j], a, b[j]);
+    }
+  };
+  std::int64_t s = 0;
+  for (; s + 2 <= steps; s += 2) {
+    step(s);
+    step(s + 1);
+  }
+  if (s < steps) step(s);
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+#pragma GCC unroll 16
+  for (int i = 0; i < M; ++i)
+#pragma GCC unroll 2
+    for (int j = 0; j < kNv; ++j) {
+      float* c = C + i * ldc + j * 16;
+      const __m512 r = _mm512_mul_ps(acc[i][j], va);
+      _mm512_storeu_ps(c, beta == 0.0f ? r : _mm512_fmadd_ps(_mm512_loadu_ps(c), vb, r));
+    }
+}
+
+}  // namespace
+
+KernelTable make_table_avx512_bf16() {
+  KernelTable t = make_table_avx512();
+  t.isa = Isa::avx512_bf16;
+  t.gemm_bf16 = {.mr = kMr,
+                 .nr = kNv * 16,
+                 .kc = 256,  // a 256-deep B panel of 32 bf16 columns (16 KiB) stays in L1
+                 .mc = 336,  // the mc x kc block of A's pairs (336 KiB) stays in L2
+                 .pairs = true,
+                 .ukernel = impl::rows_table<HalfGemmUkernel, kMr>(
+                     [](auto m) { return &bf16_pairs_ukernel<decltype(m)::value>; })};
+  return t;
+}
+
+}  // namespace simdattn::simd
