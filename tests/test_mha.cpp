@@ -7,7 +7,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <cstdio>
 #include <random>
+#include <tuple>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -76,12 +79,19 @@ std::vector<double> linear(const std::vector<double>& x, std::int64_t rows, std:
 std::vector<double> mha_reference(const Model& m, const std::vector<double>& xq, const std::vector<double>& xk,
                                   const std::vector<double>& xv, std::int64_t B, std::int64_t Sq, std::int64_t Sk,
                                   Causal causal, const std::vector<std::uint8_t>& padding = {},
-                                  const std::vector<double>& additive = {}) {
+                                  const std::vector<double>& additive = {}, double (*round)(double) = nullptr) {
   const MhaConfig& c = m.cfg;
   const std::int64_t H = c.heads, Hkv = c.kv_heads, hd = c.head_dim, nq = H * hd, nkv = Hkv * hd;
-  const auto q = linear(xq, B * Sq, c.d_model, m.w.wq, nq, m.w.bq);
-  const auto k = linear(xk, B * Sk, c.kdim, m.w.wk, nkv, m.w.bk);
-  const auto v = linear(xv, B * Sk, c.vdim, m.w.wv, nkv, m.w.bv);
+  // A bf16/f16 layer's activations are rounded to its dtype: the projections' outputs and the
+  // attention output (round == nullptr: f64 throughout).
+  auto rounded = [&](std::vector<double> a) {
+    if (round != nullptr)
+      for (double& x : a) x = round(x);
+    return a;
+  };
+  const auto q = rounded(linear(xq, B * Sq, c.d_model, m.w.wq, nq, m.w.bq));
+  const auto k = rounded(linear(xk, B * Sk, c.kdim, m.w.wk, nkv, m.w.bk));
+  const auto v = rounded(linear(xv, B * Sk, c.vdim, m.w.wv, nkv, m.w.bv));
   std::vector<double> o(std::size_t(B * Sq * nq), 0.0);
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < H; ++h) {
@@ -109,8 +119,43 @@ std::vector<double> mha_reference(const Model& m, const std::vector<double>& xq,
         }
       }
     }
-  return linear(o, B * Sq, nq, m.w.wo, c.d_model, m.w.bo);
+  return rounded(linear(rounded(o), B * Sq, nq, m.w.wo, c.d_model, m.w.bo));
 }
+
+template <class H>
+double round_to(double x) {
+  return detail::widen(detail::narrow<H>(x));
+}
+
+// The 16-bit formats, rounding doubles to nearest even.
+template <class H>
+std::vector<H> to_half(const std::vector<double>& v) {
+  std::vector<H> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if constexpr (std::is_same_v<H, bfloat16>) out[i] = to_bfloat16(v[i]);
+    else out[i] = to_float16(v[i]);
+  }
+  return out;
+}
+template <class H>
+std::vector<double> widened(const std::vector<H>& v) {
+  std::vector<double> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
+  return out;
+}
+// A model whose weights are rounded to H, and the same weights as H.
+template <class H>
+std::pair<Model, MhaWeights<H>> rounded_model(const Model& m) {
+  MhaWeights<H> h{to_half<H>(m.w.wq), to_half<H>(m.w.wk), to_half<H>(m.w.wv), to_half<H>(m.w.wo),
+                  to_half<H>(m.w.bq), to_half<H>(m.w.bk), to_half<H>(m.w.bv), to_half<H>(m.w.bo)};
+  Model r = m;
+  r.w = {widened(h.wq), widened(h.wk), widened(h.wv), widened(h.wo),
+         widened(h.bq), widened(h.bk), widened(h.bv), widened(h.bo)};
+  return {r, h};
+}
+// The contract's tolerance for each 16-bit format (docs/design.md, numerics).
+template <class H>
+constexpr double kHalfTol = std::is_same_v<H, bfloat16> ? 1e-2 : 2e-3;
 
 template <class T>
 double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
@@ -118,7 +163,10 @@ double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
   double scale = 1.0, err = 0.0;
   for (double x : want) scale = std::max(scale, std::abs(x));
   for (std::size_t i = 0; i < got.size(); ++i) {
-    const double d = std::abs(double(got[i]) - want[i]);
+    double g;
+    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) g = to_float(got[i]);
+    else g = double(got[i]);
+    const double d = std::abs(g - want[i]);
     err = std::max(err, std::isnan(d) ? INFINITY : d);
   }
   return err / scale;
@@ -323,4 +371,131 @@ TEST_CASE("KV cache: capacity, truncate and layer checks leave the cache as it w
   const MultiHeadAttention layer2(other.cfg, other.w);
   CHECK_THROWS_WITH_AS(layer2.forward(ConstSeqView(x.data(), 1, 1, 8), cache, SeqView(y.data(), 1, 1, 8)),
                        doctest::Contains("cache"), Error);
+}
+
+TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the float64 definition with the layer's "
+                   "roundings (projections and attention output rounded to its dtype)", H, bfloat16, float16) {
+  std::mt19937_64 rng(test::base_seed() + 36);
+  const std::int64_t B = 2, S = 11, d = 32;
+  for (auto [heads, kv, bias] : {std::tuple{4, 4, true}, std::tuple{8, 2, false}}) {
+    const auto [m, w] = rounded_model<H>(random_model(rng, d, heads, kv, d / heads, d, d, bias));
+    const MultiHeadAttention layer(m.cfg, w);
+    CHECK(layer.dtype() == dtype_of<H>());
+    const auto xh = to_half<H>(randn(rng, std::size_t(B * S * d)));
+    const auto x = widened(xh);
+    std::vector<std::uint8_t> padding(std::size_t(B * S), 0);
+    padding[2] = padding[S + 9] = 1;
+    for (Causal causal : {Causal::none, Causal::top_left}) {
+      const auto want = mha_reference(m, x, x, x, B, S, S, causal, padding, {}, &round_to<H>);
+      MhaOptions opt;
+      opt.causal = causal;
+      opt.key_padding_mask = padding;
+      for (Backend be : {Backend::native, Backend::reference}) {
+        CAPTURE(heads);
+        CAPTURE(int(causal));
+        CAPTURE(int(be));
+        opt.backend = be;
+        std::vector<H> y(std::size_t(B * S * d));
+        layer.forward(ConstSeqView(xh.data(), B, S, d), SeqView(y.data(), B, S, d), opt);
+        CHECK(max_rel_err(y, want) <= kHalfTol<H>);
+      }
+    }
+    // Cross-attention with an additive mask in the layer's dtype and padding (combined in f32).
+    const std::int64_t Sk = 7;
+    const auto kvh = to_half<H>(randn(rng, std::size_t(B * Sk * d)));
+    const auto kvx = widened(kvh);
+    const auto addh = to_half<H>(randn(rng, std::size_t(S * Sk)));
+    std::vector<std::uint8_t> pad(std::size_t(B * Sk), 0);
+    pad[3] = 1;
+    const auto want = mha_reference(m, x, kvx, kvx, B, S, Sk, Causal::none, pad, widened(addh), &round_to<H>);
+    MhaOptions opt;
+    opt.key_padding_mask = pad;
+    opt.attn_mask = ConstTensorView(addh.data(), {1, 1, S, Sk});
+    std::vector<H> y(std::size_t(B * S * d));
+    layer.forward(ConstSeqView(xh.data(), B, S, d), ConstSeqView(kvh.data(), B, Sk, d), ConstSeqView(kvh.data(), B, Sk, d),
+                  SeqView(y.data(), B, S, d), opt);
+    CHECK(max_rel_err(y, want) <= kHalfTol<H>);
+    // An input of another dtype is refused, naming it.
+    const auto xf = conv<float>(x);
+    CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(xf.data(), B, S, d), SeqView(y.data(), B, S, d)),
+                         doctest::Contains("query: dtype f32 differs from the layer's"), Error);
+  }
+}
+
+TEST_CASE("KV cache in bf16/f16, and caches of a dtype of their own: decode steps equal the full forward") {
+  std::mt19937_64 rng(test::base_seed() + 37);
+  const std::int64_t d = 32, heads = 4, kv = 2, n = 9, prompt = 4;
+  const Model m = random_model(rng, d, heads, kv, d / heads, d, d, true);
+  const auto [mb, wb] = rounded_model<bfloat16>(m);
+  const auto [mh, wh] = rounded_model<float16>(m);
+  const auto x = randn(rng, std::size_t(n * d));
+  const MultiHeadAttention f32(m.cfg, weights_as<float>(m.w)), bf16(mb.cfg, wb), f16(mh.cfg, wh);
+  // Runs the prompt then one token at a time through a cache of `dtype`; returns the outputs.
+  auto decode = [&]<class T>(const MultiHeadAttention& layer, DType dtype, std::vector<T> xt) {
+    KvCache cache(layer, 1, 16, dtype);
+    CHECK(cache.dtype() == dtype);
+    std::vector<T> y(xt.size());
+    layer.forward(ConstSeqView(xt.data(), 1, prompt, d), cache, SeqView(y.data(), 1, prompt, d));
+    for (std::int64_t t = prompt; t < n; ++t)
+      layer.forward(ConstSeqView(xt.data() + t * d, 1, 1, d), cache, SeqView(y.data() + t * d, 1, 1, d));
+    CHECK(cache.lengths()[0] == n);
+    return y;
+  };
+  // bf16 and f16 layers with caches in their dtype: the full forward's roundings.
+  {
+    const auto xb = to_half<bfloat16>(x);
+    const auto want = mha_reference(mb, widened(xb), widened(xb), widened(xb), 1, n, n, Causal::top_left, {}, {},
+                                    &round_to<bfloat16>);
+    CHECK(max_rel_err(decode(bf16, DType::bf16, xb), want) <= kHalfTol<bfloat16>);
+    // ... and with an f32 cache (K and V kept as the layer rounded them): the same numbers.
+    CHECK(max_rel_err(decode(bf16, DType::f32, xb), want) <= kHalfTol<bfloat16>);
+    const auto xh = to_half<float16>(x);
+    const auto want16 = mha_reference(mh, widened(xh), widened(xh), widened(xh), 1, n, n, Causal::top_left, {}, {},
+                                      &round_to<float16>);
+    CHECK(max_rel_err(decode(f16, DType::f16, xh), want16) <= kHalfTol<float16>);
+  }
+  // An f32 layer with bf16 and f16 caches (as llama.cpp keeps f16 caches beside f32
+  // activations): within each format's tolerance of the f64 forward.
+  const auto want = mha_reference(m, x, x, x, 1, n, n, Causal::top_left);
+  const auto xf = conv<float>(x);
+  CHECK(max_rel_err(decode(f32, DType::bf16, xf), want) <= kHalfTol<bfloat16>);
+  CHECK(max_rel_err(decode(f32, DType::f16, xf), want) <= kHalfTol<float16>);
+  CHECK(max_rel_err(decode(f32, DType::f32, xf), want) <= 2e-5);
+  CHECK_THROWS_WITH_AS(KvCache(f32, 1, 4, DType::u8), doctest::Contains("dtype: expected f32, f64, bf16 or f16"), Error);
+}
+
+TEST_CASE("bf16/f16 layers load from BF16 safetensors as they are, and from F32 rounded once") {
+  std::mt19937_64 rng(test::base_seed() + 38);
+  const std::int64_t d = 16, heads = 2;
+  const Model m = random_model(rng, d, heads, heads, d / heads, d, d, true);
+  const auto [mb, wb] = rounded_model<bfloat16>(m);
+  const std::string pb = test::temp_path("mha_bf16"), pf = test::temp_path("mha_f32");
+  auto put = [&](const std::string& path, DType dt, const auto& w) {
+    auto t = [&](const auto& v, std::vector<std::int64_t> shape) { return SafetensorsTensor{dt, std::move(shape), v.data()}; };
+    write_safetensors(path, {{"q_proj.weight", t(w.wq, {d, d})}, {"k_proj.weight", t(w.wk, {d, d})},
+                             {"v_proj.weight", t(w.wv, {d, d})}, {"o_proj.weight", t(w.wo, {d, d})},
+                             {"q_proj.bias", t(w.bq, {d})}, {"o_proj.bias", t(w.bo, {d})}});
+  };
+  MhaWeights<bfloat16> hf = wb;  // the file has no k/v biases
+  hf.bk.clear(), hf.bv.clear();
+  put(pb, DType::bf16, hf);
+  const auto wf = weights_as<float>(m.w);
+  put(pf, DType::f32, wf);
+  const auto xb = to_half<bfloat16>(randn(rng, std::size_t(3 * d)));
+  auto run = [&](const MultiHeadAttention& l) {
+    std::vector<bfloat16> y(xb.size());
+    l.forward(ConstSeqView(xb.data(), 1, 3, d), SeqView(y.data(), 1, 3, d));
+    std::vector<std::uint16_t> bits;
+    for (bfloat16 v : y) bits.push_back(v.bits);
+    return bits;
+  };
+  const MultiHeadAttention mem(MhaConfig{d, heads}, hf);
+  CHECK(run(MultiHeadAttention::from_safetensors(pb, heads, 0, "", DType::bf16)) == run(mem));
+  // F32 tensors rounded once to bf16 are the same weights.
+  MhaWeights<bfloat16> from_f32 = wb;
+  from_f32.bk.clear(), from_f32.bv.clear();
+  CHECK(run(MultiHeadAttention::from_safetensors(pf, heads, 0, "", DType::bf16)) ==
+        run(MultiHeadAttention(MhaConfig{d, heads}, from_f32)));
+  std::remove(pb.c_str());
+  std::remove(pf.c_str());
 }

@@ -17,9 +17,7 @@ using namespace simdattn;
 
 namespace {
 
-std::string temp_path(const std::string& name) {
-  return "/tmp/simdattn_st_" + std::to_string(::getpid()) + "_" + name + ".safetensors";
-}
+using test::temp_path;
 
 // A file from a raw JSON header and data section (no validation: for malformed files).
 std::string raw_file(const std::string& name, const std::string& header, const std::string& data,

@@ -12,6 +12,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <unistd.h>
+
 #include "element.hpp"
 #include "simdattn/simdattn.hpp"
 
@@ -173,6 +175,11 @@ double tolerance(double max_abs_v) {
   else if constexpr (std::is_same_v<T, bfloat16>) t = 1e-2;
   else if constexpr (std::is_same_v<T, float16>) t = 2e-3;
   return t * std::max(1.0, max_abs_v);
+}
+
+// A path in /tmp for a test's file, unique to this process.
+inline std::string temp_path(const std::string& name) {
+  return "/tmp/simdattn_test_" + std::to_string(::getpid()) + "_" + name + ".safetensors";
 }
 
 }  // namespace simdattn::test

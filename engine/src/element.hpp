@@ -2,7 +2,10 @@
 // it with one rounding (to nearest even; bf16/f16 directly, not through f32).
 #pragma once
 
+#include <cstdint>
+
 #include "simdattn/half.hpp"
+#include "simdattn/tensor.hpp"
 
 namespace simdattn::detail {
 
@@ -21,5 +24,15 @@ template <>
 inline bfloat16 narrow<bfloat16>(double d) noexcept { return to_bfloat16(d); }
 template <>
 inline float16 narrow<float16>(double d) noexcept { return to_float16(d); }
+
+// Element `off` of an array of dtype f32, f64, bf16 or f16 (an additive mask), widened exactly.
+inline double widen_at(const void* data, DType dtype, std::int64_t off) noexcept {
+  switch (dtype) {
+    case DType::f64: return static_cast<const double*>(data)[off];
+    case DType::bf16: return widen(static_cast<const bfloat16*>(data)[off]);
+    case DType::f16: return widen(static_cast<const float16*>(data)[off]);
+    default: return static_cast<const float*>(data)[off];
+  }
+}
 
 }  // namespace simdattn::detail

@@ -9,7 +9,9 @@
 #include <string>
 #include <utility>
 
+#include "element.hpp"
 #include "gemm.hpp"
+#include "gemm_half.hpp"
 #include "problem.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
@@ -25,24 +27,72 @@ using detail::Scratch;
 using detail::shape_str;
 using detail::thread_buffer;
 
+// An f32 sum rounded to bf16 or f16 (nearest even).
+template <class T>
+T round_float(float x) {
+  if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(x);
+  else return to_float16(x);
+}
+
+
+template <class T>
+constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+
+// A layer's weights, W^T packed once for its GEMM: the f32/f64 GEMM's panels, or the 16-bit
+// GEMM's (bf16 and f16 layers keep their weights in their dtype).
+template <class T>
+using Weights = std::conditional_t<kHalf<T>, detail::PackedHalf, detail::PackedB<T>>;
+
+// The panel width of T's GEMM: column groups packed side by side start at multiples of it.
+template <class T>
+std::int64_t weights_nr() {
+  if constexpr (kHalf<T>) return detail::half_gemm_kernels(simd::kernels(), std::is_same_v<T, bfloat16>).nr;
+  else return simd::kernels().gemm<T>().blocking.nr;
+}
+
+// B [K, N] (row-major, leading dimension ldb) packed for T's GEMM.
+template <class T>
+Weights<T> pack_weights(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N) {
+  if constexpr (kHalf<T>)
+    return detail::pack_half_b(reinterpret_cast<const std::uint16_t*>(B), ldb, K, N, std::is_same_v<T, bfloat16>);
+  else return detail::pack_matrix_b(B, ldb, K, N);
+}
 
 // y[M, N] = x[M, K] W^T + b (torch's nn.Linear), with W^T [K, ...] pre-packed for the GEMM
 // (columns col .. col + N - 1 of it): no call packs a weight, and a decode step's
-// matrix-vector product streams each panel once.
+// matrix-vector product streams each panel once. bf16/f16: the products and the bias summed in
+// f32, y rounded to nearest even.
 template <class T>
-void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const detail::PackedB<T>& w,
-            std::int64_t col, std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
+void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const Weights<T>& w, std::int64_t col,
+            std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
   if (M == 0 || N == 0) return;
-  GemmArgs<T> g;
-  g.M = M, g.N = N, g.K = K;
-  g.A = x, g.lda = ldx;
-  g.packed_b = &w, g.b_col = col;
-  g.C = y, g.ldc = ldy;
-  if (bias != nullptr) {
-    for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
-    g.beta = T(1);
+  if constexpr (kHalf<T>) {
+    float* acc = thread_buffer<float, Scratch::mha_linear_f32>().get(static_cast<std::size_t>(M * N));
+    detail::HalfGemmArgs g;
+    g.M = M, g.N = N, g.K = K;
+    g.A = reinterpret_cast<const std::uint16_t*>(x), g.lda = ldx;
+    g.B = &w, g.b_col = col;
+    g.C = acc, g.ldc = N;
+    if (bias != nullptr) {
+      for (std::int64_t j = 0; j < N; ++j) acc[j] = static_cast<float>(detail::widen(bias[j]));
+      for (std::int64_t m = 1; m < M; ++m) std::memcpy(acc + m * N, acc, sizeof(float) * N);
+      g.beta = 1.0f;
+    }
+    detail::gemm_half(g, threads);
+    for (std::int64_t m = 0; m < M; ++m)
+      for (std::int64_t j = 0; j < N; ++j) y[m * ldy + j] = round_float<T>(acc[m * N + j]);
+  } else {
+    GemmArgs<T> g;
+    g.M = M, g.N = N, g.K = K;
+    g.A = x, g.lda = ldx;
+    g.packed_b = &w, g.b_col = col;
+    g.C = y, g.ldc = ldy;
+    if (bias != nullptr) {
+      for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
+      g.beta = T(1);
+    }
+    detail::gemm(g, threads);
   }
-  detail::gemm(g, threads);
 }
 
 // dst[c * ld + r] = src[r * cols + c]: W [rows, cols] -> W^T [cols, rows] (leading dimension ld).
@@ -66,13 +116,13 @@ struct Layer {
   // packed: w_in holds all three, [d_model, n_in]; otherwise w_in holds Wq^T [d_model, nq],
   // w_k Wk^T [kdim, nkv], w_v Wv^T [vdim, nkv]. The biases b_in follow the column groups.
   std::int64_t k0 = 0, v0 = 0, n_in = 0;
-  detail::PackedB<T> w_in, w_k, w_v;
+  Weights<T> w_in, w_k, w_v;
   std::vector<T> b_in;            // empty if no input bias was given
-  detail::PackedB<T> wo;          // Wo^T [nq, d_model]
+  Weights<T> wo;                  // Wo^T [nq, d_model]
   std::vector<T> bo;
 
-  const detail::PackedB<T>& wk() const { return packed ? w_in : w_k; }
-  const detail::PackedB<T>& wv() const { return packed ? w_in : w_v; }
+  const Weights<T>& wk() const { return packed ? w_in : w_k; }
+  const Weights<T>& wv() const { return packed ? w_in : w_v; }
   std::int64_t k_col() const { return packed ? k0 : 0; }
   std::int64_t v_col() const { return packed ? v0 : 0; }
   const T* bq() const { return b_in.empty() ? nullptr : b_in.data(); }
@@ -84,11 +134,19 @@ struct Layer {
 struct MultiHeadAttention::Impl {
   DType dtype = DType::f32;
   MhaConfig cfg;
-  Layer<float> f32;
+  Layer<float> f32;  // the one of `dtype`; the others stay empty
   Layer<double> f64;
-  template <class T> const Layer<T>& layer() const {
-    if constexpr (sizeof(T) == 4) return f32;
-    else return f64;
+  Layer<bfloat16> bf16;
+  Layer<float16> f16;
+  // fn(layer) on the layer of `dtype`.
+  template <class Fn>
+  void visit(Fn&& fn) const {
+    switch (dtype) {
+      case DType::f64: fn(f64); break;
+      case DType::bf16: fn(bf16); break;
+      case DType::f16: fn(f16); break;
+      default: fn(f32);
+    }
   }
 };
 
@@ -141,29 +199,29 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   check_bias(w.bv, L.nkv, "weights.bv");
   check_bias(w.bo, cfg.d_model, "weights.bo");
   L.packed = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
-  const std::int64_t nr = simd::kernels().gemm<T>().blocking.nr;
+  const std::int64_t nr = weights_nr<T>();
   auto pad = [nr](std::int64_t n) { return (n + nr - 1) / nr * nr; };
   L.k0 = pad(L.nq);
   L.v0 = L.k0 + pad(L.nkv);
   L.n_in = L.v0 + pad(L.nkv);
   if (L.packed) {
-    std::vector<T> t(static_cast<std::size_t>(cfg.d_model * L.n_in), T(0));
+    std::vector<T> t(static_cast<std::size_t>(cfg.d_model * L.n_in), T{});
     transpose_into(w.wq, L.nq, cfg.d_model, t.data(), L.n_in);
     transpose_into(w.wk, L.nkv, cfg.kdim, t.data() + L.k0, L.n_in);
     transpose_into(w.wv, L.nkv, cfg.vdim, t.data() + L.v0, L.n_in);
-    L.w_in = detail::pack_matrix_b(t.data(), L.n_in, cfg.d_model, L.n_in);
+    L.w_in = pack_weights(t.data(), L.n_in, cfg.d_model, L.n_in);
   } else {
     auto pack_t = [](const std::vector<T>& wm, std::int64_t rows, std::int64_t cols) {
       std::vector<T> t(static_cast<std::size_t>(rows * cols));
       transpose_into(wm, rows, cols, t.data(), rows);
-      return detail::pack_matrix_b(t.data(), rows, cols, rows);
+      return pack_weights(t.data(), rows, cols, rows);
     };
     L.w_in = pack_t(w.wq, L.nq, cfg.d_model);
     L.w_k = pack_t(w.wk, L.nkv, cfg.kdim);
     L.w_v = pack_t(w.wv, L.nkv, cfg.vdim);
   }
   if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
-    L.b_in.assign(static_cast<std::size_t>(L.n_in), T(0));
+    L.b_in.assign(static_cast<std::size_t>(L.n_in), T{});
     std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
     std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.k0);
     std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.v0);
@@ -171,7 +229,7 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   {
     std::vector<T> t(w.wo.size());
     transpose_into(w.wo, cfg.d_model, L.nq, t.data(), cfg.d_model);
-    L.wo = detail::pack_matrix_b(t.data(), cfg.d_model, L.nq, cfg.d_model);
+    L.wo = pack_weights(t.data(), cfg.d_model, L.nq, cfg.d_model);
   }
   L.bo = std::move(w.bo);
   return L;
@@ -218,9 +276,10 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
   a.backend = o.backend;
   const bool padding = !o.key_padding_mask.empty();
   const bool additive = detail::view_given(o.attn_mask);
-  if (additive && o.attn_mask.dtype != DType::f32 && o.attn_mask.dtype != DType::f64)
-    throw Error("options.attn_mask", "expected an additive f32 or f64 mask, got " +
-                                         std::string(dtype_name(o.attn_mask.dtype)));
+  const DType md = o.attn_mask.dtype;
+  if (additive && md != DType::f32 && md != DType::f64 && md != DType::bf16 && md != DType::f16)
+    throw Error("options.attn_mask", "expected an additive f32, f64, bf16 or f16 mask, got " +
+                                         std::string(dtype_name(md)));
   if (padding && static_cast<std::int64_t>(o.key_padding_mask.size()) != B * Sk)
     throw Error("options.key_padding_mask", "expected B*Sk = " + std::to_string(B) + "*" + std::to_string(Sk) +
                                                 " entries ([B, Sk]), got " + std::to_string(o.key_padding_mask.size()));
@@ -243,16 +302,16 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
         throw Error("options.attn_mask", "shape " + shape_str({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
                                              " does not broadcast to " + shape_str({B, H, Sq, Sk}));
     const std::int64_t mh = am.shape[1], mi = am.shape[2];
-    T* m = thread_buffer<T, Scratch::mha_mask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
-    const T neg_inf = -std::numeric_limits<T>::infinity();
+    using M = std::conditional_t<kHalf<T>, float, T>;  // a 16-bit layer's combined mask in f32
+    M* m = thread_buffer<M, Scratch::mha_mask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
+    const M neg_inf = -std::numeric_limits<M>::infinity();
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < mh; ++h)
         for (std::int64_t i = 0; i < mi; ++i)
           for (std::int64_t j = 0; j < Sk; ++j) {
             const std::int64_t off = (am.shape[0] == 1 ? 0 : b) * am.strides[0] + h * am.strides[1] +
                                      i * am.strides[2] + (am.shape[3] == 1 ? 0 : j) * am.strides[3];
-            const T x = am.dtype == DType::f32 ? static_cast<T>(static_cast<const float*>(am.data)[off])
-                                               : static_cast<T>(static_cast<const double*>(am.data)[off]);
+            const M x = static_cast<M>(detail::widen_at(am.data, am.dtype, off));
             m[((b * mh + h) * mi + i) * Sk + j] = o.key_padding_mask[static_cast<std::size_t>(b * Sk + j)] ? neg_inf : x;
           }
     a.mask = ConstTensorView(m, {B, mh, mi, Sk});
@@ -317,11 +376,41 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
          opt.threads);
 }
 
+// `n` elements from src (dtype sd) to dst (dtype dd): copied when the dtypes match, else
+// rounded once to nearest even.
+void convert_elements(const void* src, DType sd, void* dst, DType dd, std::int64_t n) {
+  if (sd == dd) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * dtype_size(sd));
+    return;
+  }
+  auto store = [&]<class D>(D* d) {
+    for (std::int64_t i = 0; i < n; ++i) d[i] = detail::narrow<D>(detail::widen_at(src, sd, i));
+  };
+  switch (dd) {
+    case DType::f64: store(static_cast<double*>(dst)); break;
+    case DType::bf16: store(static_cast<bfloat16*>(dst)); break;
+    case DType::f16: store(static_cast<float16*>(dst)); break;
+    default: store(static_cast<float*>(dst));
+  }
+}
+
+// The cache's storage and dtype, as cached_forward needs them.
+struct CacheRef {
+  DType dtype;
+  std::vector<std::byte>& k;
+  std::vector<std::byte>& v;
+  std::vector<std::int64_t>& lengths;
+  std::vector<std::int64_t>& next;
+  std::int64_t capacity;
+};
+
 template <class T>
-void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<std::byte>& kbuf,
-                    std::vector<std::byte>& vbuf, std::vector<std::int64_t>& lengths, std::vector<std::int64_t>& next,
-                    std::int64_t capacity, const SeqView& out, const MhaOptions& opt) {
+void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                    const MhaOptions& opt) {
   const MhaConfig& c = L.cfg;
+  std::vector<std::int64_t>& lengths = cache.lengths;
+  std::vector<std::int64_t>& next = cache.next;
+  const std::int64_t capacity = cache.capacity;
   if (!L.packed)
     throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
   check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(lengths.size()), c.d_model);
@@ -344,17 +433,17 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
-  // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head). Rows past lengths[] are not part
-  // of the cache, so a failure below leaves it as it was.
-  T* kc = reinterpret_cast<T*>(kbuf.data());
-  T* vc = reinterpret_cast<T*>(vbuf.data());
+  // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's
+  // dtype. Rows past lengths[] are not part of the cache, so a failure below leaves it as it was.
+  const DType cd = cache.dtype;
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(cd));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t t = 0; t < Tn; ++t) {
         const T* src = p + (b * Tn + t) * N + hk * hd;
-        const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd;
-        std::memcpy(kc + row, src + L.k0, sizeof(T) * hd);
-        std::memcpy(vc + row, src + L.v0, sizeof(T) * hd);
+        const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd * esize;
+        convert_elements(src + L.k0, dtype_of<T>(), cache.k.data() + row, cd, hd);
+        convert_elements(src + L.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
       }
   AttentionOptions a;
   a.causal = Causal::bottom_right;
@@ -364,9 +453,22 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, std::vector<st
   // K/V views span the whole capacity (key lengths say how much is filled), so the attention
   // kernels size their scratch by the capacity once and decode steps allocate nothing.
   const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
-  const ConstTensorView q(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1});
-  attention(q, ConstTensorView(kc, {B, Hkv, capacity, hd}, kvs), ConstTensorView(vc, {B, Hkv, capacity, hd}, kvs),
-            TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
+  const ConstTensorView kc(cache.k.data(), cd, {B, Hkv, capacity, hd}, kvs);
+  const ConstTensorView vc(cache.v.data(), cd, {B, Hkv, capacity, hd}, kvs);
+  if (cd == dtype_of<T>()) {
+    attention(ConstTensorView(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1}), kc, vc,
+              TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
+  } else {
+    // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
+    // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
+    const std::int64_t n = M * L.nq;
+    std::byte* qc = thread_buffer<std::byte, Scratch::mha_cache_q>().get(static_cast<std::size_t>(n * esize));
+    std::byte* oc = thread_buffer<std::byte, Scratch::mha_cache_out>().get(static_cast<std::size_t>(n * esize));
+    for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
+    const Shape4 dense{Tn * L.nq, hd, L.nq, 1};
+    attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
+    convert_elements(oc, cd, o, dtype_of<T>(), n);
+  }
   linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
   std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
 }
@@ -387,6 +489,20 @@ MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<doubl
   impl_->f64 = build_layer(impl_->cfg, std::move(weights));
 }
 
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<bfloat16> weights)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = resolve(config);
+  impl_->dtype = DType::bf16;
+  impl_->bf16 = build_layer(impl_->cfg, std::move(weights));
+}
+
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float16> weights)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->cfg = resolve(config);
+  impl_->dtype = DType::f16;
+  impl_->f16 = build_layer(impl_->cfg, std::move(weights));
+}
+
 MultiHeadAttention::~MultiHeadAttention() = default;
 MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
 MultiHeadAttention& MultiHeadAttention::operator=(MultiHeadAttention&&) noexcept = default;
@@ -396,40 +512,40 @@ DType MultiHeadAttention::dtype() const noexcept { return impl_->dtype; }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
-  if (impl_->dtype == DType::f32) self_forward(impl_->f32, query, out, options);
-  else self_forward(impl_->f64, query, out, options);
+  impl_->visit([&](const auto& layer) { self_forward(layer, query, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
                                  const SeqView& out, const MhaOptions& options) const {
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
-  if (impl_->dtype == DType::f32) cross_forward(impl_->f32, query, key, value, out, options);
-  else cross_forward(impl_->f64, query, key, value, out, options);
+  impl_->visit([&](const auto& layer) { cross_forward(layer, query, key, value, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
   const MhaConfig& c = impl_->cfg;
-  if (cache.dtype_ != impl_->dtype || cache.kv_heads_ != c.kv_heads || cache.head_dim_ != c.head_dim)
-    throw Error("cache", "was made for another layer (dtype " + std::string(dtype_name(cache.dtype_)) + ", kv_heads " +
-                             std::to_string(cache.kv_heads_) + ", head_dim " + std::to_string(cache.head_dim_) + ")");
+  if (cache.kv_heads_ != c.kv_heads || cache.head_dim_ != c.head_dim)
+    throw Error("cache", "was made for another layer (kv_heads " + std::to_string(cache.kv_heads_) + ", head_dim " +
+                             std::to_string(cache.head_dim_) + "; this layer has " + std::to_string(c.kv_heads) +
+                             " and " + std::to_string(c.head_dim) + ")");
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
-  if (impl_->dtype == DType::f32)
-    cached_forward(impl_->f32, query, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
-                   out, options);
-  else
-    cached_forward(impl_->f64, query, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_,
-                   out, options);
+  const CacheRef ref{cache.dtype_, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_};
+  impl_->visit([&](const auto& layer) { cached_forward(layer, query, ref, out, options); });
 }
 
 // ---- KvCache -----------------------------------------------------------------------------------
 
 KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity)
-    : dtype_(layer.dtype()),
+    : KvCache(layer, batch, capacity, layer.dtype()) {}
+
+KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, DType dtype)
+    : dtype_(dtype),
       batch_(batch),
       kv_heads_(layer.config().kv_heads),
       head_dim_(layer.config().head_dim),
       capacity_(capacity) {
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
   if (batch < 1) throw Error("batch", "expected >= 1, got " + std::to_string(batch));
   if (capacity < 1) throw Error("capacity", "expected >= 1, got " + std::to_string(capacity));
   std::int64_t elems = 0, bytes64 = 0;
@@ -578,7 +694,9 @@ MultiHeadAttention MultiHeadAttention::from_safetensors(const std::string& path,
   const SafetensorsFile f(path);
   if (dtype == DType::f32) return load_layer<float>(f, heads, kv_heads, prefix);
   if (dtype == DType::f64) return load_layer<double>(f, heads, kv_heads, prefix);
-  throw Error("dtype", "expected f32 or f64, got " + std::string(dtype_name(dtype)));
+  if (dtype == DType::bf16) return load_layer<bfloat16>(f, heads, kv_heads, prefix);
+  if (dtype == DType::f16) return load_layer<float16>(f, heads, kv_heads, prefix);
+  throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
 }
 
 }  // namespace simdattn

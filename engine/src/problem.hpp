@@ -66,13 +66,7 @@ struct Problem {
     return static_cast<const std::uint8_t*>(mask)[mask_offset(b, h, i, j)] != 0;
   }
   double mask_add(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    const std::int64_t off = mask_offset(b, h, i, j);
-    switch (mask_dtype) {
-      case DType::f64: return static_cast<const double*>(mask)[off];
-      case DType::bf16: return widen(static_cast<const bfloat16*>(mask)[off]);
-      case DType::f16: return widen(static_cast<const float16*>(mask)[off]);
-      default: return static_cast<const float*>(mask)[off];
-    }
+    return widen_at(mask, mask_dtype, mask_offset(b, h, i, j));
   }
 };
 

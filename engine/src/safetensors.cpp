@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "element.hpp"
 #include "file_io.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
@@ -194,24 +195,28 @@ std::vector<T> SafetensorsFile::read(const std::string& name, const std::vector<
   std::size_t n = 1;
   for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
   std::vector<T> out(n);
-  // Element i of the file's dtype S, as T (the data is not aligned in general).
-  auto convert = [&]<class S>(S, auto to_value) {
+  // Element i of the file's dtype S, as T: kept when S is T, else rounded once to nearest even
+  // (the data is not aligned in general).
+  auto convert = [&]<class S>(S) {
     for (std::size_t i = 0; i < n; ++i) {
       S x;
       std::memcpy(&x, t.data + i * sizeof x, sizeof x);
-      out[i] = static_cast<T>(to_value(x));
+      out[i] = detail::narrow<T>(detail::widen(x));
     }
   };
-  if (t.dtype == "F32") convert(float{}, [](float x) { return x; });
-  else if (t.dtype == "F64") convert(double{}, [](double x) { return x; });
-  else if (t.dtype == "BF16") convert(bfloat16{}, [](bfloat16 x) { return to_float(x); });
-  else if (t.dtype == "F16") convert(float16{}, [](float16 x) { return to_float(x); });
+  if (t.dtype == "F32") convert(float{});
+  else if (t.dtype == "F64") convert(double{});
+  else if (t.dtype == "BF16") convert(bfloat16{});
+  else if (t.dtype == "F16") convert(float16{});
   else throw Error(path_, "tensor '" + name + "' has dtype " + t.dtype + ", expected F32, F64, BF16 or F16");
   return out;
 }
 
 template std::vector<float> SafetensorsFile::read<float>(const std::string&, const std::vector<std::int64_t>&) const;
 template std::vector<double> SafetensorsFile::read<double>(const std::string&, const std::vector<std::int64_t>&) const;
+template std::vector<bfloat16> SafetensorsFile::read<bfloat16>(const std::string&,
+                                                              const std::vector<std::int64_t>&) const;
+template std::vector<float16> SafetensorsFile::read<float16>(const std::string&, const std::vector<std::int64_t>&) const;
 
 void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {

@@ -61,6 +61,9 @@ enum class Scratch : int {
   mha_attention_out,    // MHA layer: the attention output [B, Sq, H*hd]
   mha_mask,             // MHA layer: key padding combined with an additive mask
   mha_padding_mask,     // MHA layer: key padding as a boolean mask
+  mha_linear_f32,       // MHA layer, bf16/f16: a projection's f32 sums before rounding
+  mha_cache_q,          // MHA layer, a cache of another dtype: q and the output in the cache's dtype
+  mha_cache_out,
   widened_q,            // native backend, bf16/f16 operands: f32 copies of q, k, v and out
   widened_k,
   widened_v,

@@ -38,7 +38,8 @@ struct MhaConfig {
   std::int64_t vdim = 0;      // value input width (0: d_model)
 };
 
-// Weights in torch's layout, f32 or f64 (the layer's dtype). Empty bias = no bias.
+// Weights in torch's layout, f32, f64, bfloat16 or float16 (the layer's dtype). Empty bias = no
+// bias.
 template <class T>
 struct MhaWeights {
   std::vector<T> wq, wk, wv, wo;
@@ -70,7 +71,8 @@ struct MhaOptions {
   Causal causal = Causal::none;
   // [B, Sk], nonzero = padding (that key is ignored), as torch's key_padding_mask. Empty: none.
   std::span<const std::uint8_t> key_padding_mask;
-  // Additive float mask (f32 or f64), broadcastable to [B, H, Sq, Sk] as in attention().
+  // Additive float mask (f32, f64, bf16 or f16), broadcastable to [B, H, Sq, Sk] as in
+  // attention().
   ConstTensorView attn_mask;
   int threads = 0;
   Backend backend = Backend::native;
@@ -83,12 +85,18 @@ class MultiHeadAttention {
   // Validates the configuration and the weight sizes; throws Error naming the weight.
   MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights);
   MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights);
+  // bf16/f16 layers keep weights, activations and (by default) the cache in their dtype: each
+  // projection sums its products and bias in f32 and rounds to nearest even.
+  MultiHeadAttention(const MhaConfig& config, MhaWeights<bfloat16> weights);
+  MultiHeadAttention(const MhaConfig& config, MhaWeights<float16> weights);
 
   // Loads one layer from a safetensors file (see docs/design.md for the two naming conventions):
   // torch's in_proj_weight / q_proj_weight+k_proj_weight+v_proj_weight, in_proj_bias,
   // out_proj.weight, out_proj.bias; or Hugging Face's q_proj/k_proj/v_proj/o_proj .weight with
   // optional .bias. Names are looked up under `prefix`. d_model, head_dim, kdim and vdim come
-  // from the shapes; kv_heads too when given as 0. F32, F64, BF16 and F16 tensors convert to `dtype`.
+  // from the shapes; kv_heads too when given as 0. The layer has `dtype` (f32, f64, bf16 or
+  // f16); F32, F64, BF16 and F16 tensors are kept as they are when that is their dtype, else
+  // rounded to it once (nearest even).
   static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads,
                                              std::int64_t kv_heads = 0, const std::string& prefix = "",
                                              DType dtype = DType::f32);
@@ -126,11 +134,17 @@ class MultiHeadAttention {
 // contiguously.
 class KvCache {
  public:
+  // A cache in the layer's dtype, or in a dtype of its own (f32, f64, bf16 or f16; e.g. an f32
+  // layer with a bf16 cache, half the bytes a decode step reads). With a dtype of its own the
+  // cache holds the layer's K and V rounded to it (nearest even), and the attention core runs in
+  // the cache's dtype: q is converted to it, the output back to the layer's.
   KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity);
+  KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, DType dtype);
 
   std::int64_t batch() const noexcept { return batch_; }
   std::int64_t capacity() const noexcept { return capacity_; }
   std::span<const std::int64_t> lengths() const noexcept { return lengths_; }
+  DType dtype() const noexcept { return dtype_; }
 
   void reset() noexcept;                                   // every sequence back to length 0
   void truncate(std::int64_t sequence, std::int64_t length);  // keep the first `length` tokens

@@ -40,8 +40,9 @@ class SafetensorsFile {
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
   bool contains(const std::string& name) const { return tensors_.count(name) != 0; }
 
-  // The tensor `name` converted to T (float or double) from F32, F64, BF16 or F16, checked
-  // against `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another
+  // The tensor `name` as T (float, double, bfloat16 or float16) from F32, F64, BF16 or F16:
+  // kept as it is when the dtypes match, else rounded once to nearest even; checked against
+  // `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another
   // shape or another dtype.
   template <class T>
   std::vector<T> read(const std::string& name, const std::vector<std::int64_t>& shape) const;
