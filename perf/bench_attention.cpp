@@ -22,12 +22,7 @@ struct Inputs {
   std::vector<T> q, k, v, o;
 };
 
-template <class T>
-T from_float(float x) {
-  if constexpr (std::is_same_v<T, simdattn::bfloat16>) return simdattn::to_bfloat16(x);
-  else if constexpr (std::is_same_v<T, simdattn::float16>) return simdattn::to_float16(x);
-  else return x;
-}
+using simdattn::perf::from_float;
 
 template <class T>
 Inputs<T> make_inputs(const simdattn::Workload& w) {

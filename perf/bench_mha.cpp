@@ -6,6 +6,9 @@
 // 16 heads) against a KV cache holding N tokens; the cache is truncated back to N after every
 // step. GB/s counts the bytes a step must read (the four weight matrices and the cache's K and
 // V); counters p50_ms, p90_ms, p99_ms give the latency distribution over all steps timed.
+//
+// mha/native/<layer>.bf16 and .f16, decode/native/gpt-layer-kv<N>.bf16 and .f16: the same
+// layers with weights, inputs and cache rounded to that dtype (bytes counted in 2-byte elements).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -28,22 +31,26 @@ struct LayerWorkload {
 constexpr LayerWorkload kLayers[] = {{"bert-layer", 1, 128, 768, 12, simdattn::Causal::none},
                                      {"gpt-layer", 1, 1024, 1024, 16, simdattn::Causal::top_left}};
 
+using simdattn::perf::from_float;
+
+template <class T>
 simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H) {
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0.f, 1.f / 32.f);
   auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (float& e : x) e = n(rng);
+    std::vector<T> x(static_cast<std::size_t>(k));
+    for (T& e : x) e = from_float<T>(n(rng));
     return x;
   };
   return simdattn::MultiHeadAttention(simdattn::MhaConfig{d, H},
-                                      simdattn::MhaWeights<float>{v(d * d), v(d * d), v(d * d), v(d * d), v(d), v(d),
-                                                                  v(d), v(d)});
+                                      simdattn::MhaWeights<T>{v(d * d), v(d * d), v(d * d), v(d * d), v(d), v(d),
+                                                              v(d), v(d)});
 }
 
+template <class T>
 void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend backend, int threads) {
-  const auto layer = make_layer(w.d, w.H);
-  std::vector<float> x(static_cast<std::size_t>(w.B * w.S * w.d), 0.1f), y(x.size());
+  const auto layer = make_layer<T>(w.d, w.H);
+  std::vector<T> x(static_cast<std::size_t>(w.B * w.S * w.d), from_float<T>(0.1f)), y(x.size());
   simdattn::MhaOptions opt;
   opt.backend = backend;
   opt.threads = threads;
@@ -55,18 +62,19 @@ void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend bac
   });
 }
 
+template <class T>
 void bench_decode(benchmark::State& state, std::int64_t cached, simdattn::Backend backend, int threads) {
   const std::int64_t d = 1024, H = 16;
-  const auto layer = make_layer(d, H);
+  const auto layer = make_layer<T>(d, H);
   simdattn::KvCache cache(layer, 1, cached + 1);
   simdattn::MhaOptions opt;
   opt.backend = backend;
   opt.threads = threads;
   {  // fill the cache with `cached` tokens
-    std::vector<float> x(static_cast<std::size_t>(cached * d), 0.1f), y(x.size());
+    std::vector<T> x(static_cast<std::size_t>(cached * d), from_float<T>(0.1f)), y(x.size());
     layer.forward(simdattn::ConstSeqView(x.data(), 1, cached, d), cache, simdattn::SeqView(y.data(), 1, cached, d), opt);
   }
-  std::vector<float> x(static_cast<std::size_t>(d), 0.2f), y(x.size());
+  std::vector<T> x(static_cast<std::size_t>(d), from_float<T>(0.2f)), y(x.size());
   auto step = [&] {
     layer.forward(simdattn::ConstSeqView(x.data(), 1, 1, d), cache, simdattn::SeqView(y.data(), 1, 1, d), opt);
     cache.truncate(0, cached);
@@ -74,7 +82,7 @@ void bench_decode(benchmark::State& state, std::int64_t cached, simdattn::Backen
   step();  // warm-up
   std::vector<double> ms;
   ms.reserve(100000);
-  const double bytes = 4.0 * (4.0 * double(d) * double(d) + 2.0 * double(cached) * double(d));
+  const double bytes = double(sizeof(T)) * (4.0 * double(d) * double(d) + 2.0 * double(cached) * double(d));
   simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
     const auto t0 = std::chrono::steady_clock::now();
     step();
@@ -97,14 +105,26 @@ int register_all() {
       const std::string ts = "/t" + std::to_string(t);
       for (const LayerWorkload& w : kLayers) {
         if (b == Backend::reference && std::string(w.name) != "bert-layer") continue;  // minutes otherwise
-        benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer, w, b, t)
+        benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer<float>, w, b, t)
+            ->Unit(benchmark::kMillisecond);
+        if (b != Backend::native) continue;
+        benchmark::RegisterBenchmark(("mha/native/" + std::string(w.name) + ".bf16" + ts).c_str(),
+                                     bench_layer<simdattn::bfloat16>, w, b, t)
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark(("mha/native/" + std::string(w.name) + ".f16" + ts).c_str(),
+                                     bench_layer<simdattn::float16>, w, b, t)
             ->Unit(benchmark::kMillisecond);
       }
       if (b == Backend::reference) continue;
-      for (std::int64_t n : {512, 4096})
-        benchmark::RegisterBenchmark(("decode/" + be + "/gpt-layer-kv" + std::to_string(n) + ts).c_str(),
-                                     bench_decode, n, b, t)
+      for (std::int64_t n : {512, 4096}) {
+        const std::string name = "decode/" + be + "/gpt-layer-kv" + std::to_string(n);
+        benchmark::RegisterBenchmark((name + ts).c_str(), bench_decode<float>, n, b, t)->Unit(benchmark::kMillisecond);
+        if (b != Backend::native) continue;
+        benchmark::RegisterBenchmark((name + ".bf16" + ts).c_str(), bench_decode<simdattn::bfloat16>, n, b, t)
             ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark((name + ".f16" + ts).c_str(), bench_decode<simdattn::float16>, n, b, t)
+            ->Unit(benchmark::kMillisecond);
+      }
     }
   }
   return 0;

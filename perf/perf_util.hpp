@@ -4,7 +4,10 @@
 #include <benchmark/benchmark.h>
 
 #include <chrono>
+#include <type_traits>
 #include <utility>
+
+#include "simdattn/half.hpp"
 
 namespace simdattn::perf {
 
@@ -13,6 +16,14 @@ namespace simdattn::perf {
 // runs). `per_iter` is FLOPs (counter "GFLOP/s") or bytes (counter "GB/s") per call. Benchmarks
 // keep their plain `<op>/<backend>/<workload>/t<threads>` names (UseRealTime would append
 // "/real_time").
+// x as T: float itself, or rounded to bf16 / f16 (nearest even).
+template <class T>
+T from_float(float x) {
+  if constexpr (std::is_same_v<T, simdattn::bfloat16>) return simdattn::to_bfloat16(x);
+  else if constexpr (std::is_same_v<T, simdattn::float16>) return simdattn::to_float16(x);
+  else return x;
+}
+
 template <class Body>
 void timed_loop(benchmark::State& state, double per_iter, const char* counter, Body&& body) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -224,8 +224,10 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
                           {13, 96, 3},  {40, 33, 513}, {100, 200, 64}, {1, 300, 600}, {97, 65, 300}};
   for (const simd::KernelTable* kt : test::kernel_tables()) {
     CAPTURE(simd::isa_name(kt->isa));
-    for (bool bf16 : {true, false}) {
-      CAPTURE(bf16);
+    for (int variant = 0; variant < 3; ++variant) {  // bf16, f16, bf16 on vdpbf16ps (pairs)
+      const bool bf16 = variant != 1, pairs = variant == 2;
+      if (pairs && kt->gemm_bf16_pairs.mr == 0) continue;
+      CAPTURE(variant);
       auto round = [&](double x) { return bf16 ? to_bfloat16(x).bits : to_float16(x).bits; };
       auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
       for (const Shape& s : shapes) {
@@ -234,12 +236,13 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
         CAPTURE(s.K);
         // B is the first N columns of a wider matrix packed whole; the call takes a later
         // column group (b_col) when there is room for one.
-        const std::int64_t nr = detail::half_gemm_kernels(*kt, bf16).nr;
+        const std::int64_t nr = detail::half_gemm_kernels(*kt, bf16, pairs).nr;
         const std::int64_t b_col = s.N % 2 == 0 ? nr : 0, NB = b_col + s.N + 5, lda = s.K + 3, ldc = s.N + 2;
         std::vector<std::uint16_t> A(static_cast<std::size_t>(s.M * lda)), B(static_cast<std::size_t>(s.K * NB));
         for (auto& a : A) a = round(nd(rng));
         for (auto& b : B) b = round(nd(rng));
-        const detail::PackedHalf pb = detail::pack_half_b(B.data(), NB, s.K, NB, bf16, kt);
+        const detail::PackedHalf pb = detail::pack_half_b(B.data(), NB, s.K, NB, bf16, kt, pairs);
+        CHECK(pb.pairs == pairs);
         for (float beta : {0.0f, 0.5f}) {
           for (int threads : {1, 2}) {
             std::vector<float> C(static_cast<std::size_t>(s.M * ldc), beta == 0.0f ? NAN : 0.25f);
@@ -264,6 +267,43 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit (but a NaN's quiet bit): every pattern widened, "
+          "ties, overflow, subnormals, NaN and random f32 narrowed" * doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 44);
+  std::vector<std::uint16_t> all(65536 + 5);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> f;
+  for (std::uint32_t u : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                          0x477fe000u, 0x477ff000u, 0x477fefffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u,
+                          0x3f808000u, 0x3f818000u, 0x3f800fffu, 0x3f801000u, 0x3f803000u, 0x7f7fffffu, 0x00000001u})
+    f.push_back(detail::bits_float(u));
+  std::uniform_int_distribution<std::uint32_t> bits;
+  while (f.size() < 200003) f.push_back(detail::bits_float(bits(rng)));
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    CAPTURE(simd::isa_name(kt->isa));
+    for (bool bf16 : {true, false}) {
+      CAPTURE(bf16);
+      const simd::HalfConvertKernels& c = bf16 ? kt->convert_bf16 : kt->convert_f16;
+      std::vector<float> w(all.size());
+      c.widen(all.data(), w.data(), static_cast<std::int64_t>(all.size()));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const float want = bf16 ? to_float(bfloat16{all[i]}) : to_float(float16{all[i]});
+        // F16C's vcvtph2ps quiets a signalling NaN: NaN stays NaN, its quiet bit may differ.
+        if (std::isnan(want)) wrong += !std::isnan(w[i]);
+        else wrong += detail::float_bits(w[i]) != detail::float_bits(want);
+      }
+      CHECK(wrong == 0);
+      std::vector<std::uint16_t> h(f.size());
+      c.narrow(f.data(), h.data(), static_cast<std::int64_t>(f.size()));
+      wrong = 0;
+      for (std::size_t i = 0; i < f.size(); ++i) wrong += h[i] != (bf16 ? to_bfloat16(f[i]).bits : to_float16(f[i]).bits);
+      CHECK(wrong == 0);
     }
   }
 }

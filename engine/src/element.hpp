@@ -3,8 +3,10 @@
 #pragma once
 
 #include <cstdint>
+#include <cstring>
 
 #include "simdattn/half.hpp"
+#include "simdattn/simd/kernels.hpp"
 #include "simdattn/tensor.hpp"
 
 namespace simdattn::detail {
@@ -32,6 +34,36 @@ inline double widen_at(const void* data, DType dtype, std::int64_t off) noexcept
     case DType::bf16: return widen(static_cast<const bfloat16*>(data)[off]);
     case DType::f16: return widen(static_cast<const float16*>(data)[off]);
     default: return static_cast<const float*>(data)[off];
+  }
+}
+
+// n elements from src (dtype sd) to dst (dtype dd), each of f32, f64, bf16 or f16: copied when
+// the dtypes match, else rounded once to nearest even (f32 <-> bf16/f16 on the SIMD kernels).
+inline void convert_elements(const void* src, DType sd, void* dst, DType dd, std::int64_t n) {
+  if (sd == dd) {
+    std::memcpy(dst, src, static_cast<std::size_t>(n) * dtype_size(sd));
+    return;
+  }
+  const simd::KernelTable& kt = simd::kernels();
+  const bool half_src = sd == DType::bf16 || sd == DType::f16, half_dst = dd == DType::bf16 || dd == DType::f16;
+  if (half_src && dd == DType::f32) {
+    (sd == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).widen(static_cast<const std::uint16_t*>(src),
+                                                                static_cast<float*>(dst), n);
+    return;
+  }
+  if (sd == DType::f32 && half_dst) {
+    (dd == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).narrow(static_cast<const float*>(src),
+                                                                 static_cast<std::uint16_t*>(dst), n);
+    return;
+  }
+  auto store = [&]<class D>(D* d) {
+    for (std::int64_t i = 0; i < n; ++i) d[i] = narrow<D>(widen_at(src, sd, i));
+  };
+  switch (dd) {
+    case DType::f64: store(static_cast<double*>(dst)); break;
+    case DType::bf16: store(static_cast<bfloat16*>(dst)); break;
+    case DType::f16: store(static_cast<float16*>(dst)); break;
+    default: store(static_cast<float*>(dst));
   }
 }
 

@@ -10,43 +10,42 @@
 namespace simdattn::detail {
 namespace {
 
-inline float widen_bits(std::uint16_t h, bool bf16) {
-  return bf16 ? to_float(bfloat16{h}) : to_float(float16{h});
-}
-
 // The micro-panels of rows [i0, i0 + mc) of A at depth [p0, p0 + kc), mr rows each (zero past
-// mc): f32 values, or bf16 pairs read as one 32-bit word (little-endian: the first k in the
-// low half) where both halves exist.
-void pack_a(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, bool bf16, std::int64_t i0, std::int64_t mc,
-            std::int64_t p0, std::int64_t kc, void* Ap) {
+// mc), with the SIMD kernels: f32 values (each row widened, then the f32 transposing pack), or
+// bf16 pairs, which are 32-bit words: the same transposing pack moves them as they are (an odd
+// row stride or depth, which splits a pair, goes word by word).
+void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk, bool bf16,
+            std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc, void* Ap) {
   const int mr = hk.mr;
+  const simd::VectorKernels<float>& vk = kt.vec<float>();
   const std::int64_t steps = hk.pairs ? (kc + 1) / 2 : kc;
   for (std::int64_t ir = 0; ir < mc; ir += mr) {
     const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
-    if (hk.pairs) {
+    const std::uint16_t* a0 = g.A + (i0 + ir) * g.lda + p0;
+    if (hk.pairs && g.lda % 2 == 0 && p0 % 2 == 0 && kc % 2 == 0) {
+      vk.pack_transpose(reinterpret_cast<const float*>(a0), g.lda / 2, m, steps,
+                        static_cast<float*>(Ap) + ir * steps, mr, mr);
+    } else if (hk.pairs) {
       auto* dst = static_cast<std::uint32_t*>(Ap) + ir * steps;
-      for (std::int64_t r = 0; r < m; ++r) {
-        const std::uint16_t* a = g.A + (i0 + ir + r) * g.lda + p0;
-        std::int64_t s = 0;
-        for (; 2 * s + 1 < kc; ++s) dst[s * mr + r] = std::uint32_t{a[2 * s]} | std::uint32_t{a[2 * s + 1]} << 16;
-        if (s < steps) dst[s * mr + r] = a[2 * s];
+      for (std::int64_t r = 0; r < mr; ++r) {
+        const std::uint16_t* a = a0 + r * g.lda;
+        for (std::int64_t s = 0; s < steps; ++s) {
+          const std::uint32_t lo = r < m ? a[2 * s] : 0u, hi = r < m && 2 * s + 1 < kc ? a[2 * s + 1] : 0u;
+          dst[s * mr + r] = lo | hi << 16;
+        }
       }
-      for (std::int64_t r = m; r < mr; ++r)
-        for (std::int64_t s = 0; s < steps; ++s) dst[s * mr + r] = 0;
     } else {
-      float* dst = static_cast<float*>(Ap) + ir * steps;
-      for (std::int64_t r = 0; r < m; ++r) {
-        const std::uint16_t* a = g.A + (i0 + ir + r) * g.lda + p0;
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = widen_bits(a[k], bf16);
-      }
-      for (std::int64_t r = m; r < mr; ++r)
-        for (std::int64_t k = 0; k < kc; ++k) dst[k * mr + r] = 0.0f;
+      float* rows = thread_buffer<float, Scratch::gemm_widened_a>().get(static_cast<std::size_t>(mr * kc));
+      const simd::HalfConvertKernels& cv = bf16 ? kt.convert_bf16 : kt.convert_f16;
+      for (std::int64_t r = 0; r < m; ++r) cv.widen(a0 + r * g.lda, rows + r * kc, kc);
+      vk.pack_transpose(rows, kc, m, kc, static_cast<float*>(Ap) + ir * steps, mr, mr);
     }
   }
 }
 
 // Rows [i_begin, i_end) by column panels [q_begin, q_end) of C, on this thread's buffers.
-void gemm_block(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, std::int64_t i_begin, std::int64_t i_end,
+void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk,
+                std::int64_t i_begin, std::int64_t i_end,
                 std::int64_t q_begin, std::int64_t q_end) {
   const PackedHalf& b = *g.B;
   const int mr = hk.mr, nr = hk.nr;
@@ -59,7 +58,7 @@ void gemm_block(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, std::int
     for (std::int64_t pc = 0; pc < g.K; pc += hk.kc) {
       const std::int64_t kc = std::min<std::int64_t>(hk.kc, g.K - pc);
       const std::int64_t panel_words = mr * (hk.pairs ? (kc + 1) / 2 : kc);
-      pack_a(g, hk, b.bf16, ic, mc, pc, kc, Ap);
+      pack_a(g, kt, hk, b.bf16, ic, mc, pc, kc, Ap);
       const float beta = pc == 0 ? g.beta : 1.0f;
       for (std::int64_t q = q_begin; q < q_end; ++q) {
         const std::int64_t j = q * nr, n = std::min<std::int64_t>(nr, g.N - j);
@@ -87,8 +86,9 @@ void gemm_block(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, std::int
 }  // namespace
 
 PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
-                       const simd::KernelTable* kt) {
-  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), bf16);
+                       const simd::KernelTable* kt, bool pairs) {
+  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
+  if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack_half_b: this table has no such kernels");
   PackedHalf pb;
   pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16;
   pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
@@ -111,7 +111,8 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
 
 void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) {
   if (g.M <= 0 || g.N <= 0) return;
-  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), g.B->bf16);
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  const simd::HalfGemmKernels& hk = half_gemm_kernels(table, g.B->bf16, g.B->pairs);
   const PackedHalf& b = *g.B;
   if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 ||
       g.b_col + g.N > b.N)
@@ -135,11 +136,11 @@ void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) 
   RegionFailure failure;
   if (row_tiles >= 8 * std::int64_t{nt}) {
     parallel_for(row_tiles, nt, 1, [&](std::int64_t t0, std::int64_t t1) {
-      failure.guard([&] { gemm_block(g, hk, t0 * hk.mr, std::min(g.M, t1 * hk.mr), 0, panels); });
+      failure.guard([&] { gemm_block(g, table, hk, t0 * hk.mr, std::min(g.M, t1 * hk.mr), 0, panels); });
     });
   } else {
     parallel_for(panels, nt, 1, [&](std::int64_t q0, std::int64_t q1) {
-      failure.guard([&] { gemm_block(g, hk, 0, g.M, q0, q1); });
+      failure.guard([&] { gemm_block(g, table, hk, 0, g.M, q0, q1); });
     });
   }
   failure.rethrow();

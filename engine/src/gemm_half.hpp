@@ -32,15 +32,17 @@ struct PackedHalf {
   const std::uint16_t* panel(std::int64_t j, std::int64_t p) const { return data.data() + p * Np + (j / nr) * nr * rows(p); }
 };
 
-// The kernels of one 16-bit format in a table.
-inline const simd::HalfGemmKernels& half_gemm_kernels(const simd::KernelTable& t, bool bf16) {
-  return bf16 ? t.gemm_bf16 : t.gemm_f16;
+// The kernels of one 16-bit format in a table (pairs: bf16's vdpbf16ps kernels, which only an
+// AVX512-BF16 table has).
+inline const simd::HalfGemmKernels& half_gemm_kernels(const simd::KernelTable& t, bool bf16, bool pairs = false) {
+  return pairs ? t.gemm_bf16_pairs : bf16 ? t.gemm_bf16 : t.gemm_f16;
 }
 
 // Packs B (K x N, row-major, leading dimension ldb; bf16 or f16 bits) for `kt`'s micro-kernel
-// (by default the dispatched ISA's). Throws std::bad_alloc.
+// (by default the dispatched ISA's; pairs: its vdpbf16ps kernels, bf16 on AVX512-BF16 only).
+// Throws std::bad_alloc.
 PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
-                       const simd::KernelTable* kt = nullptr);
+                       const simd::KernelTable* kt = nullptr, bool pairs = false);
 
 struct HalfGemmArgs {
   std::int64_t M = 0, N = 0, K = 0;
@@ -53,7 +55,8 @@ struct HalfGemmArgs {
   float beta = 0.0f;                 // beta == 0 never reads C
 };
 
-// threads as gemm(); `kt` must be the table B was packed for (by default the dispatched one).
+// threads as gemm(); `kt` must be the table B was packed for (by default the dispatched one);
+// the kernels are the ones B was packed for.
 // Throws std::bad_alloc (scratch), std::logic_error if B was packed for another ISA.
 void gemm_half(const HalfGemmArgs& args, int threads, const simd::KernelTable* kt = nullptr);
 

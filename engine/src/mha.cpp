@@ -27,12 +27,6 @@ using detail::Scratch;
 using detail::shape_str;
 using detail::thread_buffer;
 
-// An f32 sum rounded to bf16 or f16 (nearest even).
-template <class T>
-T round_float(float x) {
-  if constexpr (std::is_same_v<T, bfloat16>) return to_bfloat16(x);
-  else return to_float16(x);
-}
 
 
 template <class T>
@@ -79,8 +73,7 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
       g.beta = 1.0f;
     }
     detail::gemm_half(g, threads);
-    for (std::int64_t m = 0; m < M; ++m)
-      for (std::int64_t j = 0; j < N; ++j) y[m * ldy + j] = round_float<T>(acc[m * N + j]);
+    for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(acc + m * N, DType::f32, y + m * ldy, dtype_of<T>(), N);
   } else {
     GemmArgs<T> g;
     g.M = M, g.N = N, g.K = K;
@@ -376,24 +369,6 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
          opt.threads);
 }
 
-// `n` elements from src (dtype sd) to dst (dtype dd): copied when the dtypes match, else
-// rounded once to nearest even.
-void convert_elements(const void* src, DType sd, void* dst, DType dd, std::int64_t n) {
-  if (sd == dd) {
-    std::memcpy(dst, src, static_cast<std::size_t>(n) * dtype_size(sd));
-    return;
-  }
-  auto store = [&]<class D>(D* d) {
-    for (std::int64_t i = 0; i < n; ++i) d[i] = detail::narrow<D>(detail::widen_at(src, sd, i));
-  };
-  switch (dd) {
-    case DType::f64: store(static_cast<double*>(dst)); break;
-    case DType::bf16: store(static_cast<bfloat16*>(dst)); break;
-    case DType::f16: store(static_cast<float16*>(dst)); break;
-    default: store(static_cast<float*>(dst));
-  }
-}
-
 // The cache's storage and dtype, as cached_forward needs them.
 struct CacheRef {
   DType dtype;
@@ -442,8 +417,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
       for (std::int64_t t = 0; t < Tn; ++t) {
         const T* src = p + (b * Tn + t) * N + hk * hd;
         const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd * esize;
-        convert_elements(src + L.k0, dtype_of<T>(), cache.k.data() + row, cd, hd);
-        convert_elements(src + L.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
+        detail::convert_elements(src + L.k0, dtype_of<T>(), cache.k.data() + row, cd, hd);
+        detail::convert_elements(src + L.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
       }
   AttentionOptions a;
   a.causal = Causal::bottom_right;
@@ -464,10 +439,10 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
     const std::int64_t n = M * L.nq;
     std::byte* qc = thread_buffer<std::byte, Scratch::mha_cache_q>().get(static_cast<std::size_t>(n * esize));
     std::byte* oc = thread_buffer<std::byte, Scratch::mha_cache_out>().get(static_cast<std::size_t>(n * esize));
-    for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
+    for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
     const Shape4 dense{Tn * L.nq, hd, L.nq, 1};
     attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
-    convert_elements(oc, cd, o, dtype_of<T>(), n);
+    detail::convert_elements(oc, cd, o, dtype_of<T>(), n);
   }
   linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
   std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid

@@ -24,8 +24,9 @@ void convert_rows(const From* src, const Shape4& st, To* dst, const Shape4& dt, 
       for (std::int64_t i = 0; i < shape[2]; ++i) {
         To* d = dst + b * dt[0] + h * dt[1] + i * dt[2];
         const From* s = src + b * st[0] + h * st[1] + i * st[2];
-        for (std::int64_t c = 0; c < shape[3]; ++c)
-          d[c * dt[3]] = i < n ? narrow<To>(widen(s[c * st[3]])) : To{};
+        if (i < n && st[3] == 1 && dt[3] == 1) convert_elements(s, dtype_of<From>(), d, dtype_of<To>(), shape[3]);
+        else
+          for (std::int64_t c = 0; c < shape[3]; ++c) d[c * dt[3]] = i < n ? narrow<To>(widen(s[c * st[3]])) : To{};
       }
     }
   });

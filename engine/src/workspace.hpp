@@ -47,6 +47,7 @@ struct AlignedBuffer {
 enum class Scratch : int {
   gemm_packed_b,        // the GEMM's packed B block
   gemm_packed_a,        // the GEMM's packed A block and an edge tile
+  gemm_widened_a,       // the 16-bit GEMM: rows of A widened to f32 before packing
   attention,            // the native attention paths' blocks, packed K^T / V, decode rows
   linear,               // the native linear-attention kernel's panels and state
   onednn_scores,        // onednn backend: scores of one step

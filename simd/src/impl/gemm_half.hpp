@@ -20,6 +20,36 @@ void half_gemm_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp
   constexpr int W = static_cast<int>(B::size);
   constexpr int NR = NV * W;
   const float* Ap = static_cast<const float*>(Ap_);
+  if constexpr (M == 1) {
+    // One row (a decode step's projection): a chain of NV FMAs per k would wait on the FMA
+    // latency, so four chains take every fourth k and are summed at the end (guarded by
+    // decode/native/gpt-layer-kv4096.f16).
+    B part[4][NV];
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u)
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) part[u][j] = B(0.0f);
+    std::int64_t k = 0;
+    for (; k + 4 <= kc; k += 4)
+#pragma GCC unroll 4
+      for (int u = 0; u < 4; ++u) {
+        const B a(Ap[(k + u) * MR]);
+#pragma GCC unroll 4
+        for (int j = 0; j < NV; ++j) part[u][j] = xsimd::fma(a, load_half<Arch, kBf16>(Bp + (k + u) * NR + j * W), part[u][j]);
+      }
+    for (; k < kc; ++k) {
+      const B a(Ap[k * MR]);
+#pragma GCC unroll 4
+      for (int j = 0; j < NV; ++j) part[0][j] = xsimd::fma(a, load_half<Arch, kBf16>(Bp + k * NR + j * W), part[0][j]);
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NV; ++j) {
+      float* c = C + j * W;
+      const B r = ((part[0][j] + part[1][j]) + (part[2][j] + part[3][j])) * B(alpha);
+      (beta == 0.0f ? r : xsimd::fma(B::load_unaligned(c), B(beta), r)).store_unaligned(c);
+    }
+    return;
+  }
   B acc[M][NV];
 #pragma GCC unroll 16
   for (int i = 0; i < M; ++i)

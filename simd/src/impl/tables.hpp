@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "batch.hpp"
+#include "convert_half.hpp"
 #include "gemm_half.hpp"
 #include "gemm_tile.hpp"
 #include "gemv.hpp"
@@ -154,7 +155,10 @@ KernelTable make_kernel_table(Isa isa) {
           .gemv_bf16 = {.dot_rows = &half_dot_rows<Arch, true>, .sum_rows = &half_sum_rows<Arch, true>},
           .gemv_f16 = {.dot_rows = &half_dot_rows<Arch, false>, .sum_rows = &half_sum_rows<Arch, false>},
           .gemm_bf16 = make_half_gemm_kernels<Arch, true, F32>(),
-          .gemm_f16 = make_half_gemm_kernels<Arch, false, F32>()};
+          .gemm_f16 = make_half_gemm_kernels<Arch, false, F32>(),
+          .gemm_bf16_pairs = {},
+          .convert_bf16 = {.widen = &widen_half_row<Arch, true>, .narrow = &narrow_half_row<Arch, true>},
+          .convert_f16 = {.widen = &widen_half_row<Arch, false>, .narrow = &narrow_half_row<Arch, false>}};
 }
 
 }  // namespace simdattn::simd::impl

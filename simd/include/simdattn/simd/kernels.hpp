@@ -202,6 +202,14 @@ struct HalfGemmKernels {
   std::array<HalfGemmUkernel, kMaxMr + 1> ukernel;
 };
 
+// Rows between 16-bit floats (bf16 or f16 bits) and f32, bit for bit as simdattn/half.hpp:
+// widen is exact (a signalling f16 NaN may come out quiet); narrow rounds to nearest even,
+// overflows to Inf (f16) and keeps NaN quiet.
+struct HalfConvertKernels {
+  void (*widen)(const std::uint16_t* src, float* dst, std::int64_t n);
+  void (*narrow)(const float* src, std::uint16_t* dst, std::int64_t n);
+};
+
 struct KernelTable {
   Isa isa;
   ProbeKernels probe;
@@ -213,6 +221,13 @@ struct KernelTable {
   HalfGemvKernels gemv_f16;
   HalfGemmKernels gemm_bf16;
   HalfGemmKernels gemm_f16;
+  // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). Not what the
+  // engine dispatches to: measured on an Emerald Rapids core, vdpbf16ps retires 61 GMAC/s where
+  // f32 FMAs retire 122 (half the rate), and gemm_bf16's conversions win (mha/native/gpt-layer.bf16
+  // 39 ms against 53 at 2 threads). Kept, and tested, for the pair layout AMX tiles also take.
+  HalfGemmKernels gemm_bf16_pairs;
+  HalfConvertKernels convert_bf16;
+  HalfConvertKernels convert_f16;
 
   template <class T> const GemmKernels<T>& gemm() const;
   template <class T> const VectorKernels<T>& vec() const;

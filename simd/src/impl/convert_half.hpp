@@ -1,0 +1,127 @@
+// Rows of 16-bit floats widened to f32 and f32 rounded to them (HalfConvertKernels): the native
+// backend's copies of bf16/f16 operands and the 16-bit GEMM's packing run on these, not on a
+// scalar loop through double (3x the f32 time of bert's attention; guarded by
+// attention/native/bert.bf16 and .f16). Bit for bit what simdattn/half.hpp's scalar conversions
+// give: exact widening (but F16C's, like every hardware conversion, quiets a signalling f16 NaN);
+// rounding to nearest even, overflow to Inf (f16), NaN kept quiet.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include <immintrin.h>
+
+#include "batch.hpp"
+#include "gemv_half.hpp"
+
+namespace simdattn::simd::impl {
+
+// f32 to bf16 or f16 (nearest even), one value: half.hpp's rules, compiled per ISA.
+template <class Arch, bool kBf16>
+inline std::uint16_t float_to_half(float f) {
+  std::uint32_t u;
+  std::memcpy(&u, &f, sizeof u);
+  if constexpr (kBf16) {
+    if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<std::uint16_t>((u >> 16) | 0x0040u);
+    return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  } else {
+    const auto sign = static_cast<std::uint16_t>((u >> 16) & 0x8000u);
+    const std::uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return static_cast<std::uint16_t>(sign | 0x7e00u | ((a >> 13) & 0x3ffu));
+    if (a >= 0x477ff000u) return static_cast<std::uint16_t>(sign | 0x7c00u);
+    if (a < 0x38800000u) {
+      float scaled;
+      std::memcpy(&scaled, &a, sizeof scaled);
+      scaled *= 0x1p24f;
+      // round half to even of a value below 2^10 (exact: the f32 has more bits than it needs)
+      const float r = (scaled + 0x1p23f) - 0x1p23f;
+      return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(r));
+    }
+    std::uint32_t h = (((a >> 23) - 112u) << 10) | ((a >> 13) & 0x3ffu);
+    const std::uint32_t rest = a & 0x1fffu;
+    if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
+    return static_cast<std::uint16_t>(sign | h);
+  }
+}
+
+template <class Arch, bool kBf16>
+void widen_half_row(const std::uint16_t* src, float* dst, std::int64_t n) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t i = 0;
+  if constexpr (kBf16 || B::size > 4)  // SSE2 has no f16 conversion
+    for (; i + W <= n; i += W) load_half<Arch, kBf16>(src + i).store_unaligned(dst + i);
+  for (; i < n; ++i) dst[i] = half_to_float<Arch, kBf16>(src[i]);
+}
+
+// The f16 bits of NaN f32 lanes u: sign | 0x7e00 | the top 10 payload bits (half.hpp's rule).
+template <class V>
+__attribute__((always_inline)) inline V f16_nan_bits(V u) {
+  if constexpr (sizeof(V) == 64)
+    return _mm512_or_si512(_mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x8000)),
+                                           _mm512_set1_epi32(0x7e00)),
+                           _mm512_and_si512(_mm512_srli_epi32(u, 13), _mm512_set1_epi32(0x3ff)));
+  else
+    return _mm256_or_si256(_mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x8000)),
+                                           _mm256_set1_epi32(0x7e00)),
+                           _mm256_and_si256(_mm256_srli_epi32(u, 13), _mm256_set1_epi32(0x3ff)));
+}
+
+template <class Arch, bool kBf16>
+void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
+  std::int64_t i = 0;
+  if constexpr (kHasAvx512<Arch>) {
+    for (; i + 16 <= n; i += 16) {
+      const __m512 x = _mm512_loadu_ps(src + i);
+      __m256i h;
+      if constexpr (kBf16) {
+        const __m512i u = _mm512_castps_si512(x);
+        const __m512i r = _mm512_srli_epi32(
+            _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
+                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
+            16);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+      } else {
+        // vcvtps2ph rounds as half.hpp does; a NaN's payload is half.hpp's (sign, quiet bit, the
+        // top 10 bits of the f32 payload) rather than the instruction's.
+        h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
+        if (nan != 0)  // blended as 32-bit lanes (a 16-bit blend of 256 bits needs AVX512VL)
+          h = _mm512_cvtepi32_epi16(
+              _mm512_mask_blend_epi32(nan, _mm512_cvtepu16_epi32(h), f16_nan_bits(_mm512_castps_si512(x))));
+      }
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+    }
+  } else if constexpr (batch<float, Arch>::size == 8) {  // AVX2 (with F16C)
+    for (; i + 8 <= n; i += 8) {
+      const __m256 x = _mm256_loadu_ps(src + i);
+      __m128i h;
+      if constexpr (kBf16) {
+        const __m256i u = _mm256_castps_si256(x);
+        const __m256i r = _mm256_srli_epi32(
+            _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
+                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))),
+            16);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
+        const __m256i v = _mm256_blendv_epi8(r, q, nan);  // each 32-bit value < 2^16
+        h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+      } else {
+        h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+        if (!_mm256_testz_si256(nan, nan)) {  // NaN payloads as half.hpp's (see the AVX-512 branch)
+          const __m256i q = f16_nan_bits(_mm256_castps_si256(x));
+          const __m128i q16 = _mm_packus_epi32(_mm256_castsi256_si128(q), _mm256_extracti128_si256(q, 1));
+          const __m128i m16 = _mm_packs_epi32(_mm256_castsi256_si128(nan), _mm256_extracti128_si256(nan, 1));
+          h = _mm_blendv_epi8(h, q16, m16);
+        }
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
+    }
+  }
+  for (; i < n; ++i) dst[i] = float_to_half<Arch, kBf16>(src[i]);
+}
+
+}  // namespace simdattn::simd::impl
