@@ -14,13 +14,17 @@ import numpy as np
 
 
 def write_safetensors(path, tensors, metadata=None):
-    """tensors: {name: np.ndarray (float32 or float64)}; C order, little-endian."""
+    """tensors: {name: np.ndarray (float16, float32 or float64), or ("BF16", uint16 bits)}; C order,
+    little-endian."""
     header, blobs, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = metadata
     for name, a in tensors.items():
-        a = np.ascontiguousarray(a)
-        dtype = {np.dtype("<f4"): "F32", np.dtype("<f8"): "F64"}[a.dtype.newbyteorder("<")]
+        if isinstance(a, tuple):
+            dtype, a = a[0], np.ascontiguousarray(a[1])
+        else:
+            a = np.ascontiguousarray(a)
+            dtype = {np.dtype("<f2"): "F16", np.dtype("<f4"): "F32", np.dtype("<f8"): "F64"}[a.dtype.newbyteorder("<")]
         raw = a.astype(a.dtype.newbyteorder("<")).tobytes()
         header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
         blobs.append(raw)
@@ -64,16 +68,29 @@ def make_weights(rng, d, heads, kv_heads=None, hf=False, kdim=None, vdim=None, p
     return t, {k: v.astype(np.float64) for k, v in w.items()}
 
 
-def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None):
-    """float64: projections, heads, stable softmax with -inf masking, output projection."""
+def bf16_bits(x):
+    """float array -> the bits of its bf16 rounding (nearest even), by bit manipulation."""
+    u = np.asarray(x, np.float32).view(np.uint32).astype(np.uint64)
+    return (((u + 0x7FFF + ((u >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
+
+
+def to_bf16(x):
+    """float array -> its bf16 rounding, as float64 (through f32, as NumPy's f32 values are)."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None, rnd=None):
+    """float64: projections, heads, stable softmax with -inf masking, output projection. rnd: a
+    bf16/f16 layer's rounding of its activations (the projections and the attention output)."""
+    rnd = rnd or (lambda a: a)
     xq = np.asarray(xq, np.float64)
     xk = xq if xk is None else np.asarray(xk, np.float64)
     xv = xq if xv is None else np.asarray(xv, np.float64)
     B, Sq, _ = xq.shape
     Sk = xk.shape[1]
-    q = xq @ w["wq"].T + w["bq"]
-    k = xk @ w["wk"].T + w["bk"]
-    v = xv @ w["wv"].T + w["bv"]
+    q = rnd(xq @ w["wq"].T + w["bq"])
+    k = rnd(xk @ w["wk"].T + w["bk"])
+    v = rnd(xv @ w["wv"].T + w["bv"])
     hd = q.shape[-1] // heads
     kv_heads = k.shape[-1] // hd
     q = q.reshape(B, Sq, heads, hd).transpose(0, 2, 1, 3)
@@ -92,8 +109,8 @@ def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mas
     l = e.sum(axis=-1, keepdims=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         o = np.where(l > 0, (e @ v) / l, 0.0)
-    o = o.transpose(0, 2, 1, 3).reshape(B, Sq, heads * hd)
-    return o @ w["wo"].T + w["bo"]
+    o = rnd(o.transpose(0, 2, 1, 3).reshape(B, Sq, heads * hd))
+    return rnd(o @ w["wo"].T + w["bo"])
 
 
 if __name__ == "__main__":

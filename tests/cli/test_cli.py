@@ -498,6 +498,36 @@ class Mha(CliCase):
         y = self.run_mha(path, 2, xq, xk=xk, xv=xv)
         self.assertLess(np.abs(y - mha_weights.mha_reference(w, 2, xq, xk, xv)).max(), 1e-12)
 
+    def test_dtype_bf16_checkpoint_and_f16(self):
+        """A BF16 checkpoint runs a bf16 layer unless --dtype says otherwise; an <f2 query runs f16;
+        the output keeps the query's .npy dtype. Oracle: float64 with the layer's roundings (to bf16
+        by bit manipulation)."""
+        t, w = mha_weights.make_weights(self.rng, 16, 4, hf=True)
+        path = self.path("bf16.safetensors")
+        mha_weights.write_safetensors(path, {n: ("BF16", mha_weights.bf16_bits(a)) for n, a in t.items()})
+        wb = {k: mha_weights.to_bf16(v) for k, v in w.items()}
+        x = self.rng.standard_normal((2, 5, 16)).astype(np.float32)
+        y = self.run_mha(path, 4, x, "--causal", "top-left")
+        self.assertEqual(y.dtype, np.float32)
+        want = mha_weights.mha_reference(wb, 4, mha_weights.to_bf16(x), causal="top-left", rnd=mha_weights.to_bf16)
+        self.assertLessEqual(np.abs(y - want).max(), 1e-2 * max(1.0, np.abs(want).max()))
+        self.assertTrue(np.array_equal(mha_weights.to_bf16(y), y.astype(np.float64)))  # went through bf16
+        y32 = self.run_mha(path, 4, x, "--causal", "top-left", "--dtype", "f32")
+        want32 = mha_weights.mha_reference(wb, 4, x, causal="top-left")
+        self.assertLessEqual(np.abs(y32 - want32).max(), 2e-5 * max(1.0, np.abs(want32).max()))
+        # An F32 checkpoint with an <f2 query: an f16 layer (weights rounded to f16), f16 output.
+        t32, w32 = mha_weights.make_weights(self.rng, 16, 4)
+        path32 = self.path("f32.safetensors")
+        mha_weights.write_safetensors(path32, t32)
+        xh = self.rng.standard_normal((1, 6, 16)).astype(np.float16)
+        yh = self.run_mha(path32, 4, xh, "--backend", "reference")
+        self.assertEqual(yh.dtype, np.float16)
+        f16 = lambda a: np.asarray(a).astype(np.float16).astype(np.float64)
+        want16 = mha_weights.mha_reference({k: f16(v) for k, v in w32.items()}, 4, xh, rnd=f16)
+        self.assertLessEqual(np.abs(yh - want16).max(), 2e-3 * max(1.0, np.abs(want16).max()))
+        r = self.run_mha(path32, 4, x, "--dtype", "f8", rc=2)
+        self.assertIn("--dtype", r.stderr)
+
     def test_bad_input(self):
         t, _ = mha_weights.make_weights(self.rng, 8, 2)
         path = self.path("w.safetensors")
