@@ -1,6 +1,7 @@
 #include "gemm_half.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <stdexcept>
 
 #include "simdattn/half.hpp"
@@ -22,7 +23,7 @@ void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::Half
   for (std::int64_t ir = 0; ir < mc; ir += mr) {
     const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
     const std::uint16_t* a0 = g.A + (i0 + ir) * g.lda + p0;
-    if (hk.pairs && g.lda % 2 == 0 && p0 % 2 == 0 && kc % 2 == 0) {
+    if (hk.pairs && g.lda % 2 == 0 && p0 % 2 == 0 && kc % 2 == 0 && reinterpret_cast<std::uintptr_t>(a0) % 4 == 0) {
       vk.pack_transpose(reinterpret_cast<const float*>(a0), g.lda / 2, m, steps,
                         static_cast<float*>(Ap) + ir * steps, mr, mr);
     } else if (hk.pairs) {
