@@ -27,9 +27,12 @@ std::vector<double> randn(std::mt19937_64& rng, std::size_t n, double sd = 1.0) 
   return v;
 }
 
-template <class To>
-std::vector<To> conv(const std::vector<double>& v) {
-  return std::vector<To>(v.begin(), v.end());
+// Each element as To (rounded to nearest even if narrower), by the engine's own conversions.
+template <class To, class From>
+std::vector<To> conv(const std::vector<From>& v) {
+  std::vector<To> out(v.size());
+  for (std::size_t i = 0; i < v.size(); ++i) out[i] = test::value<To>(test::as_double(v[i]));
+  return out;
 }
 
 struct Model {
@@ -55,8 +58,8 @@ Model random_model(std::mt19937_64& rng, std::int64_t d, std::int64_t H, std::in
   return m;
 }
 
-template <class T>
-MhaWeights<T> weights_as(const MhaWeights<double>& w) {
+template <class T, class From>
+MhaWeights<T> weights_as(const MhaWeights<From>& w) {
   return {conv<T>(w.wq), conv<T>(w.wk), conv<T>(w.wv), conv<T>(w.wo),
           conv<T>(w.bq), conv<T>(w.bk), conv<T>(w.bv), conv<T>(w.bo)};
 }
@@ -122,35 +125,18 @@ std::vector<double> mha_reference(const Model& m, const std::vector<double>& xq,
   return rounded(linear(rounded(o), B * Sq, nq, m.w.wo, c.d_model, m.w.bo));
 }
 
+// x rounded to H and back: a bf16/f16 layer's rounding of its activations.
 template <class H>
 double round_to(double x) {
-  return detail::widen(detail::narrow<H>(x));
+  return test::as_double(test::value<H>(x));
 }
 
-// The 16-bit formats, rounding doubles to nearest even.
-template <class H>
-std::vector<H> to_half(const std::vector<double>& v) {
-  std::vector<H> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) {
-    if constexpr (std::is_same_v<H, bfloat16>) out[i] = to_bfloat16(v[i]);
-    else out[i] = to_float16(v[i]);
-  }
-  return out;
-}
-template <class H>
-std::vector<double> widened(const std::vector<H>& v) {
-  std::vector<double> out(v.size());
-  for (std::size_t i = 0; i < v.size(); ++i) out[i] = to_float(v[i]);
-  return out;
-}
 // A model whose weights are rounded to H, and the same weights as H.
 template <class H>
 std::pair<Model, MhaWeights<H>> rounded_model(const Model& m) {
-  MhaWeights<H> h{to_half<H>(m.w.wq), to_half<H>(m.w.wk), to_half<H>(m.w.wv), to_half<H>(m.w.wo),
-                  to_half<H>(m.w.bq), to_half<H>(m.w.bk), to_half<H>(m.w.bv), to_half<H>(m.w.bo)};
+  const MhaWeights<H> h = weights_as<H>(m.w);
   Model r = m;
-  r.w = {widened(h.wq), widened(h.wk), widened(h.wv), widened(h.wo),
-         widened(h.bq), widened(h.bk), widened(h.bv), widened(h.bo)};
+  r.w = weights_as<double>(h);
   return {r, h};
 }
 // The contract's tolerance for each 16-bit format (docs/design.md, numerics).
@@ -163,10 +149,7 @@ double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
   double scale = 1.0, err = 0.0;
   for (double x : want) scale = std::max(scale, std::abs(x));
   for (std::size_t i = 0; i < got.size(); ++i) {
-    double g;
-    if constexpr (std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>) g = to_float(got[i]);
-    else g = double(got[i]);
-    const double d = std::abs(g - want[i]);
+    const double d = std::abs(test::as_double(got[i]) - want[i]);
     err = std::max(err, std::isnan(d) ? INFINITY : d);
   }
   return err / scale;
@@ -381,8 +364,8 @@ TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the floa
     const auto [m, w] = rounded_model<H>(random_model(rng, d, heads, kv, d / heads, d, d, bias));
     const MultiHeadAttention layer(m.cfg, w);
     CHECK(layer.dtype() == dtype_of<H>());
-    const auto xh = to_half<H>(randn(rng, std::size_t(B * S * d)));
-    const auto x = widened(xh);
+    const auto xh = conv<H>(randn(rng, std::size_t(B * S * d)));
+    const auto x = conv<double>(xh);
     std::vector<std::uint8_t> padding(std::size_t(B * S), 0);
     padding[2] = padding[S + 9] = 1;
     for (Causal causal : {Causal::none, Causal::top_left}) {
@@ -402,12 +385,12 @@ TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the floa
     }
     // Cross-attention with an additive mask in the layer's dtype and padding (combined in f32).
     const std::int64_t Sk = 7;
-    const auto kvh = to_half<H>(randn(rng, std::size_t(B * Sk * d)));
-    const auto kvx = widened(kvh);
-    const auto addh = to_half<H>(randn(rng, std::size_t(S * Sk)));
+    const auto kvh = conv<H>(randn(rng, std::size_t(B * Sk * d)));
+    const auto kvx = conv<double>(kvh);
+    const auto addh = conv<H>(randn(rng, std::size_t(S * Sk)));
     std::vector<std::uint8_t> pad(std::size_t(B * Sk), 0);
     pad[3] = 1;
-    const auto want = mha_reference(m, x, kvx, kvx, B, S, Sk, Causal::none, pad, widened(addh), &round_to<H>);
+    const auto want = mha_reference(m, x, kvx, kvx, B, S, Sk, Causal::none, pad, conv<double>(addh), &round_to<H>);
     MhaOptions opt;
     opt.key_padding_mask = pad;
     opt.attn_mask = ConstTensorView(addh.data(), {1, 1, S, Sk});
@@ -443,14 +426,14 @@ TEST_CASE("KV cache in bf16/f16, and caches of a dtype of their own: decode step
   };
   // bf16 and f16 layers with caches in their dtype: the full forward's roundings.
   {
-    const auto xb = to_half<bfloat16>(x);
-    const auto want = mha_reference(mb, widened(xb), widened(xb), widened(xb), 1, n, n, Causal::top_left, {}, {},
+    const auto xb = conv<bfloat16>(x);
+    const auto want = mha_reference(mb, conv<double>(xb), conv<double>(xb), conv<double>(xb), 1, n, n, Causal::top_left, {}, {},
                                     &round_to<bfloat16>);
     CHECK(max_rel_err(decode(bf16, DType::bf16, xb), want) <= kHalfTol<bfloat16>);
     // ... and with an f32 cache (K and V kept as the layer rounded them): the same numbers.
     CHECK(max_rel_err(decode(bf16, DType::f32, xb), want) <= kHalfTol<bfloat16>);
-    const auto xh = to_half<float16>(x);
-    const auto want16 = mha_reference(mh, widened(xh), widened(xh), widened(xh), 1, n, n, Causal::top_left, {}, {},
+    const auto xh = conv<float16>(x);
+    const auto want16 = mha_reference(mh, conv<double>(xh), conv<double>(xh), conv<double>(xh), 1, n, n, Causal::top_left, {}, {},
                                       &round_to<float16>);
     CHECK(max_rel_err(decode(f16, DType::f16, xh), want16) <= kHalfTol<float16>);
   }
@@ -481,7 +464,7 @@ TEST_CASE("bf16/f16 layers load from BF16 safetensors as they are, and from F32 
   put(pb, DType::bf16, hf);
   const auto wf = weights_as<float>(m.w);
   put(pf, DType::f32, wf);
-  const auto xb = to_half<bfloat16>(randn(rng, std::size_t(3 * d)));
+  const auto xb = conv<bfloat16>(randn(rng, std::size_t(3 * d)));
   auto run = [&](const MultiHeadAttention& l) {
     std::vector<bfloat16> y(xb.size());
     l.forward(ConstSeqView(xb.data(), 1, 3, d), SeqView(y.data(), 1, 3, d));

@@ -131,6 +131,13 @@ struct MultiHeadAttention::Impl {
   Layer<double> f64;
   Layer<bfloat16> bf16;
   Layer<float16> f16;
+  template <class T>
+  Layer<T>& layer() {
+    if constexpr (std::is_same_v<T, float>) return f32;
+    else if constexpr (std::is_same_v<T, double>) return f64;
+    else if constexpr (std::is_same_v<T, bfloat16>) return bf16;
+    else return f16;
+  }
   // fn(layer) on the layer of `dtype`.
   template <class Fn>
   void visit(Fn&& fn) const {
@@ -141,6 +148,9 @@ struct MultiHeadAttention::Impl {
       default: fn(f32);
     }
   }
+  // A layer of T's dtype: the configuration resolved and checked, the weights packed.
+  template <class T>
+  static std::unique_ptr<Impl> make(const MhaConfig& config, MhaWeights<T>&& weights);
 };
 
 namespace {
@@ -227,6 +237,20 @@ Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   L.bo = std::move(w.bo);
   return L;
 }
+
+}  // namespace
+
+template <class T>
+std::unique_ptr<MultiHeadAttention::Impl> MultiHeadAttention::Impl::make(const MhaConfig& config,
+                                                                        MhaWeights<T>&& weights) {
+  auto impl = std::make_unique<Impl>();
+  impl->cfg = resolve(config);
+  impl->dtype = dtype_of<T>();
+  impl->layer<T>() = build_layer(impl->cfg, std::move(weights));
+  return impl;
+}
+
+namespace {
 
 void check_seq(const char* name, const ConstSeqView& s, DType dtype, std::int64_t B, std::int64_t E) {
   if (s.dtype != dtype)
@@ -451,32 +475,13 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->cfg = resolve(config);
-  impl_->dtype = DType::f32;
-  impl_->f32 = build_layer(impl_->cfg, std::move(weights));
-}
-
+    : impl_(Impl::make(config, std::move(weights))) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->cfg = resolve(config);
-  impl_->dtype = DType::f64;
-  impl_->f64 = build_layer(impl_->cfg, std::move(weights));
-}
-
+    : impl_(Impl::make(config, std::move(weights))) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<bfloat16> weights)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->cfg = resolve(config);
-  impl_->dtype = DType::bf16;
-  impl_->bf16 = build_layer(impl_->cfg, std::move(weights));
-}
-
+    : impl_(Impl::make(config, std::move(weights))) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float16> weights)
-    : impl_(std::make_unique<Impl>()) {
-  impl_->cfg = resolve(config);
-  impl_->dtype = DType::f16;
-  impl_->f16 = build_layer(impl_->cfg, std::move(weights));
-}
+    : impl_(Impl::make(config, std::move(weights))) {}
 
 MultiHeadAttention::~MultiHeadAttention() = default;
 MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
