@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <tuple>
 
 #include "simdattn/half.hpp"
 #include "gemm_half.hpp"
@@ -170,6 +171,43 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
   test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
   CHECK_THROWS_WITH_AS(linear_attention(q.cview(), q.cview(), q.cview(), o.view()),
                        doctest::Contains("linear attention takes f32 or f64, got bf16"), Error);
+}
+
+TEST_CASE("bf16 and f16 attention on views whose innermost stride is not 1: decode, short-key and fused paths" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 43);
+  // A copy of a dense buffer with every element two apart; the gaps hold NaN, which no path may
+  // read (nor, in an output, write).
+  auto spread = [](auto dense) {
+    auto s = dense;
+    s.strides = {dense.strides[0] * 2, dense.strides[1] * 2, dense.strides[2] * 2, 2};
+    s.data.assign(dense.data.size() * 2, test::value<typename decltype(s.data)::value_type>(std::nan("")));
+    s.for_each([&](auto& x, auto a, auto b, auto c, auto d) { x = dense.at(a, b, c, d); });
+    return s;
+  };
+  auto run = [&](auto tag, std::int64_t Sq, std::int64_t Sk, std::int64_t D, Causal causal) {
+    using T = decltype(tag);
+    const std::int64_t B = 2, H = 4, Hkv = 2;
+    auto t = test::random_qkv<T>(rng, B, H, Hkv, Sq, Sk, D);
+    AttentionOptions opt;
+    opt.causal = causal;
+    const test::Buffer<T> ref = test::run_attention(Backend::reference, t.q, t.k, t.v, opt);
+    const auto q = spread(t.q), k = spread(t.k), v = spread(t.v);
+    auto out = spread(test::Buffer<T>({B, H, Sq, D}));
+    opt.backend = Backend::native;
+    attention(q.cview(), k.cview(), v.cview(), out.view(), opt);
+    INFO("Sq=" << Sq << " Sk=" << Sk << " D=" << D);
+    CHECK(test::max_abs_diff(out, ref) <= test::tolerance<T>(test::max_abs(t.v)));
+    std::int64_t gaps_kept = 0;
+    for (std::size_t i = 1; i < out.data.size(); i += 2) gaps_kept += std::isnan(test::as_double(out.data[i]));
+    CHECK(gaps_kept == std::int64_t(out.data.size() / 2));
+  };
+  for (auto [Sq, Sk, D, causal] : {std::tuple{std::int64_t{1}, std::int64_t{70}, std::int64_t{24}, Causal::none},
+                                   {40, 60, 40, Causal::none}, {130, 200, 33, Causal::top_left}, {97, 129, 64, Causal::none}}) {
+    run(bfloat16{}, Sq, Sk, D, causal);
+    run(float16{}, Sq, Sk, D, causal);
+  }
 }
 
 TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *

@@ -32,28 +32,35 @@ void convert_rows(const From* src, const Shape4& st, To* dst, const Shape4& dt, 
   });
 }
 
-// bf16/f16 operands: q, k and v widened to dense f32 copies (K and V rows at or past a batch's
-// key length are not read: zeros), attention computed on the f32 paths (products and softmax in
-// f32), and the f32 output narrowed (to nearest even) into out.
+// A bf16/f16 problem as dense f32 copies of q, k, v and out would be (data pointers still p's).
+Problem as_f32_copies(const Problem& p) {
+  Problem f = p;
+  f.dtype = DType::f32;
+  f.qs = contiguous_strides({p.B, p.H, p.Sq, p.D}), f.ks = contiguous_strides({p.B, p.Hkv, p.Sk, p.D});
+  f.vs = contiguous_strides({p.B, p.Hkv, p.Sk, p.Dv}), f.os = contiguous_strides({p.B, p.H, p.Sq, p.Dv});
+  return f;
+}
+
+// bf16/f16 operands on the f32 decode and short-key paths: q, k and v widened to dense f32
+// copies (K and V rows at or past a batch's key length are not read: zeros), attention computed
+// in f32, and the f32 output narrowed (to nearest even) into out. (The fused path reads 16-bit
+// operands itself.)
 template <class H>
 void widened(const Problem& p) {
   const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
   const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
   auto numel = [](const Shape4& s) { return static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * s[3])); };
-  float* q = thread_buffer<float, Scratch::widened_q>().get(numel(qshape));
-  float* k = thread_buffer<float, Scratch::widened_k>().get(numel(kshape));
-  float* v = thread_buffer<float, Scratch::widened_v>().get(numel(vshape));
-  float* o = thread_buffer<float, Scratch::widened_out>().get(numel(oshape));
+  Problem f = as_f32_copies(p);
+  auto* q = thread_buffer<float, Scratch::widened_q>().get(numel(qshape));
+  auto* k = thread_buffer<float, Scratch::widened_k>().get(numel(kshape));
+  auto* v = thread_buffer<float, Scratch::widened_v>().get(numel(vshape));
+  auto* o = thread_buffer<float, Scratch::widened_out>().get(numel(oshape));
   const auto all_rows = [&](std::int64_t) { return p.Sq; };
   const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
-  convert_rows(static_cast<const H*>(p.q), p.qs, q, contiguous_strides(qshape), qshape, p.threads, all_rows);
-  convert_rows(static_cast<const H*>(p.k), p.ks, k, contiguous_strides(kshape), kshape, p.threads, key_rows);
-  convert_rows(static_cast<const H*>(p.v), p.vs, v, contiguous_strides(vshape), vshape, p.threads, key_rows);
-  Problem f = p;
-  f.dtype = DType::f32;
+  convert_rows(static_cast<const H*>(p.q), p.qs, q, f.qs, qshape, p.threads, all_rows);
+  convert_rows(static_cast<const H*>(p.k), p.ks, k, f.ks, kshape, p.threads, key_rows);
+  convert_rows(static_cast<const H*>(p.v), p.vs, v, f.vs, vshape, p.threads, key_rows);
   f.q = q, f.k = k, f.v = v, f.o = o;
-  f.qs = contiguous_strides(qshape), f.ks = contiguous_strides(kshape), f.vs = contiguous_strides(vshape);
-  f.os = contiguous_strides(oshape);
   attention_native(f);
   convert_rows(o, f.os, static_cast<H*>(p.o), p.os, oshape, p.threads, all_rows);
 }
@@ -61,9 +68,12 @@ void widened(const Problem& p) {
 }  // namespace
 
 void attention_native(const Problem& p) {
+  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
   if (decode_half_fits(p)) decode_half_attention(p);
-  else if (p.dtype == DType::bf16) widened<bfloat16>(p);
-  else if (p.dtype == DType::f16) widened<float16>(p);
+  else if (half && (decode_fits(as_f32_copies(p)) || short_keys_fit(as_f32_copies(p)))) {
+    if (p.dtype == DType::bf16) widened<bfloat16>(p);
+    else widened<float16>(p);
+  } else if (half) fused_attention(p);
   else if (decode_fits(p)) decode_attention(p);
   else if (short_keys_fit(p)) short_keys_attention(p);
   else fused_attention(p);

@@ -26,8 +26,10 @@
 #include <cstdlib>
 #include <limits>
 #include <new>
+#include <type_traits>
 #include <vector>
 
+#include "element.hpp"
 #include "native.hpp"
 #include "native_rows.hpp"
 #include "panels.hpp"
@@ -54,7 +56,10 @@ constexpr std::int64_t kMaxBlockK = 256;
 constexpr std::int64_t kMaxTile = 64;
 
 // Everything one call needs to know, shared by its threads.
-template <class T>
+// T: the type computed in (f32 or f64); S: the type q, k, v and out are stored in (T, or bf16 /
+// f16 computed in f32: K and V rows widened while they are packed, Q rows while they are copied,
+// and the normalised output narrowed to nearest even as it is written).
+template <class T, class S>
 struct FusedPlan {
   const Problem& p;
   const simd::GemmKernels<T>& gk;
@@ -70,6 +75,7 @@ struct FusedPlan {
   // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
   // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
+  std::int64_t conv_size;  // 16-bit storage: one panel of K rows widened before the transpose
 
   FusedPlan(const Problem& prob, const simd::KernelTable& kt)
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
@@ -105,16 +111,19 @@ struct FusedPlan {
     o_size = round_up(kBlockQ * dv_padded, a);
     row_size = round_up(kBlockQ, a);
     flag_size = round_up(k_blocks, a);
+    conv_size = std::is_same_v<S, T> ? 0 : round_up(tile_cols * p.D, a);
   }
   std::size_t scratch_size() const {
-    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size);
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size);
   }
 };
 
-template <class T>
+template <class T, class S>
 class FusedWorker {
+  static constexpr bool kWiden = !std::is_same_v<S, T>;
+
  public:
-  FusedWorker(const FusedPlan<T>& plan, T* scratch_base) : plan_(plan), prob_(plan.p) {
+  FusedWorker(const FusedPlan<T, S>& plan, T* scratch_base) : plan_(plan), prob_(plan.p) {
     T* s = scratch_base;
     kp_ = s, s += plan.k_size;
     vp_ = s, s += plan.v_size;
@@ -124,7 +133,8 @@ class FusedWorker {
     m_ = s, s += plan.row_size;
     l_ = s, s += plan.row_size;
     alpha_ = s, s += plan.row_size;
-    packed_ = s;
+    packed_ = s, s += plan.flag_size;
+    conv_ = s;
   }
 
   // Computes item (b, h, query block qb).
@@ -188,8 +198,8 @@ class FusedWorker {
   // K/V past L[b] are never read, and a large, mostly empty KV cache costs only its used part),
   // its rows prefetched while the block before it is computed.
   void start_kv(std::int64_t b, std::int64_t hk) {
-    k_ = static_cast<const T*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
-    v_ = static_cast<const T*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
+    k_ = static_cast<const S*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
+    v_ = static_cast<const S*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
     key_len_ = prob_.key_len(b);
     std::fill(packed_, packed_ + plan_.k_blocks, T(0));
     packed_b_ = b;
@@ -202,17 +212,39 @@ class FusedWorker {
       T* panel = kb + c * D * nr;
       const std::int64_t j0 = jb * plan_.k_keys + c * nr;
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
-      if (prob_.ks[3] == 1) {
+      if constexpr (kWiden) {
+        // the panel's n key rows widened to conv_ (n x D), then transposed from there
+        widen_rows(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], n, D, conv_, D);
+        plan_.vk.pack_transpose(conv_, D, n, D, panel, nr, nr);
+      } else if (prob_.ks[3] == 1) {
         plan_.vk.pack_transpose(n > 0 ? k_ + j0 * prob_.ks[2] : k_, prob_.ks[2], n, D, panel, nr, nr);
-        continue;
+      } else {
+        for (std::int64_t d = 0; d < D; ++d)
+          for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * prob_.ks[2] + d * prob_.ks[3]] : T(0);
       }
-      for (std::int64_t d = 0; d < D; ++d)
-        for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * prob_.ks[2] + d * prob_.ks[3]] : T(0);
     }
     // keys past L[b] are never read: V there may hold anything (a cache tail)
     const std::int64_t rows = std::min(plan_.k_keys, key_len_ - jb * plan_.k_keys);
-    pack_row_panels(v_ + jb * plan_.k_keys * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols,
-                    vp_ + jb * plan_.k_keys * plan_.dv_padded);
+    T* vb = vp_ + jb * plan_.k_keys * plan_.dv_padded;
+    const S* vsrc = v_ + jb * plan_.k_keys * prob_.vs[2];
+    if constexpr (kWiden) {
+      if (plan_.dv_padded == tile_cols && prob_.Dv == tile_cols) {  // one full panel: rows back to back
+        widen_rows(vsrc, prob_.vs[2], prob_.vs[3], rows, tile_cols, vb, tile_cols);
+        std::fill(vb + rows * tile_cols, vb + plan_.k_keys * tile_cols, T(0));
+      } else {
+        for (std::int64_t c = 0; c < plan_.dv_padded / tile_cols; ++c) {
+          const std::int64_t c0 = c * tile_cols, nc = std::min(tile_cols, prob_.Dv - c0);
+          for (std::int64_t r = 0; r < plan_.k_keys; ++r) {
+            T* d = vb + c * plan_.k_keys * tile_cols + r * tile_cols;
+            const std::int64_t e = r < rows ? nc : 0;
+            if (e > 0) widen_row(vsrc + r * prob_.vs[2] + c0 * prob_.vs[3], prob_.vs[3], e, d);
+            std::fill(d + e, d + tile_cols, T(0));
+          }
+        }
+      }
+    } else {
+      pack_row_panels(vsrc, prob_.vs[2], prob_.vs[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols, vb);
+    }
     packed_[jb] = T(1);
   }
   // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
@@ -232,23 +264,27 @@ class FusedWorker {
   void prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1) {
     if (i1 >= prob_.Sq) return;
     const std::int64_t rows = std::min(plan_.q_rows, prob_.Sq - i1);
-    next_.add(static_cast<const T*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i1 * prob_.qs[2], prob_.qs[2], prob_.qs[3], rows,
+    next_.add(static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i1 * prob_.qs[2], prob_.qs[2], prob_.qs[3], rows,
               prob_.D);
-    next_.add(static_cast<const T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i1 * prob_.os[2], prob_.os[2], prob_.os[3], rows,
+    next_.add(static_cast<const S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i1 * prob_.os[2], prob_.os[2], prob_.os[3], rows,
               prob_.Dv);
   }
 
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
   // read in place: Q itself when its rows are contiguous in D, else a copy.
   void prepare_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-    const T* q = static_cast<const T*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
-    if (prob_.qs[3] == 1) {
-      q_ = q;
-      ldq_ = prob_.qs[2];
-      return;
+    const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
+    if constexpr (kWiden) {
+      widen_rows(q, prob_.qs[2], prob_.qs[3], br, prob_.D, qp_, prob_.D);
+    } else {
+      if (prob_.qs[3] == 1) {
+        q_ = q;
+        ldq_ = prob_.qs[2];
+        return;
+      }
+      for (std::int64_t r = 0; r < br; ++r)
+        for (std::int64_t d = 0; d < prob_.D; ++d) qp_[r * prob_.D + d] = q[r * prob_.qs[2] + d * prob_.qs[3]];
     }
-    for (std::int64_t r = 0; r < br; ++r)
-      for (std::int64_t d = 0; d < prob_.D; ++d) qp_[r * prob_.D + d] = q[r * prob_.qs[2] + d * prob_.qs[3]];
     q_ = qp_;
     ldq_ = prob_.D;
   }
@@ -323,19 +359,56 @@ class FusedWorker {
   }
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-    T* o = static_cast<T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1];
-    if (prob_.os[3] == 1) {
-      plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.os[2], prob_.os[2]);
-      return;
+    if constexpr (kWiden) {
+      // normalised in place (rows with l == 0 become zeros), then narrowed to nearest even
+      S* o = static_cast<S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i0 * prob_.os[2];
+      plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, ob_, plan_.dv_padded);
+      if (prob_.os[3] == 1 && prob_.os[2] == prob_.Dv && plan_.dv_padded == prob_.Dv) {  // dense rows: one call
+        convert_elements(ob_, dtype_of<T>(), o, dtype_of<S>(), br * prob_.Dv);
+        return;
+      }
+      for (std::int64_t r = 0; r < br; ++r) {
+        const T* src = ob_ + r * plan_.dv_padded;
+        S* dst = o + r * prob_.os[2];
+        if (prob_.os[3] == 1) convert_elements(src, dtype_of<T>(), dst, dtype_of<S>(), prob_.Dv);
+        else
+          for (std::int64_t d = 0; d < prob_.Dv; ++d) dst[d * prob_.os[3]] = narrow<S>(widen(src[d]));
+      }
+    } else {
+      T* o = static_cast<T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1];
+      if (prob_.os[3] == 1) {
+        plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.os[2], prob_.os[2]);
+        return;
+      }
+      for (std::int64_t r = 0; r < br; ++r)
+        write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.os[2]);
     }
-    for (std::int64_t r = 0; r < br; ++r) write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.os[2]);
   }
 
-  const FusedPlan<T>& plan_;
+  // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld): one
+  // conversion call when both are dense.
+  static void widen_rows(const S* src, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols, T* dst,
+                         std::int64_t ld) {
+    if (rows <= 0) return;
+    if (cs == 1 && rs == cols && ld == cols) {
+      convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), rows * cols);
+      return;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) widen_row(src + r * rs, cs, cols, dst + r * ld);
+  }
+  // n elements of a stored row (element stride cs) widened to dst.
+  static void widen_row(const S* src, std::int64_t cs, std::int64_t n, T* dst) {
+    if (cs == 1) convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), n);
+    else
+      for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(widen(src[i * cs]));
+  }
+
+  const FusedPlan<T, S>& plan_;
   const Problem& prob_;
   T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_, *alpha_;
   T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
-  const T *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
+  T* conv_;    // 16-bit storage: widened K rows of one panel
+  const S *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
   std::int64_t key_len_ = 0;
   NextRows next_;
   std::array<std::int64_t, kBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
@@ -346,9 +419,9 @@ class FusedWorker {
   std::int64_t packed_b_ = -1, packed_hk_ = -1;
 };
 
-template <class T>
+template <class T, class S>
 void fused(const Problem& p) {
-  const FusedPlan<T> plan(p, simd::kernels());
+  const FusedPlan<T, S> plan(p, simd::kernels());
   const std::int64_t items = p.B * p.H * plan.q_blocks;
   if (items == 0) return;
 
@@ -371,7 +444,7 @@ void fused(const Problem& p) {
   RegionFailure failure;
   parallel_shares(prefix, nt, [&](auto next_run) {
     failure.guard([&] {
-      FusedWorker<T> worker(plan, thread_buffer<T, Scratch::attention>().get(plan.scratch_size()));
+      FusedWorker<T, S> worker(plan, thread_buffer<T, Scratch::attention>().get(plan.scratch_size()));
       for (auto run = next_run(); run.first < run.second; run = next_run())
         for (std::int64_t it = run.first; it < run.second; ++it) {
           const std::int64_t qb = it % plan.q_blocks, h = (it / plan.q_blocks) % p.H;
@@ -385,8 +458,12 @@ void fused(const Problem& p) {
 }  // namespace
 
 void fused_attention(const Problem& p) {
-  if (p.dtype == DType::f32) fused<float>(p);
-  else fused<double>(p);
+  switch (p.dtype) {
+    case DType::f64: fused<double, double>(p); break;
+    case DType::bf16: fused<float, bfloat16>(p); break;
+    case DType::f16: fused<float, float16>(p); break;
+    default: fused<float, float>(p);
+  }
 }
 
 }  // namespace simdattn::detail
