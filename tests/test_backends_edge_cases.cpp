@@ -42,7 +42,7 @@ TEST_CASE("sizes one below, at and above the native block sizes" * doctest::test
     }
 }
 
-TEST_CASE("short key rows without a mask (the native kernel's transposed form): sizes, layouts, key lengths" *
+TEST_CASE("short key rows without a mask (the native kernel's transposed form): sizes, layouts, key lengths, every dtype" *
           doctest::test_suite(test::every_isa)) {
   // Up to 96 keys, Sq >= 64 and keys or Dv off the vector width: queries go on the vector lanes.
   std::mt19937_64 rng(test::base_seed() + 16);
@@ -58,8 +58,13 @@ TEST_CASE("short key rows without a mask (the native kernel's transposed form): 
       c.row_pad = n % 5 == 0 ? 3 : 0;
       c.key_lengths = n % 4 == 1;
       if (n % 3 == 2) c.scale = -0.3;
-      if (n % 2 == 0) test::check_config<float>(c, rng);
-      else test::check_config<double>(c, rng);
+      // every dtype, read and written as it is stored
+      switch (n % 4) {
+        case 0: test::check_config<float>(c, rng); break;
+        case 1: test::check_config<double>(c, rng); break;
+        case 2: test::check_config<bfloat16>(c, rng); break;
+        default: test::check_config<float16>(c, rng);
+      }
       ++n;
     }
 }

@@ -310,7 +310,7 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
 }
 
 TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit (but a NaN's quiet bit): every pattern widened, "
-          "ties, overflow, subnormals, NaN and random f32 narrowed" * doctest::test_suite(simdattn::test::every_isa)) {
+          "ties, overflow, subnormals, NaN and random f32 narrowed, every length to 40" * doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
   std::mt19937_64 rng(test::base_seed() + 44);
   std::vector<std::uint16_t> all(65536 + 5);
@@ -342,6 +342,23 @@ TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit
       wrong = 0;
       for (std::size_t i = 0; i < f.size(); ++i) wrong += h[i] != (bf16 ? to_bfloat16(f[i]).bits : to_float16(f[i]).bits);
       CHECK(wrong == 0);
+      // Every length up to 40 from an odd offset: the tail converted, nothing past n written.
+      for (std::int64_t n = 0; n <= 40; ++n) {
+        std::vector<float> wf(64, -7.0f);
+        std::vector<std::uint16_t> nh(64, 0xabcd);
+        c.widen(all.data() + 0x3c01, wf.data() + 1, n);
+        c.narrow(f.data() + 3, nh.data() + 1, n);
+        std::size_t bad = 0;
+        for (std::int64_t i = 0; i < 64; ++i) {
+          const bool in = i >= 1 && i <= n;
+          const auto src = static_cast<std::uint16_t>(0x3c01 + i - 1);
+          const float want_w = in ? (bf16 ? to_float(bfloat16{src}) : to_float(float16{src})) : -7.0f;
+          const std::uint16_t want_h = in ? (bf16 ? to_bfloat16(f[std::size_t(i + 2)]).bits : to_float16(f[std::size_t(i + 2)]).bits) : 0xabcd;
+          bad += detail::float_bits(wf[std::size_t(i)]) != detail::float_bits(want_w) || nh[std::size_t(i)] != want_h;
+        }
+        CAPTURE(n);
+        CHECK(bad == 0);
+      }
     }
   }
 }

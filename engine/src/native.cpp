@@ -41,10 +41,10 @@ Problem as_f32_copies(const Problem& p) {
   return f;
 }
 
-// bf16/f16 operands on the f32 decode and short-key paths: q, k and v widened to dense f32
+// bf16/f16 operands on the f32 decode path (K or V strided, which the 16-bit one does not take): q, k and v widened to dense f32
 // copies (K and V rows at or past a batch's key length are not read: zeros), attention computed
-// in f32, and the f32 output narrowed (to nearest even) into out. (The fused path reads 16-bit
-// operands itself.)
+// in f32, and the f32 output narrowed (to nearest even) into out. (The short-key and fused paths
+// read 16-bit operands themselves.)
 template <class H>
 void widened(const Problem& p) {
   const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
@@ -70,11 +70,10 @@ void widened(const Problem& p) {
 void attention_native(const Problem& p) {
   const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
   if (decode_half_fits(p)) decode_half_attention(p);
-  else if (half && (decode_fits(as_f32_copies(p)) || short_keys_fit(as_f32_copies(p)))) {
+  else if (half && decode_fits(as_f32_copies(p))) {
     if (p.dtype == DType::bf16) widened<bfloat16>(p);
     else widened<float16>(p);
-  } else if (half) fused_attention(p);
-  else if (decode_fits(p)) decode_attention(p);
+  } else if (!half && decode_fits(p)) decode_attention(p);
   else if (short_keys_fit(p)) short_keys_attention(p);
   else fused_attention(p);
 }

@@ -1,9 +1,9 @@
 // The native backend's paths. attention_native (native.cpp) takes the first that fits:
 //   decode      few query rows per kv head: streams K and V once (native_decode.cpp), in bf16
 //               and f16 as they are
-//   widened     bf16/f16 problems the two paths below fit (strided K/V decode, short keys): f32
-//               copies on them (native.cpp)
-//   short keys  up to 96 keys, no mask: queries on the vector lanes (native_short_keys.cpp)
+//   widened     bf16/f16 decode with strided K or V: dense f32 copies on the f32 decode path
+//   short keys  up to 96 keys, no mask: queries on the vector lanes (native_short_keys.cpp),
+//               bf16 and f16 widened as K and V^T are packed and Q panels transposed
 //   fused       everything else: flash attention on key blocks (native_fused.cpp), bf16 and
 //               f16 widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
 #pragma once

@@ -15,7 +15,9 @@
 // other). Guarded by attention/native/sdcross.
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 
+#include "element.hpp"
 #include "native.hpp"
 #include "prefetch.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -28,8 +30,13 @@ namespace {
 constexpr std::int64_t kShortMaxKeys = 96;
 constexpr std::int64_t kPanelsPerItem = 4;
 
-template <class T>
+// T: the type computed in; S: the type q, k, v and out are stored in (T, or bf16 / f16 computed
+// in f32: K and V of a kv head widened when V^T is packed, Q rows before their transpose, the
+// output narrowed after its transpose).
+template <class T, class S>
 class ShortKeys {
+  static constexpr bool kWiden = !std::is_same_v<S, T>;
+
  public:
   explicit ShortKeys(const Problem& p)
       : p_(p), gk_(simd::kernels().gemm<T>()), vk_(simd::kernels().vec<T>()) {
@@ -41,6 +48,10 @@ class ShortKeys {
     qt_size_ = round_up(p.D * q_rows_, kLineElems<T>);
     st_size_ = round_up(p.Sk * q_rows_, kLineElems<T>);
     ot_size_ = round_up(p.Dv * q_rows_, kLineElems<T>);
+    if (kWiden) {
+      kw_size_ = round_up(p.Sk * p.D, kLineElems<T>);
+      tmp_size_ = round_up(std::max({p.Sk * p.Dv, tile_cols_ * p.D, tile_cols_ * p.Dv}), kLineElems<T>);
+    }
   }
 
   std::int64_t items() const { return p_.B * p_.H * q_blocks_; }
@@ -49,12 +60,14 @@ class ShortKeys {
     return static_cast<std::int64_t>(kMinFlopsPerThread / flops_per_item) + 1;
   }
   std::size_t scratch_size() const {
-    return static_cast<std::size_t>(vt_size_ + qt_size_ + st_size_ + ot_size_ + round_up(q_rows_, kLineElems<T>));
+    return static_cast<std::size_t>(vt_size_ + qt_size_ + st_size_ + ot_size_ + round_up(q_rows_, kLineElems<T>) + kw_size_ +
+                                    tmp_size_);
   }
 
   // Per-thread state: the scratch parts and the kv head whose V^T is packed.
   struct State {
     T *vt, *qt, *st, *ot, *l;
+    T *kw, *tmp;  // 16-bit storage: K of the kv head widened; rows widened or narrowed on the way
     std::int64_t packed_head = -1;  // b * Hkv + hk
   };
   State scratch(T* base) const {
@@ -62,7 +75,9 @@ class ShortKeys {
     T* qt = vt + vt_size_;
     T* st = qt + qt_size_;
     T* ot = st + st_size_;
-    return {vt, qt, st, ot, ot + ot_size_};
+    T* l = ot + ot_size_;
+    T* kw = l + round_up(q_rows_, kLineElems<T>);
+    return {vt, qt, st, ot, l, kw, kw + kw_size_};
   }
 
   // Item it = (batch b, head h, query block qb).
@@ -70,24 +85,35 @@ class ShortKeys {
     const std::int64_t qb = it % q_blocks_, h = (it / q_blocks_) % p_.H, b = it / (q_blocks_ * p_.H);
     const std::int64_t hk = h / (p_.H / p_.Hkv), L = p_.key_len(b);
     const std::int64_t i0 = qb * q_rows_, nq = std::min(q_rows_, p_.Sq - i0);
-    T* o = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1] + i0 * p_.os[2];
+    S* o = static_cast<S*>(p_.o) + b * p_.os[0] + h * p_.os[1] + i0 * p_.os[2];
     if (L == 0) {  // no visible key: zero rows
-      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p_.os[2], o + r * p_.os[2] + p_.Dv, T(0));
+      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p_.os[2], o + r * p_.os[2] + p_.Dv, S{});
       return;
     }
+    const S* v = static_cast<const S*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
+    const S* ks = static_cast<const S*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
     if (s.packed_head != b * p_.Hkv + hk) {  // V^T of kv head (b, hk): row d holds V[0:L, d]
-      vk_.pack_transpose(static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1], p_.vs[2], L, p_.Dv, s.vt, ldvt_,
-                         L);
+      if constexpr (kWiden) {
+        widen_rows(v, p_.vs[2], L, p_.Dv, s.tmp, p_.Dv);
+        vk_.pack_transpose(s.tmp, p_.Dv, L, p_.Dv, s.vt, ldvt_, L);
+        widen_rows(ks, p_.ks[2], L, p_.D, s.kw, p_.D);
+      } else {
+        vk_.pack_transpose(v, p_.vs[2], L, p_.Dv, s.vt, ldvt_, L);
+      }
       s.packed_head = b * p_.Hkv + hk;
     }
-    const T* q = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i0 * p_.qs[2];
-    const T* k = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
-    for (std::int64_t c = 0; c * tile_cols_ < nq; ++c) panel(q, k, o, L, nq, c, s);
+    const S* q = static_cast<const S*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i0 * p_.qs[2];
+    const T* k;
+    std::int64_t ldk;
+    if constexpr (kWiden) k = s.kw, ldk = p_.D;
+    else k = ks, ldk = p_.ks[2];
+    for (std::int64_t c = 0; c * tile_cols_ < nq; ++c) panel(q, k, ldk, o, L, nq, c, s);
   }
 
  private:
   // Queries c * tile_cols .. of the item (q, o at its first row; nq rows in all).
-  void panel(const T* q, const T* k, T* o, std::int64_t L, std::int64_t nq, std::int64_t c, const State& s) const {
+  void panel(const S* q, const T* k, std::int64_t ldk, S* o, std::int64_t L, std::int64_t nq, std::int64_t c,
+             const State& s) const {
     const std::int64_t qn = std::min(tile_cols_, nq - c * tile_cols_), nv = (qn + lanes_ - 1) / lanes_;
     // The next panel's Q rows and output rows, prefetched by this panel's products (the
     // transposes that read and write them otherwise wait on memory).
@@ -102,10 +128,15 @@ class ShortKeys {
     T* stc = s.st + c * p_.Sk * tile_cols_;
     T* otc = s.ot + c * p_.Dv * tile_cols_;
     T* l = s.l + c * tile_cols_;
-    vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
+    if constexpr (kWiden) {
+      widen_rows(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, s.tmp, p_.D);
+      vk_.pack_transpose(s.tmp, p_.D, qn, p_.D, qtc, tile_cols_, nv * lanes_);
+    } else {
+      vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
+    }
     for (std::int64_t r0 = 0; r0 < L; r0 += rows_t) {
       const NextRows::Run pf = next.take(p_.D);
-      gk_.ukernel_a_in_place_pf[nv][std::min(rows_t, L - r0)](p_.D, k + r0 * p_.ks[2], p_.ks[2], qtc, tile_cols_,
+      gk_.ukernel_a_in_place_pf[nv][std::min(rows_t, L - r0)](p_.D, k + r0 * ldk, ldk, qtc, tile_cols_,
                                                             stc + r0 * tile_cols_, tile_cols_, T(1), T(0), pf.at,
                                                             pf.lines);
     }
@@ -117,12 +148,27 @@ class ShortKeys {
                                                                 pf.at, pf.lines);
     }
     vk_.normalize_cols(otc, tile_cols_, p_.Dv, nv * lanes_, l);
-    T* oc = o + c * tile_cols_ * p_.os[2];
-    vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.os[2], p_.Dv);
+    S* oc = o + c * tile_cols_ * p_.os[2];
+    if constexpr (kWiden) {
+      vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, s.tmp, p_.Dv, p_.Dv);
+      for (std::int64_t r = 0; r < qn; ++r)
+        convert_elements(s.tmp + r * p_.Dv, dtype_of<T>(), oc + r * p_.os[2], dtype_of<S>(), p_.Dv);
+    } else {
+      vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.os[2], p_.Dv);
+    }
     // A query with no finite score has zero weights, and 0 * an infinite V is NaN: zeros, as
     // the row-major kernel writes for a row with l == 0.
     for (std::int64_t r = 0; r < qn; ++r)
-      if (l[r] == T(0)) std::fill(oc + r * p_.os[2], oc + r * p_.os[2] + p_.Dv, T(0));
+      if (l[r] == T(0)) std::fill(oc + r * p_.os[2], oc + r * p_.os[2] + p_.Dv, S{});
+  }
+
+  // rows x cols stored elements (row stride rs, unit inner stride) widened to dst (row stride ld).
+  static void widen_rows(const S* src, std::int64_t rs, std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld) {
+    if (rs == cols && ld == cols) {
+      convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), rows * cols);
+      return;
+    }
+    for (std::int64_t r = 0; r < rows; ++r) convert_elements(src + r * rs, dtype_of<S>(), dst + r * ld, dtype_of<T>(), cols);
   }
 
   const Problem& p_;
@@ -132,6 +178,7 @@ class ShortKeys {
   std::int64_t q_rows_, q_blocks_;               // queries per item, items per head
   std::int64_t ldvt_;                            // row stride of V^T: Sk rounded up to a vector
   std::int64_t vt_size_, qt_size_, st_size_, ot_size_;
+  std::int64_t kw_size_ = 0, tmp_size_ = 0;
 };
 
 template <class T>
@@ -143,9 +190,9 @@ bool fits(const Problem& p) {
          p.Sq >= gk.blocking_a_in_place.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
 }
 
-template <class T>
+template <class T, class S>
 void short_keys(const Problem& p) {
-  const ShortKeys<T> path(p);
+  const ShortKeys<T, S> path(p);
   const std::int64_t items = path.items();
   RegionFailure failure;
   parallel_claims(items, p.threads, path.min_items_per_thread(), [&](auto next_item) {
@@ -159,11 +206,15 @@ void short_keys(const Problem& p) {
 
 }  // namespace
 
-bool short_keys_fit(const Problem& p) { return p.dtype == DType::f32 ? fits<float>(p) : fits<double>(p); }
+bool short_keys_fit(const Problem& p) { return p.dtype == DType::f64 ? fits<double>(p) : fits<float>(p); }
 
 void short_keys_attention(const Problem& p) {
-  if (p.dtype == DType::f32) short_keys<float>(p);
-  else short_keys<double>(p);
+  switch (p.dtype) {
+    case DType::f64: short_keys<double, double>(p); break;
+    case DType::bf16: short_keys<float, bfloat16>(p); break;
+    case DType::f16: short_keys<float, float16>(p); break;
+    default: short_keys<float, float>(p);
+  }
 }
 
 }  // namespace simdattn::detail

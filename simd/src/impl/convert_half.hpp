@@ -51,6 +51,16 @@ void widen_half_row(const std::uint16_t* src, float* dst, std::int64_t n) {
   std::int64_t i = 0;
   if constexpr (kBf16 || B::size > 4)  // SSE2 has no f16 conversion
     for (; i + W <= n; i += W) load_half<Arch, kBf16>(src + i).store_unaligned(dst + i);
+  if constexpr (kHasAvx512<Arch>) {
+    // the last n - i < 16 values: masked load and store (rows of 40 or 72 are common head sizes)
+    if (i < n) {
+      const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+      const __m256i v = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(m, src + i));
+      const __m512 x = kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(v), 16)) : _mm512_cvtph_ps(v);
+      _mm512_mask_storeu_ps(dst + i, m, x);
+    }
+    return;
+  }
   for (; i < n; ++i) dst[i] = half_to_float<Arch, kBf16>(src[i]);
 }
 
@@ -71,8 +81,10 @@ template <class Arch, bool kBf16>
 void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
   if constexpr (kHasAvx512<Arch>) {
-    for (; i + 16 <= n; i += 16) {
-      const __m512 x = _mm512_loadu_ps(src + i);
+    // 16 values a step; the last n % 16 with a masked load and store
+    for (; i < n; i += 16) {
+      const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
+      const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
       __m256i h;
       if constexpr (kBf16) {
         const __m512i u = _mm512_castps_si512(x);
@@ -92,8 +104,9 @@ void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
           h = _mm512_cvtepi32_epi16(
               _mm512_mask_blend_epi32(nan, _mm512_cvtepu16_epi32(h), f16_nan_bits(_mm512_castps_si512(x))));
       }
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+      _mm512_mask_storeu_epi16(dst + i, m, _mm512_castsi256_si512(h));
     }
+    return;
   } else if constexpr (batch<float, Arch>::size == 8) {  // AVX2 (with F16C)
     for (; i + 8 <= n; i += 8) {
       const __m256 x = _mm256_loadu_ps(src + i);
