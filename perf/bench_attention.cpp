@@ -1,5 +1,6 @@
 // attention/<backend>/<workload>/t<threads>: docs/design.md's standard workloads on each backend;
-// attention/native/<workload>.bf16/t<threads> and .f16: the same inputs rounded to bf16 / f16.
+// attention/<backend>/<workload>.bf16/t<threads> and .f16: the same inputs rounded to bf16 / f16,
+// on the fast backends that take them here (simdattn::backend_takes).
 // Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
 // reading K and V. Every backend of the build is registered, the reference only for workloads it
 // finishes in seconds.
@@ -79,16 +80,20 @@ int register_all() {
             ;
       }
     }
-    // bf16 and f16 on the native backend, named with the dtype after the workload.
-    for (int t : {1, 2}) {
-      const std::string base = "attention/native/" + std::string(w.name);
-      benchmark::RegisterBenchmark((base + ".bf16/t" + std::to_string(t)).c_str(),
-                                   bench_attention<simdattn::bfloat16>, w, simdattn::Backend::native, t)
-          ->Unit(benchmark::kMillisecond);
-      benchmark::RegisterBenchmark((base + ".f16/t" + std::to_string(t)).c_str(),
-                                   bench_attention<simdattn::float16>, w, simdattn::Backend::native, t)
-          ->Unit(benchmark::kMillisecond);
-    }
+    // bf16 and f16 on the fast backends that take them here, named with the dtype after the
+    // workload.
+    for (simdattn::Backend b : {simdattn::Backend::native, simdattn::Backend::onednn})
+      for (int t : {1, 2}) {
+        const std::string base = "attention/" + std::string(simdattn::backend_name(b)) + "/" + std::string(w.name);
+        if (simdattn::backend_takes(b, simdattn::DType::bf16))
+          benchmark::RegisterBenchmark((base + ".bf16/t" + std::to_string(t)).c_str(),
+                                       bench_attention<simdattn::bfloat16>, w, b, t)
+              ->Unit(benchmark::kMillisecond);
+        if (simdattn::backend_takes(b, simdattn::DType::f16))
+          benchmark::RegisterBenchmark((base + ".f16/t" + std::to_string(t)).c_str(),
+                                       bench_attention<simdattn::float16>, w, b, t)
+              ->Unit(benchmark::kMillisecond);
+      }
   }
   return 0;
 }

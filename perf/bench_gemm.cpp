@@ -1,5 +1,8 @@
 // gemm/<backend>/<MxNxK>/t<threads>: docs/design.md's GEMM shapes, row-major C = A B (no
 // transposes), native against oneDNN's matmul (one primitive per shape, created once, outside the timing).
+// gemm/<backend>/<MxNxK>.bf16/t<threads> and .f16: A and B rounded to bf16 / f16, C in f32; the
+// native 16-bit GEMM takes B packed once outside the timing (as a layer packs its weights),
+// oneDNN's matmul reads it as it is. oneDNN's rows only where it has the dtype's matmul here.
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -8,7 +11,10 @@
 #include <vector>
 
 #include "gemm.hpp"
+#include "gemm_half.hpp"
 #include "perf_util.hpp"
+#include "simdattn/attention.hpp"
+#include "simdattn/half.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>
@@ -47,18 +53,45 @@ void gemm_native(benchmark::State& state, Shape s, int threads) {
   simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] { simdattn::detail::gemm(g, threads); });
 }
 
+// The operands' A and B rounded to bf16 (or f16) bits.
+struct HalfOperands {
+  std::vector<std::uint16_t, simdattn::detail::AlignedAllocator<std::uint16_t>> a, b;
+  HalfOperands(const Operands& op, bool bf16) : a(op.a.size()), b(op.b.size()) {
+    auto round = [bf16](float x) { return bf16 ? simdattn::to_bfloat16(x).bits : simdattn::to_float16(x).bits; };
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] = round(op.a[i]);
+    for (std::size_t i = 0; i < b.size(); ++i) b[i] = round(op.b[i]);
+  }
+};
+
+void gemm_native_half(benchmark::State& state, Shape s, int threads, bool bf16) {
+  Operands op(s);
+  const HalfOperands h(op, bf16);
+  const simdattn::detail::PackedHalf packed = simdattn::detail::pack_half_b(h.b.data(), s.N, s.K, s.N, bf16);
+  simdattn::detail::HalfGemmArgs g;
+  g.M = s.M, g.N = s.N, g.K = s.K;
+  g.A = h.a.data(), g.lda = s.K;
+  g.B = &packed;
+  g.C = op.c.data(), g.ldc = s.N;
+  simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] { simdattn::detail::gemm_half(g, threads); });
+}
+
 #ifdef SIMDATTN_HAVE_ONEDNN
-void gemm_onednn(benchmark::State& state, Shape s, int threads) {
+// dt: the data type of A and B (f32, bf16 or f16); C is f32.
+void gemm_onednn(benchmark::State& state, Shape s, int threads, dnnl::memory::data_type dt) {
   using namespace dnnl;
   Operands op(s);
+  const HalfOperands h(op, dt == memory::data_type::bf16);
+  const bool half = dt != memory::data_type::f32;
   engine eng(engine::kind::cpu, 0);
   stream strm(eng);
-  const memory::desc a_md({s.M, s.K}, memory::data_type::f32, memory::format_tag::ab);
-  const memory::desc b_md({s.K, s.N}, memory::data_type::f32, memory::format_tag::ab);
+  const memory::desc a_md({s.M, s.K}, dt, memory::format_tag::ab);
+  const memory::desc b_md({s.K, s.N}, dt, memory::format_tag::ab);
   const memory::desc c_md({s.M, s.N}, memory::data_type::f32, memory::format_tag::ab);
   const matmul::primitive_desc pd(matmul::desc(a_md, b_md, c_md), eng);
   const matmul prim(pd);
-  memory a(a_md, eng, op.a.data()), b(b_md, eng, op.b.data()), c(c_md, eng, op.c.data());
+  memory a(a_md, eng, half ? static_cast<void*>(const_cast<std::uint16_t*>(h.a.data())) : op.a.data());
+  memory b(b_md, eng, half ? static_cast<void*>(const_cast<std::uint16_t*>(h.b.data())) : op.b.data());
+  memory c(c_md, eng, op.c.data());
   omp_set_num_threads(threads);
   simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] {
     prim.execute(strm, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
@@ -74,9 +107,20 @@ int register_all() {
     for (int t : {1, 2}) {
       benchmark::RegisterBenchmark(("gemm/native/" + shape + "/t" + std::to_string(t)).c_str(), gemm_native, s, t)
           ->Unit(benchmark::kMicrosecond);
+      for (bool bf16 : {true, false})
+        benchmark::RegisterBenchmark(("gemm/native/" + shape + (bf16 ? ".bf16" : ".f16") + "/t" + std::to_string(t)).c_str(),
+                                     gemm_native_half, s, t, bf16)
+            ->Unit(benchmark::kMicrosecond);
 #ifdef SIMDATTN_HAVE_ONEDNN
-      benchmark::RegisterBenchmark(("gemm/onednn/" + shape + "/t" + std::to_string(t)).c_str(), gemm_onednn, s, t)
+      using dt = dnnl::memory::data_type;
+      benchmark::RegisterBenchmark(("gemm/onednn/" + shape + "/t" + std::to_string(t)).c_str(), gemm_onednn, s, t, dt::f32)
           ->Unit(benchmark::kMicrosecond);
+      for (auto [type, name] : {std::pair{dt::bf16, simdattn::DType::bf16}, std::pair{dt::f16, simdattn::DType::f16}})
+        if (simdattn::backend_takes(simdattn::Backend::onednn, name))
+          benchmark::RegisterBenchmark(
+              ("gemm/onednn/" + shape + "." + std::string(simdattn::dtype_name(name)) + "/t" + std::to_string(t)).c_str(),
+              gemm_onednn, s, t, type)
+              ->Unit(benchmark::kMicrosecond);
 #endif
     }
   }

@@ -159,12 +159,27 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
     run(float16{}, Sq);
   }
 #ifdef SIMDATTN_HAVE_ONEDNN
-  {  // the onednn backend does not take them yet: a clear error naming the backend option
-    test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
-    AttentionOptions opt;
-    opt.backend = Backend::onednn;
-    CHECK_THROWS_WITH_AS(attention(q.cview(), q.cview(), q.cview(), o.view(), opt),
-                         doctest::Contains("for bf16 inputs"), Error);
+  {  // a dtype oneDNN has no matmul for here: a clear error naming the backend option, out untouched
+    for (DType dt : {DType::bf16, DType::f16}) {
+      if (backend_takes(Backend::onednn, dt)) continue;
+      test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
+      o.data.assign(o.data.size(), to_bfloat16(3.0));
+      AttentionOptions opt;
+      opt.backend = Backend::onednn;
+      const std::string want = "has no " + std::string(dtype_name(dt)) + " matmul on this CPU";
+      try {
+        if (dt == DType::bf16) attention(q.cview(), q.cview(), q.cview(), o.view(), opt);
+        else {
+          test::Buffer<float16> h({1, 1, 2, 4}), ho({1, 1, 2, 4});
+          attention(h.cview(), h.cview(), h.cview(), ho.view(), opt);
+        }
+        FAIL("no error for " << dtype_name(dt));
+      } catch (const Error& e) {
+        CHECK(e.argument() == "options.backend");
+        CHECK(std::string(e.what()).find(want) != std::string::npos);
+      }
+      CHECK(to_float(o.data[0]) == 3.0f);
+    }
   }
 #endif
   // Linear attention does not take them yet: a clear error, not a misread.

@@ -32,6 +32,15 @@ bool backend_available(Backend b) noexcept {
   return b == Backend::reference || b == Backend::native;
 }
 
+bool backend_takes(Backend b, DType dtype) noexcept {
+  if (!backend_available(b)) return false;
+#ifdef SIMDATTN_HAVE_ONEDNN
+  if (b == Backend::onednn) return detail::onednn_takes(dtype);
+#endif
+  (void)dtype;
+  return true;
+}
+
 void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options) {
   if (!backend_available(options.backend))

@@ -19,6 +19,12 @@
 // query heads. K and V are read in place through pointers and strides, never copied, unless a
 // view's innermost stride is not 1 (then q, k, v or out go through a dense copy).
 //
+// bf16 and f16 (where oneDNN has the matmuls for them on the CPU): both matmuls take 16-bit
+// operands and accumulate in f32; the scores and the softmax stay f32, and a reorder rounds the
+// probabilities to the operands' dtype (to nearest even) for the PV matmul, which writes `out`
+// in it. oneDNN 2.6 has bf16 matmuls on AVX-512 machines; where creating them fails (f16, or a
+// CPU without them), the call fails with Error("options.backend") before anything is written.
+//
 // A row with no visible key gets NaN from softmax (exp(-inf - -inf)); such rows are known from
 // M and overwritten with zeros after the PV matmul.
 //
@@ -41,10 +47,12 @@
 #include <mutex>
 #include <new>
 #include <string>
+#include <type_traits>
 #include <unordered_map>
 #include <vector>
 
 #include "problem.hpp"
+#include "simdattn/half.hpp"
 #include "simdattn/error.hpp"
 #include "threading.hpp"
 #include "visibility.hpp"
@@ -76,6 +84,7 @@ struct StepKey {
   std::int64_t mask_heads = 0, mask_rows = 0;  // the mask's [heads, rows, keys]; 0: no mask
   std::uint32_t scale_bits = 0;                // the f32 scale
   int threads = 0;
+  memory::data_type dt = memory::data_type::f32;  // q, k, v and out
   bool operator==(const StepKey&) const = default;
 };
 
@@ -86,7 +95,7 @@ struct StepKeyHash {
   std::size_t operator()(const StepKey& k) const noexcept {
     std::uint64_t h = 1469598103934665603ull;
     for (std::int64_t x : {k.heads, k.kv_heads, k.rows, k.keys, k.D, k.Dv, k.mask_heads, k.mask_rows,
-                           std::int64_t{k.scale_bits}, std::int64_t{k.threads}})
+                           std::int64_t{k.scale_bits}, std::int64_t{k.threads}, static_cast<std::int64_t>(k.dt)})
       mix(h, x);
     for (const ViewStrides& v : {k.q, k.k, k.v, k.out})
       for (std::int64_t x : {v.head, v.row, v.inner}) mix(h, x);
@@ -96,6 +105,8 @@ struct StepKeyHash {
 
 struct StepPrims {
   memory::desc q, kt, v, o, scores, mask;
+  memory::desc probs;  // 16-bit operands: the probabilities in their dtype, and the reorder to it
+  dnnl::reorder round_probs;
   // Scratchpads are the caller's (scratchpad_mode::user): oneDNN's own is one buffer shared by
   // every primitive of the process unless the library is built for concurrent execution, and
   // Debian's is not, so two calls running at once would overwrite each other's.
@@ -120,26 +131,29 @@ Onednn& onednn() {
 // A 4-D view [1, d1, d2, d3] with strides s1, s2, s3. Size-1 dimensions get a stride past the
 // view's extent, so oneDNN sees an ordinary outer dimension.
 memory::desc view_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3, std::int64_t s1,
-                       std::int64_t s2, std::int64_t s3) {
+                       std::int64_t s2, std::int64_t s3, memory::data_type dt) {
   const std::int64_t extent = 1 + (d1 - 1) * s1 + (d2 - 1) * s2 + (d3 - 1) * s3;
   if (d1 == 1) s1 = extent;
   if (d2 == 1) s2 = extent;
   if (d3 == 1) s3 = extent;
-  return memory::desc(Dims{1, d1, d2, d3}, memory::data_type::f32, Dims{extent, s1, s2, s3});
+  return memory::desc(Dims{1, d1, d2, d3}, dt, Dims{extent, s1, s2, s3});
 }
 
-memory::desc dense_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3) {
-  return memory::desc(Dims{1, d1, d2, d3}, memory::data_type::f32, memory::format_tag::abcd);
+memory::desc dense_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3,
+                        memory::data_type dt = memory::data_type::f32) {
+  return memory::desc(Dims{1, d1, d2, d3}, dt, memory::format_tag::abcd);
 }
 
 std::shared_ptr<const StepPrims> create_prims(const StepKey& k, const dnnl::engine& eng) {
   const std::int64_t W = k.keys;
   auto p = std::make_shared<StepPrims>();
-  p->q = view_desc(k.heads, k.rows, k.D, k.q.head, k.q.row, k.q.inner);
-  p->kt = view_desc(k.kv_heads, k.D, W, k.k.head, k.k.inner, k.k.row);  // K^T: row and inner swap
-  p->v = view_desc(k.kv_heads, W, k.Dv, k.v.head, k.v.row, k.v.inner);
-  p->o = view_desc(k.heads, k.rows, k.Dv, k.out.head, k.out.row, k.out.inner);
+  p->q = view_desc(k.heads, k.rows, k.D, k.q.head, k.q.row, k.q.inner, k.dt);
+  p->kt = view_desc(k.kv_heads, k.D, W, k.k.head, k.k.inner, k.k.row, k.dt);  // K^T: row and inner swap
+  p->v = view_desc(k.kv_heads, W, k.Dv, k.v.head, k.v.row, k.v.inner, k.dt);
+  p->o = view_desc(k.heads, k.rows, k.Dv, k.out.head, k.out.row, k.out.inner, k.dt);
   p->scores = dense_desc(k.heads, k.rows, W);
+  const bool half = k.dt != memory::data_type::f32;
+  p->probs = half ? dense_desc(k.heads, k.rows, W, k.dt) : p->scores;
   float scale = 0.f;
   std::memcpy(&scale, &k.scale_bits, sizeof scale);
 
@@ -156,7 +170,8 @@ std::shared_ptr<const StepPrims> create_prims(const StepKey& k, const dnnl::engi
   const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng);
   const dnnl::softmax_forward::primitive_desc sm_pd(
       dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), plain, eng);
-  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p->scores, p->v, p->o), plain, eng);
+  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p->probs, p->v, p->o), plain, eng);
+  if (half) p->round_probs = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->scores, eng, p->probs, plain));
   p->qk_scratch = qk_pd.scratchpad_desc();
   p->softmax_scratch = sm_pd.scratchpad_desc();
   p->pv_scratch = pv_pd.scratchpad_desc();
@@ -208,21 +223,29 @@ struct Block {
 };
 
 
+template <class E>
 struct Operands {
-  const float* q;
-  const float* k;
-  const float* v;
-  float* o;
+  const E* q;
+  const E* k;
+  const E* v;
+  E* o;
   Shape4 qs, ks, vs, os;
 };
+
+template <class E>
+constexpr memory::data_type data_type_of() {
+  if constexpr (std::is_same_v<E, bfloat16>) return memory::data_type::bf16;
+  else if constexpr (std::is_same_v<E, float16>) return memory::data_type::f16;
+  else return memory::data_type::f32;
+}
 
 bool inner_contiguous(const Shape4& shape, const Shape4& strides) {
   return shape[3] == 1 || strides[3] == 1;
 }
 
 // Copies the first `rows(b)` rows of every (b, h) of a [B, H, S, D] view between two layouts.
-template <class RowsFn>
-void copy_rows(const float* src, const Shape4& ss, float* dst, const Shape4& ds, const Shape4& shape, RowsFn rows) {
+template <class E, class RowsFn>
+void copy_rows(const E* src, const Shape4& ss, E* dst, const Shape4& ds, const Shape4& shape, RowsFn rows) {
   for (std::int64_t b = 0; b < shape[0]; ++b)
     for (std::int64_t h = 0; h < shape[1]; ++h)
       for (std::int64_t i = 0; i < rows(b); ++i)
@@ -280,13 +303,15 @@ void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* f
   }
 }
 
-void zero_row(float* o, const Shape4& os, std::int64_t Dv) {
-  for (std::int64_t d = 0; d < Dv; ++d) o[d * os[3]] = 0.f;
+template <class E>
+void zero_row(E* o, const Shape4& os, std::int64_t Dv) {
+  for (std::int64_t d = 0; d < Dv; ++d) o[d * os[3]] = E{};  // +0 in every dtype
 }
 
 // One call: its geometry, the plan of its blocks, its buffers. Steps (run() below): plan every
 // block and create its primitives; allocate and make dense copies; execute block by block;
-// copy a dense output back.
+// copy a dense output back. E: the element type of q, k, v and out.
+template <class E>
 class Call {
  public:
   explicit Call(const Problem& p)
@@ -295,8 +320,8 @@ class Call {
         heads_(per_group_ ? p.H / p.Hkv : p.H), kv_heads_(per_group_ ? 1 : p.Hkv), units_(per_group_ ? p.Hkv : 1),
         qshape_{p.B, p.H, p.Sq, p.D}, kshape_{p.B, p.Hkv, p.Sk, p.D}, vshape_{p.B, p.Hkv, p.Sk, p.Dv},
         oshape_{p.B, p.H, p.Sq, p.Dv},
-        op_{static_cast<const float*>(p.q), static_cast<const float*>(p.k), static_cast<const float*>(p.v),
-            static_cast<float*>(p.o), p.qs, p.ks, p.vs, p.os} {
+        op_{static_cast<const E*>(p.q), static_cast<const E*>(p.k), static_cast<const E*>(p.v),
+            static_cast<E*>(p.o), p.qs, p.ks, p.vs, p.os} {
     dense_q_ = !inner_contiguous(qshape_, p.qs), dense_k_ = !inner_contiguous(kshape_, p.ks);
     dense_v_ = !inner_contiguous(vshape_, p.vs), dense_o_ = !inner_contiguous(oshape_, p.os);
     if (dense_q_) op_.qs = contiguous_strides(qshape_);
@@ -329,14 +354,16 @@ class Call {
   // The calling thread's buffers, and dense copies of inputs whose inner stride is not 1.
   void prepare() {
     scores_ = thread_buffer<float, Scratch::onednn_scores>().get(static_cast<std::size_t>(score_elems_));
+    if constexpr (!std::is_same_v<E, float>)
+      probs_ = thread_buffer<E, Scratch::onednn_probs>().get(static_cast<std::size_t>(score_elems_));
     mask_ = thread_buffer<float, Scratch::onednn_mask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
     flags_ = reinterpret_cast<std::uint8_t*>(mask_ + mask_elems_);
     scratch_ = thread_buffer<std::uint8_t, Scratch::onednn_scratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
     auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
-    float* q_copy = dense_q_ ? thread_buffer<float, Scratch::onednn_dense_q>().get(numel(qshape_)) : nullptr;
-    float* k_copy = dense_k_ ? thread_buffer<float, Scratch::onednn_dense_k>().get(numel(kshape_)) : nullptr;
-    float* v_copy = dense_v_ ? thread_buffer<float, Scratch::onednn_dense_v>().get(numel(vshape_)) : nullptr;
-    o_copy_ = dense_o_ ? thread_buffer<float, Scratch::onednn_dense_out>().get(numel(oshape_)) : nullptr;
+    E* q_copy = dense_q_ ? thread_buffer<E, Scratch::onednn_dense_q>().get(numel(qshape_)) : nullptr;
+    E* k_copy = dense_k_ ? thread_buffer<E, Scratch::onednn_dense_k>().get(numel(kshape_)) : nullptr;
+    E* v_copy = dense_v_ ? thread_buffer<E, Scratch::onednn_dense_v>().get(numel(vshape_)) : nullptr;
+    o_copy_ = dense_o_ ? thread_buffer<E, Scratch::onednn_dense_out>().get(numel(oshape_)) : nullptr;
     const auto all_rows = [&](std::int64_t) { return p_.Sq; };
     const auto key_rows = [&](std::int64_t b) { return p_.key_len(b); };
     if (dense_q_) copy_rows(op_.q, p_.qs, q_copy, op_.qs, qshape_, all_rows), op_.q = q_copy;
@@ -356,7 +383,7 @@ class Call {
 
   void finish() {
     if (dense_o_)
-      copy_rows(o_copy_, op_.os, static_cast<float*>(p_.o), p_.os, oshape_, [&](std::int64_t) { return p_.Sq; });
+      copy_rows(o_copy_, op_.os, static_cast<E*>(p_.o), p_.os, oshape_, [&](std::int64_t) { return p_.Sq; });
   }
 
  private:
@@ -388,6 +415,7 @@ class Call {
     key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
     std::memcpy(&key.scale_bits, &scale, sizeof scale);
     key.threads = threads_;
+    key.dt = data_type_of<E>();
     blk.prims = get_prims(key);
     score_elems_ = std::max(score_elems_, heads_ * rows * W);
     for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
@@ -399,7 +427,7 @@ class Call {
 
   void run_block(const Block& blk, dnnl::stream& stream) {
     const std::int64_t rows = blk.i1 - blk.i0;
-    float* o_blk = op_.o + blk.b * op_.os[0] + blk.i0 * op_.os[2];
+    E* o_blk = op_.o + blk.b * op_.os[0] + blk.i0 * op_.os[2];
     if (blk.jhi == blk.jlo) {  // no row of the block sees a key
       for (std::int64_t h = 0; h < p_.H; ++h)
         for (std::int64_t r = 0; r < rows; ++r) zero_row(o_blk + h * op_.os[1] + r * op_.os[2], op_.os, p_.Dv);
@@ -413,15 +441,15 @@ class Call {
   }
 
   // The three primitives on heads [u * heads_, (u + 1) * heads_) of the block.
-  void run_unit(const Block& blk, std::int64_t u, float* o_u, dnnl::stream& stream) {
+  void run_unit(const Block& blk, std::int64_t u, E* o_u, dnnl::stream& stream) {
     const StepPrims& prims = *blk.prims;
     const dnnl::engine& eng = onednn().engine;
     const std::int64_t h0 = u * heads_, hk0 = per_group_ ? u : 0, W = blk.jhi - blk.jlo;
-    const float* q_u = op_.q + blk.b * op_.qs[0] + h0 * op_.qs[1] + blk.i0 * op_.qs[2];
-    const float* k_u = op_.k + blk.b * op_.ks[0] + hk0 * op_.ks[1] + blk.jlo * op_.ks[2];
-    const float* v_u = op_.v + blk.b * op_.vs[0] + hk0 * op_.vs[1] + blk.jlo * op_.vs[2];
-    memory q_mem(prims.q, eng, const_cast<float*>(q_u));
-    memory k_mem(prims.kt, eng, const_cast<float*>(k_u));
+    const E* q_u = op_.q + blk.b * op_.qs[0] + h0 * op_.qs[1] + blk.i0 * op_.qs[2];
+    const E* k_u = op_.k + blk.b * op_.ks[0] + hk0 * op_.ks[1] + blk.jlo * op_.ks[2];
+    const E* v_u = op_.v + blk.b * op_.vs[0] + hk0 * op_.vs[1] + blk.jlo * op_.vs[2];
+    memory q_mem(prims.q, eng, const_cast<E*>(q_u));
+    memory k_mem(prims.kt, eng, const_cast<E*>(k_u));
     memory s_mem(prims.scores, eng, scores_);
     std::unordered_map<int, memory> qk_args{{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
     if (blk.mask_heads > 0) {
@@ -433,9 +461,14 @@ class Call {
     prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
                                    {DNNL_ARG_DST, s_mem},
                                    {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch_)}});
-    memory v_mem(prims.v, eng, const_cast<float*>(v_u));
+    memory p_mem = s_mem;
+    if constexpr (!std::is_same_v<E, float>) {
+      p_mem = memory(prims.probs, eng, probs_);
+      prims.round_probs.execute(stream, s_mem, p_mem);
+    }
+    memory v_mem(prims.v, eng, const_cast<E*>(v_u));
     memory o_mem(prims.o, eng, o_u);
-    prims.pv.execute(stream, {{DNNL_ARG_SRC, s_mem},
+    prims.pv.execute(stream, {{DNNL_ARG_SRC, p_mem},
                               {DNNL_ARG_WEIGHTS, v_mem},
                               {DNNL_ARG_DST, o_mem},
                               {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch_)}});
@@ -443,7 +476,7 @@ class Call {
   }
 
   // Rows with no visible key (flagged by build_mask) get zeros instead of softmax's NaN.
-  void zero_empty_rows(const Block& blk, std::int64_t u, float* o_u) const {
+  void zero_empty_rows(const Block& blk, std::int64_t u, E* o_u) const {
     const std::int64_t h0 = u * heads_;
     for (std::int64_t h = 0; h < heads_; ++h)
       for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
@@ -459,18 +492,21 @@ class Call {
   const bool per_group_;
   const std::int64_t heads_, kv_heads_, units_;
   const Shape4 qshape_, kshape_, vshape_, oshape_;
-  Operands op_;  // what oneDNN reads and writes: the inputs, or their dense copies
+  Operands<E> op_;  // what oneDNN reads and writes: the inputs, or their dense copies
   bool dense_q_, dense_k_, dense_v_, dense_o_;
   bool user_mask_, mask_by_head_, mask_by_row_;
   std::int64_t score_elems_ = 0, mask_elems_ = 0, flag_elems_ = 0, scratch_bytes_ = 0;
-  float *scores_ = nullptr, *mask_ = nullptr, *o_copy_ = nullptr;
+  float *scores_ = nullptr, *mask_ = nullptr;
+  E* probs_ = nullptr;  // 16-bit operands: the probabilities the PV matmul reads
+  E* o_copy_ = nullptr;
   std::uint8_t *flags_ = nullptr, *scratch_ = nullptr;
 };
 
+template <class E>
 void run(const Problem& p) {
   if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
   const ThreadScope scope(p.threads);
-  Call call(p);
+  Call<E> call(p);
   call.plan();
   call.prepare();
   call.execute();
@@ -480,12 +516,38 @@ void run(const Problem& p) {
 }  // namespace
 
 void attention_onednn(const Problem& p) {
-  if (p.dtype != DType::f32)
-    throw Error("options.backend",
-                "the onednn backend computes in f32 only (oneDNN 2.6 has no f64 matmul; bf16 and f16 are "
-                "not supported here yet); use the native or reference backend for " +
-                    std::string(dtype_name(p.dtype)) + " inputs");
-  run(p);
+  if (!onednn_takes(p.dtype)) {
+    const std::string dt(dtype_name(p.dtype));
+    const std::string version = std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR);
+    throw Error("options.backend", "oneDNN " + version + " has no " + dt + " matmul" +
+                                       (p.dtype == DType::f64 ? "" : " on this CPU") +
+                                       "; use the native or reference backend for " + dt + " inputs");
+  }
+  switch (p.dtype) {
+    case DType::bf16: run<bfloat16>(p); break;
+    case DType::f16: run<float16>(p); break;
+    default: run<float>(p);
+  }
+}
+
+bool onednn_takes(DType dtype) noexcept {
+  // A matmul of two 2 x 2 operands of the dtype into f32: created only if oneDNN has a kernel.
+  auto probe = [](memory::data_type dt) {
+    try {
+      const memory::desc a(Dims{2, 2}, dt, memory::format_tag::ab), c(Dims{2, 2}, memory::data_type::f32, memory::format_tag::ab);
+      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), onednn().engine);
+      return true;
+    } catch (...) {
+      return false;
+    }
+  };
+  static const bool bf16 = probe(memory::data_type::bf16), f16 = probe(memory::data_type::f16);
+  switch (dtype) {
+    case DType::f32: return true;
+    case DType::bf16: return bf16;
+    case DType::f16: return f16;
+    default: return false;
+  }
 }
 
 std::uint64_t onednn_primitives_created() noexcept {

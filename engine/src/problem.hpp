@@ -87,6 +87,8 @@ void attention_native(const Problem& p);
 void attention_onednn(const Problem& p);
 // Primitives the onednn backend has created so far in this process (its cache's misses x 3).
 std::uint64_t onednn_primitives_created() noexcept;
+// Whether oneDNN has the matmuls for inputs of this dtype on this CPU (probed once per dtype).
+bool onednn_takes(DType dtype) noexcept;
 #endif
 
 }  // namespace simdattn::detail

@@ -51,6 +51,7 @@ enum class Scratch : int {
   attention,            // the native attention paths' blocks, packed K^T / V, decode rows
   linear,               // the native linear-attention kernel's panels and state
   onednn_scores,        // onednn backend: scores of one step
+  onednn_probs,         // onednn backend: a bf16/f16 step's probabilities, rounded for the PV matmul
   onednn_mask,          // onednn backend: the step's mask and empty-row flags
   onednn_scratchpad,    // onednn backend: oneDNN's scratchpads (bytes)
   onednn_dense_q,       // onednn backend: dense copies of inputs whose inner stride is not 1

@@ -101,4 +101,10 @@ std::string_view causal_name(Causal c) noexcept;
 // True if this build contains the backend (onednn needs SIMDATTN_WITH_ONEDNN).
 bool backend_available(Backend b) noexcept;
 
+// True if attention() on backend b takes inputs of this dtype here: reference and native take
+// f32, f64, bf16 and f16; onednn (if built) f32, and bf16 / f16 where oneDNN has the matmuls for
+// them on this CPU (oneDNN 2.6: bf16 on AVX-512 machines, f16 nowhere). Otherwise attention()
+// throws Error("options.backend").
+bool backend_takes(Backend b, DType dtype) noexcept;
+
 }  // namespace simdattn
