@@ -1,4 +1,5 @@
-// `simdattn info`: version, ISA in use and available, threads, backends, oneDNN version.
+// `simdattn info`: version, ISA in use and available, threads, backends, oneDNN version, the
+// dtypes each backend takes here.
 #include <iostream>
 
 #include "args.hpp"
@@ -28,6 +29,14 @@ Command add_info_command(CLI::App& app) {
     for (const auto& s : info.backends) std::cout << ' ' << s;
     std::cout << '\n';
     std::cout << "onednn: " << (info.onednn_version.empty() ? "not built" : info.onednn_version) << '\n';
+    // which dtypes each backend takes here (backend_takes)
+    for (const auto& s : info.backends) {
+      std::cout << "dtypes " << s << ":";
+      for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16})
+        for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
+          if (backend_name(b) == s && backend_takes(b, dt)) std::cout << ' ' << dtype_name(dt);
+      std::cout << '\n';
+    }
   };
 }
 
