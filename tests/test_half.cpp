@@ -182,10 +182,6 @@ TEST_CASE("bf16 and f16 attention: keys past the key lengths are not read, masks
     }
   }
 #endif
-  // Linear attention does not take them yet: a clear error, not a misread.
-  test::Buffer<bfloat16> q({1, 1, 2, 4}), o({1, 1, 2, 4});
-  CHECK_THROWS_WITH_AS(linear_attention(q.cview(), q.cview(), q.cview(), o.view()),
-                       doctest::Contains("linear attention takes f32 or f64, got bf16"), Error);
 }
 
 TEST_CASE("bf16 and f16 attention on views whose innermost stride is not 1: decode, short-key and fused paths" *

@@ -36,9 +36,10 @@ Buffer<double> quadratic(const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>
         double den = eps;
         for (std::int64_t j = 0; j < (causal ? i + 1 : Sk); ++j) {
           double w = 0;
-          for (std::int64_t d = 0; d < D; ++d) w += phi(f, q.at(b, h, i, d)) * phi(f, k.at(b, hk, j, d));
+          for (std::int64_t d = 0; d < D; ++d)
+            w += phi(f, test::as_double(q.at(b, h, i, d))) * phi(f, test::as_double(k.at(b, hk, j, d)));
           den += w;
-          for (std::int64_t e = 0; e < Dv; ++e) num[std::size_t(e)] += w * v.at(b, hk, j, e);
+          for (std::int64_t e = 0; e < Dv; ++e) num[std::size_t(e)] += w * test::as_double(v.at(b, hk, j, e));
         }
         for (std::int64_t e = 0; e < Dv; ++e) o.at(b, h, i, e) = num[std::size_t(e)] / den;
       }
@@ -48,7 +49,7 @@ Buffer<double> quadratic(const Buffer<T>& q, const Buffer<T>& k, const Buffer<T>
 template <class T>
 void fill_uniform(Buffer<T>& t, std::mt19937_64& rng, double lo, double hi) {
   std::uniform_real_distribution<double> u(lo, hi);
-  t.for_each([&](T& x, auto...) { x = static_cast<T>(u(rng)); });
+  t.for_each([&](T& x, auto...) { x = test::value<T>(u(rng)); });
 }
 
 template <class T>
@@ -94,6 +95,15 @@ TEST_CASE("linear attention equals the quadratic form (random, every feature map
   for (int trial = 0; trial < 60; ++trial) {
     if (trial % 4 < 2) check_random<float>(rng, trial);
     else check_random<double>(rng, trial);
+  }
+}
+
+TEST_CASE("linear attention in bf16 and f16 equals the quadratic form on the rounded inputs (every feature map, "
+          "strided layouts, both backends)" * doctest::test_suite(test::every_isa)) {
+  std::mt19937_64 rng(test::base_seed() + 54);
+  for (int trial = 0; trial < 24; ++trial) {
+    if (trial % 4 < 2) check_random<bfloat16>(rng, trial);
+    else check_random<float16>(rng, trial);
   }
 }
 
@@ -147,6 +157,39 @@ TEST_CASE("the recurrent state after N steps equals causal linear attention") {
   CHECK(err <= 1e-12);
   state.reset();
   CHECK(state.tokens() == 0);
+}
+
+TEST_CASE("a bf16 or f16 recurrent state equals causal linear attention in its dtype") {
+  std::mt19937_64 rng(test::base_seed() + 55);
+  auto run = [&](auto tag) {
+    using T = decltype(tag);
+    const std::int64_t B = 1, H = 2, Hkv = 1, N = 29, D = 6, Dv = 7;
+    Buffer<T> q({B, H, N, D}), k({B, Hkv, N, D}), v({B, Hkv, N, Dv});
+    fill_uniform(q, rng, -1.0, 1.0);
+    fill_uniform(k, rng, -1.0, 1.0);
+    fill_uniform(v, rng, -1.0, 1.0);
+    LinearAttentionOptions o;
+    o.causal = true;
+    o.backend = Backend::reference;
+    Buffer<T> full({B, H, N, Dv});
+    linear_attention(q.cview(), k.cview(), v.cview(), full.view(), o);
+    LinearAttentionState state(dtype_of<T>(), B, H, Hkv, D, Dv);
+    Buffer<T> step_out({B, H, 1, Dv});
+    double err = 0;
+    for (std::int64_t t = 0; t < N; ++t) {
+      auto row = [&](const Buffer<T>& x) {
+        return ConstTensorView(x.data.data() + t * x.strides[2], {x.shape[0], x.shape[1], 1, x.shape[3]}, x.strides);
+      };
+      state.step(row(q), row(k), row(v), step_out.view());
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t e = 0; e < Dv; ++e)
+          err = std::max(err, std::abs(test::as_double(step_out.at(0, h, 0, e)) - test::as_double(full.at(0, h, t, e))));
+    }
+    // both round the same f64 sums once: equal but where the sums' last bits straddle a tie
+    CHECK(err <= test::tolerance<T>(1.0) / 4);
+  };
+  run(bfloat16{});
+  run(float16{});
 }
 
 TEST_CASE("linear attention validates its options" *

@@ -8,7 +8,9 @@
 #include <cstring>
 #include <new>
 #include <string>
+#include <vector>
 
+#include "element.hpp"
 #include "panels.hpp"
 #include "prefetch.hpp"
 #include "problem.hpp"
@@ -351,6 +353,50 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   failure.rethrow();
 }
 
+// bf16/f16 operands: q, k and v widened to dense copies in W (the reference: f64, so its sums are
+// the definition's on the rounded inputs; native: f32, products and sums in f32), computed there,
+// and the output narrowed (to nearest even, once) into out.
+template <class W, class Run>
+void widened(const Problem& p, Run run) {
+  auto dense = [&](const void* src, const Shape4& st, const Shape4& shape) {
+    std::vector<W> d(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
+    std::size_t n = 0;
+    for (std::int64_t a = 0; a < shape[0]; ++a)
+      for (std::int64_t b = 0; b < shape[1]; ++b)
+        for (std::int64_t i = 0; i < shape[2]; ++i, n += static_cast<std::size_t>(shape[3])) {
+          const std::int64_t off = a * st[0] + b * st[1] + i * st[2];
+          if (st[3] == 1) {
+            detail::convert_elements(static_cast<const char*>(src) + off * 2, p.dtype, d.data() + n, dtype_of<W>(), shape[3]);
+          } else {
+            for (std::int64_t c = 0; c < shape[3]; ++c)
+              d[n + static_cast<std::size_t>(c)] = static_cast<W>(detail::widen_at(src, p.dtype, off + c * st[3]));
+          }
+        }
+    return d;
+  };
+  const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
+  const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
+  const std::vector<W> q = dense(p.q, p.qs, qshape), k = dense(p.k, p.ks, kshape), v = dense(p.v, p.vs, vshape);
+  std::vector<W> o(static_cast<std::size_t>(p.B * p.H * p.Sq * p.Dv));
+  Problem f = p;
+  f.dtype = dtype_of<W>();
+  f.q = q.data(), f.k = k.data(), f.v = v.data(), f.o = o.data();
+  f.qs = contiguous_strides(qshape), f.ks = contiguous_strides(kshape);
+  f.vs = contiguous_strides(vshape), f.os = contiguous_strides(oshape);
+  run(f);
+  std::size_t n = 0;
+  for (std::int64_t a = 0; a < p.B; ++a)
+    for (std::int64_t b = 0; b < p.H; ++b)
+      for (std::int64_t i = 0; i < p.Sq; ++i, n += static_cast<std::size_t>(p.Dv)) {
+        char* dst = static_cast<char*>(p.o) + (a * p.os[0] + b * p.os[1] + i * p.os[2]) * 2;
+        for (std::int64_t c = 0; c < p.Dv; ++c) {
+          const double x = o[n + static_cast<std::size_t>(c)];
+          const std::uint16_t bits = p.dtype == DType::bf16 ? to_bfloat16(x).bits : to_float16(x).bits;
+          std::memcpy(dst + c * p.os[3] * 2, &bits, 2);
+        }
+      }
+}
+
 }  // namespace
 
 void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
@@ -358,8 +404,6 @@ void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const 
   AttentionOptions a;  // shapes, dtypes, strides, overlap, threads: the attention rules
   a.threads = options.threads;
   const Problem p = detail::make_problem(q, k, v, out, a);
-  if (p.dtype != DType::f32 && p.dtype != DType::f64)
-    throw Error("q", "linear attention takes f32 or f64, got " + std::string(dtype_name(p.dtype)));
   if (options.causal && p.Sq != p.Sk)
     throw Error("options.causal", "causal linear attention needs Sq == Sk, got Sq=" + std::to_string(p.Sq) +
                                       ", Sk=" + std::to_string(p.Sk));
@@ -375,7 +419,12 @@ void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const 
   if (options.backend != Backend::reference && options.backend != Backend::native)
     throw Error("options.backend", "unknown value " + std::to_string(int(options.backend)));
   if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
-  if (options.backend == Backend::reference) {
+  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
+  if (half && options.backend == Backend::reference) {
+    widened<double>(p, [&](const Problem& f) { reference<double>(f, options); });
+  } else if (half) {
+    widened<float>(p, [&](const Problem& f) { native<float>(f, options); });
+  } else if (options.backend == Backend::reference) {
     if (p.dtype == DType::f32) reference<float>(p, options);
     else reference<double>(p, options);
   } else {
@@ -391,8 +440,8 @@ LinearAttentionState::LinearAttentionState(DType dtype, std::int64_t batch, std:
                                            double eps)
     : dtype_(dtype), B_(batch), H_(heads), Hkv_(kv_heads), D_(head_dim), Dv_(value_dim), phi_(feature_map), eps_(eps) {
   detail::check_isa();
-  if (dtype != DType::f32 && dtype != DType::f64)
-    throw Error("dtype", "expected f32 or f64, got " + std::string(dtype_name(dtype)));
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
   if (batch < 1 || heads < 1 || kv_heads < 1 || head_dim < 1 || value_dim < 1)
     throw Error("shape", "batch, heads, kv_heads, head_dim and value_dim must be >= 1");
   if (heads % kv_heads != 0)
@@ -423,9 +472,9 @@ void check_step_view(const char* name, const ConstTensorView& t, DType dtype, co
     if (t.strides[d] < 0) throw Error(name, "negative stride");
 }
 
-template <class T>
+// Element [a, b, 0, d] of a step's view, widened exactly.
 double at(const ConstTensorView& t, std::int64_t a, std::int64_t b, std::int64_t d) {
-  return static_cast<double>(static_cast<const T*>(t.data)[a * t.strides[0] + b * t.strides[1] + d * t.strides[3]]);
+  return detail::widen_at(t.data, t.dtype, a * t.strides[0] + b * t.strides[1] + d * t.strides[3]);
 }
 
 }  // namespace
@@ -436,14 +485,13 @@ void LinearAttentionState::step(const ConstTensorView& q, const ConstTensorView&
   check_step_view("k", k, dtype_, {B_, Hkv_, 1, D_});
   check_step_view("v", v, dtype_, {B_, Hkv_, 1, Dv_});
   check_step_view("out", ConstTensorView(out.data, out.dtype, out.shape, out.strides), dtype_, {B_, H_, 1, Dv_});
-  const bool f32 = dtype_ == DType::f32;
   const std::int64_t W = Dv_ + 1, group = H_ / Hkv_;
   for (std::int64_t b = 0; b < B_; ++b)
     for (std::int64_t hk = 0; hk < Hkv_; ++hk) {
       double* s = s_.data() + (b * Hkv_ + hk) * D_ * W;
       for (std::int64_t d = 0; d < D_; ++d) {
-        const double f = phi<double>(phi_, f32 ? at<float>(k, b, hk, d) : at<double>(k, b, hk, d));
-        for (std::int64_t e = 0; e < Dv_; ++e) s[d * W + e] += f * (f32 ? at<float>(v, b, hk, e) : at<double>(v, b, hk, e));
+        const double f = phi<double>(phi_, at(k, b, hk, d));
+        for (std::int64_t e = 0; e < Dv_; ++e) s[d * W + e] += f * at(v, b, hk, e);
         s[d * W + Dv_] += f;
       }
     }
@@ -451,15 +499,19 @@ void LinearAttentionState::step(const ConstTensorView& q, const ConstTensorView&
     for (std::int64_t h = 0; h < H_; ++h) {
       const double* s = s_.data() + (b * Hkv_ + h / group) * D_ * W;
       for (std::int64_t d = 0; d < D_; ++d)
-        fq_[static_cast<std::size_t>(d)] = phi<double>(phi_, f32 ? at<float>(q, b, h, d) : at<double>(q, b, h, d));
+        fq_[static_cast<std::size_t>(d)] = phi<double>(phi_, at(q, b, h, d));
       double den = eps_;
       for (std::int64_t d = 0; d < D_; ++d) den += fq_[static_cast<std::size_t>(d)] * s[d * W + Dv_];
       for (std::int64_t e = 0; e < Dv_; ++e) {
         double num = 0.0;
         for (std::int64_t d = 0; d < D_; ++d) num += fq_[static_cast<std::size_t>(d)] * s[d * W + e];
         const std::int64_t off = b * out.strides[0] + h * out.strides[1] + e * out.strides[3];
-        if (f32) static_cast<float*>(out.data)[off] = static_cast<float>(num / den);
-        else static_cast<double*>(out.data)[off] = num / den;
+        switch (dtype_) {  // rounded once, to nearest even
+          case DType::f32: static_cast<float*>(out.data)[off] = static_cast<float>(num / den); break;
+          case DType::f64: static_cast<double*>(out.data)[off] = num / den; break;
+          case DType::bf16: static_cast<bfloat16*>(out.data)[off] = to_bfloat16(num / den); break;
+          default: static_cast<float16*>(out.data)[off] = to_float16(num / den);
+        }
       }
     }
   ++tokens_;

@@ -7,7 +7,9 @@
 // phi: elu1(x) = elu(x) + 1 (x + 1 for x > 0, exp(x) otherwise; the paper's choice, default),
 // relu(x) = max(x, 0), identity(x) = x. eps defaults to 1e-6. Shapes as attention():
 // q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv], out [B, H, Sq, Dv], H % Hkv == 0,
-// f32 or f64, any strides.
+// f32, f64, bf16 or f16 (one dtype for all four), any strides. bf16/f16: the reference sums the
+// inputs widened to f64, native widens them to f32 (products and sums in f32); the output is
+// rounded to nearest even once.
 //
 // The native backend computes the causal case chunk by chunk: inside a chunk of C rows a
 // quadratic product masked to j <= i, across chunks a carried D x (Dv + 1) state (the sums
@@ -52,7 +54,8 @@ class LinearAttentionState {
                        std::int64_t head_dim, std::int64_t value_dim, FeatureMap feature_map = FeatureMap::elu1,
                        double eps = 1e-6);
 
-  // q [B, H, 1, D], k [B, Hkv, 1, D], v [B, Hkv, 1, Dv] -> out [B, H, 1, Dv] (the state's dtype).
+  // q [B, H, 1, D], k [B, Hkv, 1, D], v [B, Hkv, 1, Dv] -> out [B, H, 1, Dv] (the state's dtype:
+  // f32, f64, bf16 or f16; the state itself is f64, each output rounded once).
   void step(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const TensorView& out);
 
   void reset() noexcept;
