@@ -450,6 +450,39 @@ class Linear(CliCase):
                     want = linear_oracle(q.astype(dtype), k.astype(dtype), v.astype(dtype), causal, fm)
                     self.assertLess(np.abs(o - want).max(), tol, (fm, causal, backend))
 
+    def test_dtype(self):
+        """--dtype bf16|f16 rounds the inputs (bf16 by bit manipulation here) and the output keeps Q's
+        .npy dtype; <f2 files compute in f16 by default. Oracle: float64 on the rounded inputs."""
+        q, k, v = (self.rng.uniform(0.05, 1.5, s) for s in ((2, 4, 33, 8), (2, 2, 33, 8), (2, 2, 33, 5)))
+        tol = {"bf16": 1e-2, "f16": 2e-3}  # of max(1, max|V|) = 1.5
+        rounders = {"bf16": mha_weights.to_bf16, "f16": lambda x: x.astype(np.float32).astype(np.float16).astype(np.float64)}
+        for backend in ("reference", "native"):
+            for dt, rnd in rounders.items():
+                for causal in (False, True):
+                    args = ["linear", "--q", self.save("q.npy", q.astype(np.float32)),
+                            "--k", self.save("k.npy", k.astype(np.float32)), "--v", self.save("v.npy", v.astype(np.float32)),
+                            "--out", self.path("o.npy"), "--backend", backend, "--dtype", dt] + (["--causal"] if causal else [])
+                    r = self.run_cli(*args)
+                    self.assertEqual(r.returncode, 0, r.stderr)
+                    o = np.load(self.path("o.npy"))
+                    self.assertEqual(o.dtype, np.float32)
+                    want = linear_oracle(rnd(q), rnd(k), rnd(v), causal, "elu1")
+                    self.assertLessEqual(np.abs(o - want).max(), tol[dt] * 1.5, (backend, dt, causal))
+                    # the output went through the dtype: rounding it again changes nothing
+                    self.assertTrue(np.array_equal(rnd(o), o.astype(np.float64)), (backend, dt))
+            h = [x.astype(np.float16) for x in (q, k, v)]
+            r = self.run_cli("linear", "--q", self.save("q.npy", h[0]), "--k", self.save("k.npy", h[1]),
+                             "--v", self.save("v.npy", h[2]), "--out", self.path("o.npy"), "--backend", backend)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            o = np.load(self.path("o.npy"))
+            self.assertEqual(o.dtype, np.float16)
+            want = linear_oracle(*(x.astype(np.float64) for x in h), False, "elu1")
+            self.assertLessEqual(np.abs(o.astype(np.float64) - want).max(), 2e-3 * 1.5)
+        r = self.run_cli("linear", "--q", self.path("q.npy"), "--k", self.path("k.npy"), "--v", self.path("v.npy"),
+                         "--out", self.path("o.npy"), "--dtype", "f8")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("--dtype: expected f32, f64, bf16 or f16, got 'f8'", r.stderr)
+
     def test_bad_input(self):
         q = self.save("q.npy", np.ones((1, 1, 4, 2), np.float32))
         k = self.save("k.npy", np.ones((1, 1, 5, 2), np.float32))

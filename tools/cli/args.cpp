@@ -220,6 +220,34 @@ void save_output(const std::string& path, const NpyArray& a) {
   }
 }
 
+void add_dtype_option(CLI::App& sub, std::string& dtype) {
+  sub.add_option("--dtype", dtype,
+                 "f32 | f64 | bf16 | f16: Q, K and V are rounded to it before computing (default: their "
+                 ".npy dtype); the output is written in Q's .npy dtype");
+}
+
+DtypeChoice parse_dtype_option(const std::string& text) {
+  if (text.empty()) return {};
+  return {true, parse_dtype("--dtype", text)};
+}
+
+void compute_in_dtype(const std::string& path, DtypeChoice choice, QkvFiles& in,
+                      const std::function<void(const QkvFiles&, void*)>& compute) {
+  const DType written = in.q.dtype;  // the output's .npy dtype: Q's
+  if (choice.given && choice.dtype != written) {
+    in.q = converted(in.q, choice.dtype);
+    in.k = converted(in.k, choice.dtype);
+    in.v = converted(in.v, choice.dtype);
+  }
+  if (in.q.dtype == written) {
+    write_output(path, written, in.o_shape(), [&](void* o) { compute(in, o); });
+    return;
+  }
+  NpyArray o = make_output(in.q.dtype, in.o_shape());
+  with_flag_errors([&] { compute(in, o.data.data()); });
+  save_output(path, converted(o, written));
+}
+
 void write_output(const std::string& path, DType dtype, std::vector<std::int64_t> shape,
                   const std::function<void(void*)>& compute) {
   NpyArray out = make_output(dtype, std::move(shape));

@@ -82,6 +82,18 @@ void add_backend_threads_options(CLI::App& sub, std::string& backend, std::strin
 // overflows or cannot be allocated.
 NpyArray make_output(DType dtype, std::vector<std::int64_t> shape);
 
+// --dtype of run and linear (empty: none): Q, K and V rounded to it when it is not theirs, then
+// `compute` (given the output's bytes, in that dtype) and the output saved to `path` in Q's .npy
+// dtype (converted when they differ). The dtype is parsed before the files are read.
+struct DtypeChoice {
+  bool given = false;
+  DType dtype = DType::f32;
+};
+DtypeChoice parse_dtype_option(const std::string& text);
+void add_dtype_option(CLI::App& sub, std::string& dtype);
+void compute_in_dtype(const std::string& path, DtypeChoice choice, QkvFiles& in,
+                      const std::function<void(const QkvFiles&, void*)>& compute);
+
 // write_npy, with errors naming --out.
 void save_output(const std::string& path, const NpyArray& a);
 

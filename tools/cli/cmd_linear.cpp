@@ -9,7 +9,7 @@ namespace simdattn::cli {
 namespace {
 
 struct LinearArgs {
-  std::string q, k, v, out, feature_map = "elu1", backend = "native", threads;
+  std::string q, k, v, out, feature_map = "elu1", backend = "native", threads, dtype;
   bool causal = false;
 };
 
@@ -29,15 +29,18 @@ void run(const LinearArgs& a) {
     throw UsageError("--backend: linear attention runs on reference or native (oneDNN has no primitive for it)");
   if (!a.threads.empty()) opt.threads = parse_threads(a.threads);
 
-  const QkvFiles in = load_qkv(a.q, a.k, a.v);
-  write_output(a.out, in.q.dtype, in.o_shape(),
-               [&](void* o) { linear_attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o), opt); });
+  const DtypeChoice dtype = parse_dtype_option(a.dtype);
+  QkvFiles in = load_qkv(a.q, a.k, a.v, true);
+  compute_in_dtype(a.out, dtype, in, [&](const QkvFiles& x, void* o) {
+    linear_attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
+  });
 }
 
 void add_options(CLI::App& sub, LinearArgs& a) {
   add_qkv_out_options(sub, a.q, a.k, a.v, a.out);
   sub.add_flag("--causal", a.causal, "each query attends to keys j <= i (needs Sq == Sk)");
   sub.add_option("--feature-map", a.feature_map, "elu1 | relu | identity (default elu1)");
+  add_dtype_option(sub, a.dtype);
   add_backend_threads_options(sub, a.backend, a.threads, "reference | native (default native)");
 }
 

@@ -72,14 +72,8 @@ ConstTensorView block_mask_view(const std::string& path, const NpyArray& blocks,
 
 void run(const RunArgs& a) {
   AttentionOptions opt = parse_options(a);
-  const DType compute = a.dtype.empty() ? DType::f32 : parse_dtype("--dtype", a.dtype);
+  const DtypeChoice dtype = parse_dtype_option(a.dtype);
   QkvFiles in = load_qkv(a.q, a.k, a.v, true);
-  const DType written = in.q.dtype;  // the output's .npy dtype: Q's
-  if (!a.dtype.empty() && compute != written) {  // inputs rounded to the computing dtype
-    in.q = converted(in.q, compute);
-    in.k = converted(in.k, compute);
-    in.v = converted(in.v, compute);
-  }
   // The files the options' views point into.
   NpyArray mask, blocks;
   std::vector<std::int64_t> lengths;
@@ -95,14 +89,9 @@ void run(const RunArgs& a) {
     blocks = load_bool_npy("--block-mask", a.block_mask);
     opt.block_mask = block_mask_view(a.block_mask, blocks, opt.block_size, in.qs[2], in.ks[2]);
   }
-  if (in.q.dtype == written) {
-    write_output(a.out, written, in.o_shape(),
-                 [&](void* o) { attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o), opt); });
-    return;
-  }
-  NpyArray o = make_output(in.q.dtype, in.o_shape());
-  with_flag_errors([&] { attention(in.q_view(), in.k_view(), in.v_view(), in.o_view(o.data.data()), opt); });
-  save_output(a.out, converted(o, written));
+  compute_in_dtype(a.out, dtype, in, [&](const QkvFiles& x, void* o) {
+    attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
+  });
 }
 
 void add_options(CLI::App& sub, RunArgs& a) {
@@ -119,9 +108,7 @@ void add_options(CLI::App& sub, RunArgs& a) {
   sub.add_option("--block-mask", a.block_mask,
                  "block-sparse layout: bool/uint8 [ceil(Sq/BS), ceil(Sk/BS)], nonzero = block computed");
   sub.add_option("--block-size", a.block_size, "BS, the block mask's block size (default 64)");
-  sub.add_option("--dtype", a.dtype,
-                 "f32 | f64 | bf16 | f16: Q, K and V are rounded to it before computing (default: their "
-                 ".npy dtype); the output is written in Q's .npy dtype");
+  add_dtype_option(sub, a.dtype);
   add_backend_threads_options(sub, a.backend, a.threads, "reference | native | onednn (default native)");
 }
 
