@@ -651,8 +651,30 @@ class Compare(CliCase):
             self.assertIn("\n" + name + " ", r.stdout)
         self.assertIn("max abs err", r.stdout)
 
+    def test_dtype(self):
+        """--dtype runs every backend that takes it here (as `info` lists) in it, each within the
+        dtype's tolerance of the reference; the default is f32."""
+        factor = {"f32": 1e-5, "f64": 1e-12, "bf16": 1e-2, "f16": 2e-3}
+        for dt in ("bf16", "f16", "f64", None):
+            args = ["--b", "2", "--h", "4", "--hkv", "2", "--sq", "40", "--sk", "150", "--d", "24", "--causal", "top-left"]
+            entries = self.compare_json(*args, *(["--dtype", dt] if dt else []))
+            dt = dt or "f32"
+            self.assertEqual(sorted(e["backend"] for e in entries),
+                             sorted(b for b in backends() if dt in backend_dtypes(b)), dt)
+            self.assertIn("native", [e["backend"] for e in entries])
+            for e in entries:
+                self.assertEqual(e["dtype"], dt)
+                # max|V| of 2 x 2 x 150 x 24 standard normal draws lies well inside [2, 10]
+                self.assertTrue(2 * factor[dt] <= e["tolerance"] <= 10 * factor[dt], e)
+                self.assertLessEqual(e["max_abs_err"], e["tolerance"], e)
+        r = self.run_cli("compare", "--sq", "16", "--h", "2", "--d", "8", "--dtype", "f16")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("), f16, ", r.stdout)
+        self.assertIn("tolerance: max abs err <= 0.002 * max(1, max|V|)", r.stdout)
+
     def test_bad_arguments(self):
         for args, fragment in ((["--workload", "gpt5"], "--workload"),
+                               (["--dtype", "f8"], "--dtype: expected f32, f64, bf16 or f16, got 'f8'"),
                                (["--workload", "bert", "--sq", "4"], "--workload"),
                                (["--h", "6", "--hkv", "4"], "--hkv"),
                                (["--sq", "0"], "--sq"),

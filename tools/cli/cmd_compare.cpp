@@ -3,7 +3,9 @@
 // GFLOP/s (causal counts visible pairs), % of this machine's FMA peak (measured in the same run),
 // and max |O - O_ref| against the reference backend. When the reference would take too long
 // (more than kReferenceFullFlops per call), it is not timed and the errors are taken on a sample
-// of query rows, every batch and head, which the output says.
+// of query rows, every batch and head, which the output says. --dtype runs every backend that
+// takes it here on the same inputs rounded to it (the reference computes in f64 and rounds its
+// output to the dtype), within docs/design.md's tolerance for that dtype.
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
@@ -27,7 +29,7 @@ namespace simdattn::cli {
 namespace {
 
 struct CompareArgs {
-  std::string workload, b, h, hkv, sq, sk, d, dv, causal, threads;
+  std::string workload, b, h, hkv, sq, sk, d, dv, causal, threads, dtype;
   bool json = false;
 };
 
@@ -94,7 +96,7 @@ Problem named_problem(const CompareArgs& a) {
   return p;
 }
 
-Problem make_problem(const CompareArgs& a) {
+Problem make_problem(const CompareArgs& a, DType dtype) {
   const bool explicit_sizes = !a.b.empty() || !a.h.empty() || !a.hkv.empty() || !a.sq.empty() ||
                               !a.sk.empty() || !a.d.empty() || !a.dv.empty();
   if (!a.workload.empty() && explicit_sizes)
@@ -104,50 +106,80 @@ Problem make_problem(const CompareArgs& a) {
   const double elems = double(p.B) * double(p.H) * double(p.Sq) * double(p.D) +
                        double(p.B) * double(p.Hkv) * double(p.Sk) * double(p.D + p.Dv) +
                        3.0 * double(p.B) * double(p.H) * double(p.Sq) * double(p.Dv);
-  if (elems * 4.0 > kMaxBytes) {
+  const double bytes = elems * double(dtype_size(dtype));
+  if (bytes > kMaxBytes) {
     char buf[64];
-    std::snprintf(buf, sizeof buf, "%.1f GiB", elems * 4.0 / double(1ull << 30));
+    std::snprintf(buf, sizeof buf, "%.1f GiB", bytes / double(1ull << 30));
     throw UsageError("sizes: " + describe(p) + " needs " + buf + " for inputs and outputs (limit 8 GiB)");
   }
   return p;
 }
 
-std::size_t numel(std::int64_t a0, std::int64_t a1, std::int64_t a2, std::int64_t a3) {
-  return static_cast<std::size_t>(a0 * a1 * a2 * a3);
+// An array of `dtype` and `shape`, zeroed.
+NpyArray array_of(DType dtype, std::vector<std::int64_t> shape) {
+  NpyArray a;
+  a.dtype = dtype;
+  a.shape = std::move(shape);
+  a.data.resize(static_cast<std::size_t>(a.numel()) * dtype_size(dtype));
+  return a;
 }
 
-// One comparison: the problem, its inputs ([B, H, S, D] contiguous) and the oracle's output on
-// the query rows that are checked.
+// Element i of an array of f32, f64, bf16 or f16, widened exactly.
+double element(const NpyArray& a, std::size_t i) {
+  switch (a.dtype) {
+    case DType::f64: return a.as<double>()[i];
+    case DType::bf16: return to_float(a.as<bfloat16>()[i]);
+    case DType::f16: return to_float(a.as<float16>()[i]);
+    default: return a.as<float>()[i];
+  }
+}
+
+// docs/design.md's tolerance factor per dtype: max|O - O_ref| <= factor * max(1, max|V|).
+double tolerance_factor(DType dtype) {
+  switch (dtype) {
+    case DType::f64: return 1e-12;
+    case DType::bf16: return 1e-2;
+    case DType::f16: return 2e-3;
+    default: return 1e-5;
+  }
+}
+
+// One comparison: the problem, its inputs ([B, H, S, D] contiguous, in the compared dtype) and the
+// oracle's output on the query rows that are checked.
 struct Bench {
   Problem p;
+  DType dtype = DType::f32;
   int threads = 1;
   double flops = 0;
   bool full_reference = true;  // the reference is timed and checks every row
-  std::vector<float> q, k, v;
+  NpyArray q, k, v;
   double tolerance = 0;
   std::vector<std::int64_t> rows;
-  std::vector<float> ref;  // [B, H, rows.size(), Dv]
+  NpyArray ref;  // [B, H, rows.size(), Dv]
 
-  ConstTensorView q_view() const { return ConstTensorView(q.data(), {p.B, p.H, p.Sq, p.D}); }
-  ConstTensorView k_view() const { return ConstTensorView(k.data(), {p.B, p.Hkv, p.Sk, p.D}); }
-  ConstTensorView v_view() const { return ConstTensorView(v.data(), {p.B, p.Hkv, p.Sk, p.Dv}); }
+  ConstTensorView q_view() const { return ConstTensorView(q.data.data(), dtype, {p.B, p.H, p.Sq, p.D}); }
+  ConstTensorView k_view() const { return ConstTensorView(k.data.data(), dtype, {p.B, p.Hkv, p.Sk, p.D}); }
+  ConstTensorView v_view() const { return ConstTensorView(v.data.data(), dtype, {p.B, p.Hkv, p.Sk, p.Dv}); }
   std::int64_t rows_checked() const { return std::int64_t(rows.size()); }
 };
 
-// Standard normal inputs from a fixed seed, so that every run times the same numbers; the
-// tolerance scales with V, which bounds the output.
+// Standard normal inputs from a fixed seed, so that every run times the same numbers (in f32,
+// then rounded to the dtype); the tolerance scales with V, which bounds the output.
 void make_inputs(Bench& b) {
   const Problem& p = b.p;
-  b.q.resize(numel(p.B, p.H, p.Sq, p.D));
-  b.k.resize(numel(p.B, p.Hkv, p.Sk, p.D));
-  b.v.resize(numel(p.B, p.Hkv, p.Sk, p.Dv));
   std::mt19937_64 rng(0);
   std::normal_distribution<float> n(0.f, 1.f);
-  for (auto* t : {&b.q, &b.k, &b.v})
-    for (float& x : *t) x = n(rng);
+  auto draw = [&](std::vector<std::int64_t> shape) {
+    NpyArray a = array_of(DType::f32, std::move(shape));
+    for (std::int64_t i = 0; i < a.numel(); ++i) a.as<float>()[i] = n(rng);
+    return converted(a, b.dtype);
+  };
+  b.q = draw({p.B, p.H, p.Sq, p.D});
+  b.k = draw({p.B, p.Hkv, p.Sk, p.D});
+  b.v = draw({p.B, p.Hkv, p.Sk, p.Dv});
   double max_v = 0.0;
-  for (float x : b.v) max_v = std::max(max_v, double(std::abs(x)));
-  b.tolerance = 1e-5 * std::max(1.0, max_v);
+  for (std::int64_t i = 0; i < b.v.numel(); ++i) max_v = std::max(max_v, std::abs(element(b.v, std::size_t(i))));
+  b.tolerance = tolerance_factor(b.dtype) * std::max(1.0, max_v);
 }
 
 // Every query row, or kSampleRows evenly spaced ones when the reference is too slow for all.
@@ -177,8 +209,11 @@ void reference_on_rows(Bench& b) {
     if (p.causal == Causal::bottom_right) visible = std::clamp<std::int64_t>(i + p.Sk - p.Sq + 1, 0, p.Sk);
     std::fill(lengths.begin(), lengths.end(), visible);
     opt.key_lengths = lengths;
-    const ConstTensorView qi(b.q.data() + i * p.D, {p.B, p.H, 1, p.D}, {p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1});
-    const TensorView oi(b.ref.data() + r * p.Dv, {p.B, p.H, 1, p.Dv}, {p.H * n * p.Dv, n * p.Dv, p.Dv, 1});
+    const std::size_t es = dtype_size(b.dtype);
+    const ConstTensorView qi(b.q.data.data() + std::size_t(i * p.D) * es, b.dtype, {p.B, p.H, 1, p.D},
+                             {p.H * p.Sq * p.D, p.Sq * p.D, p.D, 1});
+    const TensorView oi(b.ref.data.data() + std::size_t(r * p.Dv) * es, b.dtype, {p.B, p.H, 1, p.Dv},
+                        {p.H * n * p.Dv, n * p.Dv, p.Dv, 1});
     attention(qi, b.k_view(), b.v_view(), oi, opt);
   }
 }
@@ -198,12 +233,12 @@ void progress(bool on, const std::string& msg) {
 }
 
 // A warm-up call (caches, primitives, page faults), then the median of timed calls into `out`.
-Result time_backend(const Bench& b, Backend be, std::vector<float>& out) {
+Result time_backend(const Bench& b, Backend be, NpyArray& out) {
   AttentionOptions opt;
   opt.backend = be;
   opt.causal = b.p.causal;
   opt.threads = be == Backend::reference ? 1 : b.threads;  // the reference is single-threaded
-  const TensorView ov(out.data(), {b.p.B, b.p.H, b.p.Sq, b.p.Dv});
+  const TensorView ov(out.data.data(), b.dtype, {b.p.B, b.p.H, b.p.Sq, b.p.Dv});
   progress(!b.full_reference, "timing " + std::string(backend_name(be)));
   attention(b.q_view(), b.k_view(), b.v_view(), ov, opt);
   std::vector<double> times;
@@ -226,7 +261,7 @@ Result time_backend(const Bench& b, Backend be, std::vector<float>& out) {
 }
 
 // max |O - O_ref| over the checked rows; a NaN on one side only is an infinite error.
-double max_abs_error(const Bench& b, const std::vector<float>& out) {
+double max_abs_error(const Bench& b, const NpyArray& out) {
   const Problem& p = b.p;
   const std::int64_t n = b.rows_checked();
   double err = 0.0;
@@ -234,21 +269,21 @@ double max_abs_error(const Bench& b, const std::vector<float>& out) {
     for (std::int64_t h = 0; h < p.H; ++h)
       for (std::int64_t r = 0; r < n; ++r)
         for (std::int64_t d = 0; d < p.Dv; ++d) {
-          const double x = out[std::size_t(((bi * p.H + h) * p.Sq + b.rows[std::size_t(r)]) * p.Dv + d)];
-          const double y = b.ref[std::size_t(((bi * p.H + h) * n + r) * p.Dv + d)];
+          const double x = element(out, std::size_t(((bi * p.H + h) * p.Sq + b.rows[std::size_t(r)]) * p.Dv + d));
+          const double y = element(b.ref, std::size_t(((bi * p.H + h) * n + r) * p.Dv + d));
           const double e = std::isnan(x) != std::isnan(y) ? INFINITY : std::isnan(x) ? 0.0 : std::abs(x - y);
           err = std::max(err, e);
         }
   return err;
 }
 
-// Every backend of the build, the reference first: with full_reference its output is the oracle
-// the others are measured against.
+// Every backend of the build that takes the dtype here, the reference first: with full_reference
+// its output is the oracle the others are measured against.
 std::vector<Result> run_backends(Bench& b) {
   std::vector<Result> results;
-  std::vector<float> out(numel(b.p.B, b.p.H, b.p.Sq, b.p.Dv));
+  NpyArray out = array_of(b.dtype, {b.p.B, b.p.H, b.p.Sq, b.p.Dv});
   for (Backend be : {Backend::reference, Backend::native, Backend::onednn}) {
-    if (!backend_available(be)) continue;
+    if (!backend_takes(be, b.dtype)) continue;
     if (be == Backend::reference && !b.full_reference) continue;
     Result res = time_backend(b, be, out);
     if (be == Backend::reference) b.ref = out;  // full_reference: rows are every row
@@ -263,6 +298,7 @@ void print_json(const Bench& b, const std::vector<Result>& results, double peak)
   for (const Result& r : results)
     arr.push_back({{"backend", std::string(backend_name(r.backend))},
                    {"workload", b.p.name},
+                   {"dtype", std::string(dtype_name(b.dtype))},
                    {"threads", r.backend == Backend::reference ? 1 : b.threads},
                    {"median_ms", r.median_ms},
                    {"gflops", r.gflops},
@@ -279,7 +315,7 @@ void print_json(const Bench& b, const std::vector<Result>& results, double peak)
 void print_table(const Bench& b, const std::vector<Result>& results, double peak) {
   const Problem& p = b.p;
   char line[256];
-  std::cout << "simdattn compare: " << p.name << " (" << describe(p) << "), f32, " << b.threads
+  std::cout << "simdattn compare: " << p.name << " (" << describe(p) << "), " << dtype_name(b.dtype) << ", " << b.threads
             << (b.threads == 1 ? " thread" : " threads") << '\n';
   std::snprintf(line, sizeof line, "%.3g GFLOP per call; FMA peak measured now: %.1f GFLOP/s on %d thread(s)\n",
                 b.flops * 1e-9, peak, b.threads);
@@ -299,13 +335,18 @@ void print_table(const Bench& b, const std::vector<Result>& results, double peak
               << p.Sq << " query rows (evenly spaced; every batch and head)\n";
   else
     std::cout << "errors: against the reference on all " << p.Sq << " query rows\n";
-  std::snprintf(line, sizeof line, "tolerance: max abs err <= 1e-5 * max(1, max|V|) = %.3g\n", b.tolerance);
+  for (Backend be : {Backend::native, Backend::onednn})
+    if (backend_available(be) && !backend_takes(be, b.dtype))
+      std::cout << backend_name(be) << ": not run (takes no " << dtype_name(b.dtype) << " inputs here; see simdattn info)\n";
+  std::snprintf(line, sizeof line, "tolerance: max abs err <= %g * max(1, max|V|) = %.3g\n", tolerance_factor(b.dtype),
+                b.tolerance);
   std::cout << line;
 }
 
 void compare(const CompareArgs& a) {
   Bench b;
-  b.p = make_problem(a);
+  b.dtype = a.dtype.empty() ? DType::f32 : parse_dtype("--dtype", a.dtype);
+  b.p = make_problem(a, b.dtype);
   b.threads = a.threads.empty() ? std::max(1, omp_get_max_threads()) : parse_threads(a.threads);
   b.flops = attention_flops(b.p.B, b.p.H, b.p.Sq, b.p.Sk, b.p.D, b.p.Dv, b.p.causal);
   b.full_reference = b.flops <= kReferenceFullFlops;
@@ -317,7 +358,7 @@ void compare(const CompareArgs& a) {
   progress(verbose, "measuring the FMA peak on " + std::to_string(b.threads) + " threads");
   double peak = measure_fma_peak(b.threads);
   b.rows = checked_rows(b.p, b.full_reference);
-  b.ref.resize(numel(b.p.B, b.p.H, b.rows_checked(), b.p.Dv));
+  b.ref = array_of(b.dtype, {b.p.B, b.p.H, b.rows_checked(), b.p.Dv});
   if (!b.full_reference) {
     progress(verbose, "reference on " + std::to_string(b.rows.size()) + " sampled query rows");
     reference_on_rows(b);
@@ -345,6 +386,9 @@ void add_options(CLI::App& sub, CompareArgs& a) {
   sub.add_option("--dv", a.dv, "value head size (default --d)");
   sub.add_option("--causal", a.causal, "none | top-left | bottom-right (default: the workload's)");
   add_threads_option(sub, a.threads);
+  sub.add_option("--dtype", a.dtype,
+                 "f32 | f64 | bf16 | f16: the inputs rounded to it and every backend that takes it here run in it "
+                 "(default f32)");
   sub.add_flag("--json", a.json,
                "print a JSON array of {backend, workload, threads, median_ms, gflops, max_abs_err, ...}");
 }
