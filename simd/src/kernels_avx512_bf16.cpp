@@ -7,6 +7,8 @@
 // quarter of the FMA rate, so the table's gemm_bf16 stays AVX-512's (see kernels.hpp).
 #include <immintrin.h>
 
+#include <algorithm>
+
 #include "impl/tables.hpp"
 
 namespace simdattn::simd {
@@ -91,11 +93,34 @@ void bf16_pairs_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* B
     }
 }
 
+// f32 to bf16 on vcvtneps2bf16: nearest even, NaN kept quiet with its sign and top payload
+// bits, as half.hpp. The instruction reads subnormal inputs as zero, so a vector holding one takes
+// the AVX-512 integer rounding instead (bit for bit half.hpp's). One instruction where that takes
+// eight: `attention/native/bert.bf16` writes its output through here.
+void narrow_bf16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
+  const __m512i exp_bits = _mm512_set1_epi32(0x7f800000), abs_bits = _mm512_set1_epi32(0x7fffffff);
+  // lanes with a zero exponent and a nonzero magnitude: subnormal
+  auto subnormal = [&](__m512i u) { return _mm512_mask_testn_epi32_mask(_mm512_test_epi32_mask(u, abs_bits), u, exp_bits); };
+  std::int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    if (subnormal(_mm512_castps_si512(x)) != 0) impl::narrow_half_row<xsimd::avx512bw, true>(src + i, dst + i, 16);
+    else _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(x));
+  }
+  if (i < n) {
+    const auto m = static_cast<__mmask16>((1u << (n - i)) - 1u);
+    const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+    if (subnormal(_mm512_castps_si512(x)) != 0) impl::narrow_half_row<xsimd::avx512bw, true>(src + i, dst + i, n - i);
+    else _mm512_mask_storeu_epi16(dst + i, m, _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(x)));
+  }
+}
+
 }  // namespace
 
 KernelTable make_table_avx512_bf16() {
   KernelTable t = make_table_avx512();
   t.isa = Isa::avx512_bf16;
+  t.convert_bf16.narrow = &narrow_bf16_row;
   t.gemm_bf16_pairs = {.mr = kMr,
                  .nr = kNv * 16,
                  .kc = 256,  // a 256-deep B panel of 32 bf16 columns (16 KiB) stays in L1

@@ -81,10 +81,11 @@ template <class Arch, bool kBf16>
 void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
   if constexpr (kHasAvx512<Arch>) {
-    // 16 values a step; the last n % 16 with a masked load and store
+    // 16 values a step; the last n % 16 with a masked load and store (m)
     for (; i < n; i += 16) {
-      const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
-      const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
+      const bool full = n - i >= 16;
+      const auto m = static_cast<__mmask16>(full ? 0xffffu : (1u << (n - i)) - 1u);
+      const __m512 x = full ? _mm512_loadu_ps(src + i) : _mm512_maskz_loadu_ps(m, src + i);
       __m256i h;
       if constexpr (kBf16) {
         const __m512i u = _mm512_castps_si512(x);
@@ -104,7 +105,8 @@ void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
           h = _mm512_cvtepi32_epi16(
               _mm512_mask_blend_epi32(nan, _mm512_cvtepu16_epi32(h), f16_nan_bits(_mm512_castps_si512(x))));
       }
-      _mm512_mask_storeu_epi16(dst + i, m, _mm512_castsi256_si512(h));
+      if (full) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), h);
+      else _mm512_mask_storeu_epi16(dst + i, m, _mm512_castsi256_si512(h));
     }
     return;
   } else if constexpr (batch<float, Arch>::size == 8) {  // AVX2 (with F16C)
