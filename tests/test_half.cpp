@@ -221,6 +221,46 @@ TEST_CASE("bf16 and f16 attention on views whose innermost stride is not 1: deco
   }
 }
 
+TEST_CASE("bf16 and f16: a NaN in Q poisons exactly its own row, fully masked rows are zeros, every backend and "
+          "native path" * doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 45);
+  auto run = [&](auto tag, std::int64_t Sq, std::int64_t Sk, std::int64_t D, bool mask) {
+    using T = decltype(tag);
+    const std::int64_t B = 1, H = 2;
+    auto t = test::random_qkv<T>(rng, B, H, H, Sq, Sk, D);
+    const std::int64_t nan_row = Sq - 1, empty_row = mask ? 0 : -1;
+    t.q.at(0, 1, nan_row, D / 2) = test::value<T>(std::nan(""));
+    test::Buffer<std::uint8_t> m({1, 1, Sq, Sk});  // every key visible but for row 0's, if mask
+    m.for_each([&](std::uint8_t& x, auto, auto, auto i, auto) { x = i == empty_row ? 0 : 1; });
+    for (Backend be : test::backends()) {
+      if (!backend_takes(be, dtype_of<T>())) continue;
+      AttentionOptions opt;
+      if (mask) opt.mask = m.cview();
+      const test::Buffer<T> out = test::run_attention(be, t.q, t.k, t.v, opt);
+      CAPTURE(backend_name(be));
+      CAPTURE(Sq);
+      CAPTURE(Sk);
+      std::int64_t wrong = 0;
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < Sq; ++i)
+          for (std::int64_t d = 0; d < D; ++d) {
+            const double x = test::as_double(out.at(0, h, i, d));
+            if (i == empty_row) wrong += !(x == 0.0 && !std::signbit(x));
+            else if (h == 1 && i == nan_row) wrong += !std::isnan(x);
+            else wrong += !std::isfinite(x);
+          }
+      CHECK(wrong == 0);
+    }
+  };
+  // decode (one row), short keys (77 keys, no mask), fused (masked, and past one key block)
+  for (auto [Sq, Sk, D, mask] : {std::tuple{std::int64_t{1}, std::int64_t{90}, std::int64_t{16}, false},
+                                 {130, 77, 40, false}, {130, 77, 40, true}, {100, 200, 24, true}}) {
+    run(bfloat16{}, Sq, Sk, D, mask);
+    run(float16{}, Sq, Sk, D, mask);
+  }
+}
+
 TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
