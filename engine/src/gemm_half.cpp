@@ -44,6 +44,11 @@ void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::Half
   }
 }
 
+// Row tiles per mc block from which a B panel is widened to f32 once and the f32 micro-kernel
+// runs on it: the widening then costs one pass over the panel where the 16-bit kernel widens
+// each B vector in every row tile (mha/native/gpt-layer.bf16 and gemm/native/*.bf16).
+constexpr std::int64_t kWidenBFromTiles = 4;
+
 // Rows [i_begin, i_end) by column panels [q_begin, q_end) of C, on this thread's buffers.
 void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk,
                 std::int64_t i_begin, std::int64_t i_end,
@@ -54,6 +59,11 @@ void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::
   const std::int64_t kc_max = std::min<std::int64_t>(hk.kc, g.K) + 1;  // + 1: an odd depth's pair
   float* Ap = thread_buffer<float, Scratch::gemm_packed_a>().get(static_cast<std::size_t>(mc_max * kc_max));
   float* tile = thread_buffer<float, Scratch::gemm_packed_b>().get(static_cast<std::size_t>(mr * nr));
+  // Tall blocks: B panels widened once and run on the f32 kernel (same tile, same A packing).
+  const simd::GemmKernels<float>& fk = kt.gemm_f32;
+  const bool widen_b = !hk.pairs && fk.blocking.mr == mr && fk.blocking.nr == nr && mc_max >= kWidenBFromTiles * mr;
+  float* bw = widen_b ? thread_buffer<float, Scratch::gemm_widened_b>().get(static_cast<std::size_t>(hk.kc * nr)) : nullptr;
+  const simd::HalfConvertKernels& cv = b.bf16 ? kt.convert_bf16 : kt.convert_f16;
   for (std::int64_t ic = i_begin; ic < i_end; ic += mc_max) {
     const std::int64_t mc = std::min(mc_max, i_end - ic);
     for (std::int64_t pc = 0; pc < g.K; pc += hk.kc) {
@@ -64,15 +74,20 @@ void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::
       for (std::int64_t q = q_begin; q < q_end; ++q) {
         const std::int64_t j = q * nr, n = std::min<std::int64_t>(nr, g.N - j);
         const std::uint16_t* bp = b.panel(g.b_col + j, pc);
+        if (widen_b) cv.widen(bp, bw, kc * nr);  // the panel's kc rows of nr, back to back
+        auto run = [&](std::int64_t m, const void* a, float* c, std::int64_t ldc, float bt) {
+          if (widen_b) fk.ukernel[m](kc, static_cast<const float*>(a), bw, nr, c, ldc, 1.0f, bt);
+          else hk.ukernel[m](kc, a, bp, c, ldc, 1.0f, bt);
+        };
         for (std::int64_t ir = 0; ir < mc; ir += mr) {
           const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
           const void* a = Ap + (ir / mr) * panel_words;
           float* c = g.C + (ic + ir) * g.ldc + j;
           if (n == nr) {
-            hk.ukernel[m](kc, a, bp, c, g.ldc, 1.0f, beta);
+            run(m, a, c, g.ldc, beta);
             continue;
           }
-          hk.ukernel[m](kc, a, bp, tile, nr, 1.0f, 0.0f);
+          run(m, a, tile, nr, 0.0f);
           for (std::int64_t r = 0; r < m; ++r)
             for (std::int64_t x = 0; x < n; ++x) {
               float& cij = c[r * g.ldc + x];
