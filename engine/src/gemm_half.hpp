@@ -4,7 +4,8 @@
 //
 // Columns outer: each mc x kc block of A is packed (widened to f32, or gathered into pairs),
 // then every kc x nr panel of B is read once per block from memory and reused, from L1, by the
-// block's row tiles. A single row (a decode step) streams B once. Threads split B's column
+// block's row tiles (a block of four row tiles or more widens the panel to f32 once and runs the
+// f32 micro-kernel on it). A single row (a decode step) streams B once. Threads split B's column
 // panels, or A's rows when each thread gets at least 8 row tiles.
 #pragma once
 
