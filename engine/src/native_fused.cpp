@@ -75,7 +75,7 @@ struct FusedPlan {
   // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
   // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
-  std::int64_t conv_size;  // 16-bit storage: one panel of K rows widened before the transpose
+  std::int64_t conv_size;  // 16-bit storage: a panel of K rows, or a block of V rows, widened
 
   FusedPlan(const Problem& prob, const simd::KernelTable& kt)
       : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
@@ -111,7 +111,7 @@ struct FusedPlan {
     o_size = round_up(kBlockQ * dv_padded, a);
     row_size = round_up(kBlockQ, a);
     flag_size = round_up(k_blocks, a);
-    conv_size = std::is_same_v<S, T> ? 0 : round_up(tile_cols * p.D, a);
+    conv_size = std::is_same_v<S, T> ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
   }
   std::size_t scratch_size() const {
     return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size);
@@ -231,16 +231,10 @@ class FusedWorker {
       if (plan_.dv_padded == tile_cols && prob_.Dv == tile_cols) {  // one full panel: rows back to back
         widen_rows(vsrc, prob_.vs[2], prob_.vs[3], rows, tile_cols, vb, tile_cols);
         std::fill(vb + rows * tile_cols, vb + plan_.k_keys * tile_cols, T(0));
-      } else {
-        for (std::int64_t c = 0; c < plan_.dv_padded / tile_cols; ++c) {
-          const std::int64_t c0 = c * tile_cols, nc = std::min(tile_cols, prob_.Dv - c0);
-          for (std::int64_t r = 0; r < plan_.k_keys; ++r) {
-            T* d = vb + c * plan_.k_keys * tile_cols + r * tile_cols;
-            const std::int64_t e = r < rows ? nc : 0;
-            if (e > 0) widen_row(vsrc + r * prob_.vs[2] + c0 * prob_.vs[3], prob_.vs[3], e, d);
-            std::fill(d + e, d + tile_cols, T(0));
-          }
-        }
+      } else {  // the block's rows widened (one call when dense), then cut into panels
+        widen_rows(vsrc, prob_.vs[2], prob_.vs[3], rows, prob_.Dv, conv_, prob_.Dv);
+        pack_row_panels(conv_, prob_.Dv, std::int64_t{1}, rows, plan_.k_keys, prob_.Dv, tile_cols,
+                        plan_.dv_padded / tile_cols, vb);
       }
     } else {
       pack_row_panels(vsrc, prob_.vs[2], prob_.vs[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols, vb);
