@@ -393,6 +393,24 @@ TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit
       wrong = 0;
       for (std::size_t i = 0; i < f.size(); ++i) wrong += h[i] != (bf16 ? to_bfloat16(f[i]).bits : to_float16(f[i]).bits);
       CHECK(wrong == 0);
+      // The widening transpose equals widening, then the f32 transpose: panels of every size
+      // around the 16 x 16 block, rows past `rows` zero, nothing past `width` or `cols` written.
+      for (auto [rows, cols, width] : {std::tuple{1, 1, 1}, {16, 16, 16}, {13, 40, 16}, {33, 17, 48}, {0, 5, 12}, {64, 64, 64}}) {
+        const std::int64_t ld = cols + 3, dst_ld = width + 5;
+        std::vector<std::uint16_t> src(static_cast<std::size_t>(std::max(1, rows) * ld));
+        for (std::size_t i = 0; i < src.size(); ++i) src[i] = all[(i * 7919 + 12345) % 65536];
+        std::vector<float> wide(src.size());
+        c.widen(src.data(), wide.data(), static_cast<std::int64_t>(src.size()));
+        std::vector<float> got(static_cast<std::size_t>(cols * dst_ld + 8), -3.0f), want = got;
+        c.pack_transpose(src.data(), ld, rows, cols, got.data(), dst_ld, width);
+        kt->vec<float>().pack_transpose(wide.data(), ld, rows, cols, want.data(), dst_ld, width);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          bad += !(detail::float_bits(got[i]) == detail::float_bits(want[i]) || (std::isnan(got[i]) && std::isnan(want[i])));
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CHECK(bad == 0);
+      }
       // Every length up to 40 from an odd offset: the tail converted, nothing past n written.
       for (std::int64_t n = 0; n <= 40; ++n) {
         std::vector<float> wf(64, -7.0f);

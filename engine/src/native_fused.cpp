@@ -62,6 +62,7 @@ constexpr std::int64_t kMaxTile = 64;
 template <class T, class S>
 struct FusedPlan {
   const Problem& p;
+  const simd::KernelTable& kt;
   const simd::GemmKernels<T>& gk;
   const simd::VectorKernels<T>& vk;
   std::int64_t tile_rows, tile_cols;  // the in-place-A tile both GEMMs run on
@@ -77,8 +78,8 @@ struct FusedPlan {
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
   std::int64_t conv_size;  // 16-bit storage: a panel of K rows, or a block of V rows, widened
 
-  FusedPlan(const Problem& prob, const simd::KernelTable& kt)
-      : p(prob), gk(kt.gemm<T>()), vk(kt.vec<T>()) {
+  FusedPlan(const Problem& prob, const simd::KernelTable& table)
+      : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()) {
     tile_rows = gk.blocking_a_in_place.mr;
     tile_cols = gk.blocking_a_in_place.nr;
     lanes = gk.blocking_a_in_place.lanes;
@@ -213,9 +214,14 @@ class FusedWorker {
       const std::int64_t j0 = jb * plan_.k_keys + c * nr;
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
       if constexpr (kWiden) {
-        // the panel's n key rows widened to conv_ (n x D), then transposed from there
-        widen_rows(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], n, D, conv_, D);
-        plan_.vk.pack_transpose(conv_, D, n, D, panel, nr, nr);
+        if (prob_.ks[3] == 1) {  // widened as the transpose loads them
+          const simd::HalfConvertKernels& cv = std::is_same_v<S, bfloat16> ? plan_.kt.convert_bf16 : plan_.kt.convert_f16;
+          cv.pack_transpose(reinterpret_cast<const std::uint16_t*>(n > 0 ? k_ + j0 * prob_.ks[2] : k_), prob_.ks[2], n, D,
+                            panel, nr, nr);
+        } else {  // the panel's n key rows widened to conv_ (n x D), then transposed from there
+          widen_rows(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], n, D, conv_, D);
+          plan_.vk.pack_transpose(conv_, D, n, D, panel, nr, nr);
+        }
       } else if (prob_.ks[3] == 1) {
         plan_.vk.pack_transpose(n > 0 ? k_ + j0 * prob_.ks[2] : k_, prob_.ks[2], n, D, panel, nr, nr);
       } else {

@@ -13,6 +13,7 @@
 
 #include "batch.hpp"
 #include "gemv_half.hpp"
+#include "pack.hpp"
 
 namespace simdattn::simd::impl {
 
@@ -137,6 +138,48 @@ void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
     }
   }
   for (; i < n; ++i) dst[i] = float_to_half<Arch, kBf16>(src[i]);
+}
+
+// pack_transpose (pack.hpp) from 16-bit rows: dst[c * dst_ld + r] = src[r * ld + c] widened, rows
+// past `rows` up to `width` zero. AVX-512: each 16 x 16 block's rows widened as they are loaded,
+// then the f32 register transpose (one pass over a bf16 K panel instead of widening it to a copy
+// first: attention/native/bert.bf16).
+template <class Arch, bool kBf16>
+void pack_transpose_half(const std::uint16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* dst,
+                         std::int64_t dst_ld, std::int64_t width) {
+#if defined(__AVX512F__)
+  if constexpr (kHasAvx512<Arch>) {
+    for (std::int64_t r0 = 0; r0 < width; r0 += 16) {
+      const std::int64_t nrow = std::max<std::int64_t>(0, std::min<std::int64_t>(16, rows - r0));
+      for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
+        const std::int64_t ncol = std::min<std::int64_t>(16, cols - c0);
+        const auto cm = static_cast<__mmask32>(ncol == 16 ? 0xffffu : (1u << ncol) - 1u);
+        __m512 v[16];
+        for (std::int64_t i = 0; i < 16; ++i) {
+          if (i >= nrow) {
+            v[i] = _mm512_setzero_ps();
+            continue;
+          }
+          const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(cm, src + (r0 + i) * ld + c0));
+          v[i] = kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+        }
+        transpose16x16(v);
+        if (r0 + 16 <= width) {
+          for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
+        } else {
+          const auto wm = static_cast<__mmask16>((1u << (width - r0)) - 1u);
+          for (std::int64_t j = 0; j < ncol; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * dst_ld + r0, wm, v[j]);
+        }
+      }
+    }
+    return;
+  }
+#endif
+  for (std::int64_t c = 0; c < cols; ++c) {
+    float* d = dst + c * dst_ld;
+    for (std::int64_t r = 0; r < rows; ++r) d[r] = half_to_float<Arch, kBf16>(src[r * ld + c]);
+    for (std::int64_t r = rows; r < width; ++r) d[r] = 0.0f;
+  }
 }
 
 }  // namespace simdattn::simd::impl

@@ -157,8 +157,12 @@ KernelTable make_kernel_table(Isa isa) {
           .gemm_bf16 = make_half_gemm_kernels<Arch, true, F32>(),
           .gemm_f16 = make_half_gemm_kernels<Arch, false, F32>(),
           .gemm_bf16_pairs = {},
-          .convert_bf16 = {.widen = &widen_half_row<Arch, true>, .narrow = &narrow_half_row<Arch, true>},
-          .convert_f16 = {.widen = &widen_half_row<Arch, false>, .narrow = &narrow_half_row<Arch, false>}};
+          .convert_bf16 = {.widen = &widen_half_row<Arch, true>,
+                           .narrow = &narrow_half_row<Arch, true>,
+                           .pack_transpose = &pack_transpose_half<Arch, true>},
+          .convert_f16 = {.widen = &widen_half_row<Arch, false>,
+                          .narrow = &narrow_half_row<Arch, false>,
+                          .pack_transpose = &pack_transpose_half<Arch, false>}};
 }
 
 }  // namespace simdattn::simd::impl

@@ -208,6 +208,9 @@ struct HalfGemmKernels {
 struct HalfConvertKernels {
   void (*widen)(const std::uint16_t* src, float* dst, std::int64_t n);
   void (*narrow)(const float* src, std::uint16_t* dst, std::int64_t n);
+  // VectorKernels<float>::pack_transpose from 16-bit rows, each value widened.
+  void (*pack_transpose)(const std::uint16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* dst,
+                         std::int64_t dst_ld, std::int64_t width);
 };
 
 struct KernelTable {
