@@ -49,6 +49,9 @@ void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::Half
 // each B vector in every row tile (mha/native/gpt-layer.bf16 and gemm/native/*.bf16).
 constexpr std::int64_t kWidenBFromTiles = 4;
 
+// Fewest rows that go on AMX tiles (fewer: the vdpbf16ps kernels, on the same packed B).
+constexpr std::int64_t kAmxMinRows = 4;
+
 // Rows [i_begin, i_end) by column panels [q_begin, q_end) of C, on this thread's buffers.
 void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk,
                 std::int64_t i_begin, std::int64_t i_end,
@@ -99,6 +102,31 @@ void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::
   }
 }
 
+// AMX: blocks of 32 x 32 of C on tiles (the table's amx_block), A read in place, every row of
+// a block in one call over all of K. Threads take equal runs of blocks, rows fastest (blocks of
+// one column panel share its B in cache); each releases its tiles when its run is done.
+void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int threads) {
+  constexpr std::int64_t kBlock = 32;
+  const PackedHalf& b = *g.B;
+  const std::int64_t mb = (g.M + kBlock - 1) / kBlock, nb = (g.N + kBlock - 1) / kBlock;
+  const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
+  // Tiles run ~10x the f32 FMA rate: a thread is worth its wake-up at ten times the f32 work.
+  const int nt = static_cast<int>(std::clamp<double>(std::min<double>(resolve_threads(threads), flops / (10.0 * kMinFlopsPerThread)), 1.0, 1e6));
+  RegionFailure failure;
+  parallel_for(mb * nb, nt, 1, [&](std::int64_t t0, std::int64_t t1) {
+    failure.guard([&] {
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const std::int64_t i = (t % mb) * kBlock, j = (t / mb) * kBlock;
+        const int m = static_cast<int>(std::min(kBlock, g.M - i)), n = static_cast<int>(std::min(kBlock, g.N - j));
+        hk.amx_block(g.K, g.A + i * g.lda, g.lda, m, b.data.data(), b.Np, g.b_col + j, n, g.C + i * g.ldc + j, g.ldc,
+                     g.beta);
+      }
+      hk.amx_done();
+    });
+  });
+  failure.rethrow();
+}
+
 }  // namespace
 
 PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
@@ -106,10 +134,12 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
   const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
   if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack_half_b: this table has no such kernels");
   PackedHalf pb;
-  pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16;
+  pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16, pb.pair_kernels = pairs;
+  pb.k_align = hk.k_align > 0 ? hk.k_align : hk.pairs ? 2 : 1;
+  if (hk.kc % pb.k_align != 0) throw std::logic_error("pack_half_b: kc is not a multiple of k_align");
   pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
-  const std::int64_t depth = K + (K % hk.kc) % 2;  // the last block's rows, rounded up to even for pairs
-  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, (pb.pairs ? depth : K) * pb.Np)), 0);
+  const std::int64_t depth = K <= 0 ? 0 : (K - 1) / hk.kc * hk.kc + pb.rows((K - 1) / hk.kc * hk.kc);
+  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, depth * pb.Np)), 0);
   for (std::int64_t p = 0; p < K; p += hk.kc) {
     const std::int64_t kc = std::min<std::int64_t>(hk.kc, K - p);
     for (std::int64_t j = 0; j < pb.Np; j += hk.nr) {
@@ -128,10 +158,10 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
 void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) {
   if (g.M <= 0 || g.N <= 0) return;
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
-  const simd::HalfGemmKernels& hk = half_gemm_kernels(table, g.B->bf16, g.B->pairs);
+  const simd::HalfGemmKernels& hk = half_gemm_kernels(table, g.B->bf16, g.B->pair_kernels);
   const PackedHalf& b = *g.B;
-  if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 ||
-      g.b_col + g.N > b.N)
+  if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.k_align != (hk.k_align > 0 ? hk.k_align : hk.pairs ? 2 : 1) ||
+      b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 || g.b_col + g.N > b.N)
     throw std::logic_error("gemm_half: the packed B does not match this call or ISA");
   if (g.K <= 0) {  // C = beta * C
     for (std::int64_t i = 0; i < g.M; ++i)
@@ -142,6 +172,10 @@ void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) 
     return;
   }
   const std::int64_t panels = (g.N + hk.nr - 1) / hk.nr, row_tiles = (g.M + hk.mr - 1) / hk.mr;
+  if (hk.amx_block != nullptr && g.M >= kAmxMinRows) {
+    gemm_amx(g, hk, threads);
+    return;
+  }
   // A thread is worth its wake-up once it has kMinFlopsPerThread of products, or (few rows:
   // bound by reading B) streams ~256 KiB of B.
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);

@@ -19,16 +19,18 @@ namespace simdattn::detail {
 
 // B (K x N) packed for one ISA's 16-bit micro-kernel: the panel of columns [j, j + nr) in the
 // depth block [p, p + kc) holds rows(p) rows of nr values (pairs: rows(p) / 2 rows of nr pairs)
-// at data + p * Np + (j / nr) * nr * rows(p), rows(p) = min(kc, K - p) (pairs: rounded up to
-// even), Np = N rounded up to nr; zeros past N and past K.
+// at data + p * Np + (j / nr) * nr * rows(p), rows(p) = min(kc, K - p) rounded up to k_align
+// (pairs: 2; an AMX table's: 32, whole tiles), Np = N rounded up to nr; zeros past N and past K.
 struct PackedHalf {
   std::int64_t K = 0, N = 0, Np = 0;
   int nr = 0, kc = 0;
-  bool pairs = false, bf16 = true;
+  int k_align = 1;  // rows(p) is a multiple of it (pairs: 2; AMX tiles: 32), zeros past K
+  bool pairs = false, bf16 = true;  // the layout; the format
+  bool pair_kernels = false;        // packed for the table's gemm_bf16_pairs (else gemm_bf16 / gemm_f16)
   std::vector<std::uint16_t, AlignedAllocator<std::uint16_t>> data;
   std::int64_t rows(std::int64_t p) const {
     const std::int64_t r = std::min<std::int64_t>(kc, K - p);
-    return pairs ? (r + 1) / 2 * 2 : r;
+    return (r + k_align - 1) / k_align * k_align;
   }
   const std::uint16_t* panel(std::int64_t j, std::int64_t p) const { return data.data() + p * Np + (j / nr) * nr * rows(p); }
 };

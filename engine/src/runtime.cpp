@@ -35,6 +35,7 @@ RuntimeInfo runtime_info() {
   info.isa = std::string(simd::isa_name(simd::selected_isa()));
   info.isa_forced = simd::isa_forced();
   for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
+  info.isa_notes = simd::isa_notes();
   info.thread_budget = detail::thread_budget();
   info.default_threads = std::max(1, std::min(omp_get_max_threads(), info.thread_budget));
   for (Backend b : {Backend::reference, Backend::native, Backend::onednn})

@@ -3,6 +3,7 @@
 
 namespace simdattn::simd {
 
+KernelTable make_table_amx();
 KernelTable make_table_avx512_bf16();
 KernelTable make_table_avx512();
 KernelTable make_table_avx2();
@@ -21,6 +22,10 @@ bool available(Isa isa) {
 const KernelTable* kernels_for(Isa isa) {
   if (!available(isa)) return nullptr;
   switch (isa) {
+    case Isa::amx: {
+      static const KernelTable t = make_table_amx();
+      return &t;
+    }
     case Isa::avx512_bf16: {
       static const KernelTable t = make_table_avx512_bf16();
       return &t;

@@ -697,7 +697,7 @@ class Info(CliCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         fields = dict(line.split(": ", 1) for line in r.stdout.splitlines()[1:])
         self.assertTrue(r.stdout.startswith("simdattn "))
-        self.assertIn(fields["isa"].split()[0], ("sse2", "avx2", "avx512", "avx512_bf16"))
+        self.assertIn(fields["isa"].split()[0], ("sse2", "avx2", "avx512", "avx512_bf16", "amx"))
         self.assertIn("sse2", fields["isa available"].split())
         self.assertGreaterEqual(int(fields["threads"]), 1)
         self.assertGreaterEqual(int(fields["thread budget"]), int(fields["threads"]))
@@ -726,7 +726,7 @@ class Info(CliCase):
                 lines = r.stderr.strip().splitlines()
                 self.assertEqual(len(lines), 1, r.stderr)
                 self.assertIn("SIMDATTN_ISA", lines[0])
-                self.assertIn("expected avx512_bf16, avx512, avx2 or sse2", lines[0])
+                self.assertIn("expected amx, avx512_bf16, avx512, avx2 or sse2", lines[0])
                 self.assertNotIn("internal error", lines[0])
                 self.assertFalse(os.path.exists(self.path("o.npy")), args[0])
 

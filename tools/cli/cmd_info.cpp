@@ -23,6 +23,7 @@ Command add_info_command(CLI::App& app) {
     std::cout << "isa available:";
     for (const auto& s : info.isas) std::cout << ' ' << s;
     std::cout << '\n';
+    for (const auto& note : info.isa_notes) std::cout << "isa note: " << note << '\n';
     std::cout << "threads: " << info.default_threads << '\n';
     std::cout << "thread budget: " << info.thread_budget << '\n';
     std::cout << "backends:";

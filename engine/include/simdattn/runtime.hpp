@@ -11,6 +11,7 @@ struct RuntimeInfo {
   std::string isa;                   // ISA the SIMD kernels dispatch to (sse2/avx2/avx512)
   bool isa_forced = false;           // chosen by SIMDATTN_ISA rather than detection
   std::vector<std::string> isas;     // ISAs the CPU supports, best first
+  std::vector<std::string> isa_notes;  // why an ISA the CPU reports is not usable (e.g. AMX without the OS's permission)
   int default_threads = 1;           // threads a call with threads = 0 asks for
   int thread_budget = 1;             // set_thread_budget()
   std::vector<std::string> backends; // backends built in

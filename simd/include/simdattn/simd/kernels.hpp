@@ -163,6 +163,9 @@ struct ProbeKernels {
   // a value that depends on every chain (so nothing is optimised away).
   float (*fma_chains)(std::int64_t iters, float seed);
   int flops_per_iter;  // 2 * chains * lanes
+  // AMX only (else null): `iters` rounds of four independent tdpbf16ps on resident tiles, each
+  // 2 * 16 * 16 * 32 FLOPs; releases the tiles after.
+  float (*amx_peak)(std::int64_t iters) = nullptr;
 };
 
 // Matrix-vector products with B in 16-bit floats (bf16 or f16 bits), widened to f32 as they are
@@ -193,6 +196,14 @@ struct HalfGemvKernels {
 using HalfGemmUkernel = void (*)(std::int64_t kc, const void* Ap, const std::uint16_t* Bp, float* C,
                                  std::int64_t ldc, float alpha, float beta);
 
+// AMX (HalfGemmKernels::amx_block): C[0:m, 0:n] = A[0:m, 0:K] B[0:K, j:j + n] + beta * C for
+// m, n <= 32, A bf16 rows read in place (row stride lda), B the data of a B packed for the table
+// (pairs, nr 32, depth blocks of kc rounded up to k_align with zeros, Np columns: PackedHalf in
+// engine/src/gemm_half.hpp), j a multiple of nr. beta == 0 never reads C. The calling thread's
+// tiles stay configured until amx_done.
+using HalfAmxBlock = void (*)(std::int64_t K, const std::uint16_t* A, std::int64_t lda, int m, const std::uint16_t* B,
+                              std::int64_t Np, std::int64_t j, int n, float* C, std::int64_t ldc, float beta);
+
 struct HalfGemmKernels {
   int mr, nr;  // register tile
   int kc;      // depth of one pass (even): a kc x nr panel of B stays in L1 across an mc-row block
@@ -200,6 +211,9 @@ struct HalfGemmKernels {
   bool pairs;  // the layout above
   // ukernel[m]: the first m rows of the tile (m = 1..mr); entry 0 is null.
   std::array<HalfGemmUkernel, kMaxMr + 1> ukernel;
+  int k_align = 0;  // packed B's depth blocks are rounded up to this many rows (0: 2 for pairs, else 1)
+  HalfAmxBlock amx_block = nullptr;  // AMX tables' bf16 only: blocks of C on tiles
+  void (*amx_done)() = nullptr;      // releases the calling thread's tiles
 };
 
 // Rows between 16-bit floats (bf16 or f16 bits) and f32, bit for bit as simdattn/half.hpp:

@@ -1,0 +1,173 @@
+// AMX build: the AVX512-BF16 table plus the bf16 GEMM on AMX tiles (HalfGemmKernels::amx_block)
+// and the tile peak probe. Compiled with the AVX-512 flags, -mavx512bf16, -mamx-tile and
+// -mamx-bf16 (see simd/CMakeLists.txt).
+//
+// Tiles of one block (C = A B, at most 32 x 32 of C):
+//   tmm0 C[0:16, 0:16]   tmm1 C[0:16, 16:32]   tmm2 C[16:32, 0:16]   tmm3 C[16:32, 16:32]
+//   tmm4 A[0:16, k:k+32] tmm5 A[16:32, k:k+32] (bf16 rows read in place, 64 bytes each)
+//   tmm6 B[k:k+32, 0:16] tmm7 B[k:k+32, 16:32] (16 rows of 16 bf16 pairs: the packed B panel)
+// Each k step loads two A and two B tiles and issues four tdpbf16ps, so every loaded tile is
+// used twice. Edge blocks (m or n < 32) configure shorter tiles (rows of A and C, bytes per row
+// of B and C) rather than padding; a depth not a multiple of 32 reads its last A columns from a
+// zero-padded copy, and B's packed depth blocks are zero past K (k_align = 32).
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+
+#include "impl/tables.hpp"
+
+namespace simdattn::simd {
+
+KernelTable make_table_avx512_bf16();
+
+namespace {
+
+constexpr int kKc = 256;  // depth block of the packed B (as the vdpbf16ps kernels': one layout)
+constexpr int kNr = 32;   // columns of a packed B panel: two B tiles
+
+// The 64-byte LDTILECFG operand (palette 1).
+struct alignas(64) TileConfig {
+  std::uint8_t palette = 1, start_row = 0;
+  std::uint8_t reserved[14] = {};
+  std::uint16_t colsb[16] = {};
+  std::uint8_t rows[16] = {};
+  bool operator==(const TileConfig& o) const { return std::memcmp(this, &o, sizeof *this) == 0; }
+};
+
+// The configuration this thread's tiles hold (loaded only when a block's shape differs).
+thread_local TileConfig current_config;
+thread_local bool config_loaded = false;
+
+void configure(int m0, int m1, int n0, int n1) {
+  TileConfig c;
+  auto set = [&](int t, int rows, int bytes) {
+    c.rows[t] = static_cast<std::uint8_t>(bytes > 0 ? rows : 0);
+    c.colsb[t] = static_cast<std::uint16_t>(rows > 0 ? bytes : 0);
+  };
+  set(0, m0, n0 * 4), set(1, m0, n1 * 4), set(2, m1, n0 * 4), set(3, m1, n1 * 4);
+  set(4, m0, 64), set(5, m1, 64);
+  set(6, 16, n0 * 4), set(7, 16, n1 * 4);
+  if (config_loaded && c == current_config) return;
+  _tile_loadconfig(&c);
+  current_config = c;
+  config_loaded = true;
+}
+
+void release() {
+  if (!config_loaded) return;
+  _tile_release();
+  config_loaded = false;
+}
+
+// C[0:m, 0:n] = A[0:m, 0:K] B[0:K, j:j + n] + beta C (m, n <= 32; beta == 0 never reads C), B
+// the packed data of a PackedHalf (pairs, nr = 32, kc = kKc, depth blocks rounded up to 32).
+template <bool kM1, bool kN1>
+void block(std::int64_t K, const std::uint16_t* A, std::int64_t lda, int m, const std::uint16_t* B, std::int64_t Np,
+           std::int64_t j, int n, float* C, std::int64_t ldc, float beta) {
+  const int m0 = std::min(m, 16), m1 = m - m0, n0 = std::min(n, 16), n1 = n - n0;
+  configure(m0, m1, n0, n1);
+  alignas(64) static thread_local std::uint16_t tail[32 * 32];  // A's last, partial k step
+  _tile_zero(0);
+  if constexpr (kN1) _tile_zero(1);
+  if constexpr (kM1) _tile_zero(2);
+  if constexpr (kM1 && kN1) _tile_zero(3);
+  for (std::int64_t p = 0; p < K; p += kKc) {
+    const std::int64_t kb = std::min<std::int64_t>(kKc, K - p), rows = (kb + 31) / 32 * 32;
+    const std::uint16_t* panel = B + p * Np + (j / kNr) * kNr * rows;
+    for (std::int64_t s = 0; s < kb; s += 32) {
+      const std::uint16_t* a = A + p + s;
+      std::int64_t a_stride = lda * 2;
+      if (kb - s < 32) {  // the columns past K are zeros here, not whatever follows A's rows
+        const std::int64_t kr = kb - s;
+        for (int i = 0; i < m; ++i) {
+          std::memcpy(tail + i * 32, a + i * lda, static_cast<std::size_t>(kr) * 2);
+          std::memset(tail + i * 32 + kr, 0, static_cast<std::size_t>(32 - kr) * 2);
+        }
+        a = tail;
+        a_stride = 64;
+      }
+      const std::uint16_t* b = panel + (s / 2) * 2 * kNr;
+      _tile_loadd(4, a, a_stride);
+      _tile_loadd(6, b, 2 * kNr * 2);
+      if constexpr (kN1) _tile_loadd(7, b + 32, 2 * kNr * 2);
+      if constexpr (kM1) _tile_loadd(5, a + 16 * (a_stride / 2), a_stride);
+      _tile_dpbf16ps(0, 4, 6);
+      if constexpr (kN1) _tile_dpbf16ps(1, 4, 7);
+      if constexpr (kM1) _tile_dpbf16ps(2, 5, 6);
+      if constexpr (kM1 && kN1) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  if (beta == 0.0f) {
+    _tile_stored(0, C, ldc * 4);
+    if constexpr (kN1) _tile_stored(1, C + 16, ldc * 4);
+    if constexpr (kM1) _tile_stored(2, C + 16 * ldc, ldc * 4);
+    if constexpr (kM1 && kN1) _tile_stored(3, C + 16 * ldc + 16, ldc * 4);
+    return;
+  }
+  alignas(64) float t[32 * 32];
+  _tile_stored(0, t, 32 * 4);
+  if constexpr (kN1) _tile_stored(1, t + 16, 32 * 4);
+  if constexpr (kM1) _tile_stored(2, t + 16 * 32, 32 * 4);
+  if constexpr (kM1 && kN1) _tile_stored(3, t + 16 * 32 + 16, 32 * 4);
+  for (int i = 0; i < m; ++i)
+    for (int c = 0; c < n; ++c) C[i * ldc + c] = t[i * 32 + c] + beta * C[i * ldc + c];
+}
+
+void amx_block(std::int64_t K, const std::uint16_t* A, std::int64_t lda, int m, const std::uint16_t* B,
+               std::int64_t Np, std::int64_t j, int n, float* C, std::int64_t ldc, float beta) {
+  const bool m1 = m > 16, n1 = n > 16;
+  if (m1 && n1) block<true, true>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
+  else if (m1) block<true, false>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
+  else if (n1) block<false, true>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
+  else block<false, false>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
+}
+
+// `iterations` rounds of four independent tdpbf16ps (16 x 32 by 32 x 16 into four C tiles) on
+// tiles loaded once: the tile peak (perf's peak/amx-bf16). Returns a value of the results so the
+// work cannot be dropped.
+float amx_peak(std::int64_t iterations) {
+  TileConfig c;
+  for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
+  _tile_loadconfig(&c);
+  config_loaded = false;  // not a block configuration
+  alignas(64) std::uint16_t ab[16 * 32];
+  for (int i = 0; i < 16 * 32; ++i) ab[i] = 0x3c00;  // bf16 2^-7: sums stay small
+  _tile_loadd(4, ab, 64);
+  _tile_loadd(5, ab, 64);
+  _tile_loadd(6, ab, 64);
+  _tile_loadd(7, ab, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (std::int64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 4, 7);
+    _tile_dpbf16ps(2, 5, 6);
+    _tile_dpbf16ps(3, 5, 7);
+  }
+  alignas(64) float out[16 * 16];
+  _tile_stored(0, out, 64);
+  _tile_release();
+  return out[0];
+}
+
+}  // namespace
+
+KernelTable make_table_amx() {
+  KernelTable t = make_table_avx512_bf16();
+  t.isa = Isa::amx;
+  // bf16: the pair layout of the vdpbf16ps kernels (which run blocks of fewer than
+  // kAmxMinRows rows), depth blocks rounded up to whole tiles, and the tile block kernel.
+  t.gemm_bf16 = t.gemm_bf16_pairs;
+  if (t.gemm_bf16.kc != kKc || t.gemm_bf16.nr != kNr) __builtin_trap();  // one layout for both
+  t.gemm_bf16.k_align = 32;
+  t.gemm_bf16.amx_block = &amx_block;
+  t.gemm_bf16.amx_done = &release;
+  t.probe.amx_peak = &amx_peak;
+  return t;
+}
+
+}  // namespace simdattn::simd
