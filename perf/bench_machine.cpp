@@ -1,5 +1,7 @@
 // The machine's limits, measured in the same run as everything else:
 //   peak/fma/t<N>        FP32 FMA throughput of the dispatched ISA (independent FMA chains)
+//   peak/amx-bf16/t<N>   AMX tile throughput (four independent tdpbf16ps on resident tiles), on
+//                        CPUs with AMX (registered only where the dispatched table has it)
 //   bandwidth/read/t<N>  streaming read of a 1 GiB buffer
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -21,6 +23,18 @@ void peak_fma(benchmark::State& state, int threads) {
   simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
     sink += probe.fma_chains(kIters, 0.5f + float(omp_get_thread_num()));
+  });
+  benchmark::DoNotOptimize(sink);
+}
+
+void peak_amx(benchmark::State& state, int threads) {
+  const auto& probe = simdattn::simd::kernels().probe;
+  constexpr std::int64_t kIters = 1 << 18;
+  constexpr double kFlopsPerIter = 4.0 * 2 * 16 * 16 * 32;  // four tdpbf16ps
+  float sink = 0.f;
+  simdattn::perf::timed_loop(state, double(kIters) * kFlopsPerIter * threads, "GFLOP/s", [&] {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += probe.amx_peak(kIters);
   });
   benchmark::DoNotOptimize(sink);
 }
@@ -50,6 +64,9 @@ int register_all() {
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("bandwidth/read/t" + std::to_string(t)).c_str(), bandwidth_read, t)
         ->Unit(benchmark::kMillisecond);
+    if (simdattn::simd::kernels().probe.amx_peak != nullptr)
+      benchmark::RegisterBenchmark(("peak/amx-bf16/t" + std::to_string(t)).c_str(), peak_amx, t)
+          ->Unit(benchmark::kMillisecond);
   }
   return 0;
 }

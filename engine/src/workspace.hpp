@@ -49,6 +49,7 @@ enum class Scratch : int {
   gemm_packed_a,        // the GEMM's packed A block and an edge tile
   gemm_widened_a,       // the 16-bit GEMM: rows of A widened to f32 before packing
   gemm_widened_b,       // the 16-bit GEMM: one kc x nr panel of B widened to f32 for a tall block
+  gemm_amx_a,           // the 16-bit GEMM on AMX: 32 rows of A at one depth block, as tiles
   attention,            // the native attention paths' blocks, packed K^T / V, decode rows
   linear,               // the native linear-attention kernel's panels and state
   onednn_scores,        // onednn backend: scores of one step

@@ -4,12 +4,12 @@
 //
 // Tiles of one block (C = A B, at most 32 x 32 of C):
 //   tmm0 C[0:16, 0:16]   tmm1 C[0:16, 16:32]   tmm2 C[16:32, 0:16]   tmm3 C[16:32, 16:32]
-//   tmm4 A[0:16, k:k+32] tmm5 A[16:32, k:k+32] (bf16 rows read in place, 64 bytes each)
+//   tmm4 A[0:16, k:k+32] tmm5 A[16:32, k:k+32] (A packed as tiles by the caller, or its rows in place)
 //   tmm6 B[k:k+32, 0:16] tmm7 B[k:k+32, 16:32] (16 rows of 16 bf16 pairs: the packed B panel)
 // Each k step loads two A and two B tiles and issues four tdpbf16ps, so every loaded tile is
 // used twice. Edge blocks (m or n < 32) configure shorter tiles (rows of A and C, bytes per row
-// of B and C) rather than padding; a depth not a multiple of 32 reads its last A columns from a
-// zero-padded copy, and B's packed depth blocks are zero past K (k_align = 32).
+// of B and C) rather than padding; packed A and B are zero past the depth (B's depth blocks are
+// rounded up to 32: k_align).
 #include <immintrin.h>
 
 #include <algorithm>
@@ -61,67 +61,49 @@ void release() {
   config_loaded = false;
 }
 
-// C[0:m, 0:n] = A[0:m, 0:K] B[0:K, j:j + n] + beta C (m, n <= 32; beta == 0 never reads C), B
-// the packed data of a PackedHalf (pairs, nr = 32, kc = kKc, depth blocks rounded up to 32).
+// C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp (m, n <= 32; kb <= kKc), Bp one packed panel of a depth block.
 template <bool kM1, bool kN1>
-void block(std::int64_t K, const std::uint16_t* A, std::int64_t lda, int m, const std::uint16_t* B, std::int64_t Np,
-           std::int64_t j, int n, float* C, std::int64_t ldc, float beta) {
+void block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride, int m,
+           const std::uint16_t* Bp, int n, float* C, std::int64_t ldc, bool accumulate) {
   const int m0 = std::min(m, 16), m1 = m - m0, n0 = std::min(n, 16), n1 = n - n0;
   configure(m0, m1, n0, n1);
-  alignas(64) static thread_local std::uint16_t tail[32 * 32];  // A's last, partial k step
-  _tile_zero(0);
-  if constexpr (kN1) _tile_zero(1);
-  if constexpr (kM1) _tile_zero(2);
-  if constexpr (kM1 && kN1) _tile_zero(3);
-  for (std::int64_t p = 0; p < K; p += kKc) {
-    const std::int64_t kb = std::min<std::int64_t>(kKc, K - p), rows = (kb + 31) / 32 * 32;
-    const std::uint16_t* panel = B + p * Np + (j / kNr) * kNr * rows;
-    for (std::int64_t s = 0; s < kb; s += 32) {
-      const std::uint16_t* a = A + p + s;
-      std::int64_t a_stride = lda * 2;
-      if (kb - s < 32) {  // the columns past K are zeros here, not whatever follows A's rows
-        const std::int64_t kr = kb - s;
-        for (int i = 0; i < m; ++i) {
-          std::memcpy(tail + i * 32, a + i * lda, static_cast<std::size_t>(kr) * 2);
-          std::memset(tail + i * 32 + kr, 0, static_cast<std::size_t>(32 - kr) * 2);
-        }
-        a = tail;
-        a_stride = 64;
-      }
-      const std::uint16_t* b = panel + (s / 2) * 2 * kNr;
-      _tile_loadd(4, a, a_stride);
-      _tile_loadd(6, b, 2 * kNr * 2);
-      if constexpr (kN1) _tile_loadd(7, b + 32, 2 * kNr * 2);
-      if constexpr (kM1) _tile_loadd(5, a + 16 * (a_stride / 2), a_stride);
-      _tile_dpbf16ps(0, 4, 6);
-      if constexpr (kN1) _tile_dpbf16ps(1, 4, 7);
-      if constexpr (kM1) _tile_dpbf16ps(2, 5, 6);
-      if constexpr (kM1 && kN1) _tile_dpbf16ps(3, 5, 7);
-    }
+  const std::int64_t cs = ldc * 4;
+  if (accumulate) {
+    _tile_loadd(0, C, cs);
+    if constexpr (kN1) _tile_loadd(1, C + 16, cs);
+    if constexpr (kM1) _tile_loadd(2, C + 16 * ldc, cs);
+    if constexpr (kM1 && kN1) _tile_loadd(3, C + 16 * ldc + 16, cs);
+  } else {
+    _tile_zero(0);
+    if constexpr (kN1) _tile_zero(1);
+    if constexpr (kM1) _tile_zero(2);
+    if constexpr (kM1 && kN1) _tile_zero(3);
   }
-  if (beta == 0.0f) {
-    _tile_stored(0, C, ldc * 4);
-    if constexpr (kN1) _tile_stored(1, C + 16, ldc * 4);
-    if constexpr (kM1) _tile_stored(2, C + 16 * ldc, ldc * 4);
-    if constexpr (kM1 && kN1) _tile_stored(3, C + 16 * ldc + 16, ldc * 4);
-    return;
+  for (std::int64_t s = 0; s < kb; s += 32) {
+    const std::uint16_t* a = A + (s / 32) * a_step;
+    const std::uint16_t* b = Bp + (s / 2) * 2 * kNr;
+    _tile_loadd(4, a, a_stride);
+    _tile_loadd(6, b, 2 * kNr * 2);
+    if constexpr (kN1) _tile_loadd(7, b + 32, 2 * kNr * 2);
+    if constexpr (kM1) _tile_loadd(5, a + a_half, a_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (kN1) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (kM1) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (kM1 && kN1) _tile_dpbf16ps(3, 5, 7);
   }
-  alignas(64) float t[32 * 32];
-  _tile_stored(0, t, 32 * 4);
-  if constexpr (kN1) _tile_stored(1, t + 16, 32 * 4);
-  if constexpr (kM1) _tile_stored(2, t + 16 * 32, 32 * 4);
-  if constexpr (kM1 && kN1) _tile_stored(3, t + 16 * 32 + 16, 32 * 4);
-  for (int i = 0; i < m; ++i)
-    for (int c = 0; c < n; ++c) C[i * ldc + c] = t[i * 32 + c] + beta * C[i * ldc + c];
+  _tile_stored(0, C, cs);
+  if constexpr (kN1) _tile_stored(1, C + 16, cs);
+  if constexpr (kM1) _tile_stored(2, C + 16 * ldc, cs);
+  if constexpr (kM1 && kN1) _tile_stored(3, C + 16 * ldc + 16, cs);
 }
 
-void amx_block(std::int64_t K, const std::uint16_t* A, std::int64_t lda, int m, const std::uint16_t* B,
-               std::int64_t Np, std::int64_t j, int n, float* C, std::int64_t ldc, float beta) {
+void amx_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride,
+               int m, const std::uint16_t* Bp, int n, float* C, std::int64_t ldc, bool accumulate) {
   const bool m1 = m > 16, n1 = n > 16;
-  if (m1 && n1) block<true, true>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
-  else if (m1) block<true, false>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
-  else if (n1) block<false, true>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
-  else block<false, false>(K, A, lda, m, B, Np, j, n, C, ldc, beta);
+  if (m1 && n1) block<true, true>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
+  else if (m1) block<true, false>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
+  else if (n1) block<false, true>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
+  else block<false, false>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
 }
 
 // `iterations` rounds of four independent tdpbf16ps (16 x 32 by 32 x 16 into four C tiles) on
