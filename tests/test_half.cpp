@@ -261,6 +261,38 @@ TEST_CASE("bf16 and f16: a NaN in Q poisons exactly its own row, fully masked ro
   }
 }
 
+TEST_CASE("bf16 attention at the tile edges (AMX where the CPU has it): D = 40, 64, 80, 128, 256, Sk = 1, 77 and "
+          "past the key blocks, causal, masks, grouped heads; any thread count gives the same bits" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 46);
+  int n = 0;
+  for (std::int64_t D : {40, 64, 80, 128, 256})
+    for (auto [Sq, Sk] : {std::pair<std::int64_t, std::int64_t>{33, 1}, {100, 77}, {17, 129}, {130, 300}}) {
+      const std::int64_t Hkv = 1 + n % 2, H = Hkv * (1 + n % 3), B = 1 + (n / 3) % 2;
+      auto t = test::random_qkv<bfloat16>(rng, B, H, Hkv, Sq, Sk, D, n % 4 == 3 ? 48 : D);
+      AttentionOptions opt;
+      opt.causal = n % 3 == 1 ? Causal::bottom_right : n % 3 == 2 ? Causal::top_left : Causal::none;
+      test::Buffer<float> mask({1, 1, Sq, Sk});
+      mask.for_each([&](float& x, auto, auto, auto i, auto j) { x = (i * 7 + j * 3) % 11 == 0 ? -1e30f : 0.1f * float(j % 5); });
+      if (n % 2 == 0) opt.mask = mask.cview();
+      const test::Buffer<bfloat16> ref = test::run_attention(Backend::reference, t.q, t.k, t.v, opt);
+      opt.threads = 1;
+      const test::Buffer<bfloat16> one = test::run_attention(Backend::native, t.q, t.k, t.v, opt);
+      opt.threads = 2;
+      const test::Buffer<bfloat16> two = test::run_attention(Backend::native, t.q, t.k, t.v, opt);
+      CAPTURE(D);
+      CAPTURE(Sq);
+      CAPTURE(Sk);
+      CAPTURE(n);
+      CHECK(test::max_abs_diff(one, ref) <= test::tolerance<bfloat16>(test::max_abs(t.v)));
+      bool same = true;
+      for (std::size_t i = 0; i < one.data.size(); ++i) same = same && one.data[i].bits == two.data[i].bits;
+      CHECK(same);
+      ++n;
+    }
+}
+
 TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;

@@ -24,6 +24,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <limits>
 #include <new>
 #include <type_traits>
@@ -77,6 +78,12 @@ struct FusedPlan {
   // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
   std::int64_t conv_size;  // 16-bit storage: a panel of K rows, or a block of V rows, widened
+  // AMX (bf16 on a table with tile kernels, D <= 256): both products on tiles. K packed as pairs
+  // along D per panel of 32 keys, V as pairs along the keys per panel of 32 columns, the Q block
+  // and the probabilities P as tiles of 32 x 32 bf16 (elements of uint16 held in T's scratch).
+  bool amx = false;
+  std::int64_t dp = 0;  // D rounded up to 32
+  std::int64_t k16_size = 0, v16_size = 0, q16_size = 0, p16_size = 0;
 
   FusedPlan(const Problem& prob, const simd::KernelTable& table)
       : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()) {
@@ -113,9 +120,22 @@ struct FusedPlan {
     row_size = round_up(kBlockQ, a);
     flag_size = round_up(k_blocks, a);
     conv_size = std::is_same_v<S, T> ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
+    if constexpr (std::is_same_v<S, bfloat16> && std::is_same_v<T, float>) {
+      amx = table.gemm_bf16.amx_block != nullptr && p.D <= 256 && k_keys % 32 == 0;
+      if (amx) {
+        dp = round_up(p.D, 32);
+        const std::int64_t groups = (kBlockQ + 31) / 32;
+        k16_size = round_up(k_blocks * k_keys * dp / 2, a);
+        v16_size = round_up(k_blocks * k_keys * round_up(p.Dv, 32) / 2, a);
+        q16_size = round_up(groups * 32 * dp / 2, a);
+        p16_size = round_up(groups * 32 * k_keys / 2 + k_keys / 2, a);  // + one row of P being built
+        k_size = v_size = 0;
+      }
+    }
   }
   std::size_t scratch_size() const {
-    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size);
+    return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size +
+                                    k16_size + v16_size + q16_size + p16_size);
   }
 };
 
@@ -135,7 +155,11 @@ class FusedWorker {
     l_ = s, s += plan.row_size;
     alpha_ = s, s += plan.row_size;
     packed_ = s, s += plan.flag_size;
-    conv_ = s;
+    conv_ = s, s += plan.conv_size;
+    k16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.k16_size;
+    v16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.v16_size;
+    q16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.q16_size;
+    p16_ = reinterpret_cast<std::uint16_t*>(s);
   }
 
   // Computes item (b, h, query block qb).
@@ -207,6 +231,10 @@ class FusedWorker {
     packed_hk_ = hk;
   }
   void pack_block(std::int64_t jb) {
+    if (plan_.amx) {
+      pack_block_amx(jb);
+      return;
+    }
     const std::int64_t nr = plan_.tile_cols, tile_cols = plan_.tile_cols, D = prob_.D;
     T* kb = kp_ + jb * D * plan_.k_keys;
     for (std::int64_t c = 0; c < plan_.k_keys / nr; ++c) {
@@ -273,6 +301,10 @@ class FusedWorker {
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
   // read in place: Q itself when its rows are contiguous in D, else a copy.
   void prepare_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    if (plan_.amx) {
+      prepare_q_amx(b, h, i0, br);
+      return;
+    }
     const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
     if constexpr (kWiden) {
       widen_rows(q, prob_.qs[2], prob_.qs[3], br, prob_.D, qp_, prob_.D);
@@ -294,6 +326,10 @@ class FusedWorker {
   // keys for: the first from vector offset o (aligned: the panel's rows are), the last up to
   // its last key.
   void scores(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
+    if (plan_.amx) {
+      scores_amx(jb, a, n, br);
+      return;
+    }
     const std::int64_t tile_rows = plan_.tile_rows, tile_cols = plan_.tile_cols, D = prob_.D, nk = a + n;
     const T* kb = kp_ + jb * D * plan_.k_keys;
     for (std::int64_t c = a / tile_cols; c * tile_cols < nk; ++c) {
@@ -345,6 +381,10 @@ class FusedWorker {
 
   // O[0:br, :] = P[0:br, a:a + n] V_blk[a:a + n, :] + beta * O
   void accumulate(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, T beta) {
+    if (plan_.amx) {
+      accumulate_amx(jb, a, n, br, beta != T(0));
+      return;
+    }
     const std::int64_t tile_rows = plan_.tile_rows, tile_cols = plan_.tile_cols;
     const T* vb = vp_ + jb * plan_.k_keys * plan_.dv_padded;
     for (std::int64_t c = 0; c < plan_.dv_padded / tile_cols; ++c) {
@@ -385,6 +425,96 @@ class FusedWorker {
     }
   }
 
+  // ---- AMX (FusedPlan::amx; S is bfloat16) ----
+  static std::uint16_t bits_at(const S* p) {
+    std::uint16_t u;
+    std::memcpy(&u, p, 2);
+    return u;
+  }
+  const simd::HalfGemmKernels& amx() const { return plan_.kt.gemm_bf16; }
+  std::uint16_t* k16_panel(std::int64_t jb, std::int64_t c) const {
+    return k16_ + (jb * (plan_.k_keys / 32) + c) * plan_.dp * 32;
+  }
+  std::uint16_t* v16_panel(std::int64_t jb, std::int64_t c) const {
+    return v16_ + (jb * round_up(prob_.Dv, 32) / 32 + c) * plan_.k_keys * 32;
+  }
+  // K of block jb: per panel of 32 keys, pair-row r holds (K[j, 2r], K[j, 2r + 1]) of its 32 keys;
+  // V: per panel of 32 columns, pair-row r holds (V[2r, c], V[2r + 1, c]) of its 32 columns. Zero
+  // past the key length, D and Dv.
+  void pack_block_amx(std::int64_t jb) {
+    const std::int64_t D = prob_.D, dp = plan_.dp, kk = plan_.k_keys, j00 = jb * kk;
+    const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
+    for (std::int64_t c = 0; c < kk / 32; ++c) {
+      std::uint16_t* dst = k16_panel(jb, c);
+      std::fill(dst, dst + dp * 32, std::uint16_t{0});
+      const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
+      for (std::int64_t q = 0; q < n; ++q) {
+        const S* src = k_ + (j00 + c * 32 + q) * prob_.ks[2];
+        for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.ks[3]);
+      }
+    }
+    const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
+    for (std::int64_t c = 0; c < vpanels; ++c) {
+      std::uint16_t* dst = v16_panel(jb, c);
+      std::fill(dst, dst + kk * 32, std::uint16_t{0});
+      const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const S* src = v_ + (j00 + r) * prob_.vs[2] + c * 32 * prob_.vs[3];
+        std::uint16_t* row = dst + (r / 2) * 64 + (r & 1);
+        for (std::int64_t x = 0; x < nc; ++x) row[2 * x] = bits_at(src + x * prob_.vs[3]);
+      }
+    }
+    packed_[jb] = T(1);
+  }
+  // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
+  void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
+    const std::int64_t dp = plan_.dp, groups = (br + 31) / 32;
+    std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
+    for (std::int64_t r = 0; r < br; ++r) {
+      std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
+      for (std::int64_t d = 0; d < prob_.D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.qs[2] + d * prob_.qs[3]);
+    }
+  }
+  // S[0:br, panels of 32 keys covering a .. a + n - 1] = Q_blk K^T (unscaled).
+  void scores_amx(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
+    if constexpr (std::is_same_v<T, float>) scores_amx_f32(jb, a, n, br);
+  }
+  void scores_amx_f32(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br) {
+    const std::int64_t dp = plan_.dp, kk = plan_.k_keys;
+    for (std::int64_t g = 0; g * 32 < br; ++g) {
+      const int m = static_cast<int>(std::min<std::int64_t>(32, br - g * 32));
+      for (std::int64_t c = a / 32; c * 32 < a + n; ++c)
+        amx().amx_block(dp, q16_ + g * 32 * dp, 1024, 512, 64, m, k16_panel(jb, c), 32, sb_ + g * 32 * kk + c * 32, kk,
+                        false);
+    }
+  }
+  // O[0:br, :] (+)= P[0:br, a:a + n] V_blk[a:a + n, :], P rounded to bf16 into tiles over the
+  // 32-key steps covering the keys (zeros outside a .. a + n - 1).
+  void accumulate_amx(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, bool acc) {
+    if constexpr (std::is_same_v<T, float>) accumulate_amx_f32(jb, a, n, br, acc);
+  }
+  void accumulate_amx_f32(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, bool acc) {
+    const std::int64_t kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
+    const std::int64_t groups = (br + 31) / 32;
+    std::uint16_t* row = p16_ + groups * 32 * kk;  // one row of P being built
+    std::fill(row + a32, row + e32, std::uint16_t{0});
+    for (std::int64_t r = 0; r < br; ++r) {
+      plan_.kt.convert_bf16.narrow(sb_ + r * kk + a, row + a, n);
+      std::uint16_t* g = p16_ + (r / 32) * 32 * kk + (r % 32) * 32;
+      for (std::int64_t s = a32; s < e32; s += 32) std::memcpy(g + s * 32, row + s, 64);
+    }
+    const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
+    for (std::int64_t g = 0; g < groups; ++g) {
+      const int m = static_cast<int>(std::min<std::int64_t>(32, br - g * 32));
+      for (std::int64_t c = 0; c < vpanels; ++c) {
+        const int nc = static_cast<int>(std::min<std::int64_t>(32, prob_.Dv - c * 32));
+        amx().amx_block(e32 - a32, p16_ + g * 32 * kk + a32 * 32, 1024, 512, 64, m, v16_panel(jb, c) + (a32 / 2) * 64, nc,
+                        ob_ + g * 32 * plan_.dv_padded + c * 32, plan_.dv_padded, acc);
+      }
+    }
+  }
+
   // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld): one
   // conversion call when both are dense.
   static void widen_rows(const S* src, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols, T* dst,
@@ -408,6 +538,7 @@ class FusedWorker {
   T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_, *alpha_;
   T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
   T* conv_;    // 16-bit storage: widened K rows of one panel
+  std::uint16_t *k16_ = nullptr, *v16_ = nullptr, *q16_ = nullptr, *p16_ = nullptr;  // AMX (FusedPlan::amx)
   const S *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
   std::int64_t key_len_ = 0;
   NextRows next_;
@@ -450,6 +581,7 @@ void fused(const Problem& p) {
           const std::int64_t qb = it % plan.q_blocks, h = (it / plan.q_blocks) % p.H;
           worker.run(it / (plan.q_blocks * p.H), h, qb);
         }
+      if (plan.amx) plan.kt.gemm_bf16.amx_done();
     });
   });
   failure.rethrow();
