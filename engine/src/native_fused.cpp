@@ -444,10 +444,21 @@ class FusedWorker {
   void pack_block_amx(std::int64_t jb) {
     const std::int64_t D = prob_.D, dp = plan_.dp, kk = plan_.k_keys, j00 = jb * kk;
     const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
+    // Pairs of D are 32-bit words: K's rows (as words) transposed by the f32 transposing pack
+    // when they are (even D, unit inner stride, even row stride, 4-byte aligned).
+    const bool words = D % 2 == 0 && prob_.ks[3] == 1 && prob_.ks[2] % 2 == 0 &&
+                       reinterpret_cast<std::uintptr_t>(k_) % 4 == 0;
     for (std::int64_t c = 0; c < kk / 32; ++c) {
       std::uint16_t* dst = k16_panel(jb, c);
-      std::fill(dst, dst + dp * 32, std::uint16_t{0});
       const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
+      if (words) {
+        // rows past n are zero; words past D / 2 (up to dp / 2) are zeroed after
+        plan_.vk.pack_transpose(reinterpret_cast<const T*>(k_ + (j00 + c * 32) * prob_.ks[2]), prob_.ks[2] / 2, n, D / 2,
+                                reinterpret_cast<T*>(dst), 32, 32);
+        std::fill(dst + (D / 2) * 64, dst + dp * 32, std::uint16_t{0});
+        continue;
+      }
+      std::fill(dst, dst + dp * 32, std::uint16_t{0});
       for (std::int64_t q = 0; q < n; ++q) {
         const S* src = k_ + (j00 + c * 32 + q) * prob_.ks[2];
         for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.ks[3]);
@@ -458,10 +469,12 @@ class FusedWorker {
       std::uint16_t* dst = v16_panel(jb, c);
       std::fill(dst, dst + kk * 32, std::uint16_t{0});
       const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const S* src = v_ + (j00 + r) * prob_.vs[2] + c * 32 * prob_.vs[3];
-        std::uint16_t* row = dst + (r / 2) * 64 + (r & 1);
-        for (std::int64_t x = 0; x < nc; ++x) row[2 * x] = bits_at(src + x * prob_.vs[3]);
+      for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
+        const S* s0 = v_ + (j00 + r) * prob_.vs[2] + c * 32 * prob_.vs[3];
+        const S* s1 = r + 1 < rows ? s0 + prob_.vs[2] : nullptr;
+        auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
+        for (std::int64_t x = 0; x < nc; ++x)
+          out[x] = bits_at(s0 + x * prob_.vs[3]) | (s1 ? std::uint32_t{bits_at(s1 + x * prob_.vs[3])} << 16 : 0u);
       }
     }
     packed_[jb] = T(1);
