@@ -469,6 +469,18 @@ class FusedWorker {
       std::uint16_t* dst = v16_panel(jb, c);
       std::fill(dst, dst + kk * 32, std::uint16_t{0});
       const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
+      if (prob_.vs[3] == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
+        for (std::int64_t r = 0; r < rows; r += 2) {
+          const auto* s0 = reinterpret_cast<const std::uint16_t*>(v_ + (j00 + r) * prob_.vs[2] + c * 32);
+          const auto* s1 = r + 1 < rows ? s0 + prob_.vs[2] : nullptr;
+          auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
+          if (s1 != nullptr)
+            for (std::int64_t x = 0; x < nc; ++x) out[x] = std::uint32_t{s0[x]} | std::uint32_t{s1[x]} << 16;
+          else
+            for (std::int64_t x = 0; x < nc; ++x) out[x] = s0[x];
+        }
+        continue;
+      }
       for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
         const S* s0 = v_ + (j00 + r) * prob_.vs[2] + c * 32 * prob_.vs[3];
         const S* s1 = r + 1 < rows ? s0 + prob_.vs[2] : nullptr;
@@ -482,11 +494,24 @@ class FusedWorker {
   // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
   void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
     const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
-    const std::int64_t dp = plan_.dp, groups = (br + 31) / 32;
+    const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
+    if (prob_.qs[3] == 1) {  // 64-byte pieces of each row; the last step's tail zeroed
+      const std::int64_t full = D / 32 * 32;
+      for (std::int64_t r = 0; r < br; ++r) {
+        const auto* src = reinterpret_cast<const std::uint16_t*>(q + r * prob_.qs[2]);
+        std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
+        for (std::int64_t s = 0; s < full; s += 32) std::memcpy(g + s * 32, src + s, 64);
+        if (full < D) {
+          std::memcpy(g + full * 32, src + full, static_cast<std::size_t>(D - full) * 2);
+          std::fill(g + full * 32 + (D - full), g + full * 32 + 32, std::uint16_t{0});
+        }
+      }
+      return;  // rows past br are never read by a tile (its rows are configured to br's)
+    }
     std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
     for (std::int64_t r = 0; r < br; ++r) {
       std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
-      for (std::int64_t d = 0; d < prob_.D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.qs[2] + d * prob_.qs[3]);
+      for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.qs[2] + d * prob_.qs[3]);
     }
   }
   // S[0:br, panels of 32 keys covering a .. a + n - 1] = Q_blk K^T (unscaled).
