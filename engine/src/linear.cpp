@@ -358,20 +358,18 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
 // and the output narrowed (to nearest even, once) into out.
 template <class W, class Run>
 void widened(const Problem& p, Run run) {
+  const std::int64_t es = static_cast<std::int64_t>(dtype_size(p.dtype));
+  // Each (batch, head) of a view, as the [S, cols] matrix it is, to or from its dense copy.
+  auto each_matrix = [&](const Shape4& st, const Shape4& shape, auto convert) {
+    for (std::int64_t a = 0; a < shape[0]; ++a)
+      for (std::int64_t b = 0; b < shape[1]; ++b) convert((a * st[0] + b * st[1]) * es, (a * shape[1] + b) * shape[2] * shape[3]);
+  };
   auto dense = [&](const void* src, const Shape4& st, const Shape4& shape) {
     std::vector<W> d(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
-    std::size_t n = 0;
-    for (std::int64_t a = 0; a < shape[0]; ++a)
-      for (std::int64_t b = 0; b < shape[1]; ++b)
-        for (std::int64_t i = 0; i < shape[2]; ++i, n += static_cast<std::size_t>(shape[3])) {
-          const std::int64_t off = a * st[0] + b * st[1] + i * st[2];
-          if (st[3] == 1) {
-            detail::convert_elements(static_cast<const char*>(src) + off * 2, p.dtype, d.data() + n, dtype_of<W>(), shape[3]);
-          } else {
-            for (std::int64_t c = 0; c < shape[3]; ++c)
-              d[n + static_cast<std::size_t>(c)] = static_cast<W>(detail::widen_at(src, p.dtype, off + c * st[3]));
-          }
-        }
+    each_matrix(st, shape, [&](std::int64_t byte_off, std::int64_t n) {
+      detail::convert_matrix(static_cast<const char*>(src) + byte_off, p.dtype, st[2], st[3], shape[2], shape[3], d.data() + n,
+                             dtype_of<W>(), shape[3]);
+    });
     return d;
   };
   const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
@@ -384,17 +382,10 @@ void widened(const Problem& p, Run run) {
   f.qs = contiguous_strides(qshape), f.ks = contiguous_strides(kshape);
   f.vs = contiguous_strides(vshape), f.os = contiguous_strides(oshape);
   run(f);
-  std::size_t n = 0;
-  for (std::int64_t a = 0; a < p.B; ++a)
-    for (std::int64_t b = 0; b < p.H; ++b)
-      for (std::int64_t i = 0; i < p.Sq; ++i, n += static_cast<std::size_t>(p.Dv)) {
-        char* dst = static_cast<char*>(p.o) + (a * p.os[0] + b * p.os[1] + i * p.os[2]) * 2;
-        for (std::int64_t c = 0; c < p.Dv; ++c) {
-          const double x = o[n + static_cast<std::size_t>(c)];
-          const std::uint16_t bits = p.dtype == DType::bf16 ? to_bfloat16(x).bits : to_float16(x).bits;
-          std::memcpy(dst + c * p.os[3] * 2, &bits, 2);
-        }
-      }
+  each_matrix(p.os, oshape, [&](std::int64_t byte_off, std::int64_t n) {
+    detail::convert_matrix(o.data() + n, dtype_of<W>(), p.Dv, 1, p.Sq, p.Dv, static_cast<char*>(p.o) + byte_off, p.dtype,
+                           p.os[2], p.os[3]);
+  });
 }
 
 }  // namespace

@@ -20,14 +20,11 @@ void convert_rows(const From* src, const Shape4& st, To* dst, const Shape4& dt, 
   const auto min_items = std::max<std::int64_t>(1, (std::int64_t{1} << 16) / std::max<std::int64_t>(1, shape[2] * shape[3]));
   parallel_for(items, threads, min_items, [&](std::int64_t i0, std::int64_t i1) {
     for (std::int64_t it = i0; it < i1; ++it) {
-      const std::int64_t b = it / shape[1], h = it % shape[1], n = rows(b);
-      for (std::int64_t i = 0; i < shape[2]; ++i) {
-        To* d = dst + b * dt[0] + h * dt[1] + i * dt[2];
-        const From* s = src + b * st[0] + h * st[1] + i * st[2];
-        if (i < n && st[3] == 1 && dt[3] == 1) convert_elements(s, dtype_of<From>(), d, dtype_of<To>(), shape[3]);
-        else
-          for (std::int64_t c = 0; c < shape[3]; ++c) d[c * dt[3]] = i < n ? narrow<To>(widen(s[c * st[3]])) : To{};
-      }
+      const std::int64_t b = it / shape[1], h = it % shape[1], n = std::min(rows(b), shape[2]);
+      To* d = dst + b * dt[0] + h * dt[1];
+      convert_matrix(src + b * st[0] + h * st[1], dtype_of<From>(), st[2], st[3], n, shape[3], d, dtype_of<To>(), dt[2], dt[3]);
+      for (std::int64_t i = n; i < shape[2]; ++i)
+        for (std::int64_t c = 0; c < shape[3]; ++c) d[i * dt[2] + c * dt[3]] = To{};
     }
   });
 }

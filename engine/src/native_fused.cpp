@@ -403,17 +403,7 @@ class FusedWorker {
       // normalised in place (rows with l == 0 become zeros), then narrowed to nearest even
       S* o = static_cast<S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i0 * prob_.os[2];
       plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, ob_, plan_.dv_padded);
-      if (prob_.os[3] == 1 && prob_.os[2] == prob_.Dv && plan_.dv_padded == prob_.Dv) {  // dense rows: one call
-        convert_elements(ob_, dtype_of<T>(), o, dtype_of<S>(), br * prob_.Dv);
-        return;
-      }
-      for (std::int64_t r = 0; r < br; ++r) {
-        const T* src = ob_ + r * plan_.dv_padded;
-        S* dst = o + r * prob_.os[2];
-        if (prob_.os[3] == 1) convert_elements(src, dtype_of<T>(), dst, dtype_of<S>(), prob_.Dv);
-        else
-          for (std::int64_t d = 0; d < prob_.Dv; ++d) dst[d * prob_.os[3]] = narrow<S>(widen(src[d]));
-      }
+      convert_matrix(ob_, dtype_of<T>(), plan_.dv_padded, 1, br, prob_.Dv, o, dtype_of<S>(), prob_.os[2], prob_.os[3]);
     } else {
       T* o = static_cast<T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1];
       if (prob_.os[3] == 1) {
@@ -553,22 +543,10 @@ class FusedWorker {
     }
   }
 
-  // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld): one
-  // conversion call when both are dense.
+  // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld).
   static void widen_rows(const S* src, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols, T* dst,
                          std::int64_t ld) {
-    if (rows <= 0) return;
-    if (cs == 1 && rs == cols && ld == cols) {
-      convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), rows * cols);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) widen_row(src + r * rs, cs, cols, dst + r * ld);
-  }
-  // n elements of a stored row (element stride cs) widened to dst.
-  static void widen_row(const S* src, std::int64_t cs, std::int64_t n, T* dst) {
-    if (cs == 1) convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), n);
-    else
-      for (std::int64_t i = 0; i < n; ++i) dst[i] = static_cast<T>(widen(src[i * cs]));
+    convert_matrix(src, dtype_of<S>(), rs, cs, rows, cols, dst, dtype_of<T>(), ld);
   }
 
   const FusedPlan<T, S>& plan_;

@@ -31,7 +31,7 @@ constexpr std::int64_t kShortMaxKeys = 96;
 constexpr std::int64_t kPanelsPerItem = 4;
 
 // T: the type computed in; S: the type q, k, v and out are stored in (T, or bf16 / f16 computed
-// in f32: K and V of a kv head widened when V^T is packed, Q rows before their transpose, the
+// in f32: K of a kv head widened when V^T is packed, V and Q widened by their transposes, the
 // output narrowed after its transpose).
 template <class T, class S>
 class ShortKeys {
@@ -50,7 +50,7 @@ class ShortKeys {
     ot_size_ = round_up(p.Dv * q_rows_, kLineElems<T>);
     if (kWiden) {
       kw_size_ = round_up(p.Sk * p.D, kLineElems<T>);
-      tmp_size_ = round_up(std::max({p.Sk * p.Dv, tile_cols_ * p.D, tile_cols_ * p.Dv}), kLineElems<T>);
+      tmp_size_ = round_up(tile_cols_ * p.Dv, kLineElems<T>);
     }
   }
 
@@ -67,7 +67,7 @@ class ShortKeys {
   // Per-thread state: the scratch parts and the kv head whose V^T is packed.
   struct State {
     T *vt, *qt, *st, *ot, *l;
-    T *kw, *tmp;  // 16-bit storage: K of the kv head widened; rows widened or narrowed on the way
+    T *kw, *tmp;  // 16-bit storage: K of the kv head widened; output rows before they are narrowed
     std::int64_t packed_head = -1;  // b * Hkv + hk
   };
   State scratch(T* base) const {
@@ -94,9 +94,8 @@ class ShortKeys {
     const S* ks = static_cast<const S*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
     if (s.packed_head != b * p_.Hkv + hk) {  // V^T of kv head (b, hk): row d holds V[0:L, d]
       if constexpr (kWiden) {
-        widen_rows(v, p_.vs[2], L, p_.Dv, s.tmp, p_.Dv);
-        vk_.pack_transpose(s.tmp, p_.Dv, L, p_.Dv, s.vt, ldvt_, L);
-        widen_rows(ks, p_.ks[2], L, p_.D, s.kw, p_.D);
+        half_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(v), p_.vs[2], L, p_.Dv, s.vt, ldvt_, L);
+        convert_matrix(ks, dtype_of<S>(), p_.ks[2], 1, L, p_.D, s.kw, dtype_of<T>(), p_.D);
       } else {
         vk_.pack_transpose(v, p_.vs[2], L, p_.Dv, s.vt, ldvt_, L);
       }
@@ -129,8 +128,8 @@ class ShortKeys {
     T* otc = s.ot + c * p_.Dv * tile_cols_;
     T* l = s.l + c * tile_cols_;
     if constexpr (kWiden) {
-      widen_rows(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, s.tmp, p_.D);
-      vk_.pack_transpose(s.tmp, p_.D, qn, p_.D, qtc, tile_cols_, nv * lanes_);
+      half_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(q + c * tile_cols_ * p_.qs[2]), p_.qs[2], qn,
+                                    p_.D, qtc, tile_cols_, nv * lanes_);
     } else {
       vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
     }
@@ -151,8 +150,7 @@ class ShortKeys {
     S* oc = o + c * tile_cols_ * p_.os[2];
     if constexpr (kWiden) {
       vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, s.tmp, p_.Dv, p_.Dv);
-      for (std::int64_t r = 0; r < qn; ++r)
-        convert_elements(s.tmp + r * p_.Dv, dtype_of<T>(), oc + r * p_.os[2], dtype_of<S>(), p_.Dv);
+      convert_matrix(s.tmp, dtype_of<T>(), p_.Dv, 1, qn, p_.Dv, oc, dtype_of<S>(), p_.os[2]);
     } else {
       vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.os[2], p_.Dv);
     }
@@ -162,13 +160,9 @@ class ShortKeys {
       if (l[r] == T(0)) std::fill(oc + r * p_.os[2], oc + r * p_.os[2] + p_.Dv, S{});
   }
 
-  // rows x cols stored elements (row stride rs, unit inner stride) widened to dst (row stride ld).
-  static void widen_rows(const S* src, std::int64_t rs, std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld) {
-    if (rs == cols && ld == cols) {
-      convert_elements(src, dtype_of<S>(), dst, dtype_of<T>(), rows * cols);
-      return;
-    }
-    for (std::int64_t r = 0; r < rows; ++r) convert_elements(src + r * rs, dtype_of<S>(), dst + r * ld, dtype_of<T>(), cols);
+  // The transposing packs of 16-bit storage (widening as they load).
+  static const simd::HalfConvertKernels& half_kernels() {
+    return std::is_same_v<S, bfloat16> ? simd::kernels().convert_bf16 : simd::kernels().convert_f16;
   }
 
   const Problem& p_;
