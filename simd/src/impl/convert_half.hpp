@@ -149,29 +149,13 @@ void pack_transpose_half(const std::uint16_t* src, std::int64_t ld, std::int64_t
                          std::int64_t dst_ld, std::int64_t width) {
 #if defined(__AVX512F__)
   if constexpr (kHasAvx512<Arch>) {
-    for (std::int64_t r0 = 0; r0 < width; r0 += 16) {
-      const std::int64_t nrow = std::max<std::int64_t>(0, std::min<std::int64_t>(16, rows - r0));
-      for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
-        const std::int64_t ncol = std::min<std::int64_t>(16, cols - c0);
-        const auto cm = static_cast<__mmask32>(ncol == 16 ? 0xffffu : (1u << ncol) - 1u);
-        __m512 v[16];
-        for (std::int64_t i = 0; i < 16; ++i) {
-          if (i >= nrow) {
-            v[i] = _mm512_setzero_ps();
-            continue;
-          }
-          const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(cm, src + (r0 + i) * ld + c0));
-          v[i] = kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
-        }
-        transpose16x16(v);
-        if (r0 + 16 <= width) {
-          for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
-        } else {
-          const auto wm = static_cast<__mmask16>((1u << (width - r0)) - 1u);
-          for (std::int64_t j = 0; j < ncol; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * dst_ld + r0, wm, v[j]);
-        }
-      }
-    }
+    pack_transpose_blocks(
+        [&](std::int64_t r, std::int64_t c0, std::int64_t ncol) {
+          const auto cm = static_cast<__mmask32>(ncol == 16 ? 0xffffu : (1u << ncol) - 1u);
+          const __m256i h = _mm512_castsi512_si256(_mm512_maskz_loadu_epi16(cm, src + r * ld + c0));
+          return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+        },
+        rows, cols, dst, dst_ld, width);
     return;
   }
 #endif

@@ -36,6 +36,28 @@ inline void transpose16x16(__m512 r[16]) {
     r[8 + j] = _mm512_shuffle_f32x4(v[j], v[8 + j], 0xdd);
   }
 }
+
+// pack_transpose's AVX-512 loop (below) on rows supplied by load(r, c0, ncol): row r's 16 values
+// from column c0 as f32, zero past ncol (the caller's element type and widening).
+template <class Load>
+void pack_transpose_blocks(Load load, std::int64_t rows, std::int64_t cols, float* dst, std::int64_t dst_ld,
+                           std::int64_t width) {
+  for (std::int64_t r0 = 0; r0 < width; r0 += 16) {
+    const std::int64_t nrow = std::max<std::int64_t>(0, std::min<std::int64_t>(16, rows - r0));
+    for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
+      const std::int64_t ncol = std::min<std::int64_t>(16, cols - c0);
+      __m512 v[16];
+      for (std::int64_t i = 0; i < 16; ++i) v[i] = i < nrow ? load(r0 + i, c0, ncol) : _mm512_setzero_ps();
+      transpose16x16(v);
+      if (r0 + 16 <= width) {
+        for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
+      } else {  // a panel narrower than 16 (GEMM's A panels are 12 rows): store its lanes only
+        const auto wm = static_cast<__mmask16>((1u << (width - r0)) - 1u);
+        for (std::int64_t j = 0; j < ncol; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * dst_ld + r0, wm, v[j]);
+      }
+    }
+  }
+}
 #endif
 
 template <class Arch, class T>
@@ -47,23 +69,12 @@ void pack_transpose(const T* src, std::int64_t ld, std::int64_t rows, std::int64
   // load with a column mask; rows past `rows` are zero vectors and are never read.
 #if defined(__AVX512F__)
   if constexpr (kHasAvx512<Arch> && sizeof(T) == 4) {
-    for (std::int64_t r0 = 0; r0 < width; r0 += 16) {
-      const std::int64_t nrow = std::max<std::int64_t>(0, std::min<std::int64_t>(16, rows - r0));
-      for (std::int64_t c0 = 0; c0 < cols; c0 += 16) {
-        const std::int64_t ncol = std::min<std::int64_t>(16, cols - c0);
-        const auto cm = static_cast<__mmask16>(ncol == 16 ? 0xffffu : (1u << ncol) - 1u);
-        __m512 v[16];
-        for (std::int64_t i = 0; i < 16; ++i)
-          v[i] = i < nrow ? _mm512_maskz_loadu_ps(cm, src + (r0 + i) * ld + c0) : _mm512_setzero_ps();
-        transpose16x16(v);
-        if (r0 + 16 <= width) {
-          for (std::int64_t j = 0; j < ncol; ++j) _mm512_storeu_ps(dst + (c0 + j) * dst_ld + r0, v[j]);
-        } else {  // a panel narrower than 16 (GEMM's A panels are 12 rows): store its lanes only
-          const auto wm = static_cast<__mmask16>((1u << (width - r0)) - 1u);
-          for (std::int64_t j = 0; j < ncol; ++j) _mm512_mask_storeu_ps(dst + (c0 + j) * dst_ld + r0, wm, v[j]);
-        }
-      }
-    }
+    pack_transpose_blocks(
+        [&](std::int64_t r, std::int64_t c0, std::int64_t ncol) {
+          const auto cm = static_cast<__mmask16>(ncol == 16 ? 0xffffu : (1u << ncol) - 1u);
+          return _mm512_maskz_loadu_ps(cm, reinterpret_cast<const float*>(src) + r * ld + c0);
+        },
+        rows, cols, reinterpret_cast<float*>(dst), dst_ld, width);
     return;
   }
 #endif
