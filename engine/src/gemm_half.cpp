@@ -183,7 +183,7 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
   if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack_half_b: this table has no such kernels");
   PackedHalf pb;
   pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16, pb.pair_kernels = pairs;
-  pb.k_align = hk.k_align > 0 ? hk.k_align : hk.pairs ? 2 : 1;
+  pb.k_align = hk.k_align;
   if (hk.kc % pb.k_align != 0) throw std::logic_error("pack_half_b: kc is not a multiple of k_align");
   pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
   const std::int64_t depth = K <= 0 ? 0 : (K - 1) / hk.kc * hk.kc + pb.rows((K - 1) / hk.kc * hk.kc);
@@ -208,7 +208,7 @@ void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) 
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
   const simd::HalfGemmKernels& hk = half_gemm_kernels(table, g.B->bf16, g.B->pair_kernels);
   const PackedHalf& b = *g.B;
-  if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.k_align != (hk.k_align > 0 ? hk.k_align : hk.pairs ? 2 : 1) ||
+  if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.k_align != hk.k_align ||
       b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 || g.b_col + g.N > b.N)
     throw std::logic_error("gemm_half: the packed B does not match this call or ISA");
   if (g.K <= 0) {  // C = beta * C

@@ -129,7 +129,7 @@ struct FusedPlan {
         v16_size = round_up(k_blocks * k_keys * round_up(p.Dv, 32) / 2, a);
         q16_size = round_up(groups * 32 * dp / 2, a);
         p16_size = round_up(groups * 32 * k_keys / 2 + k_keys / 2, a);  // + one row of P being built
-        k_size = v_size = 0;
+        k_size = v_size = conv_size = 0;  // the f32 panels and the widening buffer are not used
       }
     }
   }

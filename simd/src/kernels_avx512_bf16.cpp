@@ -126,7 +126,8 @@ KernelTable make_table_avx512_bf16() {
                  .mc = 336,  // the mc x kc block of A's pairs (336 KiB) stays in L2
                  .pairs = true,
                  .ukernel = impl::rows_table<HalfGemmUkernel, kMr>(
-                     [](auto m) { return &bf16_pairs_ukernel<decltype(m)::value>; })};
+                     [](auto m) { return &bf16_pairs_ukernel<decltype(m)::value>; }),
+                 .k_align = 2};  // an odd depth's last pair
   return t;
 }
 

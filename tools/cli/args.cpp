@@ -91,6 +91,15 @@ DType parse_dtype(const std::string& flag, const std::string& text) {
   throw UsageError(flag + ": expected f32, f64, bf16 or f16, got '" + text + "'");
 }
 
+double element(const NpyArray& a, std::size_t i) {
+  switch (a.dtype) {
+    case DType::f64: return a.as<double>()[i];
+    case DType::f16: return to_float(a.as<float16>()[i]);
+    case DType::bf16: return to_float(a.as<bfloat16>()[i]);
+    default: return a.as<float>()[i];
+  }
+}
+
 NpyArray converted(const NpyArray& a, DType to) {
   if (a.dtype == to) return a;
   NpyArray out;
@@ -98,16 +107,8 @@ NpyArray converted(const NpyArray& a, DType to) {
   out.shape = a.shape;
   const std::size_t n = a.data.size() / dtype_size(a.dtype);
   out.data.resize(n * dtype_size(to));
-  auto load = [&](std::size_t i) -> double {
-    switch (a.dtype) {
-      case DType::f64: return a.as<double>()[i];
-      case DType::f16: return to_float(a.as<float16>()[i]);
-      case DType::bf16: return to_float(a.as<bfloat16>()[i]);
-      default: return a.as<float>()[i];
-    }
-  };
   for (std::size_t i = 0; i < n; ++i) {
-    const double x = load(i);
+    const double x = element(a, i);
     switch (to) {
       case DType::f64: out.as<double>()[i] = x; break;
       case DType::f16: out.as<float16>()[i] = to_float16(x); break;

@@ -50,6 +50,9 @@ DType parse_dtype(const std::string& flag, const std::string& text);
 // `a` with its elements converted to `to` (rounded to nearest even; a copy even when the same).
 NpyArray converted(const NpyArray& a, DType to);
 
+// Element i of an f32, f64, bf16 or f16 array, widened exactly.
+double element(const NpyArray& a, std::size_t i);
+
 // A boolean mask file (|b1 or |u1) given to `flag`.
 NpyArray load_bool_npy(const std::string& flag, const std::string& path);
 

@@ -124,16 +124,6 @@ NpyArray array_of(DType dtype, std::vector<std::int64_t> shape) {
   return a;
 }
 
-// Element i of an array of f32, f64, bf16 or f16, widened exactly.
-double element(const NpyArray& a, std::size_t i) {
-  switch (a.dtype) {
-    case DType::f64: return a.as<double>()[i];
-    case DType::bf16: return to_float(a.as<bfloat16>()[i]);
-    case DType::f16: return to_float(a.as<float16>()[i]);
-    default: return a.as<float>()[i];
-  }
-}
-
 // docs/design.md's tolerance factor per dtype: max|O - O_ref| <= factor * max(1, max|V|).
 double tolerance_factor(DType dtype) {
   switch (dtype) {

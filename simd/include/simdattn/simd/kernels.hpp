@@ -215,7 +215,7 @@ struct HalfGemmKernels {
   bool pairs;  // the layout above
   // ukernel[m]: the first m rows of the tile (m = 1..mr); entry 0 is null.
   std::array<HalfGemmUkernel, kMaxMr + 1> ukernel;
-  int k_align = 0;  // packed B's depth blocks are rounded up to this many rows (0: 2 for pairs, else 1)
+  int k_align = 1;  // packed B's depth blocks are rounded up to this many rows (pairs: 2; AMX: 32)
   HalfAmxBlock amx_block = nullptr;  // AMX tables' bf16 only: blocks of C on tiles
   void (*amx_done)() = nullptr;      // releases the calling thread's tiles
 };
