@@ -31,11 +31,11 @@ Command add_info_command(CLI::App& app) {
     std::cout << '\n';
     std::cout << "onednn: " << (info.onednn_version.empty() ? "not built" : info.onednn_version) << '\n';
     // which dtypes each backend takes here (backend_takes)
-    for (const auto& s : info.backends) {
-      std::cout << "dtypes " << s << ":";
+    for (Backend b : {Backend::reference, Backend::native, Backend::onednn}) {
+      if (!backend_available(b)) continue;
+      std::cout << "dtypes " << backend_name(b) << ":";
       for (DType dt : {DType::f32, DType::f64, DType::bf16, DType::f16})
-        for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
-          if (backend_name(b) == s && backend_takes(b, dt)) std::cout << ' ' << dtype_name(dt);
+        if (backend_takes(b, dt)) std::cout << ' ' << dtype_name(dt);
       std::cout << '\n';
     }
   };
