@@ -71,7 +71,7 @@ void attention_native(const Problem& p) {
     if (p.dtype == DType::bf16) widened<bfloat16>(p);
     else widened<float16>(p);
   } else if (!half && decode_fits(p)) decode_attention(p);
-  else if (short_keys_fit(p)) short_keys_attention(p);
+  else if (short_keys_fit(p) && !fused_on_tiles(p)) short_keys_attention(p);
   else fused_attention(p);
 }
 

@@ -22,5 +22,8 @@ bool short_keys_fit(const Problem& p);
 void short_keys_attention(const Problem& p);
 
 void fused_attention(const Problem& p);
+// The fused path runs p on AMX tiles (bf16, D <= 256, on the amx kernel table): it then also
+// takes the problems the short-key path would (their few keys are one tile block).
+bool fused_on_tiles(const Problem& p);
 
 }  // namespace simdattn::detail

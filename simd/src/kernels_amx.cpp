@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "impl/softmax_tiles.hpp"
 #include "impl/tables.hpp"
 
 namespace simdattn::simd {
@@ -149,6 +150,7 @@ KernelTable make_table_amx() {
   t.gemm_bf16.amx_block = &amx_block;
   t.gemm_bf16.amx_done = &release;
   t.probe.amx_peak = &amx_peak;
+  t.amx_attention.softmax_rows = &impl::softmax_rows_to_tiles;
   return t;
 }
 

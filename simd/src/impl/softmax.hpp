@@ -96,6 +96,28 @@ T exp_sub_max_sum(T* x, std::int64_t n, T max) {
 // needs no rescale (most later blocks of a long row).
 inline constexpr double kSoftmaxSlack = 8.0;
 
+// One row's reference-max update of the online-softmax step (VectorKernels::softmax_rows) from
+// its block max bm of the scaled scores: m, l and alpha as that contract says. Returns the value
+// the block's weights are taken against: m_new, or 0 for a row with no visible key yet
+// (exp(-inf - 0) = 0).
+template <class T>
+inline T online_max_step(T bm, T& m, T& l, T& alpha) {
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  const T mo = m;
+  // a NaN max does not raise it; within the slack of a finite reference, the reference stays
+  const T mn = bm > mo && !(mo != neg_inf && bm <= mo + T(kSoftmaxSlack)) ? bm : mo;
+  T a = T(1);
+  if (mn != mo && mo != neg_inf) {
+    a = std::exp(mo - mn);
+    l *= a;
+  } else if (mo == neg_inf && mn != neg_inf) {
+    a = T(-1);
+  }
+  alpha = a;
+  m = mn;
+  return mn == neg_inf ? T(0) : mn;
+}
+
 template <class Arch, class T, int R>
 inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T* m, T* l, T* alpha) {
   using B = batch<T, Arch>;
@@ -123,19 +145,7 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
   else max_pass(std::true_type{});
   B ref[R], sum[R];
   for (int q = 0; q < R; ++q) {
-    const T bm = positive ? hmax<Arch, T>(mx[q]) * scale : hmax<Arch, T>(mx[q]), mo = m[q];
-    // a NaN max does not raise it; within the slack of a finite reference, the reference stays
-    const T mn = bm > mo && !(mo != neg_inf && bm <= mo + T(kSoftmaxSlack)) ? bm : mo;
-    T a = T(1);
-    if (mn != mo && mo != neg_inf) {
-      a = std::exp(mo - mn);
-      l[q] *= a;
-    } else if (mo == neg_inf && mn != neg_inf) {
-      a = T(-1);
-    }
-    alpha[q] = a;
-    m[q] = mn;
-    ref[q] = B(mn == neg_inf ? T(0) : mn);  // a row with no visible key: exp(-inf - 0) = 0
+    ref[q] = B(online_max_step(positive ? hmax<Arch, T>(mx[q]) * scale : hmax<Arch, T>(mx[q]), m[q], l[q], alpha[q]));
     sum[q] = B(T(0));
   }
   for (std::int64_t i = 0; i < nf; i += W)

@@ -162,7 +162,8 @@ KernelTable make_kernel_table(Isa isa) {
                            .pack_transpose = &pack_transpose_half<Arch, true>},
           .convert_f16 = {.widen = &widen_half_row<Arch, false>,
                           .narrow = &narrow_half_row<Arch, false>,
-                          .pack_transpose = &pack_transpose_half<Arch, false>}};
+                          .pack_transpose = &pack_transpose_half<Arch, false>},
+          .amx_attention = {}};
 }
 
 }  // namespace simdattn::simd::impl

@@ -231,6 +231,21 @@ struct HalfConvertKernels {
                          std::int64_t dst_ld, std::int64_t width);
 };
 
+// AMX tables only (else null): the fused attention path's softmax step, written straight into
+// the bf16 P tiles of its PV tile product (engine/src/native_fused.cpp).
+struct AmxAttentionKernels {
+  // The online-softmax step of VectorKernels::softmax_rows (the same m, l, alpha and lo / hi
+  // contract) on rows r < rows <= 32 of f32 scores x (ld apart, keys 0 .. n - 1), except that x
+  // is only read and each row's weights are rounded to bf16 (nearest even) into row r of a group
+  // of 32 x 32 tiles: key j at column c = lead + j, column c at p[(c / 32) * 1024 + r * 32 + c %
+  // 32], zeros in columns [0, lead) and [lead + n, next multiple of 32), none of x read there.
+  // p 64-byte aligned. The weights before rounding are within 4e-6 (relative) of exp(s - m_new)
+  // and 0 below 2^-126; l[r] adds their unrounded sum.
+  void (*softmax_rows)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
+                       const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
+                       std::uint16_t* p, std::int64_t lead) = nullptr;
+};
+
 struct KernelTable {
   Isa isa;
   ProbeKernels probe;
@@ -249,6 +264,7 @@ struct KernelTable {
   HalfGemmKernels gemm_bf16_pairs;
   HalfConvertKernels convert_bf16;
   HalfConvertKernels convert_f16;
+  AmxAttentionKernels amx_attention;
 
   template <class T> const GemmKernels<T>& gemm() const;
   template <class T> const VectorKernels<T>& vec() const;
