@@ -239,7 +239,7 @@ struct AmxAttentionKernels {
   // is only read and each row's weights are rounded to bf16 (nearest even) into row r of a group
   // of 32 x 32 tiles: key j at column c = lead + j, column c at p[(c / 32) * 1024 + r * 32 + c %
   // 32], zeros in columns [0, lead) and [lead + n, next multiple of 32), none of x read there.
-  // p 64-byte aligned. The weights before rounding are within 4e-6 (relative) of exp(s - m_new)
+  // lead + n <= 512; p 64-byte aligned. The weights before rounding are within 4e-6 (relative) of exp(s - m_new)
   // and 0 below 2^-126; l[r] adds their unrounded sum.
   void (*softmax_rows)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                        const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
