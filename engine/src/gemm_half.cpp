@@ -159,14 +159,14 @@ void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int thread
             const std::uint16_t* a = g.A + i * g.lda + p;
             const bool pack = jend - jc >= kAmxPackFromPanels || kb % 32 != 0;
             if (pack) pack_a_tiles(a, g.lda, m, kb, ap);
-            for (std::int64_t jb = jc; jb < jend; ++jb) {
-              const std::int64_t j = jb * kAmxBlock;
-              const int n = static_cast<int>(std::min(kAmxBlock, g.N - j));
-              float* c = g.C + i * g.ldc + j;
-              const bool acc = p > 0 || g.beta != 0.0f;
-              if (pack) hk.amx_block(kb, ap, 32 * 32, 16 * 32, 64, m, b.panel(g.b_col + j, p), n, c, g.ldc, acc);
-              else hk.amx_block(kb, a, 32, 16 * g.lda, 2 * g.lda, m, b.panel(g.b_col + j, p), n, c, g.ldc, acc);
-            }
+            // the chunk's panels in one call
+            const std::int64_t j = jc * kAmxBlock;
+            const int n = static_cast<int>(std::min(jend * kAmxBlock, g.N) - j);
+            const std::int64_t b_stride = b.nr * b.rows(p);
+            float* c = g.C + i * g.ldc + j;
+            const bool acc = p > 0 || g.beta != 0.0f;
+            if (pack) hk.amx_block(kb, ap, 32 * 32, 16 * 32, 64, m, b.panel(g.b_col + j, p), b_stride, n, c, g.ldc, acc);
+            else hk.amx_block(kb, a, 32, 16 * g.lda, 2 * g.lda, m, b.panel(g.b_col + j, p), b_stride, n, c, g.ldc, acc);
           }
         }
       hk.amx_done();

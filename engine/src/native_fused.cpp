@@ -537,12 +537,10 @@ class FusedWorker {
                 std::int64_t n, Cover cover, bool first) {
     if constexpr (std::is_same_v<T, float>) {
       const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
-      const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
       auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
       for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-        for (std::int64_t c = a32 / 32; c < e32 / 32; ++c)
-          amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, c), 32, sb_ + r0 * kk + c * 32, kk,
-                          false);
+        amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
+                        static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
       for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
         const StepRows sr = step_rows(b, h, i0, r0, rows_of(r0), jb * kk + a, a, n, cover);
         plan_.kt.amx_attention.softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
@@ -550,11 +548,8 @@ class FusedWorker {
       }
       if (!first) rescale_out(0, br);
       for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-        for (std::int64_t c = 0; c < vpanels; ++c) {
-          const int nc = static_cast<int>(std::min<std::int64_t>(32, prob_.Dv - c * 32));
-          amx().amx_block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, c) + (a32 / 2) * 64,
-                          nc, ob_ + r0 * plan_.dv_padded + c * 32, plan_.dv_padded, !first);
-        }
+        amx().amx_block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
+                        kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first);
     }
   }
 

@@ -34,14 +34,15 @@ struct alignas(64) TileConfig {
   std::uint8_t reserved[14] = {};
   std::uint16_t colsb[16] = {};
   std::uint8_t rows[16] = {};
-  bool operator==(const TileConfig& o) const { return std::memcmp(this, &o, sizeof *this) == 0; }
 };
 
-// The configuration this thread's tiles hold (loaded only when a block's shape differs).
-thread_local TileConfig current_config;
-thread_local bool config_loaded = false;
+// The block shape this thread's tiles are configured for (m0, m1, n0, n1 in one word; 0: none):
+// a configuration is loaded only when a block's shape differs.
+thread_local std::uint32_t current_shape = 0;
 
 void configure(int m0, int m1, int n0, int n1) {
+  const auto shape = static_cast<std::uint32_t>(m0 | m1 << 8 | n0 << 16 | n1 << 24);  // m0, n0 >= 1: never 0
+  if (shape == current_shape) return;
   TileConfig c;
   auto set = [&](int t, int rows, int bytes) {
     c.rows[t] = static_cast<std::uint8_t>(bytes > 0 ? rows : 0);
@@ -50,16 +51,17 @@ void configure(int m0, int m1, int n0, int n1) {
   set(0, m0, n0 * 4), set(1, m0, n1 * 4), set(2, m1, n0 * 4), set(3, m1, n1 * 4);
   set(4, m0, 64), set(5, m1, 64);
   set(6, 16, n0 * 4), set(7, 16, n1 * 4);
-  if (config_loaded && c == current_config) return;
+  // GCC 12 does not see LDTILECFG's builtin read all 64 bytes: without this barrier it drops
+  // the stores above as dead (leaving every tile unconfigured: SIGILL at the first tile use).
+  __asm__ volatile("" : : "r"(&c) : "memory");
   _tile_loadconfig(&c);
-  current_config = c;
-  config_loaded = true;
+  current_shape = shape;
 }
 
 void release() {
-  if (!config_loaded) return;
+  if (current_shape == 0) return;
   _tile_release();
-  config_loaded = false;
+  current_shape = 0;
 }
 
 // C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp (m, n <= 32; kb <= kKc), Bp one packed panel of a depth block.
@@ -98,13 +100,19 @@ void block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::in
   if constexpr (kM1 && kN1) _tile_stored(3, C + 16 * ldc + 16, cs);
 }
 
+// Panels of 32 columns one after the other: each a block (the configuration stays loaded
+// across the full ones).
 void amx_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride,
-               int m, const std::uint16_t* Bp, int n, float* C, std::int64_t ldc, bool accumulate) {
-  const bool m1 = m > 16, n1 = n > 16;
-  if (m1 && n1) block<true, true>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
-  else if (m1) block<true, false>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
-  else if (n1) block<false, true>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
-  else block<false, false>(kb, A, a_step, a_half, a_stride, m, Bp, n, C, ldc, accumulate);
+               int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C, std::int64_t ldc, bool accumulate) {
+  const bool m1 = m > 16;
+  for (int j = 0; j < n; j += kNr, Bp += b_stride, C += kNr) {
+    const int nj = std::min(kNr, n - j);
+    const bool n1 = nj > 16;
+    if (m1 && n1) block<true, true>(kb, A, a_step, a_half, a_stride, m, Bp, nj, C, ldc, accumulate);
+    else if (m1) block<true, false>(kb, A, a_step, a_half, a_stride, m, Bp, nj, C, ldc, accumulate);
+    else if (n1) block<false, true>(kb, A, a_step, a_half, a_stride, m, Bp, nj, C, ldc, accumulate);
+    else block<false, false>(kb, A, a_step, a_half, a_stride, m, Bp, nj, C, ldc, accumulate);
+  }
 }
 
 // `iterations` rounds of four independent tdpbf16ps (16 x 32 by 32 x 16 into four C tiles) on
@@ -114,7 +122,7 @@ float amx_peak(std::int64_t iterations) {
   TileConfig c;
   for (int t = 0; t < 8; ++t) c.rows[t] = 16, c.colsb[t] = 64;
   _tile_loadconfig(&c);
-  config_loaded = false;  // not a block configuration
+  current_shape = 0;  // not a block configuration
   alignas(64) std::uint16_t ab[16 * 32];
   for (int i = 0; i < 16 * 32; ++i) ab[i] = 0x3c00;  // bf16 2^-7: sums stay small
   _tile_loadd(4, ab, 64);

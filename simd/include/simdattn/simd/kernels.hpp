@@ -196,17 +196,18 @@ struct HalfGemvKernels {
 using HalfGemmUkernel = void (*)(std::int64_t kc, const void* Ap, const std::uint16_t* Bp, float* C,
                                  std::int64_t ldc, float alpha, float beta);
 
-// AMX (HalfGemmKernels::amx_block): C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp for m, n <= 32 and one
-// depth block (kb <= kc). A's tile for rows 0-15 of the step of 32 k at s is at A + (s / 32) *
+// AMX (HalfGemmKernels::amx_block): C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp for m <= 32, any n >= 1 and
+// one depth block (kb <= kc). A's tile for rows 0-15 of the step of 32 k at s is at A + (s / 32) *
 // a_step, rows 16-31 a_half further, rows a_stride bytes apart: A packed as tiles (a_step 1024,
 // a_half 512, a_stride 64, zeros past kb) or read in place (a_step 32, a_half 16 * lda, a_stride
-// 2 * lda; kb a multiple of 32, as nothing past it may be read); Bp one packed B panel
-// of that block (pairs of 32 columns, its rows rounded up to 32 with zeros: PackedHalf::panel
-// in engine/src/gemm_half.hpp). accumulate: C's values are added to, else overwritten (never
-// read). The calling thread's tiles stay configured until amx_done.
+// 2 * lda; kb a multiple of 32, as nothing past it may be read); Bp the packed B panels of that
+// block, columns 32 j .. 32 j + 31 in the panel at Bp + j * b_stride (pairs of 32 columns, its
+// rows rounded up to 32 with zeros: PackedHalf::panel in engine/src/gemm_half.hpp). accumulate:
+// C's values are added to, else overwritten (never read). The calling thread's tiles stay
+// configured until amx_done.
 using HalfAmxBlock = void (*)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
-                              std::int64_t a_stride, int m, const std::uint16_t* Bp, int n, float* C, std::int64_t ldc,
-                              bool accumulate);
+                              std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n,
+                              float* C, std::int64_t ldc, bool accumulate);
 
 struct HalfGemmKernels {
   int mr, nr;  // register tile
