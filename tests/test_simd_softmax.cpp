@@ -284,7 +284,7 @@ TEST_CASE("the AMX softmax step into bf16 tiles: max, alpha, weights, zeros, l (
   if (tables == 0) MESSAGE("no AMX table on this CPU: the tile softmax step was not run");
 }
 
-TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, nothing past n") {
+TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, nothing past n, rows packed in place") {
   for (const KernelTable* kt : kernel_tables()) {
     CAPTURE(isa_name(kt->isa));
     for (std::int64_t n : {1, 7, 16, 17, 40, 64, 65}) {
@@ -307,6 +307,12 @@ TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, n
       for (std::int64_t r = 0; r < rows; ++r)
         for (std::int64_t i = 0; i < n; ++i)
           CHECK(yd[r * ldy + i] == (ld[r] == 0.0 ? 0.0 : xd[r * ldx + i] * (1.0 / ld[r])));
+      // in place, rows packed n apart (y = x, ldy = n < ldx)
+      std::vector<float> xi = x;
+      kt->vec_f32.normalize_rows(xi.data(), ldx, rows, n, l.data(), xi.data(), n);
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t i = 0; i < n; ++i)
+          CHECK(xi[r * n + i] == (l[r] == 0.f ? 0.f : x[r * ldx + i] * (1.f / l[r])));
     }
   }
 }

@@ -141,7 +141,8 @@ struct VectorKernels {
   void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
                        const std::int64_t* hi, T* m, T* l, T* alpha);
   // The online softmax's last step for a block of rows: y[r, :n] = x[r, :n] * (1 / l[r]), and
-  // zeros without reading x[r] where l[r] == 0 (a row with no visible key). One call per block:
+  // zeros without reading x[r] where l[r] == 0 (a row with no visible key). y may be x with
+  // n <= ldy <= ldx: rows go in order, each left to right, so the rows are packed in place. One call per block:
   // on short rows (sdcross's are 40 wide) a call per row costs a measurable share of the run
   // (guarded by attention/native/sdcross).
   void (*normalize_rows)(const T* x, std::int64_t ldx, std::int64_t rows, std::int64_t n, const T* l, T* y,
