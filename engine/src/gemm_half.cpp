@@ -111,22 +111,6 @@ void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::
 // (f32, 32 x kAmxCols) in L2 across the depth blocks. beta other than 0 and 1 scales C first.
 constexpr std::int64_t kAmxBlock = 32, kAmxCols = 512, kAmxPackFromPanels = 8;
 
-// A[0:m, 0:kb] (row stride lda) as amx_block's tiles: per step of 32 k, 32 rows of 32 bf16 (64
-// bytes), zeros past kb; rows past m are not written (no tile reads them). In place, 32 rows of
-// A sit at one or two L1 sets when lda is a multiple of 1024 elements.
-void pack_a_tiles(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) {
-  const std::int64_t full = kb / 32 * 32;
-  for (int r = 0; r < m; ++r) {
-    const std::uint16_t* a = A + r * lda;
-    for (std::int64_t s = 0; s < full; s += 32) std::memcpy(ap + s * 32 + r * 32, a + s, 64);  // inlined: 64 bytes
-    if (full < kb) {
-      std::uint16_t* t = ap + full * 32 + r * 32;
-      std::memcpy(t, a + full, static_cast<std::size_t>(kb - full) * 2);
-      std::memset(t + (kb - full), 0, static_cast<std::size_t>(32 - (kb - full)) * 2);
-    }
-  }
-}
-
 void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int threads) {
   const PackedHalf& b = *g.B;
   const std::int64_t mb = (g.M + kAmxBlock - 1) / kAmxBlock, nb = (g.N + kAmxBlock - 1) / kAmxBlock;
@@ -158,7 +142,7 @@ void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int thread
             // when the depth ends inside a tile step (nothing past it may be read in place).
             const std::uint16_t* a = g.A + i * g.lda + p;
             const bool pack = jend - jc >= kAmxPackFromPanels || kb % 32 != 0;
-            if (pack) pack_a_tiles(a, g.lda, m, kb, ap);
+            if (pack) hk.amx_pack_a(a, g.lda, m, kb, ap);
             // the chunk's panels in one call
             const std::int64_t j = jc * kAmxBlock;
             const int n = static_cast<int>(std::min(jend * kAmxBlock, g.N) - j);

@@ -510,18 +510,11 @@ class FusedWorker {
   void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
     const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
     const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
-    if (prob_.qs[3] == 1) {  // 64-byte pieces of each row; the last step's tail zeroed
-      const std::int64_t full = D / 32 * 32;
-      for (std::int64_t r = 0; r < br; ++r) {
-        const auto* src = reinterpret_cast<const std::uint16_t*>(q + r * prob_.qs[2]);
-        std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
-        for (std::int64_t s = 0; s < full; s += 32) std::memcpy(g + s * 32, src + s, 64);
-        if (full < D) {
-          std::memcpy(g + full * 32, src + full, static_cast<std::size_t>(D - full) * 2);
-          std::fill(g + full * 32 + (D - full), g + full * 32 + 32, std::uint16_t{0});
-        }
-      }
-      return;  // rows past br are never read by a tile (its rows are configured to br's)
+    if (prob_.qs[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
+      for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+        amx().amx_pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.qs[2]), prob_.qs[2],
+                         static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
+      return;
     }
     std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
     for (std::int64_t r = 0; r < br; ++r) {

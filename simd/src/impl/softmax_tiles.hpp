@@ -128,8 +128,10 @@ inline void tile_row_group(const float* x, std::int64_t ld, std::int64_t cols, c
       for (int q = 0; q < R; ++q) {
         const float* xr = x + q * ld + c;
         const __mmask16 k0 = mask(q, c), k1 = mask(q, c + 16);
-        const __m512 w0 = exp2_weights(base2(q, xr, k0), k0);
-        const __m512 w1 = exp2_weights(base2(q, xr + 16, k1), k1);
+        // (a vector with no visible key is zeros without the arithmetic: a row's tail past the
+        // keys, the far side of a causal edge)
+        const __m512 w0 = k0 != 0 ? exp2_weights(base2(q, xr, k0), k0) : _mm512_setzero_ps();
+        const __m512 w1 = k1 != 0 ? exp2_weights(base2(q, xr + 16, k1), k1) : _mm512_setzero_ps();
         sum[q] = _mm512_add_ps(sum[q], _mm512_add_ps(w0, w1));
         _mm512_store_si512(p + q * 32 + (c / 32) * 1024, (__m512i)_mm512_cvtne2ps_pbh(w1, w0));
       }

@@ -220,6 +220,10 @@ struct HalfGemmKernels {
   int k_align = 1;  // packed B's depth blocks are rounded up to this many rows (pairs: 2; AMX: 32)
   HalfAmxBlock amx_block = nullptr;  // AMX tables' bf16 only: blocks of C on tiles
   void (*amx_done)() = nullptr;      // releases the calling thread's tiles
+  // A[0:m, 0:kb] (m <= 32, row stride lda) as amx_block's packed A: the step of 32 k at s holds
+  // row r's A[r, s .. s + 31] at ap + s * 32 + r * 32 (64 bytes, zeros past kb); rows past m are
+  // not written. ap 64-byte aligned.
+  void (*amx_pack_a)(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) = nullptr;
 };
 
 // Rows between 16-bit floats (bf16 or f16 bits) and f32, bit for bit as simdattn/half.hpp:
