@@ -66,7 +66,9 @@ void widened(const Problem& p) {
 
 void attention_native(const Problem& p) {
   const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
-  if (decode_half_fits(p)) decode_half_attention(p);
+  // Score modifiers, sinks and lse: the fused path (the others do not apply them).
+  if (!p.plain()) fused_attention(p);
+  else if (decode_half_fits(p)) decode_half_attention(p);
   else if (half && decode_fits(as_f32_copies(p))) {
     if (p.dtype == DType::bf16) widened<bfloat16>(p);
     else widened<float16>(p);

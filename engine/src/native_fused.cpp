@@ -369,8 +369,8 @@ class FusedWorker {
 
   // How the softmax step sees rows r0 .. r0 + rows - 1 of the block for keys j0 .. j0 + nk - 1
   // (at column a of S): all keys at the call's scale, or (key lengths, causal and windows
-  // only) one visible interval per row, which the softmax step itself keeps to, or (masks and
-  // sparse patterns) scaled and masked here, row by row.
+  // only) one visible interval per row, which the softmax step itself keeps to, or (masks,
+  // sparse patterns and score modifiers) scaled, modified and masked here, row by row.
   struct StepRows {
     T scale;
     const std::int64_t* lo;
@@ -379,8 +379,9 @@ class FusedWorker {
   StepRows step_rows(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t r0, std::int64_t rows, std::int64_t j0,
                      std::int64_t a, std::int64_t nk, Cover cover) {
     StepRows sr{static_cast<T>(prob_.scale), nullptr, nullptr};
-    if (cover == Cover::full) return sr;
-    if (!prob_.sparse() && prob_.mask_kind == MaskKind::none) {
+    const bool modified = prob_.scores_modified();
+    if (cover == Cover::full && !modified) return sr;
+    if (!prob_.sparse() && prob_.mask_kind == MaskKind::none && !modified) {
       for (std::int64_t r = r0; r < r0 + rows; ++r) {
         const KeyRange keys = row_keys_in(prob_, b, i0 + r, j0, nk);
         lo_[r] = keys.lo, hi_[r] = keys.hi;
@@ -422,6 +423,8 @@ class FusedWorker {
   }
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+    if (!prob_.plain())  // sinks join l, lse written
+      for (std::int64_t r = 0; r < br; ++r) finish_row(prob_, b, h, i0 + r, m_[r], l_[r]);
     if constexpr (kWiden) {
       // normalised in place, its rows packed Dv apart (rows with l == 0 become zeros), then
       // narrowed to nearest even: one conversion call where out's rows are dense too (sdcross's

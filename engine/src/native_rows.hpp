@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "modifiers.hpp"
 #include "problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "visibility.hpp"
@@ -43,14 +44,14 @@ void hide_sparse_keys(const Problem& p, T* row, std::int64_t b, std::int64_t i, 
 }
 
 // Scales row[0:nk] (the raw scores of query i of head (b, h) against keys j0 .. j0 + nk - 1),
-// adds the additive mask, sets hidden keys to -inf and returns the row max. `full`: every key is
-// visible and there is no explicit mask.
+// applies the score modifiers, adds the additive mask, sets hidden keys to -inf and returns the
+// row max. `full`: every key is visible and there is no explicit mask (nor modifier).
 template <class T>
 T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std::int64_t b, std::int64_t h,
                  std::int64_t i, std::int64_t j0, std::int64_t nk, bool full) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
-  if (full) return vk.scale_add_max(row, nk, scale, nullptr);
+  if (full && !p.scores_modified()) return vk.scale_add_max(row, nk, scale, nullptr);
   // Key lengths, causal and window leave the row one interval [lo, hi) of visible keys: scale
   // it (adding the mask), fill the rest with -inf.
   const KeyRange r = row_keys_in(p, b, i, j0, nk);
@@ -61,7 +62,15 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   if (p.mask_kind == MaskKind::additive && p.mask_dtype == dtype_of<T>() && p.ms[3] == 1)
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
-  if (lo < hi) bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
+  if (lo < hi && p.scores_modified()) {
+    const std::int64_t rel0 = j0 - (i + p.query_offset(b));  // j - p of row[0]
+    for (std::int64_t j = lo; j < hi; ++j) row[j] = modify_score<T>(p, h, rel0 + j, row[j] * scale);
+    if (add != nullptr)
+      for (std::int64_t j = lo; j < hi; ++j) row[j] += add[j];
+    bm = vk.max(row + lo, hi - lo);
+  } else if (lo < hi) {
+    bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
+  }
   if ((p.mask_kind == MaskKind::additive && add == nullptr) || p.mask_kind == MaskKind::boolean) {
     for (std::int64_t j = lo; j < hi; ++j) {
       if (p.mask_kind == MaskKind::boolean) {

@@ -523,6 +523,16 @@ void attention_onednn(const Problem& p) {
                                        (p.dtype == DType::f64 ? "" : " on this CPU") +
                                        "; use the native or reference backend for " + dt + " inputs");
   }
+  // Not folded into its primitives yet (they would be: the modifiers into the bias, the sink and
+  // lse from the softmax's sums).
+  const char* unsupported = p.softcap > 0.0              ? "options.softcap"
+                            : p.alibi != nullptr         ? "options.alibi_slopes"
+                            : p.t5_table != nullptr      ? "options.relative_bias"
+                            : p.sinks != nullptr         ? "options.sinks"
+                            : p.lse != nullptr           ? "options.lse"
+                                                         : nullptr;
+  if (unsupported != nullptr)
+    throw Error(unsupported, "the onednn backend does not take it yet; use the native or reference backend");
   switch (p.dtype) {
     case DType::bf16: run<bfloat16>(p); break;
     case DType::f16: run<float16>(p); break;

@@ -52,10 +52,29 @@ struct Problem {
   double scale = 1.0;
   int threads = 0;  // 0 = OpenMP default
 
+  // Score modifiers (modifiers.hpp applies them): softcap (0 = none), ALiBi slopes [H], T5's
+  // bias table (num_buckets x H, element strides), sinks [H]; explicit query offsets [B]; the lse
+  // output (f32, strides of [B, H, Sq]).
+  double softcap = 0.0;
+  const float* alibi = nullptr;
+  const void* t5_table = nullptr;
+  DType t5_dtype = DType::f32;
+  std::int64_t t5_buckets = 0, t5_row = 0, t5_col = 0, t5_max_distance = 128;
+  bool t5_bidirectional = true;
+  const float* sinks = nullptr;
+  const std::int64_t* query_offsets = nullptr;
+  float* lse = nullptr;
+  std::int64_t lse_s[3] = {0, 0, 0};
+  // Whether anything changes the scores past scale * q.k and the mask.
+  bool scores_modified() const { return softcap > 0.0 || alibi != nullptr || t5_table != nullptr; }
+  // Whether the output needs more than the plain online softmax (modified scores, sinks, lse).
+  bool plain() const { return !scores_modified() && sinks == nullptr && lse == nullptr; }
+
   std::int64_t key_len(std::int64_t b) const { return key_lengths ? key_lengths[b] : Sk; }
 
   // Position of query 0 of batch b on the key axis (docs/design.md's position rule).
   std::int64_t query_offset(std::int64_t b) const {
+    if (query_offsets != nullptr) return query_offsets[b];
     return causal == Causal::top_left ? 0 : key_len(b) - Sq;
   }
 

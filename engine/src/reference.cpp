@@ -2,19 +2,22 @@
 // at a time, no SIMD, no threads. It is the oracle every other backend is tested against, so it is
 // written to be obviously correct, not fast:
 //
-//   s_j = scale * (q_i . k_j) + mask_ij          for every visible key j
-//   m   = max_j s_j                              (stable softmax: subtract the row maximum)
-//   w_j = exp(s_j - m) / sum_j exp(s_j - m)
-//   o_i = sum_j w_j v_j
+//   s_j = modify(scale * (q_i . k_j)) + mask_ij  for every visible key j (softcap, ALiBi and
+//                                                T5's bias: modifiers.hpp)
+//   m   = max(max_j s_j, sink)                   (stable softmax: subtract the row maximum)
+//   w_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink - m))    (no sink: no term)
+//   o_i = sum_j w_j v_j,  lse_i = m + log(sum_j exp(s_j - m) + exp(sink - m))
 //
 // Masked keys are left out of the sums entirely (-inf semantics: exactly zero weight). A row with
 // no visible key, or whose every score is -inf, is all zeros.
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
 
 #include "element.hpp"
+#include "modifiers.hpp"
 #include "problem.hpp"
 #include "visibility.hpp"
 
@@ -57,18 +60,24 @@ void reference_impl(const Problem& p) {
           for (std::int64_t d = 0; d < p.D; ++d)
             dot += widen(qi[d * p.qs[3]]) * widen(kj[d * p.ks[3]]);
           double s = p.scale * dot;
+          if (p.scores_modified()) s = modify_score<double>(p, h, j - (i + p.query_offset(b)), s);
           if (p.mask_kind == MaskKind::additive) s += p.mask_add(b, h, i, j);
           score[j] = s;
           if (std::isnan(s)) any_nan = true;
           else if (s > m) m = s;
         }
 
-        // softmax weights and the weighted sum of values
+        // softmax weights and the weighted sum of values (a sink joins the max and the sum)
         for (auto& a : acc) a = 0.0;
-        double sum = 0.0;
+        double sum = 0.0, lse = neg_inf;
+        const double sink = p.sinks != nullptr ? double(p.sinks[h]) : neg_inf;
         if (any_nan) {
-          sum = std::numeric_limits<double>::quiet_NaN();
-        } else if (m != neg_inf) {
+          sum = lse = std::numeric_limits<double>::quiet_NaN();
+        } else if (m == neg_inf) {
+          lse = sink;  // no visible key: zeros (and the sink alone)
+        } else {
+          m = std::max(m, sink);
+          if (p.sinks != nullptr) sum = std::exp(sink - m);
           for (std::int64_t j = 0; j < p.Sk; ++j) {
             if (!visible[j]) continue;
             const double w = std::exp(score[j] - m);  // exp(-inf) = 0 for -inf scores
@@ -76,7 +85,9 @@ void reference_impl(const Problem& p) {
             const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
             for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += w * widen(vj[d * p.vs[3]]);
           }
+          lse = m + std::log(sum);
         }
+        if (p.lse != nullptr) p.lse[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = static_cast<float>(lse);
 
         T* oi = o + b * p.os[0] + h * p.os[1] + i * p.os[2];
         for (std::int64_t d = 0; d < p.Dv; ++d) {

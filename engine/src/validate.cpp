@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <span>
 #include <string>
 
 #include "problem.hpp"
@@ -254,6 +255,104 @@ void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
   }
 }
 
+// A span of `n` finite floats (name: what they are, one per `per`).
+void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
+                    const Span& so) {
+  if (static_cast<std::int64_t>(values.size()) != want)
+    throw Error(name, "expected " + std::to_string(want) + " entries (one per " + per + "), got " +
+                          std::to_string(values.size()));
+  for (std::size_t i = 0; i < values.size(); ++i)
+    if (!std::isfinite(values[i]))
+      throw Error(name, "entry " + std::to_string(i) + " is " + std::to_string(values[i]) + ", expected a finite value");
+  const auto a = reinterpret_cast<std::uintptr_t>(values.data());
+  if (overlaps(so, Span{a, a + values.size_bytes()})) throw Error("out", "memory overlaps " + name);
+}
+
+// Softcap, ALiBi, T5's bias, sinks, query offsets and the lse output.
+void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorView& q, const ConstTensorView& k,
+                   const ConstTensorView& v, const Span& so) {
+  if (opt.softcap) {
+    if (!(std::isfinite(*opt.softcap) && *opt.softcap > 0.0))
+      throw Error("options.softcap", "must be finite and > 0, got " + std::to_string(*opt.softcap));
+    p.softcap = *opt.softcap;
+  }
+  if (!opt.alibi_slopes.empty()) {
+    check_per_head("options.alibi_slopes", opt.alibi_slopes, p.H, "query head", so);
+    p.alibi = opt.alibi_slopes.data();
+  }
+  if (!opt.sinks.empty()) {
+    check_per_head("options.sinks", opt.sinks, p.H, "query head", so);
+    p.sinks = opt.sinks.data();
+  }
+  if (opt.relative_bias) {
+    const RelativePositionBias& rb = *opt.relative_bias;
+    const ConstTensorView& t = rb.table;
+    check_float("options.relative_bias.table", t.dtype);
+    if (t.shape[0] != 1 || t.shape[1] != 1 || t.shape[3] != p.H || t.shape[2] < (rb.bidirectional ? 4 : 2))
+      throw Error("options.relative_bias.table",
+                  "expected shape [1, 1, num_buckets, H=" + std::to_string(p.H) + "] with num_buckets >= " +
+                      (rb.bidirectional ? "4 (bidirectional)" : "2") + ", got " + shape_str(t.shape));
+    const std::int64_t exact = rb.bidirectional ? t.shape[2] / 4 : t.shape[2] / 2;
+    if (rb.max_distance <= exact)
+      throw Error("options.relative_bias.max_distance", "must exceed the exact buckets (" + std::to_string(exact) +
+                                                            "), got " + std::to_string(rb.max_distance));
+    const Span st = byte_span("options.relative_bias.table", t.data, t.dtype, t.shape, t.strides);
+    if (overlaps(so, st)) throw Error("out", "memory overlaps options.relative_bias.table");
+    p.t5_table = t.data;
+    p.t5_dtype = t.dtype;
+    p.t5_buckets = t.shape[2];
+    p.t5_row = t.strides[2];
+    p.t5_col = t.strides[3];
+    p.t5_bidirectional = rb.bidirectional;
+    p.t5_max_distance = rb.max_distance;
+  }
+  if (!opt.query_offsets.empty()) {
+    if (static_cast<std::int64_t>(opt.query_offsets.size()) != p.B)
+      throw Error("options.query_offsets", "expected " + std::to_string(p.B) + " entries (one per batch), got " +
+                                               std::to_string(opt.query_offsets.size()));
+    constexpr std::int64_t kMaxOffset = std::int64_t{1} << 40;
+    for (std::size_t b = 0; b < opt.query_offsets.size(); ++b)
+      if (opt.query_offsets[b] < -kMaxOffset || opt.query_offsets[b] > kMaxOffset)
+        throw Error("options.query_offsets", "entry " + std::to_string(b) + " is " +
+                                                 std::to_string(opt.query_offsets[b]) + ", expected |offset| <= 2^40");
+    const auto a = reinterpret_cast<std::uintptr_t>(opt.query_offsets.data());
+    if (overlaps(so, Span{a, a + opt.query_offsets.size_bytes()}))
+      throw Error("out", "memory overlaps options.query_offsets");
+    p.query_offsets = opt.query_offsets.data();
+  }
+  if (view_given(opt.lse)) {
+    const TensorView& l = opt.lse;
+    if (l.dtype != DType::f32) throw Error("options.lse", "dtype must be f32, got " + std::string(dtype_name(l.dtype)));
+    const Shape4 want{p.B, p.H, p.Sq, 1};
+    if (l.shape != want)
+      throw Error("options.lse", "expected shape [B, H, Sq, 1] = " + shape_str(want) + ", got " + shape_str(l.shape));
+    const Span sl = byte_span("options.lse", l.data, l.dtype, l.shape, l.strides);
+    const char* inputs[] = {"q", "k", "v"};
+    const ConstTensorView* views[] = {&q, &k, &v};
+    for (int n = 0; n < 3; ++n)
+      if (overlaps(sl, byte_span(inputs[n], views[n]->data, views[n]->dtype, views[n]->shape, views[n]->strides)))
+        throw Error("options.lse", std::string("memory overlaps ") + inputs[n]);
+    if (overlaps(sl, so)) throw Error("options.lse", "memory overlaps out");
+    if (view_given(opt.mask) &&
+        overlaps(sl, byte_span("options.mask", opt.mask.data, opt.mask.dtype, opt.mask.shape, opt.mask.strides)))
+      throw Error("options.lse", "memory overlaps options.mask");
+    auto span_of = [&](const void* d, std::size_t bytes) {
+      const auto a = reinterpret_cast<std::uintptr_t>(d);
+      return Span{a, a + bytes};
+    };
+    if (overlaps(sl, span_of(opt.alibi_slopes.data(), opt.alibi_slopes.size_bytes())) ||
+        overlaps(sl, span_of(opt.sinks.data(), opt.sinks.size_bytes())) ||
+        overlaps(sl, span_of(opt.key_lengths.data(), opt.key_lengths.size_bytes())) ||
+        overlaps(sl, span_of(opt.query_offsets.data(), opt.query_offsets.size_bytes())) ||
+        (opt.relative_bias && overlaps(sl, byte_span("options.relative_bias.table", opt.relative_bias->table.data,
+                                                     opt.relative_bias->table.dtype, opt.relative_bias->table.shape,
+                                                     opt.relative_bias->table.strides))))
+      throw Error("options.lse", "memory overlaps another option");
+    p.lse = static_cast<float*>(l.data);
+    p.lse_s[0] = l.strides[0], p.lse_s[1] = l.strides[1], p.lse_s[2] = l.strides[2];
+  }
+}
+
 }  // namespace
 
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
@@ -265,6 +364,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   set_key_lengths(p, opt, so);
   set_structure(p, opt);
   set_sparse(p, opt, so);
+  set_modifiers(p, opt, q, k, v, so);
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   if (!std::isfinite(p.scale))
     throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));

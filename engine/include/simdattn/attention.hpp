@@ -10,14 +10,24 @@
 // H % Hkv == 0: Hkv == H is multi-head, 1 < Hkv < H grouped-query, Hkv == 1 multi-query.
 // Query head h reads key/value head h / (H / Hkv).
 //
-// Visibility. Query i of batch b sits at key position p = i + offset, where offset = 0 for
-// Causal::top_left and offset = L[b] - Sq otherwise (Causal::bottom_right, and a window without
-// causal). Key j is visible to query i iff every given restriction allows it:
+// Visibility. Query i of batch b sits at key position p = i + offset, where offset =
+// options.query_offsets[b] when given, else 0 for Causal::top_left and L[b] - Sq otherwise
+// (Causal::bottom_right, and a window without causal). Key j is visible to query i iff every given restriction allows it:
 //   key lengths     j < L[b]                       (L[b] = Sk when no key lengths are given)
 //   causal          j <= p
 //   window          p - left <= j <= p + right     (a side given as -1 is unbounded)
 //   boolean mask    mask[b, h, i, j] != 0          (a mask of dtype u8)
 // An additive mask (dtype f32, f64, bf16 or f16) is added to the scaled scores; -inf there gives exactly zero weight.
+//
+// Score modifiers, in this order, for query i at position p, key j, head h (each absent by
+// default; docs/design.md, "Score modifiers"):
+//   s = scale * q_i . k_j
+//   s = cap * tanh(s / cap)                      softcap
+//   s = s + slope[h] * (j - p)                   ALiBi
+//   s = s + table[bucket(j - p), h]              T5's relative position bias
+//   s = s + mask[b, h, i, j]                     the additive mask
+//   w_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink[h] - m))      sinks
+//   lse_i = log(sum_j exp(s_j) + exp(sink[h]))   (optional output)
 // A query row with no visible key (or whose every score is -inf) outputs zeros, in every
 // backend. NaN in the inputs propagates to the affected rows as in the maths.
 #pragma once
@@ -26,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "simdattn/tensor.hpp"
 
@@ -37,6 +48,15 @@ enum class Backend : std::uint8_t {
   reference,  // double-precision plain loops: the oracle
   native,     // this library's kernels (the default)
   onednn,     // oneDNN primitives: cross-check and speed peer
+};
+
+// T5's relative position bias: s += table[bucket(j - p), h], with T5's bucket function
+// (bidirectional: half the buckets for keys after the query; exact below num_buckets / 4 (or / 2
+// one-way), logarithmic up to max_distance, the last bucket beyond).
+struct RelativePositionBias {
+  ConstTensorView table;  // [1, 1, num_buckets, H]: f32, f64, bf16 or f16; num_buckets >= 2
+  bool bidirectional = true;        // T5's encoder: true; its decoder's self-attention: false
+  std::int64_t max_distance = 128;  // > the exact buckets (num_buckets / 4, or / 2 one-way)
 };
 
 // Sliding window around each query's position p: keys p - left .. p + right are visible.
@@ -74,6 +94,20 @@ struct AttentionOptions {
   ConstTensorView block_mask;
   std::int64_t block_size = 64;
 
+  // Score modifiers (see the top of this file). softcap: cap > 0, finite. alibi_slopes: [H]
+  // finite slopes (standard_alibi_slopes gives the usual ones). sinks: [H] finite logits.
+  std::optional<double> softcap;
+  std::span<const float> alibi_slopes;
+  std::optional<RelativePositionBias> relative_bias;
+  std::span<const float> sinks;
+  // Per-batch query positions: query i of batch b sits at p = i + query_offsets[b] (for causal,
+  // windows, global tokens, ALiBi and the T5 bias) instead of the alignment's rule. Size B,
+  // |offset| <= 2^40; empty: the rule above.
+  std::span<const std::int64_t> query_offsets;
+  // Optional output: the log-sum-exp of each row's modified scores, [B, H, Sq, 1] f32 (-inf for
+  // a row with no visible key and no sink; NaN where the row's output is NaN). Empty: not
+  // written. May not overlap any input or out.
+  TensorView lse;
   // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
   // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
   // worker threads run on the calling thread.
@@ -93,6 +127,17 @@ void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTe
 // shapes as attention() does (throws the same Error): a caller can validate before it allocates
 // the output. Reads no data.
 Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v);
+
+// ALiBi's slopes for `heads` heads (Press et al.; as BLOOM and MPT build them): for the largest
+// power of two n <= heads, 2^(-8 k / n) for k = 1 .. n, then, for the heads past n,
+// 2^(-4 k / n) for odd k = 1, 3, .. . Throws Error("heads") unless heads >= 1.
+std::vector<float> standard_alibi_slopes(std::int64_t heads);
+
+// T5's bucket for relative position j - p (computed in float32 as Hugging Face's
+// T5Attention._relative_position_bucket does). Throws Error on num_buckets < 2 or max_distance
+// too small.
+std::int64_t t5_relative_bucket(std::int64_t relative_position, bool bidirectional, std::int64_t num_buckets,
+                                std::int64_t max_distance);
 
 // Names used by the CLI and in messages.
 std::string_view backend_name(Backend b) noexcept;

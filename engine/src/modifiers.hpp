@@ -1,0 +1,84 @@
+// The score modifiers (simdattn/attention.hpp, docs/design.md "Score modifiers"): the one place
+// their rules are written. Every backend applies them through these functions, in this order:
+// softcap, ALiBi, T5's relative bias (then the additive mask, as before); the sink enters the
+// softmax's denominator and the log-sum-exp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "element.hpp"
+#include "problem.hpp"
+
+namespace simdattn::detail {
+
+// T5's bucket for relative position rel = j - p, in float32 as Hugging Face's
+// T5Attention._relative_position_bucket: bidirectional, the upper half of the buckets for keys
+// after the query and |rel| below; one-way, only keys at or before the query (rel <= 0) count,
+// later ones fall in bucket 0. Positions below max_exact = buckets / 2 (of the half) are exact,
+// larger ones logarithmic up to max_distance, the last bucket beyond.
+inline std::int64_t t5_bucket(std::int64_t rel, bool bidirectional, std::int64_t num_buckets, std::int64_t max_distance) {
+  std::int64_t bucket = 0;
+  std::int64_t n = num_buckets;
+  if (bidirectional) {
+    n /= 2;
+    if (rel > 0) bucket += n;
+    rel = rel < 0 ? -rel : rel;
+  } else {
+    rel = rel < 0 ? -rel : 0;
+  }
+  const std::int64_t max_exact = n / 2;
+  if (rel < max_exact) return bucket + rel;
+  // float32 throughout, the log's divisor rounded once from double (Python's math.log), the
+  // product truncated toward zero (torch's .to(long))
+  const float ratio = static_cast<float>(rel) / static_cast<float>(max_exact);
+  const auto denom = static_cast<float>(std::log(static_cast<double>(max_distance) / static_cast<double>(max_exact)));
+  const float scaled = std::log(ratio) / denom * static_cast<float>(n - max_exact);
+  const auto large = max_exact + static_cast<std::int64_t>(scaled);
+  return bucket + std::min(large, n - 1);
+}
+
+// T5's bias of head h at relative position rel.
+inline double t5_bias(const Problem& p, std::int64_t h, std::int64_t rel) {
+  const std::int64_t k = t5_bucket(rel, p.t5_bidirectional, p.t5_buckets, p.t5_max_distance);
+  return widen_at(p.t5_table, p.t5_dtype, k * p.t5_row + h * p.t5_col);
+}
+
+// A scaled score s of head h at relative position rel = j - p after the modifiers (softcap,
+// ALiBi, T5), in T's arithmetic.
+template <class T>
+T modify_score(const Problem& p, std::int64_t h, std::int64_t rel, T s) {
+  if (p.softcap > 0.0) {
+    const T cap = static_cast<T>(p.softcap);
+    s = cap * std::tanh(s / cap);
+  }
+  if (p.alibi != nullptr) s += static_cast<T>(p.alibi[h]) * static_cast<T>(rel);
+  if (p.t5_table != nullptr) s += static_cast<T>(t5_bias(p, h, rel));
+  return s;
+}
+
+// The end of row i of head (b, h) whose online softmax left the sum l of exp(s - m) (m the
+// reference it used; l == 0: no visible key): the sink's term added to l (so that the output
+// acc / l is the contract's), and the row's log-sum-exp written where asked. In double.
+template <class T>
+void finish_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, T m, T& l) {
+  if (p.sinks == nullptr && p.lse == nullptr) return;
+  const double inf = std::numeric_limits<double>::infinity();
+  const double md = static_cast<double>(m), ld = static_cast<double>(l);
+  double lse = ld == 0.0 ? -inf : md + std::log(ld);  // NaN stays NaN
+  if (p.sinks != nullptr) {
+    const double sink = p.sinks[h];
+    if (ld == 0.0) {
+      lse = sink;  // no visible key: zeros, and the sink alone
+    } else if (!std::isnan(ld)) {
+      l = static_cast<T>(ld + std::exp(sink - md));  // inf past the range: the output 0
+      const double hi = std::max(lse, sink), lo = std::min(lse, sink);
+      lse = hi + std::log1p(std::exp(lo - hi));
+    }
+  }
+  if (p.lse != nullptr) p.lse[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = static_cast<float>(lse);
+}
+
+}  // namespace simdattn::detail
