@@ -1,6 +1,9 @@
 // attention/<backend>/<workload>/t<threads>: docs/design.md's standard workloads on each backend;
 // attention/<backend>/<workload>.bf16/t<threads> and .f16: the same inputs rounded to bf16 / f16,
 // on the fast backends that take them here (simdattn::backend_takes).
+// attention/native/gpt-{alibi,softcap,t5bias,sinks}/t<threads>: gpt with one score modifier
+// (standard ALiBi slopes; Gemma 2's cap 50; T5's one-way bias, 32 buckets, max distance 128;
+// a sink per head), f32.
 // Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
 // reading K and V. Every backend of the build is registered, the reference only for workloads it
 // finishes in seconds.
@@ -9,6 +12,7 @@
 #include <random>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "perf_util.hpp"
@@ -39,14 +43,27 @@ Inputs<T> make_inputs(const simdattn::Workload& w) {
   return in;
 }
 
+enum class Modifier { none, alibi, softcap, t5bias, sinks };
+
 template <class T>
 void bench_attention(benchmark::State& state, const simdattn::Workload& w, simdattn::Backend backend,
-                     int threads) {
+                     int threads, Modifier mod = Modifier::none) {
   Inputs<T> in = make_inputs<T>(w);
   simdattn::AttentionOptions opt;
   opt.causal = w.causal;
   opt.backend = backend;
   opt.threads = threads;
+  const std::vector<float> slopes = simdattn::standard_alibi_slopes(w.H);
+  std::vector<float> table(std::size_t(32 * w.H)), sinks(std::size_t(w.H));
+  std::mt19937 rng(7);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (auto& x : table) x = n(rng);
+  for (auto& x : sinks) x = n(rng);
+  if (mod == Modifier::alibi) opt.alibi_slopes = slopes;
+  if (mod == Modifier::softcap) opt.softcap = 50.0;
+  if (mod == Modifier::t5bias)
+    opt.relative_bias = simdattn::RelativePositionBias{simdattn::ConstTensorView(table.data(), {1, 1, 32, w.H}), false, 128};
+  if (mod == Modifier::sinks) opt.sinks = sinks;
   const simdattn::ConstTensorView q(in.q.data(), {w.B, w.H, w.Sq, w.D});
   const simdattn::ConstTensorView k(in.k.data(), {w.B, w.Hkv, w.Sk, w.D});
   const simdattn::ConstTensorView v(in.v.data(), {w.B, w.Hkv, w.Sk, w.D});
@@ -75,7 +92,7 @@ int register_all() {
         if (b == simdattn::Backend::reference && t != 1) continue;  // reference is single-threaded
         const std::string name = "attention/" + std::string(simdattn::backend_name(b)) + "/" +
                                  std::string(w.name) + "/t" + std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), bench_attention<float>, w, b, t)
+        benchmark::RegisterBenchmark(name.c_str(), bench_attention<float>, w, b, t, Modifier::none)
             ->Unit(benchmark::kMillisecond)
             ;
       }
@@ -87,14 +104,22 @@ int register_all() {
         const std::string base = "attention/" + std::string(simdattn::backend_name(b)) + "/" + std::string(w.name);
         if (simdattn::backend_takes(b, simdattn::DType::bf16))
           benchmark::RegisterBenchmark((base + ".bf16/t" + std::to_string(t)).c_str(),
-                                       bench_attention<simdattn::bfloat16>, w, b, t)
+                                       bench_attention<simdattn::bfloat16>, w, b, t, Modifier::none)
               ->Unit(benchmark::kMillisecond);
         if (simdattn::backend_takes(b, simdattn::DType::f16))
           benchmark::RegisterBenchmark((base + ".f16/t" + std::to_string(t)).c_str(),
-                                       bench_attention<simdattn::float16>, w, b, t)
+                                       bench_attention<simdattn::float16>, w, b, t, Modifier::none)
               ->Unit(benchmark::kMillisecond);
       }
   }
+  // gpt with one modifier each (native, f32)
+  const simdattn::Workload& gpt = *simdattn::find_workload("gpt");
+  for (auto [name, mod] : {std::pair{"alibi", Modifier::alibi}, std::pair{"softcap", Modifier::softcap},
+                           std::pair{"t5bias", Modifier::t5bias}, std::pair{"sinks", Modifier::sinks}})
+    for (int t : {1, 2})
+      benchmark::RegisterBenchmark(("attention/native/gpt-" + std::string(name) + "/t" + std::to_string(t)).c_str(),
+                                   bench_attention<float>, gpt, simdattn::Backend::native, t, mod)
+          ->Unit(benchmark::kMillisecond);
   return 0;
 }
 

@@ -177,3 +177,50 @@ TEST_CASE("linear attention's feature maps (elu1, relu) on every ISA: values, Na
     CHECK(yd[3] == doctest::Approx(std::exp(-700.0)).epsilon(1e-15));
   }
 }
+
+// The soft cap of scaled scores (VectorKernels::softcap): cap * tanh(x * scale / cap) within
+// 8 ulp for f32 and 32 for f64 (7e-15 relative) across the polynomial and exp branches and their
+// boundary, tails of every length; +-inf to +-cap, NaN kept.
+template <class T>
+void check_softcap(const VectorKernels<T>& vk) {
+  const T inf = std::numeric_limits<T>::infinity();
+  const double bound = sizeof(T) == 4 ? 8.0 : 32.0;
+  for (T cap : {T(1), T(30), T(50)})
+    for (T scale : {T(1), T(0.125)}) {
+      std::vector<T> x;
+      for (int i = -4000; i <= 4000; ++i) x.push_back(static_cast<T>(i) * T(0.0021) * cap / scale);  // y in [-8.4, 8.4]
+      for (T y : {T(0.125), T(0.03), T(1e-6), T(-1e-30), T(0), T(-0.0), T(20), T(-300)}) x.push_back(y * cap / scale);
+      for (std::size_t n = 0; n <= 17; ++n) {  // every tail length
+        std::vector<T> got(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
+        vk.softcap(got.data(), static_cast<std::int64_t>(n), scale, cap);
+        for (std::size_t i = 0; i < n; ++i) {
+          const long double y = static_cast<long double>(x[i] * (scale / cap));
+          CHECK(ulp_error<T>(got[i], static_cast<long double>(cap) * std::tanh(y)) <= bound);
+        }
+      }
+      std::vector<T> all = x;
+      vk.softcap(all.data(), static_cast<std::int64_t>(all.size()), scale, cap);
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        const long double y = static_cast<long double>(x[i] * (scale / cap));
+        worst = std::max(worst, ulp_error<T>(all[i], static_cast<long double>(cap) * std::tanh(y)));
+      }
+      CAPTURE(cap);
+      CAPTURE(scale);
+      CHECK(worst <= bound);
+      std::vector<T> special{inf, -inf, std::numeric_limits<T>::quiet_NaN(), T(0)};
+      vk.softcap(special.data(), 4, scale, cap);
+      CHECK(special[0] == cap);
+      CHECK(special[1] == -cap);
+      CHECK(std::isnan(special[2]));
+      CHECK(special[3] == T(0));
+    }
+}
+
+TEST_CASE("softcap on every ISA: cap * tanh(x * scale / cap) within 8 ulp (f32) and 32 (f64), tails, infinities, NaN") {
+  for (const KernelTable* kt : kernel_tables()) {
+    CAPTURE(isa_name(kt->isa));
+    check_softcap<float>(kt->vec_f32);
+    check_softcap<double>(kt->vec_f64);
+  }
+}

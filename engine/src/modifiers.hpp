@@ -59,6 +59,20 @@ T modify_score(const Problem& p, std::int64_t h, std::int64_t rel, T s) {
   return s;
 }
 
+// The additive part of the modifiers for head h along relative positions rel0 .. rel0 + n - 1:
+// line[k] = slope[h] * (rel0 + k) + T5's bias at rel0 + k (those given), summed in double and
+// rounded once. The rows of a block of queries against a block of keys share one line, each
+// row reading it from its own start (rel0 = j0 - p of the block's last row).
+template <class T>
+void fill_bias_line(const Problem& p, std::int64_t h, std::int64_t rel0, std::int64_t n, T* line) {
+  for (std::int64_t k = 0; k < n; ++k) {
+    double v = 0.0;
+    if (p.alibi != nullptr) v += static_cast<double>(p.alibi[h]) * static_cast<double>(rel0 + k);
+    if (p.t5_table != nullptr) v += t5_bias(p, h, rel0 + k);
+    line[k] = static_cast<T>(v);
+  }
+}
+
 // The end of row i of head (b, h) whose online softmax left the sum l of exp(s - m) (m the
 // reference it used; l == 0: no visible key): the sink's term added to l (so that the output
 // acc / l is the contract's), and the row's log-sum-exp written where asked. In double.

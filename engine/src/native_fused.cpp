@@ -389,8 +389,15 @@ class FusedWorker {
       sr.lo = lo_.data() + r0, sr.hi = hi_.data() + r0;
       return sr;
     }
+    // ALiBi and T5: one line for these rows (row r reads it from r0 + rows - 1 - r on)
+    const T* line = nullptr;
+    if (prob_.alibi != nullptr || prob_.t5_table != nullptr) {
+      fill_bias_line(prob_, h, j0 - (i0 + r0 + rows - 1 + prob_.query_offset(b)), nk + rows - 1, bias_line_.data());
+      line = bias_line_.data();
+    }
     for (std::int64_t r = r0; r < r0 + rows; ++r)
-      scale_mask_row(prob_, plan_.vk, sb_ + r * plan_.k_keys + a, b, h, i0 + r, j0, nk, false);
+      scale_mask_row(prob_, plan_.vk, sb_ + r * plan_.k_keys + a, b, h, i0 + r, j0, nk, false,
+                     line != nullptr ? line + (r0 + rows - 1 - r) : nullptr);
     sr.scale = T(1);
     return sr;
   }
@@ -567,6 +574,7 @@ class FusedWorker {
   std::int64_t key_len_ = 0;
   NextRows next_;
   std::array<std::int64_t, kMaxBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
+  std::array<T, kMaxBlockK + kMaxBlockQ> bias_line_{};  // ALiBi and T5 along a step's relative positions
   const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
   // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
   const bool structured_ = prob_.causal != Causal::none || prob_.has_window || prob_.key_lengths != nullptr || prob_.sparse();

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <vector>
 
 #include "modifiers.hpp"
 #include "problem.hpp"
@@ -45,10 +46,12 @@ void hide_sparse_keys(const Problem& p, T* row, std::int64_t b, std::int64_t i, 
 
 // Scales row[0:nk] (the raw scores of query i of head (b, h) against keys j0 .. j0 + nk - 1),
 // applies the score modifiers, adds the additive mask, sets hidden keys to -inf and returns the
-// row max. `full`: every key is visible and there is no explicit mask (nor modifier).
+// row max. `full`: every key is visible and there is no explicit mask (nor modifier). bias: the
+// row's ALiBi and T5 terms for keys j0 .. j0 + nk - 1 (fill_bias_line), or null to have them
+// computed here.
 template <class T>
 T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std::int64_t b, std::int64_t h,
-                 std::int64_t i, std::int64_t j0, std::int64_t nk, bool full) {
+                 std::int64_t i, std::int64_t j0, std::int64_t nk, bool full, const T* bias = nullptr) {
   const T neg_inf = -std::numeric_limits<T>::infinity();
   const T scale = static_cast<T>(p.scale);
   if (full && !p.scores_modified()) return vk.scale_add_max(row, nk, scale, nullptr);
@@ -63,11 +66,22 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi && p.scores_modified()) {
-    const std::int64_t rel0 = j0 - (i + p.query_offset(b));  // j - p of row[0]
-    for (std::int64_t j = lo; j < hi; ++j) row[j] = modify_score<T>(p, h, rel0 + j, row[j] * scale);
-    if (add != nullptr)
-      for (std::int64_t j = lo; j < hi; ++j) row[j] += add[j];
-    bm = vk.max(row + lo, hi - lo);
+    // scaled (and capped), then the ALiBi and T5 line, then the mask
+    thread_local std::vector<T> own;
+    if (bias == nullptr && (p.alibi != nullptr || p.t5_table != nullptr)) {
+      own.resize(static_cast<std::size_t>(nk));
+      fill_bias_line(p, h, j0 - (i + p.query_offset(b)), nk, own.data());
+      bias = own.data();
+    }
+    T* x = row + lo;
+    const std::int64_t n = hi - lo;
+    if (p.softcap > 0.0) {
+      vk.softcap(x, n, scale, static_cast<T>(p.softcap));
+      bm = vk.scale_add_max(x, n, T(1), bias != nullptr ? bias + lo : nullptr);
+    } else {
+      bm = vk.scale_add_max(x, n, scale, bias != nullptr ? bias + lo : nullptr);
+    }
+    if (add != nullptr) bm = vk.scale_add_max(x, n, T(1), add + lo);
   } else if (lo < hi) {
     bm = vk.scale_add_max(row + lo, hi - lo, scale, add ? add + lo : nullptr);
   }

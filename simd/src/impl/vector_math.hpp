@@ -87,6 +87,51 @@ void scale_array(T* x, std::int64_t n, T a) {
   for (; i < n; ++i) x[i] *= a;
 }
 
+// tanh on one batch: below kSmall the odd Taylor polynomial to y^17 (truncation below 5e-9
+// relative for f32 at 0.55, 2e-20 for f64 at 0.125), above it sign(y) (1 - 2 / (exp(2|y|) + 1)),
+// whose exp error and cancellation cost a few ulp near kSmall (f32 moves to the exp form only
+// at 0.55, where they stay within 4 ulp; f64's 0.125 within ~30 ulp, 7e-15 relative); +-inf
+// gives +-1, NaN stays NaN.
+template <class Arch, class T>
+inline batch<T, Arch> tanh_batch(const batch<T, Arch>& y) {
+  using B = batch<T, Arch>;
+  constexpr T kSmall = sizeof(T) == 4 ? T(0.55) : T(0.125);
+  const B sign_bit(-T(0));
+  const B a = xsimd::abs(y);
+  const B e = exp_batch<Arch, T>(a + a);
+  const B big = B(T(1)) - B(T(2)) / (e + B(T(1)));
+  const B y2 = y * y;
+  constexpr long double c[] = {-1.0L / 3.0L,
+                               2.0L / 15.0L,
+                               -17.0L / 315.0L,
+                               62.0L / 2835.0L,
+                               -1382.0L / 155925.0L,
+                               21844.0L / 6081075.0L,
+                               -929569.0L / 638512875.0L,
+                               6404582.0L / 10854718875.0L};
+  B p(static_cast<T>(c[7]));
+  for (int k = 6; k >= 0; --k) p = xsimd::fma(p, y2, B(static_cast<T>(c[k])));
+  const B small = xsimd::fma(y * y2, p, y);
+  return xsimd::select(a < B(kSmall), small, xsimd::bitwise_or(big, xsimd::bitwise_and(y, sign_bit)));
+}
+
+// x[i] = cap * tanh(x[i] * scale / cap): the scaled scores, soft-capped.
+template <class Arch, class T>
+void softcap_array(T* x, std::int64_t n, T scale, T cap) {
+  using B = batch<T, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B s(scale / cap), c(cap);
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) (c * tanh_batch<Arch, T>(B::load_unaligned(x + i) * s)).store_unaligned(x + i);
+  if (i < n) {
+    alignas(64) T tail[W] = {};
+    for (std::int64_t t = 0; t < n - i; ++t) tail[t] = x[i + t];
+    const B r = c * tanh_batch<Arch, T>(B::load_aligned(tail) * s);
+    r.store_aligned(tail);
+    for (std::int64_t t = 0; t < n - i; ++t) x[i + t] = tail[t];
+  }
+}
+
 template <class Arch, class T>
 void scale_to_array(const T* x, T* y, std::int64_t n, T a) {
   using B = batch<T, Arch>;
