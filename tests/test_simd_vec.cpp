@@ -192,14 +192,24 @@ void check_softcap(const VectorKernels<T>& vk) {
       for (T y : {T(0.125), T(0.03), T(1e-6), T(-1e-30), T(0), T(-0.0), T(20), T(-300)}) x.push_back(y * cap / scale);
       for (std::size_t n = 0; n <= 17; ++n) {  // every tail length
         std::vector<T> got(x.begin(), x.begin() + static_cast<std::ptrdiff_t>(n));
-        vk.softcap(got.data(), static_cast<std::int64_t>(n), scale, cap);
+        std::vector<T> add(n, T(0.5));
+        const bool with_add = n % 2 == 1;  // odd lengths also add a bias after the cap
+        const T mx = vk.softcap_add_max(got.data(), static_cast<std::int64_t>(n), scale, cap, with_add ? add.data() : nullptr);
+        T want_max = -inf;
         for (std::size_t i = 0; i < n; ++i) {
+          want_max = std::max(want_max, got[i]);
           const long double y = static_cast<long double>(x[i] * (scale / cap));
-          CHECK(ulp_error<T>(got[i], static_cast<long double>(cap) * std::tanh(y)) <= bound);
+          const long double capped = static_cast<long double>(cap) * std::tanh(y);
+          if (with_add)
+            CHECK(std::fabs(static_cast<long double>(got[i]) - (capped + 0.5L)) <=
+                  bound * std::numeric_limits<T>::epsilon() * (std::fabs(capped) + 0.5L));
+          else
+            CHECK(ulp_error<T>(got[i], capped) <= bound);
         }
+        if (n > 0) CHECK(mx == want_max);
       }
       std::vector<T> all = x;
-      vk.softcap(all.data(), static_cast<std::int64_t>(all.size()), scale, cap);
+      vk.softcap_add_max(all.data(), static_cast<std::int64_t>(all.size()), scale, cap, nullptr);
       double worst = 0;
       for (std::size_t i = 0; i < x.size(); ++i) {
         const long double y = static_cast<long double>(x[i] * (scale / cap));
@@ -209,7 +219,7 @@ void check_softcap(const VectorKernels<T>& vk) {
       CAPTURE(scale);
       CHECK(worst <= bound);
       std::vector<T> special{inf, -inf, std::numeric_limits<T>::quiet_NaN(), T(0)};
-      vk.softcap(special.data(), 4, scale, cap);
+      vk.softcap_add_max(special.data(), 4, scale, cap, nullptr);
       CHECK(special[0] == cap);
       CHECK(special[1] == -cap);
       CHECK(std::isnan(special[2]));

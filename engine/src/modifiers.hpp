@@ -59,16 +59,39 @@ T modify_score(const Problem& p, std::int64_t h, std::int64_t rel, T s) {
   return s;
 }
 
-// The additive part of the modifiers for head h along relative positions rel0 .. rel0 + n - 1:
-// line[k] = slope[h] * (rel0 + k) + T5's bias at rel0 + k (those given), summed in double and
-// rounded once. The rows of a block of queries against a block of keys share one line, each
-// row reading it from its own start (rel0 = j0 - p of the block's last row).
+// T5's bias of head h at every relative position in [-reach, reach], into by_rel[rel + reach]:
+// with reach = max_distance, every position beyond is its side's end value (the last buckets).
 template <class T>
-void fill_bias_line(const Problem& p, std::int64_t h, std::int64_t rel0, std::int64_t n, T* line) {
+void fill_t5_by_rel(const Problem& p, std::int64_t h, std::int64_t reach, T* by_rel) {
+  for (std::int64_t r = -reach; r <= reach; ++r) by_rel[r + reach] = static_cast<T>(t5_bias(p, h, r));
+}
+
+// How far a table of fill_t5_by_rel reaches for this problem: max_distance (so that it answers
+// every position), or less when that is huge (positions past it are then computed directly).
+inline std::int64_t t5_table_reach(const Problem& p) {
+  return p.t5_table == nullptr ? 0 : std::min<std::int64_t>(p.t5_max_distance, std::int64_t{1} << 14);
+}
+
+// The additive part of the modifiers for head h along relative positions rel0 .. rel0 + n - 1:
+// line[k] = slope[h] * (rel0 + k) + T5's bias at rel0 + k (those given), rounded once. The rows
+// of a block of queries against a block of keys share one line, each row reading it from its
+// own start (rel0 = j0 - p of the block's last row). t5_by_rel: fill_t5_by_rel's table of head
+// h (reach t5_table_reach), or null to compute T5's buckets here.
+template <class T>
+void fill_bias_line(const Problem& p, std::int64_t h, std::int64_t rel0, std::int64_t n, T* line,
+                    const T* t5_by_rel = nullptr) {
+  const std::int64_t reach = t5_table_reach(p);
+  const bool saturates = reach == p.t5_max_distance;
   for (std::int64_t k = 0; k < n; ++k) {
+    const std::int64_t rel = rel0 + k;
     double v = 0.0;
-    if (p.alibi != nullptr) v += static_cast<double>(p.alibi[h]) * static_cast<double>(rel0 + k);
-    if (p.t5_table != nullptr) v += t5_bias(p, h, rel0 + k);
+    if (p.alibi != nullptr) v += static_cast<double>(p.alibi[h]) * static_cast<double>(rel);
+    if (p.t5_table != nullptr) {
+      if (t5_by_rel != nullptr && (saturates || (rel >= -reach && rel <= reach)))
+        v += static_cast<double>(t5_by_rel[std::clamp(rel, -reach, reach) + reach]);
+      else
+        v += t5_bias(p, h, rel);
+    }
     line[k] = static_cast<T>(v);
   }
 }

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "element.hpp"
+#include "fp_env.hpp"
 #include "native.hpp"
 #include "native_rows.hpp"
 #include "panels.hpp"
@@ -84,6 +85,7 @@ struct FusedPlan {
   // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
   std::int64_t conv_size;  // 16-bit storage: a panel of K rows, or a block of V rows, widened
+  std::int64_t t5_reach = 0, t5_size = 0;  // T5's bias by relative position in [-reach, reach]
   // AMX (bf16 on a table with tile kernels, D <= 256): both products on tiles. K packed as pairs
   // along D per panel of 32 keys, V as pairs along the keys per panel of 32 columns, the Q block
   // and the probabilities P as tiles of 32 x 32 bf16 (elements of uint16 held in T's scratch).
@@ -131,6 +133,8 @@ struct FusedPlan {
     row_size = round_up(max_rows, a);
     flag_size = round_up(k_blocks, a);
     conv_size = std::is_same_v<S, T> ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
+    t5_reach = t5_table_reach(p);
+    t5_size = p.t5_table != nullptr ? round_up(2 * t5_reach + 1, a) : 0;
     if constexpr (std::is_same_v<S, bfloat16> && std::is_same_v<T, float>) {
       if (amx) {
         dp = round_up(p.D, 32);
@@ -145,7 +149,7 @@ struct FusedPlan {
   }
   std::size_t scratch_size() const {
     return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size +
-                                    k16_size + v16_size + q16_size + p16_size);
+                                    t5_size + k16_size + v16_size + q16_size + p16_size);
   }
 };
 
@@ -166,6 +170,7 @@ class FusedWorker {
     alpha_ = s, s += plan.row_size;
     packed_ = s, s += plan.flag_size;
     conv_ = s, s += plan.conv_size;
+    t5_by_rel_ = s, s += plan.t5_size;
     k16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.k16_size;
     v16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.v16_size;
     q16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.q16_size;
@@ -392,7 +397,12 @@ class FusedWorker {
     // ALiBi and T5: one line for these rows (row r reads it from r0 + rows - 1 - r on)
     const T* line = nullptr;
     if (prob_.alibi != nullptr || prob_.t5_table != nullptr) {
-      fill_bias_line(prob_, h, j0 - (i0 + r0 + rows - 1 + prob_.query_offset(b)), nk + rows - 1, bias_line_.data());
+      if (prob_.t5_table != nullptr && t5_head_ != h) {  // T5's bias by relative position, per head
+        fill_t5_by_rel(prob_, h, plan_.t5_reach, t5_by_rel_);
+        t5_head_ = h;
+      }
+      fill_bias_line(prob_, h, j0 - (i0 + r0 + rows - 1 + prob_.query_offset(b)), nk + rows - 1, bias_line_.data(),
+                     prob_.t5_table != nullptr ? t5_by_rel_ : nullptr);
       line = bias_line_.data();
     }
     for (std::int64_t r = r0; r < r0 + rows; ++r)
@@ -575,6 +585,8 @@ class FusedWorker {
   NextRows next_;
   std::array<std::int64_t, kMaxBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
   std::array<T, kMaxBlockK + kMaxBlockQ> bias_line_{};  // ALiBi and T5 along a step's relative positions
+  T* t5_by_rel_ = nullptr;                              // T5's bias of head t5_head_ by relative position
+  std::int64_t t5_head_ = -1;
   const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
   // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
   const bool structured_ = prob_.causal != Causal::none || prob_.has_window || prob_.key_lengths != nullptr || prob_.sparse();
@@ -607,6 +619,7 @@ void fused(const Problem& p) {
   RegionFailure failure;
   parallel_shares(prefix, nt, [&](auto next_run) {
     failure.guard([&] {
+      const FlushDenormals ftz;
       FusedWorker<T, S> worker(plan, thread_buffer<T, Scratch::attention>().get(plan.scratch_size()));
       for (auto run = next_run(); run.first < run.second; run = next_run())
         for (std::int64_t it = run.first; it < run.second; ++it) {

@@ -76,8 +76,7 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
     T* x = row + lo;
     const std::int64_t n = hi - lo;
     if (p.softcap > 0.0) {
-      vk.softcap(x, n, scale, static_cast<T>(p.softcap));
-      bm = vk.scale_add_max(x, n, T(1), bias != nullptr ? bias + lo : nullptr);
+      bm = vk.softcap_add_max(x, n, scale, static_cast<T>(p.softcap), bias != nullptr ? bias + lo : nullptr);
     } else {
       bm = vk.scale_add_max(x, n, scale, bias != nullptr ? bias + lo : nullptr);
     }

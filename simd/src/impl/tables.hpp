@@ -86,7 +86,7 @@ VectorKernels<T> make_vector_kernels() {
           .pack_transpose = &pack_transpose<Arch, T>,
           .elu1 = &elu1_array<Arch, T>,
           .relu = &relu_array<Arch, T>,
-          .softcap = &softcap_array<Arch, T>,
+          .softcap_add_max = &softcap_add_max<Arch, T>,
           .softmax_rows = &softmax_rows<Arch, T>,
           .normalize_rows = &normalize_rows<Arch, T>,
           .softmax_cols = &softmax_cols<Arch, T>,

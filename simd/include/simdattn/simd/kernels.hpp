@@ -120,9 +120,10 @@ struct VectorKernels {
   // elu1: y[i] = elu(x[i]) + 1 = max(x, 0) + exp(min(x, 0)) (the exp above); relu: max(x, 0).
   void (*elu1)(const T* x, T* y, std::int64_t n);
   void (*relu)(const T* x, T* y, std::int64_t n);
-  // The soft cap of scaled scores: x[i] = cap * tanh(x[i] * scale / cap) (cap > 0); tanh within
-  // a few ulp (a polynomial near 0, exp elsewhere), +-inf to +-cap, NaN kept.
-  void (*softcap)(T* x, std::int64_t n, T scale, T cap);
+  // The soft cap of scaled scores, plus a bias: x[i] = cap * tanh(x[i] * scale / cap) + (add ?
+  // add[i] : 0) (cap > 0); returns max_i x[i]. tanh within a few ulp (a polynomial near 0, exp
+  // elsewhere), +-inf to +-cap, NaN kept.
+  T (*softcap_add_max)(T* x, std::int64_t n, T scale, T cap, const T* add);
   // The online-softmax step of a block of scores, rows r < rows of x (ld apart), keys n:
   //   s = x[r, :] * scale (computed as passes 1 and 2 above do: the same values)
   //   m_new = max(s) if that exceeds m[r] + 8, or exceeds m[r] = -inf; else m[r] (the row's
