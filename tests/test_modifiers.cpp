@@ -296,3 +296,83 @@ TEST_CASE("score modifier arguments are validated and named, nothing written") {
     expect_error(o, "options.alibi_slopes");
   }
 }
+
+TEST_CASE("the scores output at every stage: scaled, capped, biased (hidden keys -inf), softmax (weights that give "
+          "the output); the output unchanged, every backend") {
+  std::mt19937_64 rng(test::base_seed() + 95);
+  const std::int64_t B = 2, H = 2, Sq = 5, Sk = 7, D = 8;
+  test::Qkv<double> t = test::random_qkv<double>(rng, B, H, 1, Sq, Sk, D);
+  const std::vector<float> slopes{0.25f, 0.5f}, sinks{0.3f, -1.0f};
+  const std::vector<std::int64_t> lengths{7, 4};
+  test::Buffer<float> table({1, 1, 8, H}), mask({1, 1, Sq, Sk});
+  table.fill_normal(rng);
+  mask.for_each([&](float& x, auto, auto, auto i, auto j) { x = 0.1f * float((i + 2 * j) % 3); });
+  AttentionOptions opt;
+  opt.causal = Causal::bottom_right;
+  opt.key_lengths = lengths;
+  opt.softcap = 1.5;
+  opt.alibi_slopes = slopes;
+  opt.relative_bias = RelativePositionBias{table.cview(), false, 16};
+  opt.mask = mask.cview();
+  opt.sinks = sinks;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (Backend be : test::backends(true)) {
+    if (be == Backend::onednn) continue;  // (refuses the modifiers)
+    const test::Buffer<double> plain = test::run_attention(be, t.q, t.k, t.v, opt);
+    for (ScoreStage stage : {ScoreStage::scaled, ScoreStage::capped, ScoreStage::biased, ScoreStage::softmax}) {
+      CAPTURE(backend_name(be));
+      CAPTURE(score_stage_name(stage));
+      test::Buffer<double> sc({B, H, Sq, Sk});
+      AttentionOptions o = opt;
+      o.scores = sc.view();
+      o.scores_stage = stage;
+      const test::Buffer<double> out = test::run_attention(be, t.q, t.k, t.v, o);
+      CHECK(test::max_abs_diff(out, plain) == 0.0);
+      for (std::int64_t b = 0; b < B; ++b)
+        for (std::int64_t h = 0; h < H; ++h)
+          for (std::int64_t i = 0; i < Sq; ++i) {
+            const std::int64_t p = i + lengths[b] - Sq;  // bottom-right
+            std::vector<double> biased(Sk);
+            for (std::int64_t j = 0; j < Sk; ++j) {
+              double dot = 0;
+              for (std::int64_t d = 0; d < D; ++d) dot += t.q.at(b, h, i, d) * t.k.at(b, 0, j, d);
+              const double scaled = scale * dot, capped = 1.5 * std::tanh(scaled / 1.5);
+              const bool visible = j < lengths[b] && j <= p;
+              biased[j] = visible ? capped + slopes[h] * double(j - p) +
+                                        table.at(0, 0, t5_relative_bucket(j - p, false, 8, 16), h) + mask.at(0, 0, i, j)
+                                  : -INFINITY;
+              if (stage == ScoreStage::scaled) CHECK(sc.at(b, h, i, j) == doctest::Approx(scaled).epsilon(1e-12));
+              if (stage == ScoreStage::capped) CHECK(sc.at(b, h, i, j) == doctest::Approx(capped).epsilon(1e-12));
+              if (stage == ScoreStage::biased) {
+                if (visible) CHECK(sc.at(b, h, i, j) == doctest::Approx(biased[j]).epsilon(1e-12));
+                else CHECK(sc.at(b, h, i, j) == -INFINITY);
+              }
+            }
+            if (stage != ScoreStage::softmax) continue;
+            double m = sinks[h];
+            for (double x : biased) m = std::max(m, x);
+            double sum = std::exp(sinks[h] - m);
+            for (double x : biased) sum += std::exp(x - m);
+            double o_want = 0;
+            for (std::int64_t j = 0; j < Sk; ++j) {
+              CHECK(sc.at(b, h, i, j) == doctest::Approx(std::exp(biased[j] - m) / sum).epsilon(1e-12));
+              o_want += sc.at(b, h, i, j) * t.v.at(b, 0, j, 0);
+            }
+            CHECK(out.at(b, h, i, 0) == doctest::Approx(o_want).epsilon(1e-9));
+          }
+    }
+  }
+  // validation: shape, dtype, overlap with out, nothing written
+  test::Buffer<double> out({B, H, Sq, D});
+  for (auto& x : out.data) x = 42.0;
+  test::Buffer<double> wrong({B, H, Sq, Sk + 1});
+  test::Buffer<std::uint8_t> u8({B, H, Sq, Sk});
+  AttentionOptions bad;
+  bad.scores = wrong.view();
+  CHECK_THROWS_WITH_AS(attention(t.q.cview(), t.k.cview(), t.v.cview(), out.view(), bad), doctest::Contains("options.scores"), Error);
+  bad.scores = u8.view();
+  CHECK_THROWS_WITH_AS(attention(t.q.cview(), t.k.cview(), t.v.cview(), out.view(), bad), doctest::Contains("options.scores"), Error);
+  bad.scores = TensorView(out.data.data(), Shape4{B, H, Sq, Sk}, Shape4{H * Sq * Sk, Sq * Sk, Sk, 1});
+  CHECK_THROWS_WITH_AS(attention(t.q.cview(), t.k.cview(), t.v.cview(), out.view(), bad), doctest::Contains("options.scores"), Error);
+  for (double x : out.data) CHECK(x == 42.0);
+}

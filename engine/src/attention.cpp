@@ -25,6 +25,16 @@ std::string_view causal_name(Causal c) noexcept {
   return "?";
 }
 
+std::string_view score_stage_name(ScoreStage s) noexcept {
+  switch (s) {
+    case ScoreStage::scaled: return "scaled";
+    case ScoreStage::capped: return "capped";
+    case ScoreStage::biased: return "biased";
+    case ScoreStage::softmax: return "softmax";
+  }
+  return "?";
+}
+
 bool backend_available(Backend b) noexcept {
 #ifdef SIMDATTN_HAVE_ONEDNN
   if (b == Backend::onednn) return true;
@@ -56,6 +66,7 @@ void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTe
 #endif
       break;
   }
+  detail::write_scores(p);
 }
 
 }  // namespace simdattn

@@ -1,7 +1,7 @@
-// The score modifiers (simdattn/attention.hpp, docs/design.md "Score modifiers"): the one place
-// their rules are written. Every backend applies them through these functions, in this order:
-// softcap, ALiBi, T5's relative bias (then the additive mask, as before); the sink enters the
-// softmax's denominator and the log-sum-exp.
+// The score modifiers (simdattn/attention.hpp, docs/design.md "Score modifiers"): T5's buckets,
+// the ALiBi and T5 line the native kernel adds, and the end of a row (the sink, lse). Applied in
+// this order: softcap, ALiBi, T5's relative bias, then the additive mask (the reference's
+// reference_row_scores, the native path's scale_mask_row).
 #pragma once
 
 #include <algorithm>
@@ -44,19 +44,6 @@ inline std::int64_t t5_bucket(std::int64_t rel, bool bidirectional, std::int64_t
 inline double t5_bias(const Problem& p, std::int64_t h, std::int64_t rel) {
   const std::int64_t k = t5_bucket(rel, p.t5_bidirectional, p.t5_buckets, p.t5_max_distance);
   return widen_at(p.t5_table, p.t5_dtype, k * p.t5_row + h * p.t5_col);
-}
-
-// A scaled score s of head h at relative position rel = j - p after the modifiers (softcap,
-// ALiBi, T5), in T's arithmetic.
-template <class T>
-T modify_score(const Problem& p, std::int64_t h, std::int64_t rel, T s) {
-  if (p.softcap > 0.0) {
-    const T cap = static_cast<T>(p.softcap);
-    s = cap * std::tanh(s / cap);
-  }
-  if (p.alibi != nullptr) s += static_cast<T>(p.alibi[h]) * static_cast<T>(rel);
-  if (p.t5_table != nullptr) s += static_cast<T>(t5_bias(p, h, rel));
-  return s;
 }
 
 // T5's bias of head h at every relative position in [-reach, reach], into by_rel[rel + reach]:

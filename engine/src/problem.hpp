@@ -65,6 +65,11 @@ struct Problem {
   const std::int64_t* query_offsets = nullptr;
   float* lse = nullptr;
   std::int64_t lse_s[3] = {0, 0, 0};
+  // The opt-in scores output (scores.cpp): null when not asked for.
+  void* scores = nullptr;
+  DType scores_dtype = DType::f32;
+  Shape4 scores_s{};
+  ScoreStage scores_stage = ScoreStage::softmax;
   // Whether anything changes the scores past scale * q.k and the mask.
   bool scores_modified() const { return softcap > 0.0 || alibi != nullptr || t5_table != nullptr; }
   // Whether the output needs more than the plain online softmax (modified scores, sinks, lse).
@@ -101,6 +106,8 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
 // Backends. Each takes a validated problem and writes out. reference and native never throw;
 // onednn throws Error for f64 (oneDNN has none) or when oneDNN fails, before writing anything.
 void attention_reference(const Problem& p);
+// The opt-in scores output (scores.cpp), when asked for; after the backend, whichever it was.
+void write_scores(const Problem& p);
 void attention_native(const Problem& p);
 #ifdef SIMDATTN_HAVE_ONEDNN
 void attention_onednn(const Problem& p);

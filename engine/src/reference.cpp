@@ -3,7 +3,7 @@
 // written to be obviously correct, not fast:
 //
 //   s_j = modify(scale * (q_i . k_j)) + mask_ij  for every visible key j (softcap, ALiBi and
-//                                                T5's bias: modifiers.hpp)
+//                                                T5's bias; reference_rows.hpp)
 //   m   = max(max_j s_j, sink)                   (stable softmax: subtract the row maximum)
 //   w_j = exp(s_j - m) / (sum_j exp(s_j - m) + exp(sink - m))    (no sink: no term)
 //   o_i = sum_j w_j v_j,  lse_i = m + log(sum_j exp(s_j - m) + exp(sink - m))
@@ -17,85 +17,42 @@
 #include <vector>
 
 #include "element.hpp"
-#include "modifiers.hpp"
 #include "problem.hpp"
-#include "visibility.hpp"
+#include "reference_rows.hpp"
 
 namespace simdattn::detail {
 namespace {
 
 template <class T>
 void reference_impl(const Problem& p) {
-  const T* q = static_cast<const T*>(p.q);
-  const T* k = static_cast<const T*>(p.k);
   const T* v = static_cast<const T*>(p.v);
   T* o = static_cast<T*>(p.o);
   const std::int64_t group = p.H / p.Hkv;  // query heads per key/value head
-  const double neg_inf = -std::numeric_limits<double>::infinity();
+  const double nan = std::numeric_limits<double>::quiet_NaN();
 
   // Row scratch, kept per thread so that a call allocates nothing once the thread has seen the
   // sizes (the MHA layer's hot path runs on this backend too).
-  thread_local std::vector<double> score, acc;
-  thread_local std::vector<bool> visible;
+  thread_local std::vector<double> score, weight, acc;
   score.resize(static_cast<std::size_t>(p.Sk));
-  visible.resize(static_cast<std::size_t>(p.Sk));
+  weight.resize(static_cast<std::size_t>(p.Sk));
   acc.resize(static_cast<std::size_t>(p.Dv));
 
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t h = 0; h < p.H; ++h) {
       const std::int64_t hk = h / group;
       for (std::int64_t i = 0; i < p.Sq; ++i) {
-        const T* qi = q + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
-
-        // scores of the visible keys
-        bool any_nan = false;
-        double m = neg_inf;
-        const KeyRange keys = row_keys(p, b, i);  // what position_visible asks, once per row
-        for (std::int64_t j = 0; j < p.Sk; ++j) {
-          visible[j] = (p.sparse() ? position_visible(p, b, i, j) : j >= keys.lo && j < keys.hi) &&
-                       (p.mask_kind != MaskKind::boolean || p.mask_allows(b, h, i, j));
-          if (!visible[j]) continue;
-          const T* kj = k + b * p.ks[0] + hk * p.ks[1] + j * p.ks[2];
-          double dot = 0.0;
-          for (std::int64_t d = 0; d < p.D; ++d)
-            dot += widen(qi[d * p.qs[3]]) * widen(kj[d * p.ks[3]]);
-          double s = p.scale * dot;
-          if (p.scores_modified()) s = modify_score<double>(p, h, j - (i + p.query_offset(b)), s);
-          if (p.mask_kind == MaskKind::additive) s += p.mask_add(b, h, i, j);
-          score[j] = s;
-          if (std::isnan(s)) any_nan = true;
-          else if (s > m) m = s;
-        }
-
-        // softmax weights and the weighted sum of values (a sink joins the max and the sum)
-        for (auto& a : acc) a = 0.0;
-        double sum = 0.0, lse = neg_inf;
-        const double sink = p.sinks != nullptr ? double(p.sinks[h]) : neg_inf;
-        if (any_nan) {
-          sum = lse = std::numeric_limits<double>::quiet_NaN();
-        } else if (m == neg_inf) {
-          lse = sink;  // no visible key: zeros (and the sink alone)
-        } else {
-          m = std::max(m, sink);
-          if (p.sinks != nullptr) sum = std::exp(sink - m);
-          for (std::int64_t j = 0; j < p.Sk; ++j) {
-            if (!visible[j]) continue;
-            const double w = std::exp(score[j] - m);  // exp(-inf) = 0 for -inf scores
-            sum += w;
-            const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
-            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += w * widen(vj[d * p.vs[3]]);
-          }
-          lse = m + std::log(sum);
-        }
+        const RowStats st = reference_row_scores<T>(p, b, h, i, ScoreStage::biased, score.data());
+        const double lse = reference_row_weights(p, h, st, score.data(), weight.data());
         if (p.lse != nullptr) p.lse[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = static_cast<float>(lse);
-
+        for (auto& a : acc) a = st.any_nan ? nan : 0.0;  // a NaN score: a NaN row; no visible key: zeros
+        if (!st.any_nan)
+          for (std::int64_t j = 0; j < p.Sk; ++j) {
+            if (weight[j] == 0.0) continue;
+            const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
+            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * widen(vj[d * p.vs[3]]);
+          }
         T* oi = o + b * p.os[0] + h * p.os[1] + i * p.os[2];
-        for (std::int64_t d = 0; d < p.Dv; ++d) {
-          double out = 0.0;  // fully masked row (m == -inf): zeros
-          if (any_nan) out = std::numeric_limits<double>::quiet_NaN();
-          else if (m != neg_inf) out = acc[d] / sum;
-          oi[d * p.os[3]] = narrow<T>(out);
-        }
+        for (std::int64_t d = 0; d < p.Dv; ++d) oi[d * p.os[3]] = narrow<T>(acc[d]);
       }
     }
   }

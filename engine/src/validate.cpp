@@ -327,6 +327,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     if (l.shape != want)
       throw Error("options.lse", "expected shape [B, H, Sq, 1] = " + shape_str(want) + ", got " + shape_str(l.shape));
     const Span sl = byte_span("options.lse", l.data, l.dtype, l.shape, l.strides);
+    check_no_self_overlap("options.lse", l.shape, l.strides);
     const char* inputs[] = {"q", "k", "v"};
     const ConstTensorView* views[] = {&q, &k, &v};
     for (int n = 0; n < 3; ++n)
@@ -350,6 +351,33 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
       throw Error("options.lse", "memory overlaps another option");
     p.lse = static_cast<float*>(l.data);
     p.lse_s[0] = l.strides[0], p.lse_s[1] = l.strides[1], p.lse_s[2] = l.strides[2];
+  }
+  if (view_given(opt.scores)) {
+    const TensorView& sc = opt.scores;
+    check_float("options.scores", sc.dtype);
+    const Shape4 want{p.B, p.H, p.Sq, p.Sk};
+    if (sc.shape != want)
+      throw Error("options.scores", "expected shape [B, H, Sq, Sk] = " + shape_str(want) + ", got " + shape_str(sc.shape));
+    if (opt.scores_stage != ScoreStage::scaled && opt.scores_stage != ScoreStage::capped &&
+        opt.scores_stage != ScoreStage::biased && opt.scores_stage != ScoreStage::softmax)
+      throw Error("options.scores_stage", "unknown value " + std::to_string(int(opt.scores_stage)));
+    const Span ss = byte_span("options.scores", sc.data, sc.dtype, sc.shape, sc.strides);
+    const char* inputs[] = {"q", "k", "v"};
+    const ConstTensorView* views[] = {&q, &k, &v};
+    for (int n = 0; n < 3; ++n)
+      if (overlaps(ss, byte_span(inputs[n], views[n]->data, views[n]->dtype, views[n]->shape, views[n]->strides)))
+        throw Error("options.scores", std::string("memory overlaps ") + inputs[n]);
+    if (overlaps(ss, so)) throw Error("options.scores", "memory overlaps out");
+    if (view_given(opt.mask) &&
+        overlaps(ss, byte_span("options.mask", opt.mask.data, opt.mask.dtype, opt.mask.shape, opt.mask.strides)))
+      throw Error("options.scores", "memory overlaps options.mask");
+    if (view_given(opt.lse) && overlaps(ss, byte_span("options.lse", opt.lse.data, opt.lse.dtype, opt.lse.shape, opt.lse.strides)))
+      throw Error("options.scores", "memory overlaps options.lse");
+    check_no_self_overlap("options.scores", sc.shape, sc.strides);
+    p.scores = sc.data;
+    p.scores_dtype = sc.dtype;
+    p.scores_s = sc.strides;
+    p.scores_stage = opt.scores_stage;
   }
 }
 

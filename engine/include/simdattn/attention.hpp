@@ -59,6 +59,12 @@ struct RelativePositionBias {
   std::int64_t max_distance = 128;  // > the exact buckets (num_buckets / 4, or / 2 one-way)
 };
 
+// The stage of the scores that AttentionOptions::scores receives: scaled (scale * q.k), capped
+// (then the softcap), biased (then ALiBi, T5's bias and the additive mask; hidden keys -inf) or
+// softmax (the weights: the sink's share left out of the row, zeros at hidden keys and on a row
+// with no visible key, NaN on a row with a NaN score). scaled and capped hold every key's value.
+enum class ScoreStage : std::uint8_t { scaled, capped, biased, softmax };
+
 // Sliding window around each query's position p: keys p - left .. p + right are visible.
 // -1 on a side means unbounded on that side.
 struct Window {
@@ -108,6 +114,12 @@ struct AttentionOptions {
   // a row with no visible key and no sink; NaN where the row's output is NaN). Empty: not
   // written. May not overlap any input or out.
   TensorView lse;
+  // Optional output, the only one of size Sq x Sk: the scores at scores_stage, [B, H, Sq, Sk] in
+  // f32, f64, bf16 or f16 (computed in double, as the reference backend computes them, and
+  // rounded once), whatever the backend; the attention output is computed as without it. Empty:
+  // not written. May not overlap any input, out or lse.
+  TensorView scores;
+  ScoreStage scores_stage = ScoreStage::softmax;
   // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
   // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
   // worker threads run on the calling thread.
@@ -142,6 +154,7 @@ std::int64_t t5_relative_bucket(std::int64_t relative_position, bool bidirection
 // Names used by the CLI and in messages.
 std::string_view backend_name(Backend b) noexcept;
 std::string_view causal_name(Causal c) noexcept;
+std::string_view score_stage_name(ScoreStage s) noexcept;  // "scaled", "capped", "biased", "softmax"
 
 // True if this build contains the backend (onednn needs SIMDATTN_WITH_ONEDNN).
 bool backend_available(Backend b) noexcept;
