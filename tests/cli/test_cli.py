@@ -239,6 +239,209 @@ class RunMatchesOracle(CliCase):
         self.assertFalse(os.path.exists(self.path("o64.npy")))
 
 
+def t5_bucket(rel, bidirectional, num_buckets, max_distance):
+    """T5's relative position bucket, from Hugging Face's definition (float32 log, truncated)."""
+    rel = np.asarray(rel, dtype=np.int64)
+    bucket = np.zeros_like(rel)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        bucket += (rel > 0).astype(np.int64) * n
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    max_exact = n // 2
+    with np.errstate(divide="ignore"):
+        large = max_exact + (np.log(np.maximum(rel, 1).astype(np.float32) / np.float32(max_exact))
+                             / np.float32(np.log(max_distance / max_exact))
+                             * np.float32(n - max_exact)).astype(np.int64)
+    large = np.minimum(large, n - 1)
+    return bucket + np.where(rel < max_exact, rel, large)
+
+
+def alibi_slopes(H):
+    """Press et al.'s slopes as BLOOM builds them (float32 bases and powers)."""
+    n = 2 ** int(np.floor(np.log2(H)))
+    base = np.float32(2.0 ** (-8.0 / n))
+    slopes = [np.float32(base ** np.float32(k)) for k in range(1, n + 1)]
+    extra = np.float32(2.0 ** (-4.0 / n))
+    k = 1
+    while len(slopes) < H:
+        slopes.append(np.float32(extra ** np.float32(k)))
+        k += 2
+    return np.array(slopes, dtype=np.float32)
+
+
+def modified_oracle(q, k, v, scale=None, causal="none", key_lengths=None, offsets=None, mask=None,
+                    softcap=None, slopes=None, t5=None, t5_bidirectional=True, t5_max_distance=128,
+                    sinks=None):
+    """docs/design.md's score modifiers in float64: returns (O, lse, {stage: scores})."""
+    q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
+    B, H, Sq, D = q.shape
+    Hkv, Sk = k.shape[1], k.shape[2]
+    k = np.repeat(k, H // Hkv, axis=1)
+    v = np.repeat(v, H // Hkv, axis=1)
+    scale = 1.0 / np.sqrt(D) if scale is None else scale
+    scaled = scale * np.einsum("bhid,bhjd->bhij", q, k)
+    capped = scaled if softcap is None else softcap * np.tanh(scaled / softcap)
+    L = np.full(B, Sk) if key_lengths is None else np.asarray(key_lengths, dtype=np.int64)
+    biased = capped.copy()
+    visible = np.ones((B, H, Sq, Sk), dtype=bool)
+    i = np.arange(Sq)[:, None]
+    j = np.arange(Sk)[None, :]
+    for b in range(B):
+        if offsets is not None:
+            off = int(offsets[b])
+        else:
+            off = 0 if causal == "top-left" else L[b] - Sq
+        pos = i + off
+        rel = j - pos
+        vis = j < L[b]
+        if causal != "none":
+            vis = vis & (j <= pos)
+        visible[b] &= vis
+        for h in range(H):
+            if slopes is not None:
+                biased[b, h] += float(slopes[h]) * rel
+            if t5 is not None:
+                biased[b, h] += np.asarray(t5, dtype=np.float64)[t5_bucket(rel, t5_bidirectional, t5.shape[0],
+                                                                           t5_max_distance), h]
+    if mask is not None:
+        biased = biased + np.broadcast_to(mask, (B, H, Sq, Sk)).astype(np.float64)
+    biased = np.where(visible, biased, -np.inf)
+    m = biased.max(axis=-1, keepdims=True)
+    sink = None if sinks is None else np.asarray(sinks, dtype=np.float64)[None, :, None, None]
+    if sink is not None:
+        m = np.maximum(m, sink)
+    safe_m = np.where(np.isfinite(m), m, 0.0)
+    e = np.where(visible, np.exp(biased - safe_m), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    if sink is not None:
+        total = total + np.where(np.isfinite(biased).any(axis=-1, keepdims=True), np.exp(sink - safe_m), 0.0)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        w = np.where(total > 0, e / total, 0.0)
+        lse = np.where(total > 0, safe_m + np.log(total), -np.inf)
+    if sink is not None:  # a row with no visible key: lse = sink
+        lse = np.where(total > 0, lse, np.broadcast_to(sink, lse.shape))
+    o = np.einsum("bhij,bhjd->bhid", w, v)
+    return o, lse[..., 0], {"scaled": scaled, "capped": capped, "biased": biased, "softmax": w}
+
+
+class Modifiers(CliCase):
+    """`simdattn run` with the score modifiers against modified_oracle (written from the docs)."""
+
+    def run_mod(self, q, k, v, extra, backend="reference"):
+        args = ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k), "--v", self.save("v.npy", v),
+                "--out", self.path("o.npy"), "--backend", backend, "--lse-out", self.path("lse.npy"), *extra]
+        r = self.run_cli(*args)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        return np.load(self.path("o.npy")), np.load(self.path("lse.npy"))
+
+    def check(self, extra, kw, dtype=np.float64, backend="reference", rtol=1e-12, lse_tol=1e-6, **shape):
+        q, k, v = self.inputs(dtype=dtype, **shape)
+        o, lse = self.run_mod(q, k, v, extra, backend)
+        want, want_lse, _ = modified_oracle(q, k, v, **kw)
+        err = np.abs(o - want).max() / max(1.0, np.abs(v).max())
+        self.assertLessEqual(err, rtol, f"{extra} ({backend}): error {err}")
+        self.assertEqual(lse.dtype, np.float32)
+        fin = np.isfinite(want_lse)
+        self.assertTrue(np.array_equal(fin, np.isfinite(lse)), f"{extra}: lse infinities differ")
+        self.assertTrue(np.all(lse[~fin] == want_lse[~fin]))
+        if fin.any():
+            self.assertLessEqual(np.abs(lse[fin] - want_lse[fin]).max() / max(1.0, np.abs(want_lse[fin]).max()), lse_tol)
+
+    def files(self, H=4, B=2):
+        slopes = self.rng.standard_normal(H).astype(np.float32) * 0.3
+        sinks = self.rng.standard_normal(H).astype(np.float32)
+        table = self.rng.standard_normal((16, H)).astype(np.float32)
+        offsets = np.array([3, -2][:B], dtype=np.int64)
+        return (self.save("slopes.npy", slopes), slopes, self.save("sinks.npy", sinks), sinks,
+                self.save("t5.npy", table), table, self.save("off.npy", offsets), offsets)
+
+    def test_each_modifier_alone_and_combined_both_backends(self):
+        sp, slopes, kp, sinks, tp, table, op, offsets = self.files()
+        cases = [
+            (["--softcap", "2.5"], dict(softcap=2.5)),
+            (["--alibi"], dict(slopes=alibi_slopes(4))),
+            (["--alibi-slopes", sp, "--causal", "bottom-right"], dict(slopes=slopes, causal="bottom-right")),
+            (["--t5-bias", tp, "--t5-max-distance", "20"], dict(t5=table, t5_max_distance=20)),
+            (["--t5-bias", tp, "--t5-unidirectional", "--causal", "top-left"],
+             dict(t5=table, t5_bidirectional=False, causal="top-left")),
+            (["--sinks", kp], dict(sinks=sinks)),
+            (["--query-offset", op, "--causal", "top-left", "--alibi"],
+             dict(offsets=offsets, causal="top-left", slopes=alibi_slopes(4))),
+            (["--softcap", "1.7", "--alibi-slopes", sp, "--t5-bias", tp, "--sinks", kp, "--causal", "bottom-right"],
+             dict(softcap=1.7, slopes=slopes, t5=table, sinks=sinks, causal="bottom-right")),
+        ]
+        for extra, kw in cases:
+            self.check(extra, kw, Sq=9, Sk=23)
+            self.check(extra, kw, dtype=np.float32, backend="native", rtol=1e-5, lse_tol=1e-5, Sq=40, Sk=150)
+
+    def test_fully_masked_rows_with_sinks(self):
+        sp, slopes, kp, sinks, tp, table, op, offsets = self.files()
+        L = np.array([0, 4], dtype=np.int64)
+        self.save("L.npy", L)
+        for backend in ("reference", "native"):
+            self.check(["--key-lengths", self.path("L.npy"), "--sinks", kp], dict(key_lengths=L, sinks=sinks),
+                       backend=backend, rtol=1e-12 if backend == "reference" else 1e-6)
+            self.check(["--key-lengths", self.path("L.npy")], dict(key_lengths=L),
+                       backend=backend, rtol=1e-12 if backend == "reference" else 1e-6)
+
+    def test_scores_out_every_stage(self):
+        sp, slopes, kp, sinks, tp, table, op, offsets = self.files()
+        q, k, v = self.inputs(Sq=6, Sk=11)
+        mask = self.rng.standard_normal((6, 11))
+        self.save("m.npy", mask)
+        extra = ["--softcap", "2", "--alibi-slopes", sp, "--t5-bias", tp, "--sinks", kp, "--causal", "bottom-right",
+                 "--mask", self.path("m.npy")]
+        _, _, stages = modified_oracle(q, k, v, softcap=2.0, slopes=slopes, t5=table, sinks=sinks,
+                                       causal="bottom-right", mask=mask)
+        for backend in ("reference", "native"):
+            for stage in ("scaled", "capped", "biased", "softmax"):
+                o, _ = self.run_mod(q, k, v, [*extra, "--scores-out", self.path("s.npy"), "--scores-stage", stage],
+                                    backend)
+                got = np.load(self.path("s.npy"))
+                want = stages[stage]
+                self.assertEqual(got.shape, want.shape)
+                self.assertTrue(np.array_equal(np.isinf(got), np.isinf(want)), stage)
+                fin = np.isfinite(want)
+                self.assertLessEqual(np.abs(got[fin] - want[fin]).max(), 1e-12 * max(1.0, np.abs(want[fin]).max()), stage)
+        # the default stage is softmax
+        self.run_mod(q, k, v, [*extra, "--scores-out", self.path("s.npy")])
+        self.assertLessEqual(np.abs(np.load(self.path("s.npy")) - stages["softmax"]).max(), 1e-12)
+
+    def test_bad_modifier_input(self):
+        sp, slopes, kp, sinks, tp, table, op, offsets = self.files()
+        q, k, v = self.inputs(dtype=np.float32)
+        base = ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k), "--v", self.save("v.npy", v),
+                "--out", self.path("out.npy")]
+        wrong = self.save("wrong.npy", np.zeros(3, dtype=np.float32))
+        bad_t5 = self.save("badt5.npy", np.zeros((16, 3), dtype=np.float32))
+        for extra, fragment in (
+                (["--softcap", "0"], "--softcap"),
+                (["--softcap", "x"], "--softcap"),
+                (["--alibi", "--alibi-slopes", sp], "--alibi"),
+                (["--alibi-slopes", wrong], "--alibi-slopes"),
+                (["--sinks", wrong], "--sinks"),
+                (["--query-offset", wrong], "--query-offset"),
+                (["--t5-bias", bad_t5], "--t5-bias"),
+                (["--t5-bias", tp, "--t5-max-distance", "2"], "--t5-max-distance"),
+                (["--t5-max-distance", "20"], "--t5-max-distance"),
+                (["--scores-stage", "biased"], "--scores-stage"),
+                (["--scores-out", self.path("s.npy"), "--scores-stage", "raw"], "--scores-stage"),
+                (["--backend", "onednn", "--sinks", kp], "--sinks")):
+            if "onednn" in extra and "onednn" not in self.run_cli("info").stdout:
+                continue
+            r = self.run_cli(*base, *extra, "--scores-out", self.path("s.npy"), "--lse-out", self.path("l.npy")) \
+                if "--scores-stage" not in extra and "--scores-out" not in extra else self.run_cli(*base, *extra)
+            self.assertEqual(r.returncode, 2, f"{extra}: {r.stderr}")
+            lines = r.stderr.strip().splitlines()
+            self.assertEqual(len(lines), 1, r.stderr)
+            self.assertIn(fragment, lines[0])
+            for f in ("out.npy", "s.npy", "l.npy"):
+                self.assertFalse(os.path.exists(self.path(f)), f"{f} written despite {extra}")
+
+
 class BadInput(CliCase):
     """Every bad input exits 2 with one line on stderr naming the flag, and leaves no file."""
 

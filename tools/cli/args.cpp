@@ -280,6 +280,14 @@ std::string flag_for(const std::string& argument) {
       {"options.global_tokens", "--global-tokens"},
       {"options.block_mask", "--block-mask"},
       {"options.block_size", "--block-size"},
+      {"options.softcap", "--softcap"},
+      {"options.alibi_slopes", "--alibi-slopes"},
+      {"options.relative_bias.table", "--t5-bias"},
+      {"options.relative_bias.max_distance", "--t5-max-distance"},
+      {"options.sinks", "--sinks"},
+      {"options.query_offsets", "--query-offset"},
+      {"options.lse", "--lse-out"},
+      {"options.scores", "--scores-out"},
   };
   for (const auto& [name, flag] : kFlags)
     if (argument == name) return flag;

@@ -11,7 +11,16 @@ namespace {
 struct RunArgs {
   std::string q, k, v, out, mask, causal = "none", scale, key_lengths, window, backend = "native",
       threads, global_tokens, block_mask, block_size, dtype;
+  // score modifiers and the extra outputs
+  std::string softcap, alibi_slopes, t5_bias, t5_max_distance, sinks, query_offset, lse_out, scores_out, scores_stage;
+  bool alibi = false, t5_unidirectional = false;
 };
+
+ScoreStage parse_stage(const std::string& text) {
+  for (ScoreStage s : {ScoreStage::scaled, ScoreStage::capped, ScoreStage::biased, ScoreStage::softmax})
+    if (text == score_stage_name(s)) return s;
+  throw UsageError("--scores-stage: expected scaled, capped, biased or softmax, got '" + text + "'");
+}
 
 // The option values, parsed before any file is read so that a typo fails fast. The masks and key
 // lengths are files, read later.
@@ -28,7 +37,33 @@ AttentionOptions parse_options(const RunArgs& a) {
     if (a.block_mask.empty()) throw UsageError("--block-size: needs --block-mask");
     opt.block_size = parse_int("--block-size", a.block_size, 1, kMaxSize);
   }
+  if (!a.softcap.empty()) opt.softcap = parse_double("--softcap", a.softcap);
+  if (a.alibi && !a.alibi_slopes.empty()) throw UsageError("--alibi: give either --alibi or --alibi-slopes, not both");
+  if (!a.t5_max_distance.empty() && a.t5_bias.empty()) throw UsageError("--t5-max-distance: needs --t5-bias");
+  if (a.t5_unidirectional && a.t5_bias.empty()) throw UsageError("--t5-unidirectional: needs --t5-bias");
+  if (!a.scores_stage.empty() && a.scores_out.empty()) throw UsageError("--scores-stage: needs --scores-out");
+  if (!a.scores_stage.empty()) opt.scores_stage = parse_stage(a.scores_stage);
   return opt;
+}
+
+// A per-head (or per-batch) vector file: 1-D, `n` entries, float (f32, f64, f16) or, with ints,
+// <i4 / <i8.
+NpyArray load_vector(const std::string& flag, const std::string& path, std::int64_t n, const char* what, bool ints) {
+  NpyArray a = load_npy(flag, path);
+  const bool ok = ints ? (a.dtype == DType::i32 || a.dtype == DType::i64)
+                       : (a.dtype == DType::f32 || a.dtype == DType::f64 || a.dtype == DType::f16);
+  if (!ok)
+    throw UsageError(flag + " " + path + ": expected dtype " + (ints ? "<i4 or <i8" : "<f2, <f4 or <f8") + ", got " +
+                     a.descr());
+  if (a.shape.size() != 1 || a.shape[0] != n)
+    throw UsageError(flag + " " + path + ": expected shape (" + std::to_string(n) + ",) (" + what + ")");
+  return a;
+}
+
+std::vector<float> floats_of(const NpyArray& a) {
+  std::vector<float> out(static_cast<std::size_t>(a.shape[0]));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(element(a, i));
+  return out;
 }
 
 // --mask: boolean or additive, broadcast NumPy-style (aligned to the right, missing leading
@@ -89,9 +124,54 @@ void run(const RunArgs& a) {
     blocks = load_bool_npy("--block-mask", a.block_mask);
     opt.block_mask = block_mask_view(a.block_mask, blocks, opt.block_size, in.qs[2], in.ks[2]);
   }
+  const std::int64_t B = in.qs[0], H = in.qs[1], Sq = in.qs[2], Sk = in.ks[2];
+  std::vector<float> slopes, sinks;
+  std::vector<std::int64_t> offsets;
+  NpyArray table;
+  if (a.alibi) slopes = with_flag_errors([&] { return standard_alibi_slopes(H); });
+  if (!a.alibi_slopes.empty()) slopes = floats_of(load_vector("--alibi-slopes", a.alibi_slopes, H, "one slope per query head", false));
+  if (!slopes.empty()) opt.alibi_slopes = slopes;
+  if (!a.sinks.empty()) {
+    sinks = floats_of(load_vector("--sinks", a.sinks, H, "one sink per query head", false));
+    opt.sinks = sinks;
+  }
+  if (!a.query_offset.empty()) {
+    const NpyArray o = load_vector("--query-offset", a.query_offset, B, "one offset per batch", true);
+    for (std::int64_t b = 0; b < B; ++b)
+      offsets.push_back(o.dtype == DType::i32 ? o.as<std::int32_t>()[b] : o.as<std::int64_t>()[b]);
+    opt.query_offsets = offsets;
+  }
+  if (!a.t5_bias.empty()) {
+    table = load_npy("--t5-bias", a.t5_bias);
+    if (table.dtype != DType::f32 && table.dtype != DType::f64 && table.dtype != DType::f16)
+      throw UsageError("--t5-bias " + a.t5_bias + ": expected dtype <f2, <f4 or <f8, got " + table.descr());
+    if (table.shape.size() != 2)
+      throw UsageError("--t5-bias " + a.t5_bias + ": expected shape (num_buckets, H) (2 dimensions), got " +
+                       std::to_string(table.shape.size()) + " dimensions");
+    RelativePositionBias rb;
+    rb.table = ConstTensorView(table.data.data(), table.dtype, {1, 1, table.shape[0], table.shape[1]});
+    rb.bidirectional = !a.t5_unidirectional;
+    if (!a.t5_max_distance.empty())
+      rb.max_distance = parse_int("--t5-max-distance", a.t5_max_distance, 1, std::int64_t{1} << 40);
+    opt.relative_bias = rb;
+  }
+  // The extra outputs: allocated (and their sizes checked) before anything is computed, written
+  // after the output.
+  NpyArray lse, scores;
+  if (!a.lse_out.empty()) {
+    lse = make_output(DType::f32, {B, H, Sq});
+    opt.lse = TensorView(lse.data.data(), DType::f32, {B, H, Sq, 1});
+  }
+  const DType written = in.q.dtype;  // the outputs' .npy dtype: Q's (lse: f32)
+  if (!a.scores_out.empty()) {
+    scores = make_output(written, {B, H, Sq, Sk});
+    opt.scores = TensorView(scores.data.data(), written, {B, H, Sq, Sk});
+  }
   compute_in_dtype(a.out, dtype, in, [&](const QkvFiles& x, void* o) {
     attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
   });
+  if (!a.scores_out.empty()) save_output(a.scores_out, scores);
+  if (!a.lse_out.empty()) save_output(a.lse_out, lse);
 }
 
 void add_options(CLI::App& sub, RunArgs& a) {
@@ -108,6 +188,18 @@ void add_options(CLI::App& sub, RunArgs& a) {
   sub.add_option("--block-mask", a.block_mask,
                  "block-sparse layout: bool/uint8 [ceil(Sq/BS), ceil(Sk/BS)], nonzero = block computed");
   sub.add_option("--block-size", a.block_size, "BS, the block mask's block size (default 64)");
+  sub.add_option("--softcap", a.softcap, "cap the scaled scores: s = C * tanh(s / C), C > 0 (Gemma 2: 50)");
+  sub.add_flag("--alibi", a.alibi, "ALiBi with the standard slopes for H heads");
+  sub.add_option("--alibi-slopes", a.alibi_slopes, "ALiBi with these slopes: float [H]");
+  sub.add_option("--t5-bias", a.t5_bias, "T5's relative position bias table: float [num_buckets, H]");
+  sub.add_option("--t5-max-distance", a.t5_max_distance, "T5's max distance (default 128)");
+  sub.add_flag("--t5-unidirectional", a.t5_unidirectional, "T5's one-way buckets (its decoder; default bidirectional)");
+  sub.add_option("--sinks", a.sinks, "a sink logit per query head, in the softmax's denominator: float [H]");
+  sub.add_option("--query-offset", a.query_offset,
+                 "query i of batch b at key position i + O[b]: int [B] (<i4 or <i8), instead of the causal alignment");
+  sub.add_option("--lse-out", a.lse_out, "write each row's log-sum-exp: f32 [B, H, Sq]");
+  sub.add_option("--scores-out", a.scores_out, "write the scores [B, H, Sq, Sk] at --scores-stage (Q's dtype)");
+  sub.add_option("--scores-stage", a.scores_stage, "scaled | capped | biased | softmax (default softmax)");
   add_dtype_option(sub, a.dtype);
   add_backend_threads_options(sub, a.backend, a.threads, "reference | native | onednn (default native)");
 }
