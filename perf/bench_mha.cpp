@@ -34,7 +34,7 @@ constexpr LayerWorkload kLayers[] = {{"bert-layer", 1, 128, 768, 12, simdattn::C
 using simdattn::perf::from_float;
 
 template <class T>
-simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H) {
+simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H, bool rope = false) {
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0.f, 1.f / 32.f);
   auto v = [&](std::int64_t k) {
@@ -42,14 +42,16 @@ simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H) {
     for (T& e : x) e = from_float<T>(n(rng));
     return x;
   };
-  return simdattn::MultiHeadAttention(simdattn::MhaConfig{d, H},
+  simdattn::MhaConfig cfg{.d_model = d, .heads = H};
+  if (rope) cfg.rope = simdattn::RopeConfig{};  // theta 10000, rotate_half over the whole head
+  return simdattn::MultiHeadAttention(cfg,
                                       simdattn::MhaWeights<T>{v(d * d), v(d * d), v(d * d), v(d * d), v(d), v(d),
                                                               v(d), v(d)});
 }
 
 template <class T>
-void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend backend, int threads) {
-  const auto layer = make_layer<T>(w.d, w.H);
+void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend backend, int threads, bool rope = false) {
+  const auto layer = make_layer<T>(w.d, w.H, rope);
   std::vector<T> x(static_cast<std::size_t>(w.B * w.S * w.d), from_float<T>(0.1f)), y(x.size());
   simdattn::MhaOptions opt;
   opt.backend = backend;
@@ -105,14 +107,17 @@ int register_all() {
       const std::string ts = "/t" + std::to_string(t);
       for (const LayerWorkload& w : kLayers) {
         if (b == Backend::reference && std::string(w.name) != "bert-layer") continue;  // minutes otherwise
-        benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer<float>, w, b, t)
+        benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer<float>, w, b, t, false)
             ->Unit(benchmark::kMillisecond);
+        if (b == Backend::native && std::string(w.name) == "gpt-layer")  // with RoPE on q and k
+          benchmark::RegisterBenchmark(("mha/native/gpt-layer-rope" + ts).c_str(), bench_layer<float>, w, b, t, true)
+              ->Unit(benchmark::kMillisecond);
         if (b != Backend::native) continue;
         benchmark::RegisterBenchmark(("mha/native/" + std::string(w.name) + ".bf16" + ts).c_str(),
-                                     bench_layer<simdattn::bfloat16>, w, b, t)
+                                     bench_layer<simdattn::bfloat16>, w, b, t, false)
             ->Unit(benchmark::kMillisecond);
         benchmark::RegisterBenchmark(("mha/native/" + std::string(w.name) + ".f16" + ts).c_str(),
-                                     bench_layer<simdattn::float16>, w, b, t)
+                                     bench_layer<simdattn::float16>, w, b, t, false)
             ->Unit(benchmark::kMillisecond);
       }
       if (b == Backend::reference) continue;

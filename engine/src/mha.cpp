@@ -4,6 +4,9 @@
 #include "simdattn/mha.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <span>
+#include <type_traits>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -13,6 +16,7 @@
 #include "gemm.hpp"
 #include "gemm_half.hpp"
 #include "problem.hpp"
+#include "rope_impl.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
 #include "threading.hpp"
@@ -113,6 +117,7 @@ struct Layer {
   std::vector<T> b_in;            // empty if no input bias was given
   Weights<T> wo;                  // Wo^T [nq, d_model]
   std::vector<T> bo;
+  detail::RopeTable rope;         // cfg.rope's frequencies (rotary_dim 0: no rope)
 
   const Weights<T>& wk() const { return packed ? w_in : w_k; }
   const Weights<T>& wv() const { return packed ? w_in : w_v; }
@@ -174,13 +179,90 @@ MhaConfig resolve(MhaConfig c) {
   if (c.vdim == 0) c.vdim = c.d_model;
   if (c.kdim < 1) throw Error("config.kdim", "expected >= 1, got " + std::to_string(c.kdim));
   if (c.vdim < 1) throw Error("config.vdim", "expected >= 1, got " + std::to_string(c.vdim));
+  if (c.rope) (void)detail::rope_table(*c.rope, c.head_dim, false);  // validates it
+  if (c.q_norm.empty() != c.k_norm.empty())
+    throw Error(c.q_norm.empty() ? "config.q_norm" : "config.k_norm", "QK-norm needs both q_norm and k_norm");
+  for (const auto* w : {&c.q_norm, &c.k_norm})
+    if (!w->empty() && static_cast<std::int64_t>(w->size()) != c.head_dim)
+      throw Error(w == &c.q_norm ? "config.q_norm" : "config.k_norm",
+                  "expected head_dim = " + std::to_string(c.head_dim) + " weights, got " + std::to_string(w->size()));
+  if (!(std::isfinite(c.qk_norm_eps) && c.qk_norm_eps >= 0.0))
+    throw Error("config.qk_norm_eps", "must be finite and >= 0, got " + std::to_string(c.qk_norm_eps));
+  // the attention core's options are checked by attention() on the first call, named there;
+  // the per-head lists here
+  if (!c.alibi_slopes.empty() && static_cast<std::int64_t>(c.alibi_slopes.size()) != c.heads)
+    throw Error("config.alibi_slopes", "expected heads = " + std::to_string(c.heads) + " slopes, got " +
+                                           std::to_string(c.alibi_slopes.size()));
+  if (!c.sinks.empty() && static_cast<std::int64_t>(c.sinks.size()) != c.heads)
+    throw Error("config.sinks", "expected heads = " + std::to_string(c.heads) + " sinks, got " + std::to_string(c.sinks.size()));
   return c;
+}
+
+// The layer's score options on the attention core.
+void add_config_options(const MhaConfig& c, AttentionOptions& a) {
+  a.scale = c.scale;
+  a.softcap = c.softcap;
+  if (c.window) a.window = c.window;
+  a.alibi_slopes = c.alibi_slopes;
+  a.sinks = c.sinks;
+}
+
+// QK-norm and RoPE on the projected q (heads columns from column 0) and k (kv_heads columns from
+// k0) of rows [b * S + s] (row stride N) of p: the position of (b, s) is positions[b * S + s] if
+// given, else start[b] + s (start null: 0).
+template <class T>
+void position_qk(const Layer<T>& L, T* p, std::int64_t N, std::int64_t k0, std::int64_t B, std::int64_t S,
+                 std::span<const std::int64_t> positions, const std::int64_t* start, int threads) {
+  const MhaConfig& c = L.cfg;
+  const detail::RopeTable& table = L.rope;
+  const bool norm = !c.q_norm.empty();
+  if (!norm && !c.rope) return;
+  if (!positions.empty() && static_cast<std::int64_t>(positions.size()) != B * S)
+    throw Error("options.positions", "expected B*S = " + std::to_string(B * S) + " entries, got " +
+                                         std::to_string(positions.size()));
+  for (std::size_t i = 0; i < positions.size(); ++i)
+    if (positions[i] < 0) throw Error("options.positions", "entry " + std::to_string(i) + " is negative");
+  constexpr bool kF64 = std::is_same_v<T, double>;
+  const std::int64_t hd = c.head_dim;
+  auto rms = [&](T* x, const std::vector<float>& w) {  // in f32 (f64 layers: f64), rounded once
+    using A = std::conditional_t<kF64, double, float>;
+    A ss = 0;
+    for (std::int64_t d = 0; d < hd; ++d) ss += static_cast<A>(detail::widen(x[d])) * static_cast<A>(detail::widen(x[d]));
+    const A inv = A(1) / std::sqrt(ss / static_cast<A>(hd) + static_cast<A>(c.qk_norm_eps));
+    for (std::int64_t d = 0; d < hd; ++d) {
+      // normalised in A and rounded to the layer's dtype, then times the weight (Hugging Face's
+      // RMSNorm: weight * hidden.to(dtype))
+      const auto normed = static_cast<A>(detail::widen(detail::narrow<T>(static_cast<double>(static_cast<A>(detail::widen(x[d])) * inv))));
+      x[d] = detail::narrow<T>(static_cast<double>(static_cast<A>(w[static_cast<std::size_t>(d)]) * normed));
+    }
+  };
+  // rows split over the threads (each row's heads share its cosines and sines)
+  detail::parallel_for(B * S, threads, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(1, hd * (c.heads + c.kv_heads))),
+               [&](std::int64_t m0, std::int64_t m1) {
+    thread_local std::vector<double> cs;
+    cs.resize(table.inv_freq.size() * 2);
+    for (std::int64_t m = m0; m < m1; ++m) {
+      const std::int64_t b = m / S, s = m % S;
+      T* row = p + m * N;
+      const std::int64_t pos = positions.empty() ? (start ? start[b] : 0) + s : positions[static_cast<std::size_t>(m)];
+      if (c.rope) detail::rope_angles(table, pos, cs.data());
+      for (std::int64_t h = 0; h < c.heads; ++h) {
+        if (norm) rms(row + h * hd, c.q_norm);
+        if (c.rope) detail::rope_rotate(table, cs.data(), row + h * hd, 1);
+      }
+      for (std::int64_t h = 0; h < c.kv_heads; ++h) {
+        if (norm) rms(row + k0 + h * hd, c.k_norm);
+        if (c.rope) detail::rope_rotate(table, cs.data(), row + k0 + h * hd, 1);
+      }
+    }
+  });
 }
 
 template <class T>
 Layer<T> build_layer(const MhaConfig& cfg, MhaWeights<T>&& w) {
   Layer<T> L;
   L.cfg = cfg;
+  if (cfg.rope) L.rope = detail::rope_table(*cfg.rope, cfg.head_dim, std::is_same_v<T, double>);
   L.nq = cfg.heads * cfg.head_dim;
   L.nkv = cfg.kv_heads * cfg.head_dim;
   auto check = [](const std::vector<T>& v, std::int64_t rows, std::int64_t cols, const char* name,
@@ -346,11 +428,13 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   check_rows<T>("query", query, std::max({c.d_model, L.n_in, L.nq}));
   const std::int64_t B = query.B, S = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
   check_out(out, dtype_of<T>(), B, S, c.d_model);
-  const AttentionOptions a = attention_options<T>(opt, B, H, S, S);
+  AttentionOptions a = attention_options<T>(opt, B, H, S, S);
+  add_config_options(c, a);
   const std::int64_t M = B * S, N = L.n_in;
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
+  position_qk(L, p, N, L.k0, B, S, opt.positions, nullptr, opt.threads);
   const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView k(p + L.k0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView v(p + L.v0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
@@ -373,7 +457,9 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
     throw Error("value", "has " + std::to_string(value.S) + " positions, key has " + std::to_string(key.S));
   const std::int64_t Sk = key.S;
   check_out(out, dtype_of<T>(), B, Sq, c.d_model);
-  const AttentionOptions a = attention_options<T>(opt, B, H, Sq, Sk);
+  AttentionOptions a = attention_options<T>(opt, B, H, Sq, Sk);
+  add_config_options(c, a);
+  if (!opt.positions.empty()) throw Error("options.positions", "cross-attention applies no rotary embedding");
   T* pq = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   T* pkv = thread_buffer<T, Scratch::mha_projection_kv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
@@ -432,6 +518,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
+  position_qk(L, p, N, L.k0, B, Tn, opt.positions, lengths.data(), opt.threads);  // (K appended rotated)
   // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's
   // dtype. Rows past lengths[] are not part of the cache, so a failure below leaves it as it was.
   const DType cd = cache.dtype;
@@ -445,6 +532,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
         detail::convert_elements(src + L.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
       }
   AttentionOptions a;
+  add_config_options(c, a);
   a.causal = Causal::bottom_right;
   a.threads = opt.threads;
   a.backend = opt.backend;

@@ -54,7 +54,7 @@ enum class Backend : std::uint8_t {
 // (bidirectional: half the buckets for keys after the query; exact below num_buckets / 4 (or / 2
 // one-way), logarithmic up to max_distance, the last bucket beyond).
 struct RelativePositionBias {
-  ConstTensorView table;  // [1, 1, num_buckets, H]: f32, f64, bf16 or f16; num_buckets >= 2
+  ConstTensorView table = {};  // [1, 1, num_buckets, H]: f32, f64, bf16 or f16; num_buckets >= 2
   bool bidirectional = true;        // T5's encoder: true; its decoder's self-attention: false
   std::int64_t max_distance = 128;  // > the exact buckets (num_buckets / 4, or / 2 one-way)
 };
@@ -102,23 +102,23 @@ struct AttentionOptions {
 
   // Score modifiers (see the top of this file). softcap: cap > 0, finite. alibi_slopes: [H]
   // finite slopes (standard_alibi_slopes gives the usual ones). sinks: [H] finite logits.
-  std::optional<double> softcap;
-  std::span<const float> alibi_slopes;
-  std::optional<RelativePositionBias> relative_bias;
-  std::span<const float> sinks;
+  std::optional<double> softcap = {};
+  std::span<const float> alibi_slopes = {};
+  std::optional<RelativePositionBias> relative_bias = {};
+  std::span<const float> sinks = {};
   // Per-batch query positions: query i of batch b sits at p = i + query_offsets[b] (for causal,
   // windows, global tokens, ALiBi and the T5 bias) instead of the alignment's rule. Size B,
   // |offset| <= 2^40; empty: the rule above.
-  std::span<const std::int64_t> query_offsets;
+  std::span<const std::int64_t> query_offsets = {};
   // Optional output: the log-sum-exp of each row's modified scores, [B, H, Sq, 1] f32 (-inf for
   // a row with no visible key and no sink; NaN where the row's output is NaN). Empty: not
   // written. May not overlap any input or out.
-  TensorView lse;
+  TensorView lse = {};
   // Optional output, the only one of size Sq x Sk: the scores at scores_stage, [B, H, Sq, Sk] in
   // f32, f64, bf16 or f16 (computed in double, as the reference backend computes them, and
   // rounded once), whatever the backend; the attention output is computed as without it. Empty:
   // not written. May not overlap any input, out or lse.
-  TensorView scores;
+  TensorView scores = {};
   ScoreStage scores_stage = ScoreStage::softmax;
   // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
   // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's

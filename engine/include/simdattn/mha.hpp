@@ -19,12 +19,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "simdattn/attention.hpp"
+#include "simdattn/rope.hpp"
 #include "simdattn/tensor.hpp"
 
 namespace simdattn {
@@ -36,6 +38,23 @@ struct MhaConfig {
   std::int64_t head_dim = 0;  // hd (0: d_model / heads)
   std::int64_t kdim = 0;      // key input width (0: d_model)
   std::int64_t vdim = 0;      // value input width (0: d_model)
+  // Positions and scores (simdattn/rope.hpp, simdattn/attention.hpp), self-attention:
+  //   q, k = RMSNorm(q), RMSNorm(k) over head_dim with weights q_norm, k_norm (both or neither,
+  //          [head_dim] each; qk_norm_eps), in f32 (Qwen3, OLMo-2), then
+  //   q, k rotated by `rope` at each token's position (0 .. S-1 in a forward, continuing from the
+  //          sequence's cache length in incremental mode, or MhaOptions::positions); the cache
+  //          holds K rotated.
+  // Cross-attention applies neither. The attention core takes scale (default 1/sqrt(head_dim)),
+  // softcap, window, alibi_slopes [heads] and sinks [heads] as attention() does.
+  // (every member has a default initializer, so designated initializers may leave any out)
+  std::optional<RopeConfig> rope = {};
+  std::vector<float> q_norm = {}, k_norm = {};
+  double qk_norm_eps = 1e-6;
+  std::optional<double> scale = {};
+  std::optional<double> softcap = {};
+  std::optional<Window> window = {};
+  std::vector<float> alibi_slopes = {};
+  std::vector<float> sinks = {};
 };
 
 // Weights in torch's layout, f32, f64, bfloat16 or float16 (the layer's dtype). Empty bias = no
@@ -74,6 +93,9 @@ struct MhaOptions {
   // Additive float mask (f32, f64, bf16 or f16), broadcastable to [B, H, Sq, Sk] as in
   // attention().
   ConstTensorView attn_mask;
+  // Self-attention with rope: each token's position, [B, S] (>= 0; e.g. for left-padded
+  // batches). Empty: 0 .. S-1, or continuing from the cache's lengths.
+  std::span<const std::int64_t> positions = {};
   int threads = 0;
   Backend backend = Backend::native;
 };

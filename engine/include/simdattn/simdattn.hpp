@@ -5,6 +5,7 @@
 #include "simdattn/error.hpp"
 #include "simdattn/linear.hpp"
 #include "simdattn/mha.hpp"
+#include "simdattn/rope.hpp"
 #include "simdattn/npy.hpp"
 #include "simdattn/runtime.hpp"
 #include "simdattn/safetensors.hpp"

@@ -1,0 +1,305 @@
+// Rotary position embeddings: apply_rope against hand-computed rotations for both styles, partial
+// rotary and every scaling; the MHA layer with RoPE and QK-norm against the pipeline written out
+// with apply_rope and attention(); incremental decoding with RoPE (one token at a time and in
+// chunks of 3) equals the full causal forward; validation.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+#include <random>
+#include <vector>
+
+#include "simdattn/simdattn.hpp"
+#include "test_util.hpp"
+
+using namespace simdattn;
+
+namespace {
+
+// One head vector [4] at `pos`, rotated by apply_rope in double.
+std::vector<double> rotate4(const std::vector<double>& x, std::int64_t pos, const RopeConfig& c) {
+  std::vector<double> y = x;
+  const std::vector<std::int64_t> positions{pos};
+  apply_rope(TensorView(y.data(), Shape4{1, 1, 1, 4}), positions, c);
+  return y;
+}
+
+// The llama3 frequency rule written out (Meta's / Hugging Face's definition).
+double llama3_inv_freq(double inv, double factor, double low, double high, double old) {
+  const double wave = 2 * std::numbers::pi / inv;
+  if (wave < old / high) return inv;
+  if (wave > old / low) return inv / factor;
+  const double smooth = (old / wave - low) / (high - low);
+  return (1 - smooth) * inv / factor + smooth * inv;
+}
+
+}  // namespace
+
+TEST_CASE("apply_rope: both styles, partial rotary, linear and llama3 scaling, against hand-computed rotations") {
+  const std::vector<double> x{0.3, -1.2, 0.7, 2.0};
+  for (std::int64_t pos : {0, 1, 5, 1000}) {
+    CAPTURE(pos);
+    // head_dim 4, theta 100: inv_freq = 1, 100^(-1/2) = 0.1
+    RopeConfig c;
+    c.theta = 100;
+    const double a0 = double(pos) * 1.0, a1 = double(pos) * 0.1;
+    std::vector<double> y = rotate4(x, pos, c);  // half: pairs (0, 2) and (1, 3)
+    CHECK(y[0] == doctest::Approx(x[0] * std::cos(a0) - x[2] * std::sin(a0)).epsilon(1e-12));
+    CHECK(y[2] == doctest::Approx(x[2] * std::cos(a0) + x[0] * std::sin(a0)).epsilon(1e-12));
+    CHECK(y[1] == doctest::Approx(x[1] * std::cos(a1) - x[3] * std::sin(a1)).epsilon(1e-12));
+    CHECK(y[3] == doctest::Approx(x[3] * std::cos(a1) + x[1] * std::sin(a1)).epsilon(1e-12));
+    c.style = RopeStyle::interleaved;  // pairs (0, 1) and (2, 3)
+    y = rotate4(x, pos, c);
+    CHECK(y[0] == doctest::Approx(x[0] * std::cos(a0) - x[1] * std::sin(a0)).epsilon(1e-12));
+    CHECK(y[1] == doctest::Approx(x[1] * std::cos(a0) + x[0] * std::sin(a0)).epsilon(1e-12));
+    CHECK(y[2] == doctest::Approx(x[2] * std::cos(a1) - x[3] * std::sin(a1)).epsilon(1e-12));
+    CHECK(y[3] == doctest::Approx(x[3] * std::cos(a1) + x[2] * std::sin(a1)).epsilon(1e-12));
+    c.rotary_dim = 2;  // partial: one pair (0, 1) at inv_freq 1; 2 and 3 pass through
+    for (RopeStyle st : {RopeStyle::half, RopeStyle::interleaved}) {
+      c.style = st;
+      y = rotate4(x, pos, c);
+      CHECK(y[0] == doctest::Approx(x[0] * std::cos(a0) - x[1] * std::sin(a0)).epsilon(1e-12));
+      CHECK(y[1] == doctest::Approx(x[1] * std::cos(a0) + x[0] * std::sin(a0)).epsilon(1e-12));
+      CHECK(y[2] == x[2]);
+      CHECK(y[3] == x[3]);
+    }
+    c = RopeConfig{};
+    c.theta = 100;
+    c.scaling = RopeScaling::linear;
+    c.factor = 4;
+    y = rotate4(x, pos, c);
+    CHECK(y[0] == doctest::Approx(x[0] * std::cos(a0 / 4) - x[2] * std::sin(a0 / 4)).epsilon(1e-12));
+    CHECK(y[3] == doctest::Approx(x[3] * std::cos(a1 / 4) + x[1] * std::sin(a1 / 4)).epsilon(1e-12));
+  }
+  // llama3 on head_dim 128 (theta 500000, factor 8, low 1, high 4, original 8192: the low band
+  // divided, the high kept, the middle blended), f64 tensors
+  RopeConfig c;
+  c.theta = 500000;
+  c.scaling = RopeScaling::llama3;
+  c.factor = 8;
+  c.low_freq_factor = 1;
+  c.high_freq_factor = 4;
+  c.original_max_positions = 8192;
+  std::mt19937_64 rng(test::base_seed() + 97);
+  std::normal_distribution<double> nd;
+  std::vector<double> v(128);
+  for (double& e : v) e = nd(rng);
+  std::vector<double> y = v;
+  const std::vector<std::int64_t> pos{3001};
+  apply_rope(TensorView(y.data(), Shape4{1, 1, 1, 128}), pos, c);
+  int low = 0, mid = 0, high = 0;
+  for (int i = 0; i < 64; ++i) {
+    const double inv0 = std::pow(500000.0, -2.0 * i / 128.0);
+    const double inv = llama3_inv_freq(inv0, 8, 1, 4, 8192), a = 3001 * inv;
+    const double wave = 2 * std::numbers::pi / inv0;
+    (wave < 8192 / 4.0 ? high : wave > 8192 / 1.0 ? low : mid)++;
+    CHECK(y[i] == doctest::Approx(v[i] * std::cos(a) - v[i + 64] * std::sin(a)).epsilon(1e-9));
+    CHECK(y[i + 64] == doctest::Approx(v[i + 64] * std::cos(a) + v[i] * std::sin(a)).epsilon(1e-9));
+  }
+  CHECK(low > 0);  // every band was exercised
+  CHECK(mid > 0);
+  CHECK(high > 0);
+  // f32 tensors: frequencies and angles in f32 (as Hugging Face's f32 models), close to f64's
+  std::vector<float> yf(v.begin(), v.end());
+  apply_rope(TensorView(yf.data(), Shape4{1, 1, 1, 128}), pos, c);
+  for (int i = 0; i < 128; ++i) CHECK(yf[i] == doctest::Approx(y[i]).epsilon(2e-3).scale(1.0));
+}
+
+TEST_CASE("apply_rope: positions default to 0..S-1, strided views, and arguments are validated before anything changes") {
+  std::vector<double> a(2 * 3 * 4 * 8), b;
+  std::mt19937_64 rng(test::base_seed() + 98);
+  std::normal_distribution<double> nd;
+  for (double& e : a) e = nd(rng);
+  b = a;
+  RopeConfig c;
+  apply_rope(TensorView(a.data(), Shape4{2, 3, 4, 8}), {}, c);  // [B, H, S, hd] dense, positions s = 0..3
+  // the same tensor stored as [B, S, H, hd] (a strided view) with positions 0..3 given per (b, s)
+  std::vector<double> d(b.size());
+  auto at_bshd = [](std::int64_t bb, std::int64_t h, std::int64_t ss, std::int64_t e) { return bb * 96 + ss * 24 + h * 8 + e; };
+  auto at_bhsd = [](std::int64_t bb, std::int64_t h, std::int64_t ss, std::int64_t e) { return bb * 96 + h * 32 + ss * 8 + e; };
+  for (std::int64_t bb = 0; bb < 2; ++bb)
+    for (std::int64_t h = 0; h < 3; ++h)
+      for (std::int64_t ss = 0; ss < 4; ++ss)
+        for (std::int64_t e = 0; e < 8; ++e) d[at_bshd(bb, h, ss, e)] = b[at_bhsd(bb, h, ss, e)];
+  const std::vector<std::int64_t> p2{0, 1, 2, 3, 0, 1, 2, 3};
+  apply_rope(TensorView(d.data(), Shape4{2, 3, 4, 8}, Shape4{96, 8, 24, 1}), p2, c);
+  bool same = true;
+  for (std::int64_t bb = 0; bb < 2; ++bb)
+    for (std::int64_t h = 0; h < 3; ++h)
+      for (std::int64_t ss = 0; ss < 4; ++ss)
+        for (std::int64_t e = 0; e < 8; ++e) same = same && d[at_bshd(bb, h, ss, e)] == a[at_bhsd(bb, h, ss, e)];
+  CHECK(same);
+  CHECK(a != b);
+  std::vector<double> e = b;
+  RopeConfig bad;
+  bad.rotary_dim = 3;
+  CHECK_THROWS_WITH_AS(apply_rope(TensorView(e.data(), Shape4{2, 3, 4, 8}), {}, bad), doctest::Contains("config.rotary_dim"), Error);
+  bad = RopeConfig{};
+  bad.theta = 0;
+  CHECK_THROWS_WITH_AS(apply_rope(TensorView(e.data(), Shape4{2, 3, 4, 8}), {}, bad), doctest::Contains("config.theta"), Error);
+  const std::vector<std::int64_t> short_pos{1, 2};
+  CHECK_THROWS_WITH_AS(apply_rope(TensorView(e.data(), Shape4{2, 3, 4, 8}), short_pos, c), doctest::Contains("positions"), Error);
+  CHECK(e == b);
+}
+
+namespace {
+
+// A random f64 self-attention layer with RoPE (partial, interleaved or half) and QK-norm.
+struct RopeLayer {
+  MhaConfig cfg;
+  MhaWeights<double> w;
+};
+
+RopeLayer rope_layer(std::mt19937_64& rng, RopeStyle style, bool norm) {
+  std::normal_distribution<double> nd(0.0, 0.3);
+  RopeLayer L;
+  L.cfg.d_model = 24;
+  L.cfg.heads = 4;
+  L.cfg.kv_heads = 2;
+  L.cfg.head_dim = 8;
+  RopeConfig rc;
+  rc.theta = 1000;
+  rc.rotary_dim = 6;
+  rc.style = style;
+  L.cfg.rope = rc;
+  if (norm) {
+    for (int i = 0; i < 8; ++i) L.cfg.q_norm.push_back(float(1 + 0.1 * i)), L.cfg.k_norm.push_back(float(2 - 0.1 * i));
+    L.cfg.qk_norm_eps = 1e-5;
+  }
+  auto fill = [&](std::vector<double>& v, std::size_t n) {
+    v.resize(n);
+    for (double& x : v) x = nd(rng);
+  };
+  fill(L.w.wq, 32 * 24), fill(L.w.wk, 16 * 24), fill(L.w.wv, 16 * 24), fill(L.w.wo, 24 * 32);
+  fill(L.w.bq, 32), fill(L.w.bk, 16), fill(L.w.bv, 16), fill(L.w.bo, 24);
+  return L;
+}
+
+}  // namespace
+
+TEST_CASE("the MHA layer with RoPE and QK-norm equals the pipeline written out with apply_rope and attention()") {
+  std::mt19937_64 rng(test::base_seed() + 99);
+  for (RopeStyle style : {RopeStyle::half, RopeStyle::interleaved})
+    for (bool norm : {false, true}) {
+      const RopeLayer L = rope_layer(rng, style, norm);
+      const MultiHeadAttention layer(L.cfg, L.w);
+      const std::int64_t B = 2, S = 7, d = 24, nq = 32, nkv = 16;
+      std::vector<double> x(static_cast<std::size_t>(B * S * d));
+      std::normal_distribution<double> nd;
+      for (double& e : x) e = nd(rng);
+      std::vector<double> y(x.size());
+      MhaOptions o;
+      o.causal = Causal::top_left;
+      o.backend = Backend::reference;
+      layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), o);
+      // written out: projections, RMSNorm per head, rope, attention, output projection
+      auto proj = [&](const std::vector<double>& W, const std::vector<double>& bias, std::int64_t n) {
+        std::vector<double> r(static_cast<std::size_t>(B * S * n));
+        for (std::int64_t m = 0; m < B * S; ++m)
+          for (std::int64_t j = 0; j < n; ++j) {
+            double s = bias[j];
+            for (std::int64_t e = 0; e < d; ++e) s += x[m * d + e] * W[j * d + e];
+            r[m * n + j] = s;
+          }
+        return r;
+      };
+      std::vector<double> q = proj(L.w.wq, L.w.bq, nq), k = proj(L.w.wk, L.w.bk, nkv), v = proj(L.w.wv, L.w.bv, nkv);
+      if (norm)
+        for (auto [t, n, wt] : {std::tuple{&q, nq, &L.cfg.q_norm}, std::tuple{&k, nkv, &L.cfg.k_norm}})
+          for (std::int64_t m = 0; m < B * S * n / 8; ++m) {
+            double ss = 0;
+            for (int e = 0; e < 8; ++e) ss += (*t)[m * 8 + e] * (*t)[m * 8 + e];
+            const double inv = 1 / std::sqrt(ss / 8 + 1e-5);
+            for (int e = 0; e < 8; ++e) (*t)[m * 8 + e] *= inv * double((*wt)[e]);
+          }
+      apply_rope(TensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), {}, *L.cfg.rope);
+      apply_rope(TensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}), {}, *L.cfg.rope);
+      std::vector<double> att(static_cast<std::size_t>(B * S * nq));
+      AttentionOptions ao;
+      ao.causal = Causal::top_left;
+      ao.backend = Backend::reference;
+      attention(ConstTensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}),
+                ConstTensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
+                ConstTensorView(v.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
+                TensorView(att.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), ao);
+      double worst = 0;
+      for (std::int64_t m = 0; m < B * S; ++m)
+        for (std::int64_t j = 0; j < d; ++j) {
+          double s = L.w.bo[j];
+          for (std::int64_t e = 0; e < nq; ++e) s += att[m * nq + e] * L.w.wo[j * nq + e];
+          worst = std::max(worst, std::fabs(s - y[m * d + j]));
+        }
+      CAPTURE(int(style));
+      CAPTURE(norm);
+      CHECK(worst <= 1e-12);
+    }
+}
+
+TEST_CASE("incremental decoding with RoPE (one token at a time and in chunks of 3) equals the full causal forward, "
+          "native and reference") {
+  std::mt19937_64 rng(test::base_seed() + 100);
+  const RopeLayer L = rope_layer(rng, RopeStyle::half, true);
+  std::vector<float> wf;
+  MhaWeights<float> w32;
+  for (auto [dst, src] : {std::pair{&w32.wq, &L.w.wq}, {&w32.wk, &L.w.wk}, {&w32.wv, &L.w.wv}, {&w32.wo, &L.w.wo},
+                          {&w32.bq, &L.w.bq}, {&w32.bk, &L.w.bk}, {&w32.bv, &L.w.bv}, {&w32.bo, &L.w.bo}})
+    dst->assign(src->begin(), src->end());
+  const MultiHeadAttention layer(L.cfg, w32);
+  const std::int64_t B = 2, S = 10, d = 24;
+  std::vector<float> x(static_cast<std::size_t>(B * S * d));
+  std::normal_distribution<float> nd;
+  for (float& e : x) e = nd(rng);
+  for (Backend be : {Backend::reference, Backend::native}) {
+    MhaOptions o;
+    o.causal = Causal::top_left;
+    o.backend = be;
+    std::vector<float> full(x.size());
+    layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(full.data(), B, S, d), o);
+    for (std::int64_t chunk : {1, 3}) {
+      KvCache cache(layer, B, S);
+      std::vector<float> inc(x.size());
+      MhaOptions io;
+      io.causal = Causal::bottom_right;
+      io.backend = be;
+      for (std::int64_t t0 = 0; t0 < S; t0 += chunk) {
+        const std::int64_t n = std::min(chunk, S - t0);
+        std::vector<float> xs(static_cast<std::size_t>(B * n * d)), ys(xs.size());
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t t = 0; t < n; ++t)
+            for (std::int64_t e = 0; e < d; ++e) xs[(b * n + t) * d + e] = x[(b * S + t0 + t) * d + e];
+        layer.forward(ConstSeqView(xs.data(), B, n, d), cache, SeqView(ys.data(), B, n, d), io);
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t t = 0; t < n; ++t)
+            for (std::int64_t e = 0; e < d; ++e) inc[(b * S + t0 + t) * d + e] = ys[(b * n + t) * d + e];
+      }
+      double worst = 0;
+      for (std::size_t i = 0; i < x.size(); ++i) worst = std::max(worst, double(std::fabs(inc[i] - full[i])));
+      CAPTURE(backend_name(be));
+      CAPTURE(chunk);
+      CHECK(worst <= 1e-5);
+    }
+  }
+  // explicit positions shift the rotation: the same tokens at positions + 5 differ, and
+  // positions 0..S-1 given explicitly change nothing
+  std::vector<std::int64_t> p0(static_cast<std::size_t>(B * S)), p5(p0.size());
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t s = 0; s < S; ++s) p0[b * S + s] = s, p5[b * S + s] = s + 5;
+  std::vector<float> y0(x.size()), ya(x.size()), y5(x.size());
+  MhaOptions o;
+  o.causal = Causal::top_left;
+  layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y0.data(), B, S, d), o);
+  o.positions = p0;
+  layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(ya.data(), B, S, d), o);
+  CHECK(y0 == ya);
+  o.positions = p5;
+  layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y5.data(), B, S, d), o);
+  CHECK(y0 != y5);
+  // a bad configuration is named
+  MhaConfig bad = L.cfg;
+  bad.rope->rotary_dim = 9;
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, w32), doctest::Contains("config.rotary_dim"), Error);
+  bad = L.cfg;
+  bad.k_norm.clear();
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, w32), doctest::Contains("config.k_norm"), Error);  // the missing one
+}
