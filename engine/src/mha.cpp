@@ -740,10 +740,11 @@ void load_torch(const LayerTensors<T>& t, std::int64_t kv_heads, MhaConfig& cfg,
 
 template <class T>
 MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std::int64_t kv_heads,
-                              const std::string& prefix) {
+                              const std::string& prefix, const MhaConfig& options) {
   if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
   const LayerTensors<T> t{f, prefix};
-  MhaConfig cfg;
+  MhaConfig cfg = options;  // the position and score options; the shapes come from the file
+  cfg.d_model = cfg.kv_heads = cfg.head_dim = cfg.kdim = cfg.vdim = 0;
   cfg.heads = heads;
   MhaWeights<T> w;
   if (t.has("q_proj.weight")) load_hf(t, kv_heads, cfg, w);
@@ -759,11 +760,17 @@ MultiHeadAttention load_layer(const SafetensorsFile& f, std::int64_t heads, std:
 MultiHeadAttention MultiHeadAttention::from_safetensors(const std::string& path, std::int64_t heads,
                                                         std::int64_t kv_heads, const std::string& prefix,
                                                         DType dtype) {
+  return from_safetensors(path, heads, kv_heads, prefix, dtype, MhaConfig{});
+}
+
+MultiHeadAttention MultiHeadAttention::from_safetensors(const std::string& path, std::int64_t heads,
+                                                        std::int64_t kv_heads, const std::string& prefix, DType dtype,
+                                                        const MhaConfig& options) {
   const SafetensorsFile f(path);
-  if (dtype == DType::f32) return load_layer<float>(f, heads, kv_heads, prefix);
-  if (dtype == DType::f64) return load_layer<double>(f, heads, kv_heads, prefix);
-  if (dtype == DType::bf16) return load_layer<bfloat16>(f, heads, kv_heads, prefix);
-  if (dtype == DType::f16) return load_layer<float16>(f, heads, kv_heads, prefix);
+  if (dtype == DType::f32) return load_layer<float>(f, heads, kv_heads, prefix, options);
+  if (dtype == DType::f64) return load_layer<double>(f, heads, kv_heads, prefix, options);
+  if (dtype == DType::bf16) return load_layer<bfloat16>(f, heads, kv_heads, prefix, options);
+  if (dtype == DType::f16) return load_layer<float16>(f, heads, kv_heads, prefix, options);
   throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
 }
 

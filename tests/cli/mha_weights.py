@@ -79,7 +79,34 @@ def to_bf16(x):
     return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
-def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None, rnd=None):
+def rope_reference(x, positions, theta=10000.0, rotary_dim=None, style="half", scaling="none", factor=1.0,
+                   low=1.0, high=4.0, original=8192):
+    """Rotary embeddings of x [B, H, S, hd] at positions [B, S], in float64, from their definition
+    (Su et al.; Hugging Face's rotate_half and linear / llama3 frequency scaling)."""
+    x = np.array(x, dtype=np.float64)
+    hd = x.shape[-1]
+    r = hd if not rotary_dim else rotary_dim
+    inv = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
+    if scaling == "linear":
+        inv = inv / factor
+    elif scaling == "llama3":
+        wave = 2 * np.pi / inv
+        smooth = (original / wave - low) / (high - low)
+        blended = (1 - smooth) * inv / factor + smooth * inv
+        inv = np.where(wave > original / low, inv / factor, np.where(wave < original / high, inv, blended))
+    a = np.asarray(positions, dtype=np.float64)[:, None, :, None] * inv  # [B, 1, S, r/2]
+    c, s = np.cos(a), np.sin(a)
+    if style == "half":
+        i0, i1 = np.arange(r // 2), np.arange(r // 2) + r // 2
+    else:
+        i0, i1 = np.arange(0, r, 2), np.arange(1, r, 2)
+    x0, x1 = x[..., i0].copy(), x[..., i1].copy()
+    x[..., i0] = x0 * c - x1 * s
+    x[..., i1] = x1 * c + x0 * s
+    return x
+
+
+def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None, rnd=None, rope=None):
     """float64: projections, heads, stable softmax with -inf masking, output projection. rnd: a
     bf16/f16 layer's rounding of its activations (the projections and the attention output)."""
     rnd = rnd or (lambda a: a)
@@ -94,7 +121,12 @@ def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mas
     hd = q.shape[-1] // heads
     kv_heads = k.shape[-1] // hd
     q = q.reshape(B, Sq, heads, hd).transpose(0, 2, 1, 3)
-    k = np.repeat(k.reshape(B, Sk, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
+    k = k.reshape(B, Sk, kv_heads, hd).transpose(0, 2, 1, 3)
+    if rope is not None:  # {positions: [B, S], and rope_reference's keywords}
+        kw = dict(rope)
+        pos = kw.pop("positions", np.broadcast_to(np.arange(Sq), (B, Sq)))
+        q, k = rope_reference(q, pos, **kw), rope_reference(k, pos, **kw)
+    k = np.repeat(k, heads // kv_heads, axis=1)
     v = np.repeat(v.reshape(B, Sk, kv_heads, hd).transpose(0, 2, 1, 3), heads // kv_heads, axis=1)
     s = q @ k.transpose(0, 1, 3, 2) / np.sqrt(hd)
     visible = np.ones((B, heads, Sq, Sk), dtype=bool)

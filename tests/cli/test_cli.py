@@ -736,6 +736,38 @@ class Mha(CliCase):
             self.assertEqual(y.dtype, np.float32)
             self.assertLess(np.abs(y - want).max() / max(1.0, np.abs(want).max()), 2e-5, backend)
 
+    def test_rope_every_style_and_scaling_and_explicit_positions(self):
+        """--rope-* flags against rope_reference (float64, from the definition)."""
+        t, w = mha_weights.make_weights(self.rng, 32, 4, kv_heads=2, hf=True, dtype=np.float64)
+        path = self.path("rope.safetensors")
+        mha_weights.write_safetensors(path, t)
+        x = self.rng.standard_normal((2, 9, 32))
+        pos = np.array([[0, 1, 2, 3, 4, 5, 6, 7, 8], [3, 4, 5, 6, 7, 8, 9, 10, 11]], dtype=np.int64)
+        cases = [
+            (["--rope-theta", "10000"], dict()),
+            (["--rope-theta", "500", "--rope-style", "interleaved"], dict(theta=500.0, style="interleaved")),
+            (["--rope-theta", "1000", "--rotary-dim", "4"], dict(theta=1000.0, rotary_dim=4)),
+            (["--rope-scaling", "linear", "--rope-factor", "4"], dict(scaling="linear", factor=4.0)),
+            (["--rope-theta", "500000", "--rope-scaling", "llama3", "--rope-factor", "8", "--rope-low-freq-factor", "1",
+              "--rope-high-freq-factor", "4", "--rope-original-max-positions", "64"],
+             dict(theta=500000.0, scaling="llama3", factor=8.0, low=1.0, high=4.0, original=64)),
+        ]
+        for extra, kw in cases:
+            y = self.run_mha(path, 4, x, "--causal", "top-left", "--backend", "reference", *extra)
+            want = mha_weights.mha_reference(w, 4, x, causal="top-left", rope=kw)
+            self.assertLess(np.abs(y - want).max(), 1e-12, extra)
+        y = self.run_mha(path, 4, x, "--causal", "top-left", "--rope-theta", "100", "--positions", self.save("p.npy", pos))
+        want = mha_weights.mha_reference(w, 4, x, causal="top-left", rope=dict(theta=100.0, positions=pos))
+        self.assertLess(np.abs(y - want).max(), 1e-12)
+        for extra, fragment in ((["--rotary-dim", "5"], "--rotary-dim"), (["--rope-theta", "0"], "--rope-theta"),
+                                (["--rope-style", "odd"], "--rope-style"), (["--rope-factor", "2"], "--rope-factor"),
+                                (["--rope-theta", "10", "--positions", self.save("bad.npy", pos[:, :3])], "--positions")):
+            if os.path.exists(self.path("y.npy")):
+                os.remove(self.path("y.npy"))
+            r = self.run_mha(path, 4, x, *extra, rc=2)
+            self.assertIn(fragment, r.stderr)
+            self.assertFalse(os.path.exists(self.path("y.npy")))
+
     def test_cross_attention_with_kdim_vdim(self):
         t, w = mha_weights.make_weights(self.rng, 8, 2, kdim=5, vdim=3, dtype=np.float64)
         path = self.path("cross.safetensors")

@@ -288,6 +288,12 @@ std::string flag_for(const std::string& argument) {
       {"options.query_offsets", "--query-offset"},
       {"options.lse", "--lse-out"},
       {"options.scores", "--scores-out"},
+      {"options.positions", "--positions"},
+      {"config.rotary_dim", "--rotary-dim"},
+      {"config.theta", "--rope-theta"},
+      {"config.factor", "--rope-factor"},
+      {"config.high_freq_factor", "--rope-high-freq-factor"},
+      {"config.original_max_positions", "--rope-original-max-positions"},
   };
   for (const auto& [name, flag] : kFlags)
     if (argument == name) return flag;

@@ -3,6 +3,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -13,7 +14,45 @@ namespace {
 struct MhaArgs {
   std::string weights, heads, kv_heads, query, key, value, out, causal = "none", key_padding_mask, prefix,
       backend = "native", threads, dtype;
+  // the layer's position and score options
+  std::string rope_theta, rotary_dim, rope_style, rope_scaling, rope_factor, rope_low_freq_factor,
+      rope_high_freq_factor, rope_original_max_positions, window, softcap, scale, sinks, positions;
+  bool alibi = false;
 };
+
+// The layer's position and score options (MhaConfig), parsed before any file is read.
+MhaConfig layer_options(const MhaArgs& a) {
+  MhaConfig c;
+  const bool rope_given = !a.rope_theta.empty() || !a.rotary_dim.empty() || !a.rope_style.empty() ||
+                          !a.rope_scaling.empty();
+  if (!rope_given && (!a.rope_factor.empty() || !a.rope_low_freq_factor.empty() || !a.rope_high_freq_factor.empty() ||
+                      !a.rope_original_max_positions.empty()))
+    throw UsageError("--rope-factor: the RoPE scaling options need --rope-scaling (or another --rope option)");
+  if (rope_given) {
+    RopeConfig r;
+    if (!a.rope_theta.empty()) r.theta = parse_double("--rope-theta", a.rope_theta);
+    if (!a.rotary_dim.empty()) r.rotary_dim = parse_int("--rotary-dim", a.rotary_dim, 0, std::int64_t{1} << 20);
+    if (a.rope_style == "interleaved") r.style = RopeStyle::interleaved;
+    else if (!a.rope_style.empty() && a.rope_style != "half")
+      throw UsageError("--rope-style: expected half or interleaved, got '" + a.rope_style + "'");
+    if (a.rope_scaling == "linear") r.scaling = RopeScaling::linear;
+    else if (a.rope_scaling == "llama3") r.scaling = RopeScaling::llama3;
+    else if (!a.rope_scaling.empty() && a.rope_scaling != "none")
+      throw UsageError("--rope-scaling: expected none, linear or llama3, got '" + a.rope_scaling + "'");
+    if (!a.rope_factor.empty()) r.factor = parse_double("--rope-factor", a.rope_factor);
+    if (!a.rope_low_freq_factor.empty()) r.low_freq_factor = parse_double("--rope-low-freq-factor", a.rope_low_freq_factor);
+    if (!a.rope_high_freq_factor.empty())
+      r.high_freq_factor = parse_double("--rope-high-freq-factor", a.rope_high_freq_factor);
+    if (!a.rope_original_max_positions.empty())
+      r.original_max_positions =
+          parse_int("--rope-original-max-positions", a.rope_original_max_positions, 1, std::int64_t{1} << 40);
+    c.rope = r;
+  }
+  if (!a.window.empty()) c.window = parse_window("--window", a.window);
+  if (!a.softcap.empty()) c.softcap = parse_double("--softcap", a.softcap);
+  if (!a.scale.empty()) c.scale = parse_double("--scale", a.scale);
+  return c;
+}
 
 // The input files and the views into them (key and value empty for self-attention).
 struct MhaInputs {
@@ -63,10 +102,10 @@ void load_inputs(const MhaArgs& a, DType dtype, MhaInputs& in, MhaOptions& opt) 
 
 // The layer; errors about the file or its tensors name --weights.
 std::unique_ptr<MultiHeadAttention> load_layer(const MhaArgs& a, std::int64_t heads, std::int64_t kv_heads,
-                                               DType dtype) {
+                                               DType dtype, const MhaConfig& options) {
   try {
     return std::make_unique<MultiHeadAttention>(
-        MultiHeadAttention::from_safetensors(a.weights, heads, kv_heads, a.prefix, dtype));
+        MultiHeadAttention::from_safetensors(a.weights, heads, kv_heads, a.prefix, dtype, options));
   } catch (const Error& e) {
     if (e.argument() == a.weights) throw UsageError("--weights " + std::string(e.what()));
     if (e.argument().rfind("weights.", 0) == 0 || e.argument() == "config.d_model" ||
@@ -99,6 +138,7 @@ void run(const MhaArgs& a) {
   const std::int64_t heads = parse_int("--heads", a.heads, 1, std::int64_t{1} << 20);
   const std::int64_t kv_heads = a.kv_heads.empty() ? 0 : parse_int("--kv-heads", a.kv_heads, 1, std::int64_t{1} << 20);
   if (!a.threads.empty()) opt.threads = parse_threads(a.threads);
+  MhaConfig options = layer_options(a);
   if (a.key.empty() != a.value.empty())
     throw UsageError(std::string(a.key.empty() ? "--value" : "--key") +
                      ": cross-attention needs both --key and --value");
@@ -110,7 +150,25 @@ void run(const MhaArgs& a) {
   const DType dtype = compute_dtype(a, written);
   load_inputs(a, dtype, in, opt);
   const ConstSeqView& query = in.query;
-  const std::unique_ptr<MultiHeadAttention> layer = load_layer(a, heads, kv_heads, dtype);
+  if (a.alibi) options.alibi_slopes = with_flag_errors([&] { return standard_alibi_slopes(heads); });
+  if (!a.sinks.empty()) {
+    const NpyArray s = load_npy("--sinks", a.sinks);
+    if ((s.dtype != DType::f32 && s.dtype != DType::f64 && s.dtype != DType::f16) || s.shape.size() != 1 || s.shape[0] != heads)
+      throw UsageError("--sinks " + a.sinks + ": expected a float array of shape (" + std::to_string(heads) + ",) (one per head)");
+    for (std::int64_t h = 0; h < heads; ++h) options.sinks.push_back(static_cast<float>(element(s, static_cast<std::size_t>(h))));
+  }
+  std::vector<std::int64_t> positions;
+  if (!a.positions.empty()) {
+    const NpyArray p = load_npy("--positions", a.positions);
+    if ((p.dtype != DType::i32 && p.dtype != DType::i64) || p.shape.size() != 2 || p.shape[0] != query.B ||
+        p.shape[1] != query.S)
+      throw UsageError("--positions " + a.positions + ": expected <i4 or <i8 of shape (" + std::to_string(query.B) + ", " +
+                       std::to_string(query.S) + ") ([B, Sq])");
+    for (std::int64_t i = 0; i < query.B * query.S; ++i)
+      positions.push_back(p.dtype == DType::i32 ? p.as<std::int32_t>()[i] : p.as<std::int64_t>()[i]);
+    opt.positions = positions;
+  }
+  const std::unique_ptr<MultiHeadAttention> layer = load_layer(a, heads, kv_heads, dtype, options);
   const std::int64_t d = layer->config().d_model;
   if (query.E != d)  // before the output [B, Sq, d_model] is allocated
     throw UsageError("--query " + a.query + ": expected [B, Sq, d_model=" + std::to_string(d) + "] for these weights, got [" +
@@ -147,6 +205,21 @@ void add_options(CLI::App& sub, MhaArgs& a) {
                  "f32 | f64 | bf16 | f16: the layer's dtype; weights and inputs are rounded to it (default: bf16 "
                  "for a BF16 checkpoint, else the query's .npy dtype); the output is written in the query's .npy "
                  "dtype");
+  sub.add_option("--rope-theta", a.rope_theta, "rotary embeddings of q and k: the base (default 10000)");
+  sub.add_option("--rotary-dim", a.rotary_dim, "dimensions rotated (partial rotary; default head_dim)");
+  sub.add_option("--rope-style", a.rope_style, "half (rotate_half: Llama, GPT-NeoX) | interleaved (GPT-J)");
+  sub.add_option("--rope-scaling", a.rope_scaling, "none | linear | llama3");
+  sub.add_option("--rope-factor", a.rope_factor, "the scaling's factor");
+  sub.add_option("--rope-low-freq-factor", a.rope_low_freq_factor, "llama3's low_freq_factor (default 1)");
+  sub.add_option("--rope-high-freq-factor", a.rope_high_freq_factor, "llama3's high_freq_factor (default 4)");
+  sub.add_option("--rope-original-max-positions", a.rope_original_max_positions,
+                 "llama3's original_max_position_embeddings (default 8192)");
+  sub.add_option("--positions", a.positions, "each query token's position [B, Sq] (<i4 or <i8; default 0..Sq-1)");
+  sub.add_option("--window", a.window, "sliding window LEFT,RIGHT (-1 = unbounded side)");
+  sub.add_option("--softcap", a.softcap, "cap the scaled scores: s = C * tanh(s / C)");
+  sub.add_option("--scale", a.scale, "score scale (default 1/sqrt(head_dim))");
+  sub.add_flag("--alibi", a.alibi, "ALiBi with the standard slopes");
+  sub.add_option("--sinks", a.sinks, "a sink logit per head: float [heads]");
   add_backend_threads_options(sub, a.backend, a.threads,
                               "reference | native | onednn: the attention core (default native)");
 }

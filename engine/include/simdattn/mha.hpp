@@ -122,6 +122,10 @@ class MultiHeadAttention {
   static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads,
                                              std::int64_t kv_heads = 0, const std::string& prefix = "",
                                              DType dtype = DType::f32);
+  // The same with the position and score options of `options` (rope, q_norm, k_norm,
+  // qk_norm_eps, scale, softcap, window, alibi_slopes, sinks); its shape fields are ignored.
+  static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads, std::int64_t kv_heads,
+                                             const std::string& prefix, DType dtype, const MhaConfig& options);
 
   ~MultiHeadAttention();
   MultiHeadAttention(MultiHeadAttention&&) noexcept;
