@@ -482,3 +482,63 @@ TEST_CASE("bf16/f16 layers load from BF16 safetensors as they are, and from F32 
   std::remove(pb.c_str());
   std::remove(pf.c_str());
 }
+
+TEST_CASE("the layer's attention weights: per head (rows sum to 1, zeros above the causal diagonal and past the cache), "
+          "averaged over heads, the output unchanged; validation") {
+  std::mt19937_64 rng(test::base_seed() + 101);
+  const std::int64_t B = 2, S = 6, d = 16, H = 4;
+  MhaWeights<double> w{randn(rng, 256, 0.3), randn(rng, 256, 0.3), randn(rng, 256, 0.3), randn(rng, 256, 0.3),
+                       randn(rng, 16), randn(rng, 16), randn(rng, 16), randn(rng, 16)};
+  const MultiHeadAttention layer(MhaConfig{.d_model = d, .heads = H}, w);
+  const std::vector<double> x = randn(rng, static_cast<std::size_t>(B * S * d));
+  for (Backend be : {Backend::reference, Backend::native}) {
+    CAPTURE(backend_name(be));
+    MhaOptions o;
+    o.causal = Causal::top_left;
+    o.backend = be;
+    std::vector<double> y0(x.size()), y1(x.size()), y2(x.size());
+    layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y0.data(), B, S, d), o);
+    test::Buffer<double> per({B, H, S, S}), avg({B, 1, S, S});
+    o.attn_weights = per.view();
+    layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y1.data(), B, S, d), o);
+    o.attn_weights = avg.view();
+    layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y2.data(), B, S, d), o);
+    CHECK(y0 == y1);
+    CHECK(y0 == y2);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t i = 0; i < S; ++i) {
+        for (std::int64_t h = 0; h < H; ++h) {
+          double sum = 0;
+          for (std::int64_t j = 0; j < S; ++j) {
+            if (j > i) CHECK(per.at(b, h, i, j) == 0.0);
+            sum += per.at(b, h, i, j);
+          }
+          CHECK(sum == doctest::Approx(1.0).epsilon(1e-12));
+        }
+        for (std::int64_t j = 0; j < S; ++j) {
+          double mean = 0;
+          for (std::int64_t h = 0; h < H; ++h) mean += per.at(b, h, i, j) / H;
+          CHECK(avg.at(b, 0, i, j) == doctest::Approx(mean).epsilon(1e-12));
+        }
+      }
+    // incremental: Sk is the capacity, keys past each sequence's length weigh 0
+    KvCache cache(layer, B, 10);
+    test::Buffer<float> wc({B, H, S, 10});
+    MhaOptions io;
+    io.backend = be;
+    io.attn_weights = wc.view();
+    std::vector<double> yc(x.size());
+    layer.forward(ConstSeqView(x.data(), B, S, d), cache, SeqView(yc.data(), B, S, d), io);
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t i = 0; i < S; ++i)
+          for (std::int64_t j = 0; j < 10; ++j)
+            CHECK(double(wc.at(b, h, i, j)) == doctest::Approx(j < S ? per.at(b, h, i, j) : 0.0).epsilon(1e-6));
+  }
+  MhaOptions bad;
+  test::Buffer<double> wrong({B, 2, S, S});
+  bad.attn_weights = wrong.view();
+  std::vector<double> y(x.size());
+  CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), bad),
+                       doctest::Contains("options.attn_weights"), Error);
+}

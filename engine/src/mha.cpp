@@ -198,6 +198,48 @@ MhaConfig resolve(MhaConfig c) {
   return c;
 }
 
+// MhaOptions::attn_weights on the attention core's scores output (softmax stage): directly when
+// per head; through a per-head buffer when averaged (average_weights then writes the mean).
+struct WeightsOut {
+  bool average = false;
+  TensorView per_head;  // what the core writes
+};
+WeightsOut weights_output(const MhaOptions& o, std::int64_t B, std::int64_t H, std::int64_t Sq, std::int64_t Sk,
+                          AttentionOptions& a) {
+  WeightsOut w;
+  if (!detail::view_given(o.attn_weights)) return w;
+  const TensorView& v = o.attn_weights;
+  if (v.dtype != DType::f32 && v.dtype != DType::f64)
+    throw Error("options.attn_weights", "dtype must be f32 or f64, got " + std::string(dtype_name(v.dtype)));
+  if (v.shape[0] != B || (v.shape[1] != H && v.shape[1] != 1) || v.shape[2] != Sq || v.shape[3] != Sk)
+    throw Error("options.attn_weights", "expected [B, H, Sq, Sk] = " + shape_str({B, H, Sq, Sk}) + " or [B, 1, Sq, Sk], got " +
+                                            shape_str(v.shape));
+  w.average = v.shape[1] != H;
+  if (w.average) {
+    const std::size_t n = static_cast<std::size_t>(B * H * Sq * Sk) * dtype_size(v.dtype);
+    w.per_head = TensorView(thread_buffer<std::byte, Scratch::mha_weights>().get(n), v.dtype, {B, H, Sq, Sk});
+  } else {
+    w.per_head = v;
+  }
+  a.scores = w.per_head;
+  a.scores_stage = ScoreStage::softmax;
+  return w;
+}
+
+void average_weights(const WeightsOut& w, const TensorView& out) {
+  if (!w.average) return;
+  const Shape4& s = w.per_head.shape;
+  for (std::int64_t b = 0; b < s[0]; ++b)
+    for (std::int64_t i = 0; i < s[2]; ++i)
+      for (std::int64_t j = 0; j < s[3]; ++j) {
+        double sum = 0;
+        for (std::int64_t h = 0; h < s[1]; ++h)
+          sum += detail::widen_at(w.per_head.data, w.per_head.dtype, ((b * s[1] + h) * s[2] + i) * s[3] + j);
+        detail::store_at(out.data, out.dtype, b * out.strides[0] + i * out.strides[2] + j * out.strides[3],
+                         sum / static_cast<double>(s[1]));
+      }
+}
+
 // The layer's score options on the attention core.
 void add_config_options(const MhaConfig& c, AttentionOptions& a) {
   a.scale = c.scale;
@@ -430,6 +472,7 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   check_out(out, dtype_of<T>(), B, S, c.d_model);
   AttentionOptions a = attention_options<T>(opt, B, H, S, S);
   add_config_options(c, a);
+  const WeightsOut wout = weights_output(opt, B, H, S, S, a);
   const std::int64_t M = B * S, N = L.n_in;
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
@@ -439,6 +482,7 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   const ConstTensorView k(p + L.k0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView v(p + L.v0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   attention(q, k, v, TensorView(o, {B, H, S, hd}, {S * L.nq, hd, L.nq, 1}), a);
+  average_weights(wout, opt.attn_weights);
   linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
 }
 
@@ -460,6 +504,7 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   AttentionOptions a = attention_options<T>(opt, B, H, Sq, Sk);
   add_config_options(c, a);
   if (!opt.positions.empty()) throw Error("options.positions", "cross-attention applies no rotary embedding");
+  const WeightsOut wout = weights_output(opt, B, H, Sq, Sk, a);
   T* pq = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   T* pkv = thread_buffer<T, Scratch::mha_projection_kv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
@@ -475,6 +520,7 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   const ConstTensorView k(pkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   const ConstTensorView v(pkv + L.nkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   attention(q, k, v, TensorView(o, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1}), a);
+  average_weights(wout, opt.attn_weights);
   linear(o, B * Sq, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
          opt.threads);
 }
@@ -533,6 +579,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
       }
   AttentionOptions a;
   add_config_options(c, a);
+  const WeightsOut wout = weights_output(opt, B, H, Tn, capacity, a);
   a.causal = Causal::bottom_right;
   a.threads = opt.threads;
   a.backend = opt.backend;
@@ -556,6 +603,7 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
     attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
     detail::convert_elements(oc, cd, o, dtype_of<T>(), n);
   }
+  average_weights(wout, opt.attn_weights);
   linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
   std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
 }

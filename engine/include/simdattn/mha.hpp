@@ -96,6 +96,11 @@ struct MhaOptions {
   // Self-attention with rope: each token's position, [B, S] (>= 0; e.g. for left-padded
   // batches). Empty: 0 .. S-1, or continuing from the cache's lengths.
   std::span<const std::int64_t> positions = {};
+  // Optional output: the attention weights (torch's need_weights), [B, H, Sq, Sk] per head or
+  // [B, 1, Sq, Sk] averaged over the heads (average_attn_weights), f32 or f64; in incremental
+  // mode Sk is the cache's capacity (keys past a sequence's length weigh 0). Only this output is
+  // Sq x Sk; the layer's output is computed as without it.
+  TensorView attn_weights = {};
   int threads = 0;
   Backend backend = Backend::native;
 };
