@@ -51,6 +51,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "modifiers.hpp"
 #include "problem.hpp"
 #include "simdattn/half.hpp"
 #include "simdattn/error.hpp"
@@ -294,6 +295,13 @@ void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* f
           } else {
             x = 0.f;
           }
+          if (x != neg_inf && (p.alibi != nullptr || p.t5_table != nullptr)) {  // (hh is the head: see mask_by_head_)
+            const std::int64_t rel = j - (i + p.query_offset(blk.b));
+            double add = 0.0;
+            if (p.alibi != nullptr) add += static_cast<double>(p.alibi[hh]) * static_cast<double>(rel);
+            if (p.t5_table != nullptr) add += t5_bias(p, hh, rel);
+            x = static_cast<float>(static_cast<double>(x) + add);
+          }
         }
         row[c] = x;
         any = any || x != neg_inf;
@@ -329,9 +337,11 @@ class Call {
     if (dense_v_) op_.vs = contiguous_strides(vshape_);
     if (dense_o_) op_.os = contiguous_strides(oshape_);
     const bool user_mask = p.mask_kind != MaskKind::none;
-    user_mask_ = user_mask;
-    mask_by_head_ = user_mask && p.ms[1] != 0 && p.H > 1;
-    mask_by_row_ = user_mask && p.ms[2] != 0 && p.Sq > 1;
+    // ALiBi and T5's bias are folded into the mask: per head and per row
+    const bool bias = p.alibi != nullptr || p.t5_table != nullptr;
+    user_mask_ = user_mask || bias;
+    mask_by_head_ = ((user_mask && p.ms[1] != 0) || bias) && p.H > 1;
+    mask_by_row_ = ((user_mask && p.ms[2] != 0) || bias) && p.Sq > 1;
   }
   ~Call() { blocks().clear(); }  // drop the primitive references
   Call(const Call&) = delete;
@@ -523,11 +533,9 @@ void attention_onednn(const Problem& p) {
                                        (p.dtype == DType::f64 ? "" : " on this CPU") +
                                        "; use the native or reference backend for " + dt + " inputs");
   }
-  // Not folded into its primitives yet (they would be: the modifiers into the bias, the sink and
-  // lse from the softmax's sums).
+  // ALiBi and T5's bias are folded into the mask; the softcap (a tanh between the scaling and the
+  // mask), the sinks and lse (terms of the softmax's sums) are not expressed on its primitives.
   const char* unsupported = p.softcap > 0.0              ? "options.softcap"
-                            : p.alibi != nullptr         ? "options.alibi_slopes"
-                            : p.t5_table != nullptr      ? "options.relative_bias"
                             : p.sinks != nullptr         ? "options.sinks"
                             : p.lse != nullptr           ? "options.lse"
                                                          : nullptr;
