@@ -303,3 +303,68 @@ TEST_CASE("incremental decoding with RoPE (one token at a time and in chunks of 
   bad.k_norm.clear();
   CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, w32), doctest::Contains("config.k_norm"), Error);  // the missing one
 }
+
+TEST_CASE("the MHA layer's score options (scale, softcap, window, ALiBi, sinks, T5's bias) equal attention() given "
+          "them on the layer's projections; the configuration is validated") {
+  std::mt19937_64 rng(test::base_seed() + 102);
+  RopeLayer L = rope_layer(rng, RopeStyle::half, false);
+  L.cfg.rope.reset();
+  L.cfg.scale = 1.0;
+  L.cfg.softcap = 3.0;
+  L.cfg.window = Window{4, 0};
+  L.cfg.alibi_slopes = standard_alibi_slopes(4);
+  L.cfg.sinks = {0.5f, -0.5f, 1.0f, 0.0f};
+  std::normal_distribution<double> nd;
+  for (int i = 0; i < 12 * 4; ++i) L.cfg.t5_table.push_back(float(nd(rng)));
+  L.cfg.t5_bidirectional = false;
+  L.cfg.t5_max_distance = 20;
+  const MultiHeadAttention layer(L.cfg, L.w);
+  const std::int64_t B = 2, S = 9, d = 24, nq = 32, nkv = 16;
+  std::vector<double> x(static_cast<std::size_t>(B * S * d));
+  for (double& e : x) e = nd(rng);
+  for (Backend be : {Backend::reference, Backend::native}) {
+    std::vector<double> y(x.size());
+    MhaOptions o;
+    o.backend = be;
+    layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), o);
+    auto proj = [&](const std::vector<double>& W, const std::vector<double>& bias, std::int64_t n) {
+      std::vector<double> r(static_cast<std::size_t>(B * S * n));
+      for (std::int64_t m = 0; m < B * S; ++m)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double s = bias[j];
+          for (std::int64_t e = 0; e < d; ++e) s += x[m * d + e] * W[j * d + e];
+          r[m * n + j] = s;
+        }
+      return r;
+    };
+    const std::vector<double> q = proj(L.w.wq, L.w.bq, nq), k = proj(L.w.wk, L.w.bk, nkv), v = proj(L.w.wv, L.w.bv, nkv);
+    std::vector<double> att(static_cast<std::size_t>(B * S * nq));
+    AttentionOptions ao;
+    ao.backend = Backend::reference;
+    ao.scale = 1.0;
+    ao.softcap = 3.0;
+    ao.window = Window{4, 0};
+    ao.alibi_slopes = L.cfg.alibi_slopes;
+    ao.sinks = L.cfg.sinks;
+    ao.relative_bias = RelativePositionBias{ConstTensorView(L.cfg.t5_table.data(), Shape4{1, 1, 12, 4}), false, 20};
+    attention(ConstTensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}),
+              ConstTensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
+              ConstTensorView(v.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
+              TensorView(att.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), ao);
+    double worst = 0;
+    for (std::int64_t m = 0; m < B * S; ++m)
+      for (std::int64_t j = 0; j < d; ++j) {
+        double s = L.w.bo[j];
+        for (std::int64_t e = 0; e < nq; ++e) s += att[m * nq + e] * L.w.wo[j * nq + e];
+        worst = std::max(worst, std::fabs(s - y[m * d + j]));
+      }
+    CAPTURE(backend_name(be));
+    CHECK(worst <= 1e-12);
+  }
+  MhaConfig bad = L.cfg;
+  bad.t5_table.pop_back();
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, L.w), doctest::Contains("config.t5_table"), Error);
+  bad = L.cfg;
+  bad.sinks.pop_back();
+  CHECK_THROWS_WITH_AS(MultiHeadAttention(bad, L.w), doctest::Contains("config.sinks"), Error);
+}

@@ -195,6 +195,9 @@ MhaConfig resolve(MhaConfig c) {
                                            std::to_string(c.alibi_slopes.size()));
   if (!c.sinks.empty() && static_cast<std::int64_t>(c.sinks.size()) != c.heads)
     throw Error("config.sinks", "expected heads = " + std::to_string(c.heads) + " sinks, got " + std::to_string(c.sinks.size()));
+  if (!c.t5_table.empty() && static_cast<std::int64_t>(c.t5_table.size()) % c.heads != 0)
+    throw Error("config.t5_table", "expected num_buckets x heads = " + std::to_string(c.heads) + " per bucket, got " +
+                                       std::to_string(c.t5_table.size()) + " values");
   return c;
 }
 
@@ -247,6 +250,11 @@ void add_config_options(const MhaConfig& c, AttentionOptions& a) {
   if (c.window) a.window = c.window;
   a.alibi_slopes = c.alibi_slopes;
   a.sinks = c.sinks;
+  if (!c.t5_table.empty()) {
+    const auto buckets = static_cast<std::int64_t>(c.t5_table.size()) / c.heads;
+    a.relative_bias = RelativePositionBias{ConstTensorView(c.t5_table.data(), {1, 1, buckets, c.heads}),
+                                           c.t5_bidirectional, c.t5_max_distance};
+  }
 }
 
 // QK-norm and RoPE on the projected q (heads columns from column 0) and k (kv_heads columns from

@@ -45,7 +45,7 @@ struct MhaConfig {
   //          sequence's cache length in incremental mode, or MhaOptions::positions); the cache
   //          holds K rotated.
   // Cross-attention applies neither. The attention core takes scale (default 1/sqrt(head_dim)),
-  // softcap, window, alibi_slopes [heads] and sinks [heads] as attention() does.
+  // softcap, window, alibi_slopes [heads], sinks [heads] and T5's bias as attention() does.
   // (every member has a default initializer, so designated initializers may leave any out)
   std::optional<RopeConfig> rope = {};
   std::vector<float> q_norm = {}, k_norm = {};
@@ -55,6 +55,11 @@ struct MhaConfig {
   std::optional<Window> window = {};
   std::vector<float> alibi_slopes = {};
   std::vector<float> sinks = {};
+  // T5's relative position bias: table [num_buckets, heads] row-major (empty: none), as
+  // attention()'s RelativePositionBias (T5 itself gives scale = 1).
+  std::vector<float> t5_table = {};
+  bool t5_bidirectional = true;
+  std::int64_t t5_max_distance = 128;
 };
 
 // Weights in torch's layout, f32, f64, bfloat16 or float16 (the layer's dtype). Empty bias = no
