@@ -125,8 +125,8 @@ void check_modified(std::mt19937_64& rng, int n) {
       CHECK(worst <= (std::is_same_v<T, double> ? 1e-6 : std::is_same_v<T, float> ? 1e-5 : 2e-2));
     }
   }
-  // onednn folds ALiBi and T5's bias into its mask (and refuses the softcap, sinks and lse)
-  if ((mods & (1 | 8 | 16)) == 0 && backend_takes(Backend::onednn, dtype_of<T>())) {
+  // onednn: the softcap as post-ops, ALiBi and T5's bias in its mask (it refuses sinks and lse)
+  if ((mods & (8 | 16)) == 0 && backend_takes(Backend::onednn, dtype_of<T>())) {
     const test::Buffer<T> out = test::run_attention(Backend::onednn, t.q, t.k, t.v, opt);
     CHECK(test::max_abs_diff(out, ref) <= test::tolerance<T>(test::max_abs(t.v)));
   }
@@ -135,7 +135,7 @@ void check_modified(std::mt19937_64& rng, int n) {
 }  // namespace
 
 TEST_CASE("score modifiers alone and combined with causal, windows, key lengths, masks, offsets, grouped heads and "
-          "sparse patterns: native (and onednn, for ALiBi and T5) equals the reference in every dtype, lse too" *
+          "sparse patterns: native (and onednn, but for sinks and lse) equals the reference in every dtype, lse too" *
           doctest::test_suite(test::every_isa)) {
   std::mt19937_64 rng(test::base_seed() + 90);
   for (int n = 0; n < 60; ++n) {
@@ -301,8 +301,9 @@ TEST_CASE("score modifier arguments are validated and named, nothing written") {
     expect_error(o, "options.sinks");
     o = {};
     o.backend = Backend::onednn;
-    o.softcap = 30.0;
-    expect_error(o, "options.softcap");
+    test::Buffer<float> lse({2, 4, 5, 1});
+    o.lse = lse.view();
+    expect_error(o, "options.lse");
   }
 }
 

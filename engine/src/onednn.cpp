@@ -84,6 +84,7 @@ struct StepKey {
   ViewStrides q, k, v, out;
   std::int64_t mask_heads = 0, mask_rows = 0;  // the mask's [heads, rows, keys]; 0: no mask
   std::uint32_t scale_bits = 0;                // the f32 scale
+  std::uint32_t softcap_bits = 0;              // the f32 softcap (0: none)
   int threads = 0;
   memory::data_type dt = memory::data_type::f32;  // q, k, v and out
   bool operator==(const StepKey&) const = default;
@@ -96,7 +97,8 @@ struct StepKeyHash {
   std::size_t operator()(const StepKey& k) const noexcept {
     std::uint64_t h = 1469598103934665603ull;
     for (std::int64_t x : {k.heads, k.kv_heads, k.rows, k.keys, k.D, k.Dv, k.mask_heads, k.mask_rows,
-                           std::int64_t{k.scale_bits}, std::int64_t{k.threads}, static_cast<std::int64_t>(k.dt)})
+                           std::int64_t{k.scale_bits}, std::int64_t{k.softcap_bits}, std::int64_t{k.threads},
+                           static_cast<std::int64_t>(k.dt)})
       mix(h, x);
     for (const ViewStrides& v : {k.q, k.k, k.v, k.out})
       for (std::int64_t x : {v.head, v.row, v.inner}) mix(h, x);
@@ -106,6 +108,7 @@ struct StepKeyHash {
 
 struct StepPrims {
   memory::desc q, kt, v, o, scores, mask;
+  int mask_post_op = 0;  // the mask's index among the QK matmul's post-ops (after a softcap's two)
   memory::desc probs;  // 16-bit operands: the probabilities in their dtype, and the reorder to it
   dnnl::reorder round_probs;
   // Scratchpads are the caller's (scratchpad_mode::user): oneDNN's own is one buffer shared by
@@ -155,19 +158,26 @@ std::shared_ptr<const StepPrims> create_prims(const StepKey& k, const dnnl::engi
   p->scores = dense_desc(k.heads, k.rows, W);
   const bool half = k.dt != memory::data_type::f32;
   p->probs = half ? dense_desc(k.heads, k.rows, W, k.dt) : p->scores;
-  float scale = 0.f;
+  float scale = 0.f, cap = 0.f;
   std::memcpy(&scale, &k.scale_bits, sizeof scale);
+  std::memcpy(&cap, &k.softcap_bits, sizeof cap);
 
   dnnl::primitive_attr attr, plain;
   attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
   plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  attr.set_output_scales(0, {scale});
+  // scores = scale q.k (softcap: cap tanh(q.k scale / cap)), then + mask
+  attr.set_output_scales(0, {cap > 0.f ? scale / cap : scale});
+  dnnl::post_ops po;
+  if (cap > 0.f) {
+    po.append_eltwise(1.f, dnnl::algorithm::eltwise_tanh, 0.f, 0.f);
+    po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, cap, 0.f);
+  }
   if (k.mask_heads > 0) {
     p->mask = dense_desc(k.mask_heads, k.mask_rows, W);
-    dnnl::post_ops po;
+    p->mask_post_op = po.len();
     po.append_binary(dnnl::algorithm::binary_add, p->mask);
-    attr.set_post_ops(po);
   }
+  if (po.len() > 0) attr.set_post_ops(po);
   const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng);
   const dnnl::softmax_forward::primitive_desc sm_pd(
       dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), plain, eng);
@@ -424,6 +434,8 @@ class Call {
     key.mask_heads = blk.mask_heads == 0 ? 0 : (mask_by_head_ ? heads_ : 1);
     key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
     std::memcpy(&key.scale_bits, &scale, sizeof scale);
+    const auto cap = static_cast<float>(p_.softcap);
+    std::memcpy(&key.softcap_bits, &cap, sizeof cap);
     key.threads = threads_;
     key.dt = data_type_of<E>();
     blk.prims = get_prims(key);
@@ -464,7 +476,7 @@ class Call {
     std::unordered_map<int, memory> qk_args{{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
     if (blk.mask_heads > 0) {
       float* m_u = mask_ + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
-      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(0) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
+      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(prims.mask_post_op) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
     }
     qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch_));
     prims.qk.execute(stream, qk_args);
@@ -533,12 +545,9 @@ void attention_onednn(const Problem& p) {
                                        (p.dtype == DType::f64 ? "" : " on this CPU") +
                                        "; use the native or reference backend for " + dt + " inputs");
   }
-  // ALiBi and T5's bias are folded into the mask; the softcap (a tanh between the scaling and the
-  // mask), the sinks and lse (terms of the softmax's sums) are not expressed on its primitives.
-  const char* unsupported = p.softcap > 0.0              ? "options.softcap"
-                            : p.sinks != nullptr         ? "options.sinks"
-                            : p.lse != nullptr           ? "options.lse"
-                                                         : nullptr;
+  // The softcap is the QK matmul's tanh and linear post-ops, ALiBi and T5's bias are folded into
+  // its mask; sinks and lse (terms of the softmax's sums) are not expressed on its primitives.
+  const char* unsupported = p.sinks != nullptr ? "options.sinks" : p.lse != nullptr ? "options.lse" : nullptr;
   if (unsupported != nullptr)
     throw Error(unsupported, "the onednn backend does not take it yet; use the native or reference backend");
   switch (p.dtype) {
