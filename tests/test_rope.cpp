@@ -176,6 +176,39 @@ RopeLayer rope_layer(std::mt19937_64& rng, RopeStyle style, bool norm) {
   return L;
 }
 
+// The rope_layer's geometry, written out: rows B*S of width d = 24, q 4 heads and k, v 2 heads of 8.
+constexpr std::int64_t kD = 24, kNq = 32, kNkv = 16;
+
+// x [rows, in] W^T + bias: [rows, n] (W [n, in]).
+std::vector<double> project(const std::vector<double>& x, std::int64_t in, const std::vector<double>& W,
+                            const std::vector<double>& bias, std::int64_t n) {
+  const std::int64_t rows = static_cast<std::int64_t>(x.size()) / in;
+  std::vector<double> r(static_cast<std::size_t>(rows * n));
+  for (std::int64_t m = 0; m < rows; ++m)
+    for (std::int64_t j = 0; j < n; ++j) {
+      double s = bias[j];
+      for (std::int64_t e = 0; e < in; ++e) s += x[m * in + e] * W[j * in + e];
+      r[m * n + j] = s;
+    }
+  return r;
+}
+
+// attention(q, k, v) with `ao` on the projections ([B, S, heads * 8]), then the output projection:
+// the largest difference from the layer's output y.
+double pipeline_error(const RopeLayer& L, std::int64_t B, std::int64_t S, const std::vector<double>& q,
+                      const std::vector<double>& k, const std::vector<double>& v, const AttentionOptions& ao,
+                      const std::vector<double>& y) {
+  std::vector<double> att(static_cast<std::size_t>(B * S * kNq));
+  attention(ConstTensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * kNq, 8, kNq, 1}),
+            ConstTensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * kNkv, 8, kNkv, 1}),
+            ConstTensorView(v.data(), Shape4{B, 2, S, 8}, Shape4{S * kNkv, 8, kNkv, 1}),
+            TensorView(att.data(), Shape4{B, 4, S, 8}, Shape4{S * kNq, 8, kNq, 1}), ao);
+  const std::vector<double> out = project(att, kNq, L.w.wo, L.w.bo, kD);
+  double worst = 0;
+  for (std::size_t i = 0; i < y.size(); ++i) worst = std::max(worst, std::fabs(out[i] - y[i]));
+  return worst;
+}
+
 }  // namespace
 
 TEST_CASE("the MHA layer with RoPE and QK-norm equals the pipeline written out with apply_rope and attention()") {
@@ -184,7 +217,7 @@ TEST_CASE("the MHA layer with RoPE and QK-norm equals the pipeline written out w
     for (bool norm : {false, true}) {
       const RopeLayer L = rope_layer(rng, style, norm);
       const MultiHeadAttention layer(L.cfg, L.w);
-      const std::int64_t B = 2, S = 7, d = 24, nq = 32, nkv = 16;
+      const std::int64_t B = 2, S = 7, d = kD, nq = kNq, nkv = kNkv;
       std::vector<double> x(static_cast<std::size_t>(B * S * d));
       std::normal_distribution<double> nd;
       for (double& e : x) e = nd(rng);
@@ -194,17 +227,8 @@ TEST_CASE("the MHA layer with RoPE and QK-norm equals the pipeline written out w
       o.backend = Backend::reference;
       layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), o);
       // written out: projections, RMSNorm per head, rope, attention, output projection
-      auto proj = [&](const std::vector<double>& W, const std::vector<double>& bias, std::int64_t n) {
-        std::vector<double> r(static_cast<std::size_t>(B * S * n));
-        for (std::int64_t m = 0; m < B * S; ++m)
-          for (std::int64_t j = 0; j < n; ++j) {
-            double s = bias[j];
-            for (std::int64_t e = 0; e < d; ++e) s += x[m * d + e] * W[j * d + e];
-            r[m * n + j] = s;
-          }
-        return r;
-      };
-      std::vector<double> q = proj(L.w.wq, L.w.bq, nq), k = proj(L.w.wk, L.w.bk, nkv), v = proj(L.w.wv, L.w.bv, nkv);
+      std::vector<double> q = project(x, d, L.w.wq, L.w.bq, nq), k = project(x, d, L.w.wk, L.w.bk, nkv),
+                          v = project(x, d, L.w.wv, L.w.bv, nkv);
       if (norm)
         for (auto [t, n, wt] : {std::tuple{&q, nq, &L.cfg.q_norm}, std::tuple{&k, nkv, &L.cfg.k_norm}})
           for (std::int64_t m = 0; m < B * S * n / 8; ++m) {
@@ -215,21 +239,10 @@ TEST_CASE("the MHA layer with RoPE and QK-norm equals the pipeline written out w
           }
       apply_rope(TensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), {}, *L.cfg.rope);
       apply_rope(TensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}), {}, *L.cfg.rope);
-      std::vector<double> att(static_cast<std::size_t>(B * S * nq));
       AttentionOptions ao;
       ao.causal = Causal::top_left;
       ao.backend = Backend::reference;
-      attention(ConstTensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}),
-                ConstTensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
-                ConstTensorView(v.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
-                TensorView(att.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), ao);
-      double worst = 0;
-      for (std::int64_t m = 0; m < B * S; ++m)
-        for (std::int64_t j = 0; j < d; ++j) {
-          double s = L.w.bo[j];
-          for (std::int64_t e = 0; e < nq; ++e) s += att[m * nq + e] * L.w.wo[j * nq + e];
-          worst = std::max(worst, std::fabs(s - y[m * d + j]));
-        }
+      const double worst = pipeline_error(L, B, S, q, k, v, ao, y);
       CAPTURE(int(style));
       CAPTURE(norm);
       CHECK(worst <= 1e-12);
@@ -319,7 +332,7 @@ TEST_CASE("the MHA layer's score options (scale, softcap, window, ALiBi, sinks, 
   L.cfg.t5_bidirectional = false;
   L.cfg.t5_max_distance = 20;
   const MultiHeadAttention layer(L.cfg, L.w);
-  const std::int64_t B = 2, S = 9, d = 24, nq = 32, nkv = 16;
+  const std::int64_t B = 2, S = 9, d = kD, nq = kNq, nkv = kNkv;
   std::vector<double> x(static_cast<std::size_t>(B * S * d));
   for (double& e : x) e = nd(rng);
   for (Backend be : {Backend::reference, Backend::native}) {
@@ -327,18 +340,8 @@ TEST_CASE("the MHA layer's score options (scale, softcap, window, ALiBi, sinks, 
     MhaOptions o;
     o.backend = be;
     layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), o);
-    auto proj = [&](const std::vector<double>& W, const std::vector<double>& bias, std::int64_t n) {
-      std::vector<double> r(static_cast<std::size_t>(B * S * n));
-      for (std::int64_t m = 0; m < B * S; ++m)
-        for (std::int64_t j = 0; j < n; ++j) {
-          double s = bias[j];
-          for (std::int64_t e = 0; e < d; ++e) s += x[m * d + e] * W[j * d + e];
-          r[m * n + j] = s;
-        }
-      return r;
-    };
-    const std::vector<double> q = proj(L.w.wq, L.w.bq, nq), k = proj(L.w.wk, L.w.bk, nkv), v = proj(L.w.wv, L.w.bv, nkv);
-    std::vector<double> att(static_cast<std::size_t>(B * S * nq));
+    const std::vector<double> q = project(x, d, L.w.wq, L.w.bq, nq), k = project(x, d, L.w.wk, L.w.bk, nkv),
+                              v = project(x, d, L.w.wv, L.w.bv, nkv);
     AttentionOptions ao;
     ao.backend = Backend::reference;
     ao.scale = 1.0;
@@ -347,17 +350,7 @@ TEST_CASE("the MHA layer's score options (scale, softcap, window, ALiBi, sinks, 
     ao.alibi_slopes = L.cfg.alibi_slopes;
     ao.sinks = L.cfg.sinks;
     ao.relative_bias = RelativePositionBias{ConstTensorView(L.cfg.t5_table.data(), Shape4{1, 1, 12, 4}), false, 20};
-    attention(ConstTensorView(q.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}),
-              ConstTensorView(k.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
-              ConstTensorView(v.data(), Shape4{B, 2, S, 8}, Shape4{S * nkv, 8, nkv, 1}),
-              TensorView(att.data(), Shape4{B, 4, S, 8}, Shape4{S * nq, 8, nq, 1}), ao);
-    double worst = 0;
-    for (std::int64_t m = 0; m < B * S; ++m)
-      for (std::int64_t j = 0; j < d; ++j) {
-        double s = L.w.bo[j];
-        for (std::int64_t e = 0; e < nq; ++e) s += att[m * nq + e] * L.w.wo[j * nq + e];
-        worst = std::max(worst, std::fabs(s - y[m * d + j]));
-      }
+    const double worst = pipeline_error(L, B, S, q, k, v, ao, y);
     CAPTURE(backend_name(be));
     CHECK(worst <= 1e-12);
   }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 
 #include "problem.hpp"
 #include "simdattn/error.hpp"
@@ -268,6 +269,37 @@ void check_per_head(const std::string& name, std::span<const float> values, std:
   if (overlaps(so, Span{a, a + values.size_bytes()})) throw Error("out", "memory overlaps " + name);
 }
 
+// An extra output view (lse, scores): its elements distinct, and its memory clear of every input,
+// out and every other option (the other extra output included).
+void check_output_option(const std::string& name, const TensorView& view, const AttentionOptions& opt,
+                         const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const Span& so) {
+  const Span s = byte_span(name, view.data, view.dtype, view.shape, view.strides);
+  check_no_self_overlap(name, view.shape, view.strides);
+  const std::pair<const char*, const ConstTensorView*> views[] = {{"q", &q}, {"k", &k}, {"v", &v}};
+  for (const auto& [what, t] : views)
+    if (overlaps(s, byte_span(what, t->data, t->dtype, t->shape, t->strides)))
+      throw Error(name, std::string("memory overlaps ") + what);
+  if (overlaps(s, so)) throw Error(name, "memory overlaps out");
+  if (view_given(opt.mask) && overlaps(s, byte_span("options.mask", opt.mask.data, opt.mask.dtype, opt.mask.shape, opt.mask.strides)))
+    throw Error(name, "memory overlaps options.mask");
+  for (const TensorView* other : {&opt.lse, &opt.scores})
+    if (&view != other && view_given(*other) &&
+        overlaps(s, byte_span(name, other->data, other->dtype, other->shape, other->strides)))
+      throw Error(name, std::string("memory overlaps ") + (other == &opt.lse ? "options.lse" : "options.scores"));
+  auto span_of = [](const void* d, std::size_t bytes) {
+    const auto a = reinterpret_cast<std::uintptr_t>(d);
+    return Span{a, a + bytes};
+  };
+  if (overlaps(s, span_of(opt.alibi_slopes.data(), opt.alibi_slopes.size_bytes())) ||
+      overlaps(s, span_of(opt.sinks.data(), opt.sinks.size_bytes())) ||
+      overlaps(s, span_of(opt.key_lengths.data(), opt.key_lengths.size_bytes())) ||
+      overlaps(s, span_of(opt.query_offsets.data(), opt.query_offsets.size_bytes())) ||
+      (opt.relative_bias && overlaps(s, byte_span("options.relative_bias.table", opt.relative_bias->table.data,
+                                                  opt.relative_bias->table.dtype, opt.relative_bias->table.shape,
+                                                  opt.relative_bias->table.strides))))
+    throw Error(name, "memory overlaps another option");
+}
+
 // Softcap, ALiBi, T5's bias, sinks, query offsets and the lse output.
 void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorView& q, const ConstTensorView& k,
                    const ConstTensorView& v, const Span& so) {
@@ -326,29 +358,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     const Shape4 want{p.B, p.H, p.Sq, 1};
     if (l.shape != want)
       throw Error("options.lse", "expected shape [B, H, Sq, 1] = " + shape_str(want) + ", got " + shape_str(l.shape));
-    const Span sl = byte_span("options.lse", l.data, l.dtype, l.shape, l.strides);
-    check_no_self_overlap("options.lse", l.shape, l.strides);
-    const char* inputs[] = {"q", "k", "v"};
-    const ConstTensorView* views[] = {&q, &k, &v};
-    for (int n = 0; n < 3; ++n)
-      if (overlaps(sl, byte_span(inputs[n], views[n]->data, views[n]->dtype, views[n]->shape, views[n]->strides)))
-        throw Error("options.lse", std::string("memory overlaps ") + inputs[n]);
-    if (overlaps(sl, so)) throw Error("options.lse", "memory overlaps out");
-    if (view_given(opt.mask) &&
-        overlaps(sl, byte_span("options.mask", opt.mask.data, opt.mask.dtype, opt.mask.shape, opt.mask.strides)))
-      throw Error("options.lse", "memory overlaps options.mask");
-    auto span_of = [&](const void* d, std::size_t bytes) {
-      const auto a = reinterpret_cast<std::uintptr_t>(d);
-      return Span{a, a + bytes};
-    };
-    if (overlaps(sl, span_of(opt.alibi_slopes.data(), opt.alibi_slopes.size_bytes())) ||
-        overlaps(sl, span_of(opt.sinks.data(), opt.sinks.size_bytes())) ||
-        overlaps(sl, span_of(opt.key_lengths.data(), opt.key_lengths.size_bytes())) ||
-        overlaps(sl, span_of(opt.query_offsets.data(), opt.query_offsets.size_bytes())) ||
-        (opt.relative_bias && overlaps(sl, byte_span("options.relative_bias.table", opt.relative_bias->table.data,
-                                                     opt.relative_bias->table.dtype, opt.relative_bias->table.shape,
-                                                     opt.relative_bias->table.strides))))
-      throw Error("options.lse", "memory overlaps another option");
+    check_output_option("options.lse", l, opt, q, k, v, so);
     p.lse = static_cast<float*>(l.data);
     p.lse_s[0] = l.strides[0], p.lse_s[1] = l.strides[1], p.lse_s[2] = l.strides[2];
   }
@@ -361,19 +371,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     if (opt.scores_stage != ScoreStage::scaled && opt.scores_stage != ScoreStage::capped &&
         opt.scores_stage != ScoreStage::biased && opt.scores_stage != ScoreStage::softmax)
       throw Error("options.scores_stage", "unknown value " + std::to_string(int(opt.scores_stage)));
-    const Span ss = byte_span("options.scores", sc.data, sc.dtype, sc.shape, sc.strides);
-    const char* inputs[] = {"q", "k", "v"};
-    const ConstTensorView* views[] = {&q, &k, &v};
-    for (int n = 0; n < 3; ++n)
-      if (overlaps(ss, byte_span(inputs[n], views[n]->data, views[n]->dtype, views[n]->shape, views[n]->strides)))
-        throw Error("options.scores", std::string("memory overlaps ") + inputs[n]);
-    if (overlaps(ss, so)) throw Error("options.scores", "memory overlaps out");
-    if (view_given(opt.mask) &&
-        overlaps(ss, byte_span("options.mask", opt.mask.data, opt.mask.dtype, opt.mask.shape, opt.mask.strides)))
-      throw Error("options.scores", "memory overlaps options.mask");
-    if (view_given(opt.lse) && overlaps(ss, byte_span("options.lse", opt.lse.data, opt.lse.dtype, opt.lse.shape, opt.lse.strides)))
-      throw Error("options.scores", "memory overlaps options.lse");
-    check_no_self_overlap("options.scores", sc.shape, sc.strides);
+    check_output_option("options.scores", sc, opt, q, k, v, so);
     p.scores = sc.data;
     p.scores_dtype = sc.dtype;
     p.scores_s = sc.strides;

@@ -1,10 +1,12 @@
 #include "args.hpp"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdlib>
 #include <exception>
+#include <initializer_list>
 #include <utility>
 
 #include <CLI/CLI.hpp>
@@ -139,6 +141,38 @@ std::string dims_text(const std::vector<std::int64_t>& dims) {
   std::string s;
   for (std::int64_t d : dims) s += (s.empty() ? "" : ", ") + std::to_string(d);
   return s;
+}
+
+namespace {
+
+// read_ints / read_floats: the file, its dtype among `ok` (named by `dtypes`) and its shape.
+NpyArray load_small(const std::string& flag, const std::string& path, const std::vector<std::int64_t>& shape,
+                    const char* what, std::initializer_list<DType> ok, const char* dtypes) {
+  NpyArray a = load_npy(flag, path);
+  if (std::find(ok.begin(), ok.end(), a.dtype) == ok.end())
+    throw UsageError(flag + " " + path + ": expected dtype " + dtypes + ", got " + a.descr());
+  if (a.shape != shape)
+    throw UsageError(flag + " " + path + ": expected shape (" + dims_text(shape) + (shape.size() == 1 ? ",)" : ")") + " (" +
+                     what + ")");
+  return a;
+}
+
+}  // namespace
+
+std::vector<std::int64_t> read_ints(const std::string& flag, const std::string& path,
+                                    const std::vector<std::int64_t>& shape, const char* what) {
+  const NpyArray a = load_small(flag, path, shape, what, {DType::i32, DType::i64}, "<i4 or <i8");
+  std::vector<std::int64_t> out(static_cast<std::size_t>(a.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = a.dtype == DType::i32 ? a.as<std::int32_t>()[i] : a.as<std::int64_t>()[i];
+  return out;
+}
+
+std::vector<float> read_floats(const std::string& flag, const std::string& path, const std::vector<std::int64_t>& shape,
+                               const char* what) {
+  const NpyArray a = load_small(flag, path, shape, what, {DType::f16, DType::f32, DType::f64}, "<f2, <f4 or <f8");
+  std::vector<float> out(static_cast<std::size_t>(a.numel()));
+  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(element(a, i));
+  return out;
 }
 
 NpyArray load_npy(const std::string& flag, const std::string& path) {

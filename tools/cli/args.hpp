@@ -53,6 +53,14 @@ NpyArray converted(const NpyArray& a, DType to);
 // Element i of an f32, f64, bf16 or f16 array, widened exactly.
 double element(const NpyArray& a, std::size_t i);
 
+// A small integer (<i4 or <i8, as int64) or float (<f2, <f4 or <f8, as f32) array of exactly
+// `shape` given to `flag`: key lengths, query offsets, positions, slopes, sinks. `what` says what
+// the entries are, in the error.
+std::vector<std::int64_t> read_ints(const std::string& flag, const std::string& path,
+                                    const std::vector<std::int64_t>& shape, const char* what);
+std::vector<float> read_floats(const std::string& flag, const std::string& path, const std::vector<std::int64_t>& shape,
+                               const char* what);
+
 // A boolean mask file (|b1 or |u1) given to `flag`.
 NpyArray load_bool_npy(const std::string& flag, const std::string& path);
 

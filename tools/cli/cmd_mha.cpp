@@ -151,21 +151,10 @@ void run(const MhaArgs& a) {
   load_inputs(a, dtype, in, opt);
   const ConstSeqView& query = in.query;
   if (a.alibi) options.alibi_slopes = with_flag_errors([&] { return standard_alibi_slopes(heads); });
-  if (!a.sinks.empty()) {
-    const NpyArray s = load_npy("--sinks", a.sinks);
-    if ((s.dtype != DType::f32 && s.dtype != DType::f64 && s.dtype != DType::f16) || s.shape.size() != 1 || s.shape[0] != heads)
-      throw UsageError("--sinks " + a.sinks + ": expected a float array of shape (" + std::to_string(heads) + ",) (one per head)");
-    for (std::int64_t h = 0; h < heads; ++h) options.sinks.push_back(static_cast<float>(element(s, static_cast<std::size_t>(h))));
-  }
+  if (!a.sinks.empty()) options.sinks = read_floats("--sinks", a.sinks, {heads}, "one sink per head");
   std::vector<std::int64_t> positions;
   if (!a.positions.empty()) {
-    const NpyArray p = load_npy("--positions", a.positions);
-    if ((p.dtype != DType::i32 && p.dtype != DType::i64) || p.shape.size() != 2 || p.shape[0] != query.B ||
-        p.shape[1] != query.S)
-      throw UsageError("--positions " + a.positions + ": expected <i4 or <i8 of shape (" + std::to_string(query.B) + ", " +
-                       std::to_string(query.S) + ") ([B, Sq])");
-    for (std::int64_t i = 0; i < query.B * query.S; ++i)
-      positions.push_back(p.dtype == DType::i32 ? p.as<std::int32_t>()[i] : p.as<std::int64_t>()[i]);
+    positions = read_ints("--positions", a.positions, {query.B, query.S}, "a position per query token, [B, Sq]");
     opt.positions = positions;
   }
   const std::unique_ptr<MultiHeadAttention> layer = load_layer(a, heads, kv_heads, dtype, options);

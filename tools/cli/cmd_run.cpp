@@ -46,26 +46,6 @@ AttentionOptions parse_options(const RunArgs& a) {
   return opt;
 }
 
-// A per-head (or per-batch) vector file: 1-D, `n` entries, float (f32, f64, f16) or, with ints,
-// <i4 / <i8.
-NpyArray load_vector(const std::string& flag, const std::string& path, std::int64_t n, const char* what, bool ints) {
-  NpyArray a = load_npy(flag, path);
-  const bool ok = ints ? (a.dtype == DType::i32 || a.dtype == DType::i64)
-                       : (a.dtype == DType::f32 || a.dtype == DType::f64 || a.dtype == DType::f16);
-  if (!ok)
-    throw UsageError(flag + " " + path + ": expected dtype " + (ints ? "<i4 or <i8" : "<f2, <f4 or <f8") + ", got " +
-                     a.descr());
-  if (a.shape.size() != 1 || a.shape[0] != n)
-    throw UsageError(flag + " " + path + ": expected shape (" + std::to_string(n) + ",) (" + what + ")");
-  return a;
-}
-
-std::vector<float> floats_of(const NpyArray& a) {
-  std::vector<float> out(static_cast<std::size_t>(a.shape[0]));
-  for (std::size_t i = 0; i < out.size(); ++i) out[i] = static_cast<float>(element(a, i));
-  return out;
-}
-
 // --mask: boolean or additive, broadcast NumPy-style (aligned to the right, missing leading
 // dimensions are 1) to [B, H, Sq, Sk].
 ConstTensorView mask_view(const std::string& path, const NpyArray& mask) {
@@ -78,20 +58,6 @@ ConstTensorView mask_view(const std::string& path, const NpyArray& mask) {
   const std::size_t r = mask.shape.size();
   for (std::size_t i = 0; i < r; ++i) ms[4 - r + i] = mask.shape[i];
   return ConstTensorView(mask.data.data(), mask.dtype, ms);
-}
-
-// --key-lengths: one <i4 or <i8 length per batch.
-std::vector<std::int64_t> read_key_lengths(const std::string& path, std::int64_t batch) {
-  const NpyArray L = load_npy("--key-lengths", path);
-  if (L.dtype != DType::i32 && L.dtype != DType::i64)
-    throw UsageError("--key-lengths " + path + ": expected dtype <i4 or <i8, got " + L.descr());
-  if (L.shape.size() != 1 || L.shape[0] != batch)
-    throw UsageError("--key-lengths " + path + ": expected shape (" + std::to_string(batch) +
-                     ",) (one length per batch)");
-  std::vector<std::int64_t> lengths(static_cast<std::size_t>(L.shape[0]));
-  for (std::size_t b = 0; b < lengths.size(); ++b)
-    lengths[b] = L.dtype == DType::i32 ? L.as<std::int32_t>()[b] : L.as<std::int64_t>()[b];
-  return lengths;
 }
 
 // --block-mask: one flag per block of bs query rows by bs keys.
@@ -117,7 +83,7 @@ void run(const RunArgs& a) {
     opt.mask = mask_view(a.mask, mask);
   }
   if (!a.key_lengths.empty()) {
-    lengths = read_key_lengths(a.key_lengths, in.qs[0]);
+    lengths = read_ints("--key-lengths", a.key_lengths, {in.qs[0]}, "one length per batch");
     opt.key_lengths = lengths;
   }
   if (!a.block_mask.empty()) {
@@ -129,16 +95,14 @@ void run(const RunArgs& a) {
   std::vector<std::int64_t> offsets;
   NpyArray table;
   if (a.alibi) slopes = with_flag_errors([&] { return standard_alibi_slopes(H); });
-  if (!a.alibi_slopes.empty()) slopes = floats_of(load_vector("--alibi-slopes", a.alibi_slopes, H, "one slope per query head", false));
+  if (!a.alibi_slopes.empty()) slopes = read_floats("--alibi-slopes", a.alibi_slopes, {H}, "one slope per query head");
   if (!slopes.empty()) opt.alibi_slopes = slopes;
   if (!a.sinks.empty()) {
-    sinks = floats_of(load_vector("--sinks", a.sinks, H, "one sink per query head", false));
+    sinks = read_floats("--sinks", a.sinks, {H}, "one sink per query head");
     opt.sinks = sinks;
   }
   if (!a.query_offset.empty()) {
-    const NpyArray o = load_vector("--query-offset", a.query_offset, B, "one offset per batch", true);
-    for (std::int64_t b = 0; b < B; ++b)
-      offsets.push_back(o.dtype == DType::i32 ? o.as<std::int32_t>()[b] : o.as<std::int64_t>()[b]);
+    offsets = read_ints("--query-offset", a.query_offset, {B}, "one offset per batch");
     opt.query_offsets = offsets;
   }
   if (!a.t5_bias.empty()) {
