@@ -56,7 +56,7 @@ void softmax_native(benchmark::State& state, std::int64_t rows, std::int64_t n, 
         float* blk = x.data() + r * n;
         std::fill(m, m + nr, -std::numeric_limits<float>::infinity());
         std::fill(l, l + nr, 0.f);
-        vk.softmax_rows(blk, n, nr, n, 1.f, nullptr, nullptr, m, l, alpha);  // exp(x - max), sums
+        vk.softmax_rows(blk, n, nr, n, 1.f, 0.f, nullptr, nullptr, m, l, alpha);  // exp(x - max), sums
         vk.normalize_rows(blk, n, nr, n, l, blk, n);                         // times 1 / sum
       }
     });

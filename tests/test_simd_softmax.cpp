@@ -120,7 +120,7 @@ void check_softmax_rows(const VectorKernels<T>& vk, std::mt19937_64& rng) {
       std::vector<T> m{-inf, bmax[1] - T(3), bmax[2], bmax[3] + T(2), bmax[4] - T(20), -inf, T(-1)};
       std::vector<T> l{T(0), T(2), T(3), T(4), T(5), T(0), T(1)}, alpha(rows, T(7));
       const std::vector<T> x0 = x, m0 = m, l0 = l;
-      vk.softmax_rows(x.data(), ld, rows, n, scale, nullptr, nullptr, m.data(), l.data(), alpha.data());
+      vk.softmax_rows(x.data(), ld, rows, n, scale, T(0), nullptr, nullptr, m.data(), l.data(), alpha.data());
       for (std::int64_t r = 0; r < rows; ++r) {
         CAPTURE(r);
         for (std::int64_t j = n; j < ld; ++j) CHECK(x[r * ld + j] == T(99));  // nothing past n written
@@ -164,7 +164,7 @@ void check_softmax_rows_intervals(const VectorKernels<T>& vk, std::mt19937_64& r
     std::vector<T> m{-inf, T(1), -inf, T(2), -inf}, l{T(0), T(3), T(0), T(4), T(0)}, alpha(rows, T(7));
     const std::vector<T> x0 = x, m0 = m, l0 = l;
     const T scale = T(0.5);
-    vk.softmax_rows(x.data(), ld, rows, n, scale, lo.data(), hi.data(), m.data(), l.data(), alpha.data());
+    vk.softmax_rows(x.data(), ld, rows, n, scale, T(0), lo.data(), hi.data(), m.data(), l.data(), alpha.data());
     for (std::int64_t r = 0; r < rows; ++r) {
       CAPTURE(r);
       T bm = -inf;
@@ -188,6 +188,84 @@ void check_softmax_rows_intervals(const VectorKernels<T>& vk, std::mt19937_64& r
   }
 }
 
+// The step with a soft cap (cap > 0): the scores cap * tanh(x * scale / cap) in long double; the
+// kernel's reference max within a few ulp of their max (its own tanh), each weight within its
+// bound of exp(s - m) for the kernel's m plus what tanh's rounding moves s by (8 ulp of cap),
+// l and alpha to match; with and without visible intervals, -inf scores capped to -cap (a
+// visible key, weight exp(-cap - m)), an empty interval leaving the row untouched (a first
+// block's too: its max stays -inf).
+template <class T>
+void check_softmax_rows_capped(const VectorKernels<T>& vk, std::mt19937_64& rng) {
+  const T inf = std::numeric_limits<T>::infinity(), eps = std::numeric_limits<T>::epsilon();
+  std::normal_distribution<double> nd(0.0, 6.0);
+  for (std::int64_t n : {1, 7, 16, 17, 77, 128}) {
+    for (T cap : {T(0.5), T(5), T(50)}) {
+      for (T scale : {T(0.125), T(-0.5), T(1)}) {
+        for (bool intervals : {false, true}) {
+          CAPTURE(n);
+          CAPTURE(cap);
+          CAPTURE(scale);
+          CAPTURE(intervals);
+          // rows: prior -inf; within the slack below; above; far below; raw -inf scores; with
+          // intervals, row 5's is empty
+          const std::int64_t rows = 6, ld = n + 2;
+          std::vector<T> x(static_cast<std::size_t>(rows * ld), T(99));
+          for (std::int64_t r = 0; r < rows; ++r)
+            for (std::int64_t j = 0; j < n; ++j) x[r * ld + j] = static_cast<T>(nd(rng));
+          for (std::int64_t j = 0; j < n; ++j) x[4 * ld + j] = -inf / scale;
+          std::vector<std::int64_t> lo(rows, 0), hi(rows, n);
+          if (intervals) lo[1] = n / 3, hi[2] = n / 2 + 1, lo[5] = hi[5] = n / 2;
+          const std::vector<T> x0 = x;
+          auto capped = [&](std::int64_t r, std::int64_t j) {
+            return static_cast<long double>(cap) * std::tanh(static_cast<long double>(x0[r * ld + j]) * scale / cap);
+          };
+          std::vector<long double> bmax(rows, -INFINITY);
+          for (std::int64_t r = 0; r < rows; ++r)
+            for (std::int64_t j = lo[r]; j < hi[r]; ++j) bmax[r] = std::max(bmax[r], capped(r, j));
+          std::vector<T> m{-inf, static_cast<T>(bmax[1]) - T(3), static_cast<T>(bmax[2]) + T(2),
+                           static_cast<T>(bmax[3]) - T(20), -inf, intervals ? -inf : T(1)};
+          std::vector<T> l{T(0), T(2), T(4), T(5), T(0), intervals ? T(0) : T(3)}, alpha(rows, T(7));
+          const std::vector<T> m0 = m, l0 = l;
+          vk.softmax_rows(x.data(), ld, rows, n, scale, cap, intervals ? lo.data() : nullptr,
+                          intervals ? hi.data() : nullptr, m.data(), l.data(), alpha.data());
+          const long double ds = 8.0L * eps * cap;  // how far tanh's rounding may move a score
+          for (std::int64_t r = 0; r < rows; ++r) {
+            CAPTURE(r);
+            for (std::int64_t j = n; j < ld; ++j) CHECK(x[r * ld + j] == T(99));
+            if (lo[r] >= hi[r]) {  // no key: the state unchanged, zeros
+              CHECK(m[r] == m0[r]);
+              CHECK(l[r] == l0[r]);
+              CHECK(alpha[r] == T(1));
+              for (std::int64_t j = 0; j < n; ++j) CHECK(x[r * ld + j] == T(0));
+              continue;
+            }
+            const bool moves = m0[r] == -inf || bmax[r] > m0[r] + 8 + ds;
+            if (moves) CHECK(std::fabs(m[r] - bmax[r]) <= ds + 4.0L * eps * std::fabs(bmax[r]));
+            else CHECK(m[r] == m0[r]);
+            const T want_alpha = m0[r] == -inf ? T(-1) : moves ? std::exp(m0[r] - m[r]) : T(1);
+            CHECK(alpha[r] == doctest::Approx(want_alpha).epsilon(8 * eps));
+            long double sum = 0;
+            for (std::int64_t j = 0; j < n; ++j) {
+              if (j < lo[r] || j >= hi[r]) {
+                CHECK(x[r * ld + j] == T(0));
+                continue;
+              }
+              const long double arg = capped(r, j) - m[r];
+              const long double want = std::exp(arg);
+              const long double tol = want * (ds + rounded_weight_ulp_bound(arg) * eps);
+              if (want >= static_cast<long double>(std::numeric_limits<T>::min()))
+                CHECK(std::fabs(x[r * ld + j] - want) <= tol);
+              sum += x[r * ld + j];
+            }
+            const long double l_want = expected_l(l0[r], alpha[r], sum);
+            CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-6L * (1 + l_want));
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weights, l, alpha") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 47);
   for (const KernelTable* kt : kernel_tables()) {
@@ -196,6 +274,8 @@ TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weigh
     check_softmax_rows<double>(kt->vec_f64, rng);
     check_softmax_rows_intervals<float>(kt->vec_f32, rng);
     check_softmax_rows_intervals<double>(kt->vec_f64, rng);
+    check_softmax_rows_capped<float>(kt->vec_f32, rng);
+    check_softmax_rows_capped<double>(kt->vec_f64, rng);
   }
 }
 

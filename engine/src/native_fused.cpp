@@ -366,25 +366,31 @@ class FusedWorker {
   // step; the others are scaled and masked row by row first.
   void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
                       std::int64_t a, std::int64_t nk, Cover cover, bool first) {
-    const StepRows sr = step_rows(b, h, i0, 0, br, j0, a, nk, cover);
+    const StepRows sr = step_rows(b, h, i0, 0, br, j0, a, nk, cover, true);
     // NaN scores do not raise the max; they reach l and O through P instead.
-    plan_.vk.softmax_rows(sb_ + a, plan_.k_keys, br, nk, sr.scale, sr.lo, sr.hi, m_, l_, alpha_);
+    plan_.vk.softmax_rows(sb_ + a, plan_.k_keys, br, nk, sr.scale, sr.cap, sr.lo, sr.hi, m_, l_, alpha_);
     if (!first) rescale_out(0, br);  // else O is written (beta = 0) by this block's product
   }
 
   // How the softmax step sees rows r0 .. r0 + rows - 1 of the block for keys j0 .. j0 + nk - 1
   // (at column a of S): all keys at the call's scale, or (key lengths, causal and windows
   // only) one visible interval per row, which the softmax step itself keeps to, or (masks,
-  // sparse patterns and score modifiers) scaled, modified and masked here, row by row.
+  // sparse patterns and score modifiers) scaled, modified and masked here, row by row. A soft
+  // cap alone (no ALiBi, T5 bias, mask or sparse pattern) is the step's own where it takes one
+  // (step_cap: the f32 and f64 step; the AMX step does not).
   struct StepRows {
     T scale;
+    T cap;
     const std::int64_t* lo;
     const std::int64_t* hi;
   };
   StepRows step_rows(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t r0, std::int64_t rows, std::int64_t j0,
-                     std::int64_t a, std::int64_t nk, Cover cover) {
-    StepRows sr{static_cast<T>(prob_.scale), nullptr, nullptr};
-    const bool modified = prob_.scores_modified();
+                     std::int64_t a, std::int64_t nk, Cover cover, bool step_cap) {
+    StepRows sr{static_cast<T>(prob_.scale), T(0), nullptr, nullptr};
+    const bool cap_in_step = step_cap && prob_.softcap > 0.0 && prob_.alibi == nullptr && prob_.t5_table == nullptr &&
+                             !prob_.sparse() && prob_.mask_kind == MaskKind::none;
+    const bool modified = prob_.scores_modified() && !cap_in_step;
+    if (cap_in_step) sr.cap = static_cast<T>(prob_.softcap);
     if (cover == Cover::full && !modified) return sr;
     if (!prob_.sparse() && prob_.mask_kind == MaskKind::none && !modified) {
       for (std::int64_t r = r0; r < r0 + rows; ++r) {
@@ -557,7 +563,7 @@ class FusedWorker {
         amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                         static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
       for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
-        const StepRows sr = step_rows(b, h, i0, r0, rows_of(r0), jb * kk + a, a, n, cover);
+        const StepRows sr = step_rows(b, h, i0, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
         plan_.kt.amx_attention.softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
                                             alpha_ + r0, p16_ + r0 * kk + a32 * 32, a - a32);
       }

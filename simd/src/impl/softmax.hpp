@@ -12,6 +12,7 @@
 
 #include "batch.hpp"
 #include "exp.hpp"
+#include "tanh.hpp"
 
 namespace simdattn::simd::impl {
 
@@ -118,16 +119,25 @@ inline T online_max_step(T bm, T& m, T& l, T& alpha) {
   return mn == neg_inf ? T(0) : mn;
 }
 
-template <class Arch, class T, int R>
-inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T* m, T* l, T* alpha) {
+// Capped: s = cap * tanh(x * scale / cap) (VectorKernels::softmax_rows with cap > 0). tanh
+// rises monotonically, so the block max is the capped max of x * scale / cap, and the cap is
+// taken in the exp pass only: no pass of its own, nothing stored between (gpt-softcap 1.12-1.20x
+// of gpt as a separate pass before the step).
+template <class Arch, class T, int R, bool Capped>
+inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T cap, T* m, T* l, T* alpha) {
   using B = batch<T, Arch>;
   constexpr std::int64_t W = B::size;
   const T neg_inf = -std::numeric_limits<T>::infinity();
-  const B s(scale);
+  const T k = Capped ? scale / cap : scale;  // the factor on x: the score, or tanh's argument
+  const B s(k), c(cap);
+  auto score = [&](const B& v) {  // from the factored x to the score
+    if constexpr (Capped) return c * tanh_batch<Arch, T>(v);
+    else return v;
+  };
   const std::int64_t nf = n / W * W, tail = n - nf;
-  // The block max of x * scale. For scale > 0 it is (max x) * scale exactly (rounding is
-  // monotonic), one operation per vector fewer.
-  const bool positive = scale > T(0);
+  // The block max of x * k. For k > 0 it is (max x) * k exactly (rounding is monotonic), one
+  // operation per vector fewer.
+  const bool positive = k > T(0);
   B mx[R];
   for (int q = 0; q < R; ++q) mx[q] = B(neg_inf);
   auto max_pass = [&](auto scaled) {  // scaled: std::true_type multiplies each vector by s
@@ -145,19 +155,24 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
   else max_pass(std::true_type{});
   B ref[R], sum[R];
   for (int q = 0; q < R; ++q) {
-    ref[q] = B(online_max_step(positive ? hmax<Arch, T>(mx[q]) * scale : hmax<Arch, T>(mx[q]), m[q], l[q], alpha[q]));
+    T bm = positive ? hmax<Arch, T>(mx[q]) * k : hmax<Arch, T>(mx[q]);
+    // capped: through the exp pass's own tanh (so no weight exceeds exp(0) by its rounding);
+    // -inf here is a row with no key in the block (n = 0), or with scores -inf (capped: -cap)
+    // or NaN only
+    if constexpr (Capped) bm = n > 0 ? score(B(bm)).get(0) : neg_inf;
+    ref[q] = B(online_max_step(bm, m[q], l[q], alpha[q]));
     sum[q] = B(T(0));
   }
   for (std::int64_t i = 0; i < nf; i += W)
     for (int q = 0; q < R; ++q) {
-      const B p = exp_batch<Arch, T, true, true>(B::load_unaligned(x + q * ld + i) * s - ref[q]);
+      const B p = exp_batch<Arch, T, true, true>(score(B::load_unaligned(x + q * ld + i) * s) - ref[q]);
       p.store_unaligned(x + q * ld + i);
       sum[q] += p;
     }
   if (tail > 0)
     for (int q = 0; q < R; ++q) {
       // -inf in the missing lanes: exp gives 0 there, nothing reaches the sum
-      const B v = blend_tail<Arch, T>(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s - ref[q], tail,
+      const B v = blend_tail<Arch, T>(score(load_tail<Arch, T>(x + q * ld + nf, tail, T(0)) * s) - ref[q], tail,
                                       neg_inf);
       const B p = exp_batch<Arch, T, true, true>(v);
       store_tail<Arch, T>(x + q * ld + nf, tail, p);
@@ -166,26 +181,34 @@ inline void softmax_row_group(T* x, std::int64_t ld, std::int64_t n, T scale, T*
   for (int q = 0; q < R; ++q) l[q] += xsimd::hadd(sum[q]);
 }
 
-template <class Arch, class T>
-void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
-                  const std::int64_t* hi, T* m, T* l, T* alpha) {
+template <class Arch, class T, bool Capped>
+void softmax_rows_as(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T cap, const std::int64_t* lo,
+                     const std::int64_t* hi, T* m, T* l, T* alpha) {
   if (lo != nullptr) {  // one visible interval per row: the step on it, zeros around it
     for (std::int64_t r = 0; r < rows; ++r) {
       T* row = x + r * ld;
       const std::int64_t a = std::min(lo[r], n), z = std::max(a, std::min(hi[r], n));
-      softmax_row_group<Arch, T, 1>(row + a, ld, z - a, scale, m + r, l + r, alpha + r);
+      softmax_row_group<Arch, T, 1, Capped>(row + a, ld, z - a, scale, cap, m + r, l + r, alpha + r);
       for (std::int64_t j = 0; j < a; ++j) row[j] = T(0);
       for (std::int64_t j = z; j < n; ++j) row[j] = T(0);
     }
     return;
   }
   std::int64_t r = 0;
-  for (; r + 4 <= rows; r += 4) softmax_row_group<Arch, T, 4>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
+  for (; r + 4 <= rows; r += 4)
+    softmax_row_group<Arch, T, 4, Capped>(x + r * ld, ld, n, scale, cap, m + r, l + r, alpha + r);
   if (r + 2 <= rows) {
-    softmax_row_group<Arch, T, 2>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
+    softmax_row_group<Arch, T, 2, Capped>(x + r * ld, ld, n, scale, cap, m + r, l + r, alpha + r);
     r += 2;
   }
-  if (r < rows) softmax_row_group<Arch, T, 1>(x + r * ld, ld, n, scale, m + r, l + r, alpha + r);
+  if (r < rows) softmax_row_group<Arch, T, 1, Capped>(x + r * ld, ld, n, scale, cap, m + r, l + r, alpha + r);
+}
+
+template <class Arch, class T>
+void softmax_rows(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T cap, const std::int64_t* lo,
+                  const std::int64_t* hi, T* m, T* l, T* alpha) {
+  if (cap > T(0)) softmax_rows_as<Arch, T, true>(x, ld, rows, n, scale, cap, lo, hi, m, l, alpha);
+  else softmax_rows_as<Arch, T, false>(x, ld, rows, n, scale, cap, lo, hi, m, l, alpha);
 }
 
 template <class Arch, class T>

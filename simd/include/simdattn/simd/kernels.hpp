@@ -125,7 +125,9 @@ struct VectorKernels {
   // elsewhere), +-inf to +-cap, NaN kept.
   T (*softcap_add_max)(T* x, std::int64_t n, T scale, T cap, const T* add);
   // The online-softmax step of a block of scores, rows r < rows of x (ld apart), keys n:
-  //   s = x[r, :] * scale (computed as passes 1 and 2 above do: the same values)
+  //   s = x[r, :] * scale (computed as passes 1 and 2 above do: the same values), or with
+  //       cap > 0 the soft-capped score cap * tanh(x[r, :] * scale / cap) (as softcap_add_max's;
+  //       cap = 0: none)
   //   m_new = max(s) if that exceeds m[r] + 8, or exceeds m[r] = -inf; else m[r] (the row's
   //           reference max moves only when a block's max passes it by more than e^8, so the
   //           weights are at most e^8 and most later blocks of a long row rescale nothing)
@@ -142,7 +144,7 @@ struct VectorKernels {
   // With lo and hi (else null), row r sees only the keys [lo[r], hi[r]) (0 <= lo, hi <= n; none
   // if hi <= lo): the others weigh exactly 0 and are neither read nor part of the max (a causal
   // or window edge block, without a separate masking pass).
-  void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, const std::int64_t* lo,
+  void (*softmax_rows)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, T scale, T cap, const std::int64_t* lo,
                        const std::int64_t* hi, T* m, T* l, T* alpha);
   // The online softmax's last step for a block of rows: y[r, :n] = x[r, :n] * (1 / l[r]), and
   // zeros without reading x[r] where l[r] == 0 (a row with no visible key). y may be x with
