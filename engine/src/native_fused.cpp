@@ -411,9 +411,18 @@ class FusedWorker {
                      prob_.t5_table != nullptr ? t5_by_rel_ : nullptr);
       line = bias_line_.data();
     }
-    for (std::int64_t r = r0; r < r0 + rows; ++r)
+    // Without a mask or sparse pattern, an edge block's rows keep to their visible interval in
+    // the step too (not its -inf around it: half of a causal diagonal block)
+    const bool intervals = cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none;
+    for (std::int64_t r = r0; r < r0 + rows; ++r) {
       scale_mask_row(prob_, plan_.vk, sb_ + r * plan_.k_keys + a, b, h, i0 + r, j0, nk, false,
                      line != nullptr ? line + (r0 + rows - 1 - r) : nullptr);
+      if (intervals) {
+        const KeyRange keys = row_keys_in(prob_, b, i0 + r, j0, nk);
+        lo_[r] = keys.lo, hi_[r] = keys.hi;
+      }
+    }
+    if (intervals) sr.lo = lo_.data() + r0, sr.hi = hi_.data() + r0;
     sr.scale = T(1);
     return sr;
   }
