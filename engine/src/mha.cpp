@@ -480,6 +480,7 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   check_out(out, dtype_of<T>(), B, S, c.d_model);
   AttentionOptions a = attention_options<T>(opt, B, H, S, S);
   add_config_options(c, a);
+  if (c.causal && a.causal == Causal::none) a.causal = Causal::top_left;
   const WeightsOut wout = weights_output(opt, B, H, S, S, a);
   const std::int64_t M = B * S, N = L.n_in;
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));

@@ -328,6 +328,10 @@ std::string flag_for(const std::string& argument) {
       {"config.factor", "--rope-factor"},
       {"config.high_freq_factor", "--rope-high-freq-factor"},
       {"config.original_max_positions", "--rope-original-max-positions"},
+      {"layer", "--layer"},
+      {"stack", "--stack"},
+      {"attention", "--attention"},
+      {"dtype", "--dtype"},
   };
   for (const auto& [name, flag] : kFlags)
     if (argument == name) return flag;

@@ -1,6 +1,8 @@
 // `simdattn mha`: a multi-head attention layer from safetensors weights on .npy inputs
 // (docs/design.md's command-line contract).
 #include <memory>
+#include <optional>
+#include <utility>
 #include <span>
 #include <string>
 #include <vector>
@@ -14,11 +16,28 @@ namespace {
 struct MhaArgs {
   std::string weights, heads, kv_heads, query, key, value, out, causal = "none", key_padding_mask, prefix,
       backend = "native", threads, dtype;
+  // a published checkpoint's layer: --model DIR --layer N, or --weights W --family diffusers
+  std::string model, layer, stack, attention, family;
   // the layer's position and score options
   std::string rope_theta, rotary_dim, rope_style, rope_scaling, rope_factor, rope_low_freq_factor,
       rope_high_freq_factor, rope_original_max_positions, window, softcap, scale, sinks, positions;
   bool alibi = false;
 };
+
+// The layer options given by hand (their flags), which a published checkpoint's config sets.
+std::vector<std::string> hand_options(const MhaArgs& a) {
+  std::vector<std::string> given;
+  const std::pair<const char*, const std::string*> flags[] = {
+      {"--kv-heads", &a.kv_heads},       {"--rope-theta", &a.rope_theta},   {"--rotary-dim", &a.rotary_dim},
+      {"--rope-style", &a.rope_style},   {"--rope-scaling", &a.rope_scaling}, {"--rope-factor", &a.rope_factor},
+      {"--rope-low-freq-factor", &a.rope_low_freq_factor}, {"--rope-high-freq-factor", &a.rope_high_freq_factor},
+      {"--rope-original-max-positions", &a.rope_original_max_positions}, {"--window", &a.window},
+      {"--softcap", &a.softcap},         {"--scale", &a.scale},             {"--sinks", &a.sinks}};
+  for (const auto& [flag, value] : flags)
+    if (!value->empty()) given.emplace_back(flag);
+  if (a.alibi) given.emplace_back("--alibi");
+  return given;
+}
 
 // The layer's position and score options (MhaConfig), parsed before any file is read.
 MhaConfig layer_options(const MhaArgs& a) {
@@ -131,34 +150,19 @@ DType compute_dtype(const MhaArgs& a, DType query_dtype) {
   return query_dtype;
 }
 
-void run(const MhaArgs& a) {
-  MhaOptions opt;
-  opt.causal = parse_causal("--causal", a.causal);
-  opt.backend = parse_backend("--backend", a.backend);
-  const std::int64_t heads = parse_int("--heads", a.heads, 1, std::int64_t{1} << 20);
-  const std::int64_t kv_heads = a.kv_heads.empty() ? 0 : parse_int("--kv-heads", a.kv_heads, 1, std::int64_t{1} << 20);
-  if (!a.threads.empty()) opt.threads = parse_threads(a.threads);
-  MhaConfig options = layer_options(a);
-  if (a.key.empty() != a.value.empty())
-    throw UsageError(std::string(a.key.empty() ? "--value" : "--key") +
-                     ": cross-attention needs both --key and --value");
+// --positions into opt (kept alive by `positions`).
+void read_positions(const MhaArgs& a, const MhaInputs& in, MhaOptions& opt, std::vector<std::int64_t>& positions) {
+  if (a.positions.empty()) return;
+  positions = read_ints("--positions", a.positions, {in.query.B, in.query.S}, "a position per query token, [B, Sq]");
+  opt.positions = positions;
+}
 
-  MhaInputs in;
-  in.x = load_npy("--query", a.query);
-  check_seq("--query", a.query, in.x);
-  const DType written = in.x.dtype;  // the output's .npy dtype: the query file's
-  const DType dtype = compute_dtype(a, written);
-  load_inputs(a, dtype, in, opt);
+// The layer on the inputs, written to --out in the query file's dtype `written`.
+void forward_and_write(const MhaArgs& a, const MultiHeadAttention& layer, const MhaInputs& in, const MhaOptions& opt,
+                       DType written) {
   const ConstSeqView& query = in.query;
-  if (a.alibi) options.alibi_slopes = with_flag_errors([&] { return standard_alibi_slopes(heads); });
-  if (!a.sinks.empty()) options.sinks = read_floats("--sinks", a.sinks, {heads}, "one sink per head");
-  std::vector<std::int64_t> positions;
-  if (!a.positions.empty()) {
-    positions = read_ints("--positions", a.positions, {query.B, query.S}, "a position per query token, [B, Sq]");
-    opt.positions = positions;
-  }
-  const std::unique_ptr<MultiHeadAttention> layer = load_layer(a, heads, kv_heads, dtype, options);
-  const std::int64_t d = layer->config().d_model;
+  const DType dtype = layer.dtype();
+  const std::int64_t d = layer.config().d_model;
   if (query.E != d)  // before the output [B, Sq, d_model] is allocated
     throw UsageError("--query " + a.query + ": expected [B, Sq, d_model=" + std::to_string(d) + "] for these weights, got [" +
                      dims_text({query.B, query.S, query.E}) + "]");
@@ -167,8 +171,8 @@ void run(const MhaArgs& a) {
     out.data = y;
     out.dtype = dtype;
     out.B = query.B, out.S = query.S, out.E = d;
-    if (a.key.empty()) layer->forward(query, out, opt);
-    else layer->forward(query, in.key, in.value, out, opt);
+    if (a.key.empty()) layer.forward(query, out, opt);
+    else layer.forward(query, in.key, in.value, out, opt);
   };
   if (dtype == written) {
     write_output(a.out, written, {query.B, query.S, d}, compute);
@@ -179,9 +183,124 @@ void run(const MhaArgs& a) {
   save_output(a.out, converted(y, written));
 }
 
+// The call options every form takes.
+MhaOptions call_options(const MhaArgs& a) {
+  MhaOptions opt;
+  opt.causal = parse_causal("--causal", a.causal);
+  opt.backend = parse_backend("--backend", a.backend);
+  if (!a.threads.empty()) opt.threads = parse_threads(a.threads);
+  if (a.key.empty() != a.value.empty())
+    throw UsageError(std::string(a.key.empty() ? "--value" : "--key") +
+                     ": cross-attention needs both --key and --value");
+  return opt;
+}
+
+// How the layer is found: by hand (--weights, --heads), a model directory (--model, --layer) or a
+// diffusers block (--weights, --family diffusers, --prefix, --heads); the flags each needs and
+// refuses, checked before any file is read.
+enum class Source { hand, model, diffusers };
+Source source_of(const MhaArgs& a) {
+  if (!a.model.empty()) {
+    if (!a.weights.empty()) throw UsageError("--weights: give --model or --weights, not both");
+    if (!a.family.empty()) throw UsageError("--family: --model takes the family from config.json's model_type");
+    if (a.layer.empty()) throw UsageError("--layer: --model needs the layer (0-based)");
+    for (const auto& [flag, v] : {std::pair{"--heads", &a.heads}, std::pair{"--prefix", &a.prefix}})
+      if (!v->empty()) throw UsageError(std::string(flag) + ": --model takes it from config.json and the tensor names");
+  } else {
+    if (a.weights.empty()) throw UsageError("--weights: give --weights (a layer's safetensors) or --model (a model directory)");
+    if (a.heads.empty()) throw UsageError("--heads: --weights needs the number of query heads");
+    if (!a.layer.empty()) throw UsageError("--layer: goes with --model");
+    if (!a.family.empty() && a.family != "diffusers")
+      throw UsageError("--family: expected diffusers (other families load with --model), got '" + a.family + "'");
+  }
+  const Source s = !a.model.empty() ? Source::model : !a.family.empty() ? Source::diffusers : Source::hand;
+  if (s == Source::hand && (!a.stack.empty() || !a.attention.empty()))
+    throw UsageError(std::string(a.stack.empty() ? "--attention" : "--stack") + ": goes with --model or --family diffusers");
+  if (s != Source::hand) {
+    const std::vector<std::string> given = hand_options(a);
+    if (!given.empty())
+      throw UsageError(given.front() + ": the checkpoint's configuration sets the layer's options (not with " +
+                       (s == Source::model ? "--model)" : "--family)"));
+  }
+  return s;
+}
+
+// A published checkpoint's layer in `dtype` (none: the checkpoint's); errors about its files name
+// --model or --weights.
+std::unique_ptr<MultiHeadAttention> load_published(const MhaArgs& a, Source s, std::optional<DType> dtype) {
+  PretrainedOptions o;
+  o.stack = a.stack;
+  if (!a.attention.empty()) o.attention = a.attention;
+  o.dtype = dtype;
+  const std::string& flag = s == Source::model ? "--model" : "--weights";
+  const std::string& where = s == Source::model ? a.model : a.weights;
+  try {
+    if (s == Source::model)
+      return std::make_unique<MultiHeadAttention>(
+          MultiHeadAttention::from_pretrained(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o));
+    return std::make_unique<MultiHeadAttention>(MultiHeadAttention::from_diffusers(
+        a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20), o));
+  } catch (const Error& e) {
+    const std::string& arg = e.argument();
+    if (arg == "layer" || arg == "stack" || arg == "attention" || arg == "heads" || arg == "dtype") throw usage_error(e);
+    if (arg.rfind("config.", 0) == 0 || arg.rfind("weights.", 0) == 0)  // the layer the files describe
+      throw UsageError(flag + " " + where + ": " + e.what());
+    throw UsageError(flag + " " + std::string(e.what()));  // a file: its path leads the message
+  }
+}
+
+// A published checkpoint's layer (--model, or --family diffusers) on the inputs. The layer's
+// dtype: --dtype; else the checkpoint's if BF16 (NumPy has no bf16), else the query file's.
+void run_published(const MhaArgs& a, Source source) {
+  MhaOptions opt = call_options(a);
+  const std::optional<DType> asked = a.dtype.empty() ? std::nullopt : std::optional(parse_dtype("--dtype", a.dtype));
+  MhaInputs in;
+  in.x = load_npy("--query", a.query);
+  check_seq("--query", a.query, in.x);
+  const DType written = in.x.dtype;
+  std::unique_ptr<MultiHeadAttention> layer = load_published(a, source, asked);
+  if (!asked && layer->dtype() != DType::bf16 && layer->dtype() != written) layer = load_published(a, source, written);
+  if ((a.attention == "cross") != !a.key.empty())
+    throw UsageError(a.key.empty() ? "--key: cross-attention needs --key and --value (the encoder's output)"
+                                   : "--key: self-attention takes no --key or --value");
+  load_inputs(a, layer->dtype(), in, opt);
+  std::vector<std::int64_t> positions;
+  read_positions(a, in, opt, positions);
+  forward_and_write(a, *layer, in, opt, written);
+}
+
+void run(const MhaArgs& a) {
+  const Source source = source_of(a);
+  if (source != Source::hand) return run_published(a, source);
+  MhaOptions opt = call_options(a);
+  const std::int64_t heads = parse_int("--heads", a.heads, 1, std::int64_t{1} << 20);
+  const std::int64_t kv_heads = a.kv_heads.empty() ? 0 : parse_int("--kv-heads", a.kv_heads, 1, std::int64_t{1} << 20);
+  MhaConfig options = layer_options(a);
+
+  MhaInputs in;
+  in.x = load_npy("--query", a.query);
+  check_seq("--query", a.query, in.x);
+  const DType written = in.x.dtype;  // the output's .npy dtype: the query file's
+  const DType dtype = compute_dtype(a, written);
+  load_inputs(a, dtype, in, opt);
+  if (a.alibi) options.alibi_slopes = with_flag_errors([&] { return standard_alibi_slopes(heads); });
+  if (!a.sinks.empty()) options.sinks = read_floats("--sinks", a.sinks, {heads}, "one sink per head");
+  std::vector<std::int64_t> positions;
+  read_positions(a, in, opt, positions);
+  const std::unique_ptr<MultiHeadAttention> layer = load_layer(a, heads, kv_heads, dtype, options);
+  forward_and_write(a, *layer, in, opt, written);
+}
+
 void add_options(CLI::App& sub, MhaArgs& a) {
-  sub.add_option("--weights", a.weights, "layer weights (.safetensors; torch or Hugging Face names)")->required();
-  sub.add_option("--heads", a.heads, "query heads")->required();
+  sub.add_option("--model", a.model,
+                 "a Hugging Face model directory (config.json, model.safetensors or its sharded index): one of its "
+                 "attention layers, as docs/models.md lists");
+  sub.add_option("--layer", a.layer, "with --model: the layer, from 0");
+  sub.add_option("--stack", a.stack, "with --model, t5: encoder (default) | decoder");
+  sub.add_option("--attention", a.attention, "with --model (t5's decoder) or --family diffusers: self (default) | cross");
+  sub.add_option("--family", a.family, "with --weights: diffusers (a transformer block's attn1 / attn2 under --prefix)");
+  sub.add_option("--weights", a.weights, "layer weights (.safetensors; torch or Hugging Face names)");
+  sub.add_option("--heads", a.heads, "query heads (with --weights)");
   sub.add_option("--kv-heads", a.kv_heads, "key/value heads (default: from the weights' shapes)");
   sub.add_option("--query", a.query, "X [B, Sq, d_model] (.npy, <f2, <f4 or <f8)")->required();
   sub.add_option("--key", a.key, "cross-attention keys [B, Sk, kdim]");

@@ -60,6 +60,20 @@ struct MhaConfig {
   std::vector<float> t5_table = {};
   bool t5_bidirectional = true;
   std::int64_t t5_max_distance = 128;
+  // A decoder's self-attention: forward() on a whole sequence attends causally (top-left) when
+  // MhaOptions::causal is none; the cached forward is bottom-right as always.
+  bool causal = false;
+};
+
+// Which attention sub-layer of a published checkpoint to load (MultiHeadAttention::
+// from_pretrained, from_diffusers).
+struct PretrainedOptions {
+  // T5: "encoder" (the default) or "decoder"; the other families have one stack.
+  std::string stack = {};
+  // "self" (the default) or "cross": T5's decoder and diffusers' transformer blocks have both.
+  std::string attention = "self";
+  // The layer's dtype (f32, f64, bf16 or f16); absent: the checkpoint's (its query weight's).
+  std::optional<DType> dtype = {};
 };
 
 // Weights in torch's layout, f32, f64, bfloat16 or float16 (the layer's dtype). Empty bias = no
@@ -136,6 +150,21 @@ class MultiHeadAttention {
   // qk_norm_eps, scale, softcap, window, alibi_slopes, sinks); its shape fields are ignored.
   static MultiHeadAttention from_safetensors(const std::string& path, std::int64_t heads, std::int64_t kv_heads,
                                              const std::string& prefix, DType dtype, const MhaConfig& options);
+
+  // One attention sub-layer (projections, attention, output projection; no residual, norm or
+  // MLP) of a Hugging Face model directory: config.json and model.safetensors, or the shards of
+  // model.safetensors.index.json. The family comes from config.json's model_type (bert,
+  // roberta, vit, deit, gpt2, t5, bloom, llama, mistral, qwen2, qwen3, gemma2) and every
+  // attention parameter from the config, as docs/models.md lists; `layer` counts from 0.
+  // Decoder families come back causal (MhaConfig::causal). Throws Error naming the file, the
+  // config key or the tensor at fault.
+  static MultiHeadAttention from_pretrained(const std::string& dir, std::int64_t layer,
+                                            const PretrainedOptions& options = {});
+  // A diffusers transformer block's attn1 (self) or attn2 (cross: to_k and to_v of width
+  // cross_attention_dim) under `prefix` (e.g. "down_blocks.0.attentions.0.transformer_blocks.0")
+  // in a safetensors file: to_q, to_k, to_v without bias, to_out.0 with one.
+  static MultiHeadAttention from_diffusers(const std::string& path, const std::string& prefix, std::int64_t heads,
+                                           const PretrainedOptions& options = {});
 
   ~MultiHeadAttention();
   MultiHeadAttention(MultiHeadAttention&&) noexcept;

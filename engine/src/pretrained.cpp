@@ -1,0 +1,525 @@
+// MultiHeadAttention::from_pretrained and from_diffusers: one attention sub-layer of a published
+// checkpoint. Each family's entry in kFamilies reads config.json into a LayerPlan (the layer's
+// MhaConfig and where each weight comes from, dtype-free); load_plan then reads the weights in
+// the layer's dtype. docs/models.md lists what each family's sub-layer includes.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "checkpoint.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/mha.hpp"
+#include "text.hpp"
+
+namespace simdattn {
+namespace {
+
+using detail::Checkpoint;
+using detail::shape_str;
+using Json = nlohmann::json;
+
+// config.json, its values read with the key named in every error.
+class Config {
+ public:
+  Config(std::string path, Json j) : path_(std::move(path)), j_(std::move(j)) {}
+  const std::string& path() const { return path_; }
+  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  const Json& at(const std::string& key) const {
+    if (!has(key)) throw Error(path_, "needs \"" + key + "\" for this model_type");
+    return j_[key];
+  }
+  std::int64_t integer(const std::string& key, std::int64_t lo = 1) const {
+    const Json& v = at(key);
+    if (!v.is_number_integer() || v.get<std::int64_t>() < lo)
+      throw Error(path_, "\"" + key + "\" must be an integer >= " + std::to_string(lo) + ", got " + v.dump());
+    return v.get<std::int64_t>();
+  }
+  std::int64_t integer_or(const std::string& key, std::int64_t fallback, std::int64_t lo = 1) const {
+    return has(key) ? integer(key, lo) : fallback;
+  }
+  double number(const std::string& key) const {
+    const Json& v = at(key);
+    if (!v.is_number() || !std::isfinite(v.get<double>()))
+      throw Error(path_, "\"" + key + "\" must be a finite number, got " + v.dump());
+    return v.get<double>();
+  }
+  double number_or(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
+  bool boolean_or(const std::string& key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const Json& v = j_[key];
+    if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + v.dump());
+    return v.get<bool>();
+  }
+  // The first of `keys` present (legacy names), else an error naming the first.
+  std::int64_t integer_of(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (has(k)) return integer(k);
+    return integer(*keys.begin());
+  }
+
+ private:
+  std::string path_;
+  Json j_;
+};
+
+// One of the layer's weights from a checkpoint tensor.
+struct Part {
+  enum class Take : std::uint8_t {
+    whole,        // the tensor as it is: nn.Linear's [out, in], or a bias [out]
+    conv1d,       // GPT-2's Conv1D: weight [in, 3 * out] (x W + b), bias [3 * out]; block `index`
+    fused_heads,  // BLOOM's query_key_value: [H * 3 * hd, in], per head q, k, v; `index` of them
+  };
+  std::string tensor;  // empty: absent (a bias the family does not have)
+  Take take = Take::whole;
+  int index = 0;
+};
+
+// A layer as a family lays it out: its configuration and where its weights are.
+struct LayerPlan {
+  MhaConfig cfg;
+  Part wq, wk, wv, wo, bq, bk, bv, bo;
+  std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
+  std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
+  bool cross = false;          // kdim / vdim from the key and value weights' widths
+};
+
+// Where `suffix` (e.g. "encoder.layer.3.attention.self.query.weight") sits in the checkpoint:
+// the prefix before it ("", "bert.", "model.", ...). Exactly one tensor may end with it.
+std::string find_prefix(const Checkpoint& ck, const std::string& dir, const std::string& suffix) {
+  std::optional<std::string> found;
+  for (const std::string& name : ck.names()) {
+    if (name.size() < suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) continue;
+    const std::string prefix = name.substr(0, name.size() - suffix.size());
+    if (!prefix.empty() && prefix.back() != '.') continue;
+    if (found && *found != prefix)
+      throw Error(dir, "two tensors end in '" + suffix + "' ('" + *found + suffix + "' and '" + name + "')");
+    found = prefix;
+  }
+  if (!found) throw Error(dir, "no tensor named '" + suffix + "' (under any prefix)");
+  return *found;
+}
+
+void check_layer(const Config& c, const char* key, std::int64_t n, std::int64_t layer) {
+  if (layer < 0 || layer >= n)
+    throw Error("layer", "expected 0 <= layer < " + std::string(key) + " = " + std::to_string(n) + " (" + c.path() +
+                             "), got " + std::to_string(layer));
+}
+
+Part whole(std::string name) { return Part{std::move(name), Part::Take::whole, 0}; }
+
+// ---- the families ---------------------------------------------------------------------------
+
+struct Ctx {
+  const Config& c;
+  const Checkpoint& ck;
+  const std::string& dir;
+  std::int64_t layer;
+  const PretrainedOptions& opt;
+};
+
+void only_self(const Ctx& x, const char* family) {
+  if (x.opt.attention != "self")
+    throw Error("attention", std::string(family) + " has self-attention only, got '" + x.opt.attention + "'");
+  if (!x.opt.stack.empty()) throw Error("stack", std::string(family) + " has one stack, got '" + x.opt.stack + "'");
+}
+
+// BERT, RoBERTa (attention.self.*) and ViT, DeiT (attention.attention.*): encoder
+// self-attention, nn.Linear projections with biases, output through attention.output.dense.
+LayerPlan encoder_layer(const Ctx& x, const char* family, const char* inner) {
+  only_self(x, family);
+  LayerPlan p;
+  p.cfg.d_model = x.c.integer("hidden_size");
+  p.cfg.heads = x.c.integer("num_attention_heads");
+  check_layer(x.c, "num_hidden_layers", x.c.integer("num_hidden_layers"), x.layer);
+  const std::string base = "encoder.layer." + std::to_string(x.layer) + ".attention.";
+  const std::string pre = find_prefix(x.ck, x.dir, base + inner + ".query.weight") + base;
+  const std::string s = pre + inner + ".";
+  p.wq = whole(s + "query.weight"), p.wk = whole(s + "key.weight"), p.wv = whole(s + "value.weight");
+  p.wo = whole(pre + "output.dense.weight");
+  // ViT's qkv_bias (default true) may drop the input biases; the output's is always there
+  const bool qkv_bias = x.c.boolean_or("qkv_bias", true);
+  if (qkv_bias) p.bq = whole(s + "query.bias"), p.bk = whole(s + "key.bias"), p.bv = whole(s + "value.bias");
+  p.bo = whole(pre + "output.dense.bias");
+  return p;
+}
+LayerPlan bert(const Ctx& x) { return encoder_layer(x, "bert", "self"); }
+LayerPlan vit(const Ctx& x) { return encoder_layer(x, "vit", "attention"); }
+
+// GPT-2: causal self-attention; c_attn is a Conv1D [d, 3d] (q | k | v columns), c_proj [d, d].
+// Scores scaled by 1/sqrt(hd) (scale_attn_weights), and by 1/(layer + 1) more with
+// scale_attn_by_inverse_layer_idx.
+LayerPlan gpt2(const Ctx& x) {
+  only_self(x, "gpt2");
+  LayerPlan p;
+  p.cfg.d_model = x.c.integer("n_embd");
+  p.cfg.heads = x.c.integer("n_head");
+  check_layer(x.c, "n_layer", x.c.integer("n_layer"), x.layer);
+  p.cfg.causal = true;
+  if (p.cfg.d_model % p.cfg.heads != 0)
+    throw Error(x.c.path(), "n_embd " + std::to_string(p.cfg.d_model) + " is not a multiple of n_head " +
+                                std::to_string(p.cfg.heads));
+  double scale = x.c.boolean_or("scale_attn_weights", true)
+                     ? 1.0 / std::sqrt(static_cast<double>(p.cfg.d_model / p.cfg.heads))
+                     : 1.0;
+  if (x.c.boolean_or("scale_attn_by_inverse_layer_idx", false)) scale /= static_cast<double>(x.layer + 1);
+  p.cfg.scale = scale;
+  const std::string base = "h." + std::to_string(x.layer) + ".attn.";
+  const std::string s = find_prefix(x.ck, x.dir, base + "c_attn.weight") + base;
+  for (int i = 0; i < 3; ++i) {
+    (i == 0 ? p.wq : i == 1 ? p.wk : p.wv) = Part{s + "c_attn.weight", Part::Take::conv1d, i};
+    (i == 0 ? p.bq : i == 1 ? p.bk : p.bv) = Part{s + "c_attn.bias", Part::Take::conv1d, i};
+  }
+  p.wo = Part{s + "c_proj.weight", Part::Take::conv1d, -1};  // [d, d] transposed: one block
+  p.bo = whole(s + "c_proj.bias");
+  return p;
+}
+
+// T5: {q, k, v, o} without biases, no score scaling (scale 1); the relative position bias table
+// lives in block 0 of each stack and serves every layer: bidirectional in the encoder, one-way
+// and causal in the decoder; the decoder's cross-attention (EncDecAttention) has none.
+LayerPlan t5(const Ctx& x) {
+  LayerPlan p;
+  const std::string& stack = x.opt.stack.empty() ? std::string("encoder") : x.opt.stack;
+  if (stack != "encoder" && stack != "decoder")
+    throw Error("stack", "t5 has an encoder and a decoder stack, got '" + stack + "'");
+  const bool decoder = stack == "decoder", cross = x.opt.attention == "cross";
+  if (x.opt.attention != "self" && !cross)
+    throw Error("attention", "expected self or cross, got '" + x.opt.attention + "'");
+  if (cross && !decoder) throw Error("attention", "t5's cross-attention is in the decoder stack (stack decoder)");
+  p.cfg.d_model = x.c.integer("d_model");
+  p.cfg.heads = x.c.integer("num_heads");
+  p.cfg.head_dim = x.c.integer("d_kv");
+  const std::int64_t layers = x.c.integer("num_layers");
+  if (decoder) check_layer(x.c, "num_decoder_layers", x.c.integer_or("num_decoder_layers", layers), x.layer);
+  else check_layer(x.c, "num_layers", layers, x.layer);
+  p.cfg.scale = 1.0;
+  const std::string block = stack + ".block." + std::to_string(x.layer) + ".";
+  const std::string sub = cross ? "layer.1.EncDecAttention." : "layer.0.SelfAttention.";
+  const std::string s = find_prefix(x.ck, x.dir, block + sub + "q.weight") + block + sub;
+  p.wq = whole(s + "q.weight"), p.wk = whole(s + "k.weight"), p.wv = whole(s + "v.weight"), p.wo = whole(s + "o.weight");
+  p.cross = cross;
+  if (!cross) {
+    const std::string table = stack + ".block.0.layer.0.SelfAttention.relative_attention_bias.weight";
+    p.t5_table = find_prefix(x.ck, x.dir, table) + table;
+    p.cfg.t5_bidirectional = !decoder;
+    p.cfg.t5_max_distance = x.c.integer_or("relative_attention_max_distance", 128);
+    p.cfg.causal = decoder;
+  }
+  return p;
+}
+
+// BLOOM: causal self-attention with ALiBi (the standard slopes); query_key_value [3d, d] holds
+// per head its q, k and v rows; dense is the output projection.
+LayerPlan bloom(const Ctx& x) {
+  only_self(x, "bloom");
+  LayerPlan p;
+  p.cfg.d_model = x.c.integer_of({"hidden_size", "n_embed"});
+  p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
+  check_layer(x.c, "n_layer", x.c.integer_of({"n_layer", "num_hidden_layers"}), x.layer);
+  p.cfg.causal = true;
+  p.cfg.alibi_slopes = standard_alibi_slopes(p.cfg.heads);
+  const std::string base = "h." + std::to_string(x.layer) + ".self_attention.";
+  const std::string s = find_prefix(x.ck, x.dir, base + "query_key_value.weight") + base;
+  for (int i = 0; i < 3; ++i) {
+    (i == 0 ? p.wq : i == 1 ? p.wk : p.wv) = Part{s + "query_key_value.weight", Part::Take::fused_heads, i};
+    (i == 0 ? p.bq : i == 1 ? p.bk : p.bv) = Part{s + "query_key_value.bias", Part::Take::fused_heads, i};
+  }
+  p.wo = whole(s + "dense.weight"), p.bo = whole(s + "dense.bias");
+  return p;
+}
+
+// RoPE from rope_theta, rope_scaling and partial_rotary_factor, or from rope_parameters (the
+// same keys in one object, as newer configs write them).
+RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
+  RopeConfig r;
+  const bool params = c.has("rope_parameters");
+  const char* key = params ? "rope_parameters" : "rope_scaling";
+  const Json* s = nullptr;
+  if (c.has(key)) {
+    s = &c.at(key);
+    if (!s->is_object()) throw Error(c.path(), "\"" + std::string(key) + "\" must be an object or null, got " + s->dump());
+  }
+  auto num = [&](const char* name, const std::string& type) {
+    if (!s->contains(name) || !(*s)[name].is_number() || !std::isfinite((*s)[name].get<double>()))
+      throw Error(c.path(), "\"" + std::string(key) + "\" of type " + type + " needs a number \"" + name + "\"");
+    return (*s)[name].get<double>();
+  };
+  r.theta = params && s != nullptr && s->contains("rope_theta") ? num("rope_theta", "any") : c.number_or("rope_theta", 10000.0);
+  const double partial = params && s != nullptr && s->contains("partial_rotary_factor")
+                             ? num("partial_rotary_factor", "any")
+                             : c.number_or("partial_rotary_factor", 1.0);
+  if (!(partial > 0.0 && partial <= 1.0))
+    throw Error(c.path(), "\"partial_rotary_factor\" must be in (0, 1], got " + std::to_string(partial));
+  r.rotary_dim = static_cast<std::int64_t>(static_cast<double>(head_dim) * partial);
+  if (s == nullptr) return r;
+  const char* type_key = s->contains("rope_type") ? "rope_type" : "type";
+  if (!s->contains(type_key) || !(*s)[type_key].is_string())
+    throw Error(c.path(), "\"" + std::string(key) + "\" needs a string \"rope_type\"");
+  const std::string type = (*s)[type_key].get<std::string>();
+  if (type == "default") return r;
+  if (type == "linear") {
+    r.scaling = RopeScaling::linear;
+    r.factor = num("factor", type);
+  } else if (type == "llama3") {
+    r.scaling = RopeScaling::llama3;
+    r.factor = num("factor", type);
+    r.low_freq_factor = num("low_freq_factor", type);
+    r.high_freq_factor = num("high_freq_factor", type);
+    const double omp = num("original_max_position_embeddings", type);
+    if (!(omp >= 1.0 && omp <= 1e12))
+      throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
+    r.original_max_positions = static_cast<std::int64_t>(omp);
+  } else {
+    throw Error(c.path(), "\"" + std::string(key) + "\" type '" + type + "' is not supported (default, linear or llama3)");
+  }
+  return r;
+}
+
+// Whether layer `layer` of a Qwen2 / Qwen3 / Gemma 2 model uses the sliding window: layer_types
+// when the config lists them, else the family's rule.
+bool sliding_layer(const Config& c, std::int64_t layer, bool fallback) {
+  if (!c.has("layer_types")) return fallback;
+  const Json& t = c.at("layer_types");
+  if (!t.is_array() || static_cast<std::int64_t>(t.size()) <= layer || !t[static_cast<std::size_t>(layer)].is_string())
+    throw Error(c.path(), "\"layer_types\" must list a string for layer " + std::to_string(layer));
+  const std::string kind = t[static_cast<std::size_t>(layer)].get<std::string>();
+  if (kind == "sliding_attention") return true;
+  if (kind == "full_attention") return false;
+  throw Error(c.path(), "\"layer_types\"[" + std::to_string(layer) + "] is '" + kind +
+                            "' (expected full_attention or sliding_attention)");
+}
+
+// A window of W keys ending at the query (its own included), as the causal sliding-window mask
+// of Hugging Face's models keeps them.
+Window window_of(const Config& c, const char* key) {
+  const std::int64_t w = c.integer(key);
+  return Window{w - 1, 0};
+}
+
+// Llama, Mistral, Qwen2, Qwen3, Gemma 2: self_attn.{q,k,v,o}_proj, grouped-query heads, RoPE,
+// causal.
+LayerPlan llama_like(const Ctx& x, const std::string& family) {
+  only_self(x, family.c_str());
+  LayerPlan p;
+  const Config& c = x.c;
+  p.cfg.d_model = c.integer("hidden_size");
+  p.cfg.heads = c.integer("num_attention_heads");
+  p.cfg.kv_heads = c.integer_or("num_key_value_heads", p.cfg.heads);
+  if (!c.has("head_dim") && p.cfg.d_model % p.cfg.heads != 0)
+    throw Error(c.path(), "needs \"head_dim\": hidden_size is not a multiple of num_attention_heads");
+  p.cfg.head_dim = c.integer_or("head_dim", p.cfg.d_model / p.cfg.heads);
+  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  p.cfg.causal = true;
+  p.cfg.rope = rope_of(c, p.cfg.head_dim);
+  const std::string base = "layers." + std::to_string(x.layer) + ".self_attn.";
+  const std::string s = find_prefix(x.ck, x.dir, base + "q_proj.weight") + base;
+  p.wq = whole(s + "q_proj.weight"), p.wk = whole(s + "k_proj.weight"), p.wv = whole(s + "v_proj.weight");
+  p.wo = whole(s + "o_proj.weight");
+  bool qkv_bias = c.boolean_or("attention_bias", false), o_bias = qkv_bias;
+  if (family == "qwen2") qkv_bias = true, o_bias = false;
+  if (qkv_bias) p.bq = whole(s + "q_proj.bias"), p.bk = whole(s + "k_proj.bias"), p.bv = whole(s + "v_proj.bias");
+  if (o_bias) p.bo = whole(s + "o_proj.bias");
+  if (family == "qwen3") {
+    p.q_norm = s + "q_norm.weight", p.k_norm = s + "k_norm.weight";
+    p.cfg.qk_norm_eps = c.number_or("rms_norm_eps", 1e-6);
+  }
+  if (family == "mistral") {
+    if (c.has("sliding_window")) p.cfg.window = window_of(c, "sliding_window");
+  } else if (family == "qwen2" || family == "qwen3") {
+    // use_sliding_window: the layers from max_window_layers on (or as layer_types says)
+    if (c.boolean_or("use_sliding_window", false) && c.has("sliding_window") &&
+        sliding_layer(c, x.layer, x.layer >= c.integer_or("max_window_layers", 0, 0)))
+      p.cfg.window = window_of(c, "sliding_window");
+  } else if (family == "gemma2") {
+    // every other layer from layer 0 slides (or as layer_types says); scores scaled by
+    // query_pre_attn_scalar^-1/2 and capped by attn_logit_softcapping
+    if (c.has("sliding_window") && sliding_layer(c, x.layer, x.layer % 2 == 0)) p.cfg.window = window_of(c, "sliding_window");
+    p.cfg.scale = 1.0 / std::sqrt(c.number("query_pre_attn_scalar"));
+    if (c.has("attn_logit_softcapping")) p.cfg.softcap = c.number("attn_logit_softcapping");
+  }
+  return p;
+}
+
+struct Family {
+  const char* model_type;
+  LayerPlan (*plan)(const Ctx&);
+};
+constexpr Family kFamilies[] = {
+    {"bert", bert},
+    {"roberta", bert},
+    {"vit", vit},
+    {"deit", vit},
+    {"gpt2", gpt2},
+    {"t5", t5},
+    {"bloom", bloom},
+    {"llama", [](const Ctx& x) { return llama_like(x, "llama"); }},
+    {"mistral", [](const Ctx& x) { return llama_like(x, "mistral"); }},
+    {"qwen2", [](const Ctx& x) { return llama_like(x, "qwen2"); }},
+    {"qwen3", [](const Ctx& x) { return llama_like(x, "qwen3"); }},
+    {"gemma2", [](const Ctx& x) { return llama_like(x, "gemma2"); }},
+};
+
+// ---- reading the weights --------------------------------------------------------------------
+
+// The weight `part` as a [rows, cols] nn.Linear matrix (cols 0: a bias of `rows`) in T. `heads`
+// and `hd` serve BLOOM's fused layout.
+template <class T>
+std::vector<T> take(const Checkpoint& ck, const Part& part, std::int64_t rows, std::int64_t cols, std::int64_t heads) {
+  const bool bias = cols == 0;
+  switch (part.take) {
+    case Part::Take::whole:
+      return bias ? ck.read<T>(part.tensor, {rows}) : ck.read<T>(part.tensor, {rows, cols});
+    case Part::Take::conv1d: {
+      if (part.index < 0) {  // one [in, out] block: the transpose
+        const std::vector<T> w = ck.read<T>(part.tensor, {cols, rows});
+        std::vector<T> out(w.size());
+        for (std::int64_t i = 0; i < cols; ++i)
+          for (std::int64_t o = 0; o < rows; ++o) out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * rows + o)];
+        return out;
+      }
+      const std::int64_t c0 = part.index * rows;
+      if (bias) {
+        const std::vector<T> b = ck.read<T>(part.tensor, {3 * rows});
+        return std::vector<T>(b.begin() + c0, b.begin() + c0 + rows);
+      }
+      const std::vector<T> w = ck.read<T>(part.tensor, {cols, 3 * rows});
+      std::vector<T> out(static_cast<std::size_t>(rows * cols));
+      for (std::int64_t i = 0; i < cols; ++i)
+        for (std::int64_t o = 0; o < rows; ++o)
+          out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * 3 * rows + c0 + o)];
+      return out;
+    }
+    case Part::Take::fused_heads: {
+      const std::int64_t hd = rows / heads, width = bias ? 1 : cols;
+      const std::vector<T> w = bias ? ck.read<T>(part.tensor, {3 * rows}) : ck.read<T>(part.tensor, {3 * rows, cols});
+      std::vector<T> out(static_cast<std::size_t>(rows * width));
+      for (std::int64_t h = 0; h < heads; ++h)
+        for (std::int64_t e = 0; e < hd; ++e) {
+          const std::int64_t src = h * 3 * hd + part.index * hd + e, dst = h * hd + e;
+          std::copy_n(w.begin() + src * width, width, out.begin() + dst * width);
+        }
+      return out;
+    }
+  }
+  return {};
+}
+
+DType dtype_of_entry(const std::string& file, const std::string& name, const SafetensorsEntry& e) {
+  if (e.dtype == "F32") return DType::f32;
+  if (e.dtype == "F64") return DType::f64;
+  if (e.dtype == "BF16") return DType::bf16;
+  if (e.dtype == "F16") return DType::f16;
+  throw Error(file, "tensor '" + name + "' has dtype " + e.dtype + ", expected F32, F64, BF16 or F16");
+}
+
+template <class T>
+MultiHeadAttention load_plan(const Checkpoint& ck, LayerPlan p) {
+  MhaConfig& c = p.cfg;
+  const std::int64_t hd = c.head_dim != 0 ? c.head_dim : c.d_model / c.heads;
+  const std::int64_t kvh = c.kv_heads != 0 ? c.kv_heads : c.heads;
+  const std::int64_t nq = c.heads * hd, nkv = kvh * hd;
+  if (p.cross) {  // the key and value inputs' widths: the weights' (T5: d_model of the encoder)
+    for (auto [part, dim] : {std::pair{&p.wk, &c.kdim}, std::pair{&p.wv, &c.vdim}}) {
+      const std::vector<std::int64_t>& shape = ck.entry(part->tensor).shape;
+      if (shape.size() != 2 || shape[0] != nkv)
+        throw Error(ck.file(part->tensor), "tensor '" + part->tensor + "' has shape " + shape_str(shape) +
+                                               ", expected [" + std::to_string(nkv) + ", kdim]");
+      *dim = shape[1];
+    }
+  }
+  const std::int64_t kd = c.kdim != 0 ? c.kdim : c.d_model, vd = c.vdim != 0 ? c.vdim : c.d_model;
+  MhaWeights<T> w;
+  w.wq = take<T>(ck, p.wq, nq, c.d_model, c.heads);
+  w.wk = take<T>(ck, p.wk, nkv, kd, kvh);
+  w.wv = take<T>(ck, p.wv, nkv, vd, kvh);
+  w.wo = take<T>(ck, p.wo, c.d_model, nq, c.heads);
+  if (!p.bq.tensor.empty()) w.bq = take<T>(ck, p.bq, nq, 0, c.heads);
+  if (!p.bk.tensor.empty()) w.bk = take<T>(ck, p.bk, nkv, 0, kvh);
+  if (!p.bv.tensor.empty()) w.bv = take<T>(ck, p.bv, nkv, 0, kvh);
+  if (!p.bo.tensor.empty()) w.bo = take<T>(ck, p.bo, c.d_model, 0, c.heads);
+  if (!p.q_norm.empty()) {
+    c.q_norm = ck.read<float>(p.q_norm, {hd});
+    c.k_norm = ck.read<float>(p.k_norm, {hd});
+  }
+  if (!p.t5_table.empty()) {
+    const std::vector<std::int64_t>& shape = ck.entry(p.t5_table).shape;
+    if (shape.size() != 2 || shape[1] != c.heads || shape[0] < 1)
+      throw Error(ck.file(p.t5_table), "tensor '" + p.t5_table + "' has shape " + shape_str(shape) +
+                                           ", expected [num_buckets, heads=" + std::to_string(c.heads) + "]");
+    c.t5_table = ck.read<float>(p.t5_table, shape);
+  }
+  return MultiHeadAttention(c, std::move(w));
+}
+
+MultiHeadAttention load(const Checkpoint& ck, LayerPlan p, const std::optional<DType>& dtype) {
+  const DType dt = dtype ? *dtype : dtype_of_entry(ck.file(p.wq.tensor), p.wq.tensor, ck.entry(p.wq.tensor));
+  switch (dt) {
+    case DType::f32: return load_plan<float>(ck, std::move(p));
+    case DType::f64: return load_plan<double>(ck, std::move(p));
+    case DType::bf16: return load_plan<bfloat16>(ck, std::move(p));
+    case DType::f16: return load_plan<float16>(ck, std::move(p));
+    default: throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dt)));
+  }
+}
+
+// Limits for config.json: far above any published one.
+constexpr std::size_t kMaxConfig = 16u << 20;
+
+}  // namespace
+
+MultiHeadAttention MultiHeadAttention::from_pretrained(const std::string& dir, std::int64_t layer,
+                                                       const PretrainedOptions& options) {
+  const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
+  Json j;
+  try {
+    j = Json::parse(detail::read_text_file(path, kMaxConfig));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(path, std::string("is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(path, "is not a JSON object");
+  if (!j.contains("model_type") || !j["model_type"].is_string()) throw Error(path, "needs a string \"model_type\"");
+  const std::string type = j["model_type"].get<std::string>();
+  const Family* family = nullptr;
+  for (const Family& f : kFamilies)
+    if (type == f.model_type) family = &f;
+  if (family == nullptr) {
+    std::string known;
+    for (const Family& f : kFamilies) known += std::string(known.empty() ? "" : ", ") + f.model_type;
+    throw Error(path, "model_type '" + type + "' is not supported (" + known + ")");
+  }
+  const Config config(path, std::move(j));
+  const Checkpoint ck(dir);
+  LayerPlan plan = family->plan(Ctx{config, ck, dir, layer, options});
+  return load(ck, std::move(plan), options.dtype);
+}
+
+MultiHeadAttention MultiHeadAttention::from_diffusers(const std::string& path, const std::string& prefix,
+                                                      std::int64_t heads, const PretrainedOptions& options) {
+  if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
+  if (options.attention != "self" && options.attention != "cross")
+    throw Error("attention", "expected self (attn1) or cross (attn2), got '" + options.attention + "'");
+  if (!options.stack.empty()) throw Error("stack", "a diffusers block has one stack, got '" + options.stack + "'");
+  const Checkpoint ck = Checkpoint::single(path);
+  const std::string s =
+      prefix + (prefix.empty() || prefix.back() == '.' ? "" : ".") + (options.attention == "self" ? "attn1." : "attn2.");
+  LayerPlan p;
+  const SafetensorsEntry& q = ck.entry(s + "to_q.weight");
+  if (q.shape.size() != 2 || q.shape[0] < heads || q.shape[0] % heads != 0)
+    throw Error(path, "tensor '" + s + "to_q.weight' has shape " + shape_str(q.shape) + ", expected [heads*head_dim, " +
+                          "query_dim] with heads = " + std::to_string(heads));
+  p.cfg.d_model = q.shape[1];
+  p.cfg.heads = heads;
+  p.cfg.head_dim = q.shape[0] / heads;
+  p.cross = true;  // (self-attention's k and v widths are d_model: the same read)
+  p.wq = whole(s + "to_q.weight"), p.wk = whole(s + "to_k.weight"), p.wv = whole(s + "to_v.weight");
+  p.wo = whole(s + "to_out.0.weight"), p.bo = whole(s + "to_out.0.bias");
+  return load(ck, std::move(p), options.dtype);
+}
+
+}  // namespace simdattn

@@ -1,0 +1,388 @@
+#!/usr/bin/env python3
+"""Tiny checkpoints of the model families `simdattn mha --model` loads, written with NumPy only
+(config.json + safetensors with each family's published tensor names, shapes and dtypes; one
+family sharded), and each family's attention sub-layer in float64, written from its published
+definition (the papers and Hugging Face's / diffusers' reference implementations):
+
+    python3 model_families.py OUT_DIR FAMILY     # writes OUT_DIR/config.json and the weights
+
+Used by test_models.py.
+"""
+import json
+import math
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mha_weights  # noqa: E402  (write_safetensors, bf16 rounding, rope_reference)
+
+# Per family: its config.json, the dtype its weights ship in, the prefix its tensors carry (as
+# the publisher's head-model checkpoints do), and how many shards.
+FAMILIES = {
+    "bert": dict(config={"model_type": "bert", "hidden_size": 32, "num_attention_heads": 4,
+                         "num_hidden_layers": 2, "layer_norm_eps": 1e-12}, dtype="F32", prefix="bert."),
+    "roberta": dict(config={"model_type": "roberta", "hidden_size": 32, "num_attention_heads": 4,
+                            "num_hidden_layers": 2}, dtype="F32", prefix="roberta."),
+    "vit": dict(config={"model_type": "vit", "hidden_size": 32, "num_attention_heads": 4, "num_hidden_layers": 2,
+                        "qkv_bias": True}, dtype="F32", prefix="vit."),
+    "deit": dict(config={"model_type": "deit", "hidden_size": 32, "num_attention_heads": 2, "num_hidden_layers": 2},
+                 dtype="F16", prefix="deit."),
+    "gpt2": dict(config={"model_type": "gpt2", "n_embd": 32, "n_head": 4, "n_layer": 2, "n_positions": 64,
+                         "scale_attn_weights": True, "scale_attn_by_inverse_layer_idx": True}, dtype="F32", prefix=""),
+    "t5": dict(config={"model_type": "t5", "d_model": 32, "d_kv": 6, "num_heads": 4, "num_layers": 2,
+                       "num_decoder_layers": 2, "relative_attention_num_buckets": 8,
+                       "relative_attention_max_distance": 12}, dtype="F32", prefix=""),
+    "bloom": dict(config={"model_type": "bloom", "hidden_size": 32, "n_head": 4, "n_layer": 2},
+                  dtype="BF16", prefix="transformer."),
+    "llama": dict(config={"model_type": "llama", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                          "num_hidden_layers": 2, "rope_theta": 500000.0, "attention_bias": False,
+                          "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                           "high_freq_factor": 4.0, "original_max_position_embeddings": 16}},
+                  dtype="BF16", prefix="model.", shards=2),
+    "mistral": dict(config={"model_type": "mistral", "hidden_size": 32, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2, "sliding_window": 4,
+                            "rope_theta": 10000.0, "rope_scaling": {"type": "linear", "factor": 2.0}},
+                    dtype="BF16", prefix="model."),
+    "qwen2": dict(config={"model_type": "qwen2", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                          "num_hidden_layers": 2, "rope_theta": 1000000.0, "use_sliding_window": True,
+                          "sliding_window": 3, "max_window_layers": 1}, dtype="F32", prefix="model."),
+    "qwen3": dict(config={"model_type": "qwen3", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                          "head_dim": 16, "num_hidden_layers": 2, "rms_norm_eps": 1e-6,
+                          "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}},
+                  dtype="BF16", prefix="model."),
+    "gemma2": dict(config={"model_type": "gemma2", "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                           "head_dim": 16, "num_hidden_layers": 2, "query_pre_attn_scalar": 24,
+                           "attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0, "sliding_window": 4,
+                           "rope_theta": 10000.0}, dtype="F32", prefix="model."),
+}
+DECODERS = ("gpt2", "bloom", "llama", "mistral", "qwen2", "qwen3", "gemma2")
+# a diffusers UNet transformer block (no config.json of its own): d 32, 4 heads, cross width 24
+DIFFUSERS_PREFIX = "down_blocks.0.attentions.0.transformer_blocks.0."
+
+
+def heads_of(cfg):
+    return cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("num_heads")))
+
+
+def dims(cfg):
+    """(d_model, heads, kv_heads, head_dim) as the family's config gives them."""
+    d = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
+    H = heads_of(cfg)
+    Hkv = cfg.get("num_key_value_heads", H)
+    hd = cfg.get("head_dim", cfg.get("d_kv", d // H))
+    return d, H, Hkv, hd
+
+
+def stored(a, dtype):
+    """The weight as the checkpoint stores it: (safetensors entry, its float64 value)."""
+    a = np.asarray(a, np.float64)
+    if dtype == "BF16":
+        return ("BF16", mha_weights.bf16_bits(a)), mha_weights.to_bf16(a)
+    np_t = {"F32": np.float32, "F16": np.float16, "F64": np.float64}[dtype]
+    v = a.astype(np_t)
+    return v, v.astype(np.float64)
+
+
+def family_tensors(family, rng, weight_scale=1.0):
+    """{name: float64 array} of the family's attention tensors (and a few neighbours a loader must
+    skip), every layer, names as published (without the prefix)."""
+    spec = FAMILIES[family]
+    cfg = spec["config"]
+    d, H, Hkv, hd = dims(cfg)
+    layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
+    g = lambda *shape, s=None: rng.normal(0, (s or 1.0 / np.sqrt(shape[-1])) * weight_scale, shape)  # noqa: E731
+    b = lambda n: rng.normal(0, 0.1, n)  # noqa: E731
+    t = {}
+    for n in range(layers):
+        if family in ("bert", "roberta", "vit", "deit"):
+            inner = "self" if family in ("bert", "roberta") else "attention"
+            a = f"encoder.layer.{n}.attention."
+            for p in ("query", "key", "value"):
+                t[a + f"{inner}.{p}.weight"], t[a + f"{inner}.{p}.bias"] = g(d, d), b(d)
+            t[a + "output.dense.weight"], t[a + "output.dense.bias"] = g(d, d), b(d)
+            t[f"encoder.layer.{n}.intermediate.dense.weight"] = g(2 * d, d)
+        elif family == "gpt2":
+            a = f"h.{n}.attn."
+            t[a + "c_attn.weight"], t[a + "c_attn.bias"] = g(d, 3 * d, s=1 / np.sqrt(d)), b(3 * d)
+            t[a + "c_proj.weight"], t[a + "c_proj.bias"] = g(d, d), b(d)
+            t[f"h.{n}.ln_1.weight"] = np.ones(d)
+        elif family == "t5":
+            for stack in ("encoder", "decoder"):
+                a = f"{stack}.block.{n}.layer.0.SelfAttention."
+                for p in "qkv":
+                    t[a + f"{p}.weight"] = g(H * hd, d)
+                t[a + "o.weight"] = g(d, H * hd)
+                if n == 0:
+                    t[a + "relative_attention_bias.weight"] = rng.normal(0, 1.0, (cfg["relative_attention_num_buckets"], H))
+                t[f"{stack}.block.{n}.layer.0.layer_norm.weight"] = np.ones(d)
+            a = f"decoder.block.{n}.layer.1.EncDecAttention."
+            for p in "qkv":
+                t[a + f"{p}.weight"] = g(H * hd, d)
+            t[a + "o.weight"] = g(d, H * hd)
+        elif family == "bloom":
+            a = f"h.{n}.self_attention."
+            t[a + "query_key_value.weight"], t[a + "query_key_value.bias"] = g(3 * d, d), b(3 * d)
+            t[a + "dense.weight"], t[a + "dense.bias"] = g(d, d), b(d)
+            t[f"h.{n}.input_layernorm.weight"] = np.ones(d)
+        else:  # llama-like
+            a = f"layers.{n}.self_attn."
+            t[a + "q_proj.weight"], t[a + "k_proj.weight"] = g(H * hd, d), g(Hkv * hd, d)
+            t[a + "v_proj.weight"], t[a + "o_proj.weight"] = g(Hkv * hd, d), g(d, H * hd)
+            if family == "qwen2":
+                t[a + "q_proj.bias"], t[a + "k_proj.bias"], t[a + "v_proj.bias"] = b(H * hd), b(Hkv * hd), b(Hkv * hd)
+            if family == "qwen3":
+                t[a + "q_norm.weight"], t[a + "k_norm.weight"] = 1 + rng.normal(0, 0.2, hd), 1 + rng.normal(0, 0.2, hd)
+            t[f"layers.{n}.input_layernorm.weight"] = np.ones(d)
+    if family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
+        t["embed_tokens.weight"] = g(50, d)
+    if family == "gpt2":
+        t["wte.weight"] = g(50, d)
+    return t
+
+
+def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None):
+    """config.json and the weights (single file or shards with their index) under out_dir, as the
+    family's publisher lays them out. Returns {published name without prefix: float64 value as
+    stored}."""
+    spec = FAMILIES[family]
+    os.makedirs(out_dir, exist_ok=True)
+    cfg = dict(spec["config"])
+    if config_edit:
+        config_edit(cfg)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    values, entries = {}, {}
+    for name, a in family_tensors(family, rng, weight_scale).items():
+        entries[spec["prefix"] + name], values[name] = stored(a, spec["dtype"])
+    if family == "gpt2":  # the causal-mask buffers the published file carries, which a loader skips
+        for n in range(cfg["n_layer"]):
+            entries[f"h.{n}.attn.bias"] = ("BOOL", np.tril(np.ones((1, 1, 8, 8), np.uint8)))
+    shards = spec.get("shards", 1)
+    if shards == 1:
+        mha_weights.write_safetensors(os.path.join(out_dir, "model.safetensors"), entries, {"format": "pt"})
+        return values
+    names = sorted(entries)
+    weight_map = {}
+    for s in range(shards):
+        fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: entries[n] for n in names[s::shards]}
+        mha_weights.write_safetensors(os.path.join(out_dir, fname), part, {"format": "pt"})
+        weight_map.update({n: fname for n in part})
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2, sort_keys=True)
+    return values
+
+
+def write_diffusers(path, rng, dtype="F16"):
+    """A UNet file with one transformer block: attn1 (self, d 32) and attn2 (cross, width 24),
+    to_q / to_k / to_v without bias, to_out.0 with one. Returns its values by name."""
+    d, inner, cross = 32, 32, 24
+    t = {}
+    for attn, kd in (("attn1", d), ("attn2", cross)):
+        a = DIFFUSERS_PREFIX + attn + "."
+        t[a + "to_q.weight"] = rng.normal(0, 1 / np.sqrt(d), (inner, d))
+        t[a + "to_k.weight"] = rng.normal(0, 1 / np.sqrt(kd), (inner, kd))
+        t[a + "to_v.weight"] = rng.normal(0, 1 / np.sqrt(kd), (inner, kd))
+        t[a + "to_out.0.weight"] = rng.normal(0, 1 / np.sqrt(inner), (d, inner))
+        t[a + "to_out.0.bias"] = rng.normal(0, 0.1, d)
+    t[DIFFUSERS_PREFIX + "norm1.weight"] = np.ones(d)
+    entries, values = {}, {}
+    for n, a in t.items():
+        entries[n], values[n] = stored(a, dtype)
+    mha_weights.write_safetensors(path, entries, {"format": "pt"})
+    return values
+
+
+# ---- the float64 definitions ----------------------------------------------------------------
+
+def softmax_attention(q, k, v, scale, visible, bias=None, softcap=None):
+    """q [B, H, Sq, hd], k / v [B, H, Sk, hd] (grouped heads already repeated): the scaled
+    scores, soft-capped, plus the bias, hidden keys out; rows without a visible key give 0."""
+    s = scale * (q @ k.transpose(0, 1, 3, 2))
+    if softcap:
+        s = softcap * np.tanh(s / softcap)
+    if bias is not None:
+        s = s + bias
+    s = np.where(visible, s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
+    l = e.sum(axis=-1, keepdims=True)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(l > 0, (e @ v) / l, 0.0)
+
+
+def heads_split(x, H, hd):
+    B, S, _ = x.shape
+    return x.reshape(B, S, H, hd).transpose(0, 2, 1, 3)
+
+
+def heads_merge(o):
+    B, H, S, hd = o.shape
+    return o.transpose(0, 2, 1, 3).reshape(B, S, H * hd)
+
+
+def t5_bucket(rel, bidirectional, num_buckets, max_distance):
+    """Hugging Face's T5Attention._relative_position_bucket (the log in float32, truncated)."""
+    rel = np.asarray(rel, np.int64)
+    ret = np.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        ret += (rel > 0).astype(np.int64) * num_buckets
+        n = np.abs(rel)
+    else:
+        n = -np.minimum(rel, 0)
+    max_exact = num_buckets // 2
+    small = n < max_exact
+    with np.errstate(divide="ignore"):  # (n = 0 takes the small branch; its large value is unused)
+        large = max_exact + (np.log(np.maximum(n, 1).astype(np.float32) / np.float32(max_exact)) /
+                             np.float32(math.log(max_distance / max_exact)) *
+                             np.float32(num_buckets - max_exact)).astype(np.int64)
+    large = np.minimum(large, num_buckets - 1)
+    return ret + np.where(small, n, large)
+
+
+def bloom_slopes(H):
+    """BLOOM's build_alibi_tensor slopes (float32)."""
+    cp2 = 2 ** math.floor(math.log2(H))
+    base = np.float32(2 ** (-(2 ** -(math.log2(cp2) - 3))))
+    slopes = [base ** np.float32(i) for i in range(1, 1 + cp2)]
+    if cp2 != H:
+        extra = np.float32(2 ** (-(2 ** -(math.log2(2 * cp2) - 3))))
+        slopes += [extra ** np.float32(i) for i in range(1, 1 + 2 * min(cp2, H - cp2), 2)]
+    return np.array(slopes, np.float64)
+
+
+def rms_norm(x, w, eps):
+    return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
+
+
+def rope_of_config(cfg, hd):
+    """rope_reference's keywords from a config (rope_theta / rope_scaling, or rope_parameters)."""
+    p = cfg.get("rope_parameters")
+    s = p if p is not None else cfg.get("rope_scaling")
+    kw = dict(theta=(p or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
+    if s:
+        kind = s.get("rope_type", s.get("type"))
+        if kind == "linear":
+            kw.update(scaling="linear", factor=s["factor"])
+        elif kind == "llama3":
+            kw.update(scaling="llama3", factor=s["factor"], low=s["low_freq_factor"], high=s["high_freq_factor"],
+                      original=s["original_max_position_embeddings"])
+    return kw
+
+
+def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stack="encoder", attention="self",
+              rnd=None):
+    """The family's attention sub-layer on x [B, S, d] in float64 from the published tensors W
+    (names without prefix): projections, attention, output projection. enc: the encoder output
+    for cross-attention; pad [B, Sk] True = padding; positions [B, S] (rotary families; default
+    0..S-1). rnd: the rounding of a 16-bit layer's activations (projections, attention output)."""
+    rnd = rnd or (lambda a: a)
+    x = np.asarray(x, np.float64)
+    B, S, _ = x.shape
+    d, H, Hkv, hd = dims(cfg)
+    lin = lambda a, w, bias=None: a @ w.T + (0 if bias is None else bias)  # noqa: E731  nn.Linear
+    src = x if enc is None else np.asarray(enc, np.float64)
+    Sk = src.shape[1]
+    i, j = np.arange(S)[:, None], np.arange(Sk)[None, :]
+    visible = np.ones((B, 1, S, Sk), bool)
+    if pad is not None:
+        visible &= ~np.asarray(pad, bool)[:, None, None, :]
+    bias, softcap = None, None
+    scale = 1.0 / np.sqrt(hd)
+    if family in ("bert", "roberta", "vit", "deit"):
+        inner = "self" if family in ("bert", "roberta") else "attention"
+        a = f"encoder.layer.{layer}.attention."
+        q, k, v = (rnd(lin(x, W[a + f"{inner}.{p}.weight"], W[a + f"{inner}.{p}.bias"])) for p in ("query", "key", "value"))
+        wo, bo = W[a + "output.dense.weight"], W[a + "output.dense.bias"]
+    elif family == "gpt2":  # Conv1D: x W + b, c_attn's columns q | k | v
+        a = f"h.{layer}.attn."
+        qkv = rnd(x @ W[a + "c_attn.weight"] + W[a + "c_attn.bias"])
+        q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+        wo, bo = W[a + "c_proj.weight"].T, W[a + "c_proj.bias"]
+        if cfg.get("scale_attn_by_inverse_layer_idx"):
+            scale /= layer + 1
+        visible &= j <= i
+    elif family == "t5":
+        sub = "layer.1.EncDecAttention." if attention == "cross" else "layer.0.SelfAttention."
+        a = f"{stack}.block.{layer}.{sub}"
+        q, k, v = rnd(lin(x, W[a + "q.weight"])), rnd(lin(src, W[a + "k.weight"])), rnd(lin(src, W[a + "v.weight"]))
+        wo, bo = W[a + "o.weight"], None
+        scale = 1.0
+        if attention == "self":
+            table = W[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
+            buckets = t5_bucket(j - i, stack == "encoder", cfg["relative_attention_num_buckets"],
+                                cfg.get("relative_attention_max_distance", 128))
+            bias = table[buckets].transpose(2, 0, 1)[None]  # [1, H, S, Sk]
+            if stack == "decoder":
+                visible &= j <= i
+    elif family == "bloom":  # fused_qkv.view(B, S, H, 3, hd)
+        a = f"h.{layer}.self_attention."
+        f = rnd(lin(x, W[a + "query_key_value.weight"], W[a + "query_key_value.bias"])).reshape(B, S, H, 3, hd)
+        q, k, v = (f[..., t, :].reshape(B, S, H * hd) for t in range(3))
+        wo, bo = W[a + "dense.weight"], W[a + "dense.bias"]
+        # alibi = slope * key position, from the padding mask's cumulative sum
+        keep = np.ones((B, Sk)) if pad is None else (~np.asarray(pad, bool)).astype(np.float64)
+        kpos = (np.cumsum(keep, axis=-1) - 1) * keep
+        bias = bloom_slopes(H)[None, :, None, None] * kpos[:, None, None, :]
+        visible &= j <= i
+    else:
+        a = f"layers.{layer}.self_attn."
+        q = lin(x, W[a + "q_proj.weight"], W.get(a + "q_proj.bias"))
+        k = lin(x, W[a + "k_proj.weight"], W.get(a + "k_proj.bias"))
+        v = lin(x, W[a + "v_proj.weight"], W.get(a + "v_proj.bias"))
+        q, k, v = rnd(q), rnd(k), rnd(v)
+        wo, bo = W[a + "o_proj.weight"], W.get(a + "o_proj.bias")
+        visible &= j <= i
+        win = None
+        if family == "mistral":
+            win = cfg.get("sliding_window")
+        elif family in ("qwen2", "qwen3"):
+            if cfg.get("use_sliding_window") and layer >= cfg.get("max_window_layers", 0):
+                win = cfg.get("sliding_window")
+        elif family == "gemma2":
+            win = cfg["sliding_window"] if layer % 2 == 0 else None
+            scale = cfg["query_pre_attn_scalar"] ** -0.5
+            softcap = cfg.get("attn_logit_softcapping")
+        if win:
+            visible &= j > i - win
+    if family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
+        q, k = heads_split(q, H, hd), heads_split(k, Hkv, hd)
+        if family == "qwen3":
+            eps = cfg.get("rms_norm_eps", 1e-6)
+            q = rnd(rms_norm(q, W[a + "q_norm.weight"], eps))
+            k = rnd(rms_norm(k, W[a + "k_norm.weight"], eps))
+        pos = positions if positions is not None else np.broadcast_to(np.arange(S), (B, S))
+        kw = rope_of_config(cfg, hd)
+        q, k = rnd(mha_weights.rope_reference(q, pos, **kw)), rnd(mha_weights.rope_reference(k, pos, **kw))
+    else:
+        q, k = heads_split(q, H, hd), heads_split(k, Hkv, hd)
+    v = heads_split(v, Hkv, hd)
+    k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
+    o = rnd(heads_merge(softmax_attention(q, k, v, scale, visible, bias, softcap)))
+    return rnd(lin(o, wo, bo))
+
+
+def diffusers_reference(W, x, enc=None, heads=4, attention="self"):
+    """A diffusers Attention (attn1 / attn2): to_q / to_k / to_v, SDPA at 1/sqrt(head_dim),
+    to_out.0."""
+    a = DIFFUSERS_PREFIX + ("attn1." if attention == "self" else "attn2.")
+    x = np.asarray(x, np.float64)
+    src = x if enc is None else np.asarray(enc, np.float64)
+    q, k, v = x @ W[a + "to_q.weight"].T, src @ W[a + "to_k.weight"].T, src @ W[a + "to_v.weight"].T
+    hd = q.shape[-1] // heads
+    q, k, v = heads_split(q, heads, hd), heads_split(k, heads, hd), heads_split(v, heads, hd)
+    visible = np.ones((x.shape[0], 1, x.shape[1], src.shape[1]), bool)
+    o = heads_merge(softmax_attention(q, k, v, 1 / np.sqrt(hd), visible))
+    return o @ W[a + "to_out.0.weight"].T + W[a + "to_out.0.bias"]
+
+
+if __name__ == "__main__":
+    out, family = sys.argv[1], sys.argv[2]
+    if family == "diffusers":
+        os.makedirs(out, exist_ok=True)
+        write_diffusers(os.path.join(out, "diffusion_pytorch_model.safetensors"), np.random.default_rng(0))
+    else:
+        write_checkpoint(out, family, np.random.default_rng(0))

@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""`simdattn mha --model` and `--family diffusers` on tiny checkpoints of every supported family
+(model_families.py: config.json and safetensors with the published tensor names, shapes and
+dtypes) against each family's attention sub-layer in float64, on every backend; and the exit
+code and one-line error for broken model directories.
+
+    python3 test_models.py path/to/simdattn [unittest args]
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import mha_weights  # noqa: E402
+import model_families as mf  # noqa: E402
+
+BIN = None
+
+
+def backends():
+    r = subprocess.run([BIN, "info"], capture_output=True, text=True)
+    return ["reference", "native"] + (["onednn"] if "onednn" in r.stdout.split("backends:")[-1].split("\n")[0] else [])
+
+
+# Tolerance on max |y - want| / max(1, max |want|): the layer's dtype against float64.
+TOL = {"F32": 1e-4, "F16": 1e-4, "BF16": 4e-2}
+
+
+class Models(unittest.TestCase):
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory(prefix="simdattn_models_")
+        self.dir = self.tmp.name
+        self.rng = np.random.default_rng(20261201)
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def path(self, *names):
+        return os.path.join(self.dir, *names)
+
+    def save(self, name, a):
+        np.save(self.path(name), a)
+        return self.path(name)
+
+    def run_cli(self, *args):
+        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
+
+    def mha(self, *args, rc=0):
+        r = self.run_cli("mha", "--out", self.path("y.npy"), *args)
+        self.assertEqual(r.returncode, rc, r.stderr)
+        if rc != 0:
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)  # one line
+            self.assertFalse(os.path.exists(self.path("y.npy")))
+            return r.stderr
+        return np.load(self.path("y.npy"))
+
+    def check(self, y, want, dtype, what):
+        err = np.abs(y - want).max() / max(1.0, np.abs(want).max())
+        self.assertLess(err, TOL[dtype], what)
+
+    def model(self, family, **kw):
+        d = self.path(family)
+        W = mf.write_checkpoint(d, family, self.rng, **kw)
+        return d, W
+
+    def test_every_family_self_attention_every_backend_with_padding(self):
+        for family, spec in mf.FAMILIES.items():
+            d, W = self.model(family, weight_scale=2.0)
+            cfg = spec["config"]
+            dm = mf.dims(cfg)[0]
+            B, S = 2, 7
+            x = self.rng.standard_normal((B, S, dm)).astype(np.float32)
+            decoder = family in mf.DECODERS
+            pad = np.zeros((B, S), bool)
+            positions = None
+            if decoder:  # left padding, positions counted from the first real token
+                pad[1, :2] = True
+                positions = np.maximum(np.cumsum(~pad, axis=1) - 1, 0).astype(np.int64)
+            else:
+                pad[1, 5:] = True
+            extra = ["--key-padding-mask", self.save("pad.npy", pad)]
+            if positions is not None:
+                extra += ["--positions", self.save("pos.npy", positions)]
+            rnd = mha_weights.to_bf16 if spec["dtype"] == "BF16" else None
+            xin = mha_weights.to_bf16(x) if rnd else x
+            stacks = ["encoder", "decoder"] if family == "t5" else [None]
+            for layer in (0, 1):
+                for stack in stacks:
+                    s_args = ["--stack", stack] if stack else []
+                    causal_stack = decoder or stack == "decoder"
+                    want = mf.reference(family, cfg, W, layer, xin, pad=pad, positions=positions,
+                                        stack=stack or "encoder", rnd=rnd)
+                    rows = ~pad[:, :, None] if causal_stack else np.ones((B, S, 1), bool)  # pad queries: no row
+                    for backend in backends():
+                        what = f"{family} layer {layer} {stack or ''} {backend}"
+                        y = self.mha("--model", d, "--layer", str(layer), *s_args, "--query", self.save("x.npy", x),
+                                     "--backend", backend, "--threads", "2", *extra)
+                        self.assertEqual(y.dtype, np.float32)
+                        self.check(np.where(rows, y, 0), np.where(rows, want, 0), spec["dtype"], what)
+
+    def test_t5_cross_attention_and_diffusers_blocks(self):
+        d, W = self.model("t5")
+        cfg = mf.FAMILIES["t5"]["config"]
+        x = self.rng.standard_normal((2, 5, 32)).astype(np.float32)
+        enc = self.rng.standard_normal((2, 9, 32)).astype(np.float32)
+        pad = np.zeros((2, 9), bool)
+        pad[0, 7:] = True
+        for backend in backends():
+            y = self.mha("--model", d, "--layer", "1", "--stack", "decoder", "--attention", "cross", "--query",
+                         self.save("x.npy", x), "--key", self.save("k.npy", enc), "--value", self.save("v.npy", enc),
+                         "--key-padding-mask", self.save("pad.npy", pad), "--backend", backend)
+            want = mf.reference("t5", cfg, W, 1, x, enc=enc, pad=pad, stack="decoder", attention="cross")
+            self.check(y, want, "F32", "t5 cross " + backend)
+        path = self.path("unet.safetensors")
+        W = mf.write_diffusers(path, self.rng)
+        x = self.rng.standard_normal((2, 16, 32)).astype(np.float32)
+        ctx = self.rng.standard_normal((2, 6, 24)).astype(np.float32)
+        for backend in backends():
+            y = self.mha("--weights", path, "--family", "diffusers", "--prefix", mf.DIFFUSERS_PREFIX, "--heads", "4",
+                         "--query", self.save("x.npy", x), "--backend", backend)
+            self.check(y, mf.diffusers_reference(W, x), "F16", "attn1 " + backend)
+            y = self.mha("--weights", path, "--family", "diffusers", "--prefix", mf.DIFFUSERS_PREFIX.rstrip("."),
+                         "--heads", "4", "--attention", "cross", "--query", self.save("x.npy", x),
+                         "--key", self.save("c.npy", ctx), "--value", self.save("c.npy", ctx), "--backend", backend)
+            self.check(y, mf.diffusers_reference(W, x, enc=ctx, attention="cross"), "F16", "attn2 " + backend)
+
+    def test_float64_query_computes_in_float64(self):
+        """An F32 checkpoint on a float64 query runs an f64 layer: agreement to rounding."""
+        d, W = self.model("gemma2")
+        cfg = mf.FAMILIES["gemma2"]["config"]
+        x = self.rng.standard_normal((1, 9, 32))
+        for layer in (0, 1):
+            y = self.mha("--model", d, "--layer", str(layer), "--query", self.save("x.npy", x))
+            self.assertEqual(y.dtype, np.float64)
+            want = mf.reference("gemma2", cfg, W, layer, x)
+            self.assertLess(np.abs(y - want).max(), 1e-10)
+
+    def test_broken_model_directories_exit_2_naming_the_fault(self):
+        x = self.save("x.npy", self.rng.standard_normal((1, 4, 32)).astype(np.float32))
+        d, _ = self.model("llama")  # sharded
+        shards = sorted(f for f in os.listdir(d) if f.startswith("model-"))
+        cases = []
+        # a missing shard
+        missing = self.path("missing")
+        mf.write_checkpoint(missing, "llama", self.rng)
+        os.remove(os.path.join(missing, shards[1]))
+        cases.append((["--model", missing, "--layer", "0"], shards[1]))
+        # a truncated shard
+        trunc = self.path("trunc")
+        mf.write_checkpoint(trunc, "llama", self.rng)
+        p = os.path.join(trunc, shards[0])
+        with open(p, "r+b") as f:
+            f.truncate(os.path.getsize(p) - 10)
+        cases.append((["--model", trunc, "--layer", "0"], shards[0]))
+        # no weights at all
+        empty = self.path("empty")
+        os.makedirs(empty)
+        with open(os.path.join(empty, "config.json"), "w") as f:
+            json.dump(mf.FAMILIES["bert"]["config"], f)
+        cases.append((["--model", empty, "--layer", "0"], "model.safetensors"))
+        # no config.json
+        cases.append((["--model", self.path("nowhere"), "--layer", "0"], "config.json"))
+        # a config without a key the family needs
+        nokey = self.path("nokey")
+        mf.write_checkpoint(nokey, "bert", self.rng, config_edit=lambda c: c.pop("num_attention_heads"))
+        cases.append((["--model", nokey, "--layer", "0"], "num_attention_heads"))
+        # an unknown model_type, an unsupported rope scaling
+        unknown = self.path("unknown")
+        mf.write_checkpoint(unknown, "bert", self.rng, config_edit=lambda c: c.update(model_type="mamba"))
+        cases.append((["--model", unknown, "--layer", "0"], "mamba"))
+        yarn = self.path("yarn")
+        mf.write_checkpoint(yarn, "mistral", self.rng,
+                            config_edit=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+        cases.append((["--model", yarn, "--layer", "0"], "yarn"))
+        # a tensor of the wrong shape
+        shape = self.path("shape")
+        mf.write_checkpoint(shape, "qwen2", self.rng, config_edit=lambda c: c.update(num_key_value_heads=4))
+        cases.append((["--model", shape, "--layer", "0"], "layers.0.self_attn.k_proj.weight"))
+        # a layer past the last, a stack the family lacks
+        cases.append((["--model", d, "--layer", "2"], "--layer"))
+        cases.append((["--model", d, "--layer", "0", "--stack", "decoder"], "--stack"))
+        # an index naming a file outside the directory
+        evil = self.path("evil")
+        mf.write_checkpoint(evil, "llama", self.rng)
+        idx = os.path.join(evil, "model.safetensors.index.json")
+        with open(idx) as f:
+            j = json.load(f)
+        j["weight_map"]["model.layers.0.self_attn.q_proj.weight"] = "../x.npy"
+        with open(idx, "w") as f:
+            json.dump(j, f)
+        cases.append((["--model", evil, "--layer", "0"], "../x.npy"))
+        for args, named in cases:
+            err = self.mha(*args, "--query", x, rc=2)
+            self.assertIn(named, err, args)
+        # flags the config sets are refused with --model
+        err = self.mha("--model", d, "--layer", "0", "--query", x, "--rope-theta", "10", rc=2)
+        self.assertIn("--rope-theta", err)
+
+
+if __name__ == "__main__":
+    BIN = os.path.abspath(sys.argv.pop(1))
+    unittest.main()
