@@ -1,11 +1,14 @@
-// mha/<backend>/{bert-layer,gpt-layer}/t<N>: the whole layer (four projections + attention core)
-// on docs/design.md's layer workloads; GFLOP/s counts 8*B*S*d^2 for the projections plus the core's
-// visible-pair FLOPs. The backend names the attention core; projections are the native GEMM.
+// mha/<backend>/{bert-layer,gpt-layer}/t<N>, mha/native/llama-layer/t<N>: the whole layer (four
+// projections + attention core) on docs/design.md's layer workloads; GFLOP/s counts
+// 2*B*S*d*(2*H*hd + 2*Hkv*hd) for the projections (8*B*S*d^2 without grouped heads) plus the
+// core's visible-pair FLOPs. native: projections on the native GEMM; onednn: every product on
+// oneDNN (projections and attention core).
 //
-// decode/<backend>/gpt-layer-kv<N>/t<N>: one decode step (B=1, one new token, d_model 1024,
-// 16 heads) against a KV cache holding N tokens; the cache is truncated back to N after every
-// step. GB/s counts the bytes a step must read (the four weight matrices and the cache's K and
-// V); counters p50_ms, p90_ms, p99_ms give the latency distribution over all steps timed.
+// decode/<backend>/gpt-layer-kv<N>/t<N>, decode/native/llama-layer-kv4096/t<N>: one decode step
+// (B=1, one new token) of that layer against a KV cache holding N tokens; the cache is truncated
+// back to N after every step. GB/s counts the bytes a step must read (the four weight matrices
+// and the cache's K and V); counters p50_ms, p90_ms, p99_ms give the latency distribution over
+// all steps timed.
 //
 // mha/native/<layer>.bf16 and .f16, decode/native/gpt-layer-kv<N>.bf16 and .f16: the same
 // layers with weights, inputs and cache rounded to that dtype (bytes counted in 2-byte elements).
@@ -25,16 +28,20 @@ namespace {
 
 struct LayerWorkload {
   const char* name;
-  std::int64_t B, S, d, H;
+  std::int64_t B, S, d, H, Hkv;
   simdattn::Causal causal;
+  bool rope = false;  // RoPE on q and k (theta 500000, rotate_half over the whole head)
 };
-constexpr LayerWorkload kLayers[] = {{"bert-layer", 1, 128, 768, 12, simdattn::Causal::none},
-                                     {"gpt-layer", 1, 1024, 1024, 16, simdattn::Causal::top_left}};
+constexpr LayerWorkload kLayers[] = {{"bert-layer", 1, 128, 768, 12, 12, simdattn::Causal::none},
+                                     {"gpt-layer", 1, 1024, 1024, 16, 16, simdattn::Causal::top_left}};
+// Llama 3.2 1B's attention layer (d_model 2048, 32 heads of 64, 8 kv heads), native only
+constexpr LayerWorkload kLlama{"llama-layer", 1, 1024, 2048, 32, 8, simdattn::Causal::top_left, true};
 
 using simdattn::perf::from_float;
 
 template <class T>
-simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H, bool rope = false) {
+simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H, std::int64_t Hkv, bool rope = false,
+                                        double theta = 10000.0) {
   std::mt19937 rng(3);
   std::normal_distribution<float> n(0.f, 1.f / 32.f);
   auto v = [&](std::int64_t k) {
@@ -42,32 +49,39 @@ simdattn::MultiHeadAttention make_layer(std::int64_t d, std::int64_t H, bool rop
     for (T& e : x) e = from_float<T>(n(rng));
     return x;
   };
-  simdattn::MhaConfig cfg{.d_model = d, .heads = H};
-  if (rope) cfg.rope = simdattn::RopeConfig{};  // theta 10000, rotate_half over the whole head
+  simdattn::MhaConfig cfg{.d_model = d, .heads = H, .kv_heads = Hkv};
+  if (rope) cfg.rope = simdattn::RopeConfig{.theta = theta};  // rotate_half over the whole head
+  const std::int64_t nkv = d / H * Hkv;
   return simdattn::MultiHeadAttention(cfg,
-                                      simdattn::MhaWeights<T>{v(d * d), v(d * d), v(d * d), v(d * d), v(d), v(d),
-                                                              v(d), v(d)});
+                                      simdattn::MhaWeights<T>{v(d * d), v(nkv * d), v(nkv * d), v(d * d), v(d), v(nkv),
+                                                              v(nkv), v(d)});
+}
+
+// The projections' FLOPs of a layer: q and o d x d, k and v d x (Hkv * hd).
+double projection_flops(const LayerWorkload& w) {
+  const double nkv = double(w.d / w.H * w.Hkv);
+  return 2.0 * double(w.B * w.S) * double(w.d) * (2.0 * double(w.d) + 2.0 * nkv);
 }
 
 template <class T>
 void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend backend, int threads, bool rope = false) {
-  const auto layer = make_layer<T>(w.d, w.H, rope);
+  const auto layer = make_layer<T>(w.d, w.H, w.Hkv, rope || w.rope, w.rope ? 500000.0 : 10000.0);
   std::vector<T> x(static_cast<std::size_t>(w.B * w.S * w.d), from_float<T>(0.1f)), y(x.size());
   simdattn::MhaOptions opt;
   opt.backend = backend;
   opt.threads = threads;
   opt.causal = w.causal;
-  const double flops = 8.0 * double(w.B * w.S) * double(w.d) * double(w.d) +
-                       simdattn::attention_flops(w.B, w.H, w.S, w.S, w.d / w.H, w.d / w.H, w.causal);
+  const double flops = projection_flops(w) + simdattn::attention_flops(w.B, w.H, w.S, w.S, w.d / w.H, w.d / w.H, w.causal);
   simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
     layer.forward(simdattn::ConstSeqView(x.data(), w.B, w.S, w.d), simdattn::SeqView(y.data(), w.B, w.S, w.d), opt);
   });
 }
 
 template <class T>
-void bench_decode(benchmark::State& state, std::int64_t cached, simdattn::Backend backend, int threads) {
-  const std::int64_t d = 1024, H = 16;
-  const auto layer = make_layer<T>(d, H);
+void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached, simdattn::Backend backend,
+                  int threads) {
+  const std::int64_t d = w.d, nkv = w.d / w.H * w.Hkv;
+  const auto layer = make_layer<T>(d, w.H, w.Hkv, w.rope, 500000.0);
   simdattn::KvCache cache(layer, 1, cached + 1);
   simdattn::MhaOptions opt;
   opt.backend = backend;
@@ -84,7 +98,8 @@ void bench_decode(benchmark::State& state, std::int64_t cached, simdattn::Backen
   step();  // warm-up
   std::vector<double> ms;
   ms.reserve(100000);
-  const double bytes = double(sizeof(T)) * (4.0 * double(d) * double(d) + 2.0 * double(cached) * double(d));
+  const double bytes =
+      double(sizeof(T)) * (2.0 * double(d) * double(d) + 2.0 * double(nkv) * double(d) + 2.0 * double(cached) * double(nkv));
   simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
     const auto t0 = std::chrono::steady_clock::now();
     step();
@@ -123,13 +138,26 @@ int register_all() {
       if (b == Backend::reference) continue;
       for (std::int64_t n : {512, 4096}) {
         const std::string name = "decode/" + be + "/gpt-layer-kv" + std::to_string(n);
-        benchmark::RegisterBenchmark((name + ts).c_str(), bench_decode<float>, n, b, t)->Unit(benchmark::kMillisecond);
-        if (b != Backend::native) continue;
-        benchmark::RegisterBenchmark((name + ".bf16" + ts).c_str(), bench_decode<simdattn::bfloat16>, n, b, t)
+        benchmark::RegisterBenchmark((name + ts).c_str(), bench_decode<float>, kLayers[1], n, b, t)
             ->Unit(benchmark::kMillisecond);
-        benchmark::RegisterBenchmark((name + ".f16" + ts).c_str(), bench_decode<simdattn::float16>, n, b, t)
+        if (b != Backend::native) continue;
+        benchmark::RegisterBenchmark((name + ".bf16" + ts).c_str(), bench_decode<simdattn::bfloat16>, kLayers[1], n, b, t)
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark((name + ".f16" + ts).c_str(), bench_decode<simdattn::float16>, kLayers[1], n, b, t)
             ->Unit(benchmark::kMillisecond);
       }
+      if (b != Backend::native) continue;
+      benchmark::RegisterBenchmark(("mha/native/llama-layer" + ts).c_str(), bench_layer<float>, kLlama, b, t, false)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("mha/native/llama-layer.bf16" + ts).c_str(), bench_layer<simdattn::bfloat16>, kLlama,
+                                   b, t, false)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("decode/native/llama-layer-kv4096" + ts).c_str(), bench_decode<float>, kLlama, 4096,
+                                   b, t)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("decode/native/llama-layer-kv4096.bf16" + ts).c_str(),
+                                   bench_decode<simdattn::bfloat16>, kLlama, 4096, b, t)
+          ->Unit(benchmark::kMillisecond);
     }
   }
   return 0;

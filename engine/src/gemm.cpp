@@ -499,6 +499,20 @@ PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int6
   return pb;
 }
 
+template <class T>
+std::vector<T> unpack_matrix_b(const PackedB<T>& pb) {
+  std::vector<T> out(static_cast<std::size_t>(pb.K * pb.N));
+  for (std::int64_t p = 0; p < pb.K; p += pb.kc)
+    for (std::int64_t j = 0; j < pb.N; j += pb.nr) {
+      const T* panel = pb.panel(j, p);
+      for (std::int64_t k = p; k < std::min<std::int64_t>(pb.K, p + pb.kc); ++k)
+        for (std::int64_t c = 0; c < pb.nr && j + c < pb.N; ++c) out[static_cast<std::size_t>(k * pb.N + j + c)] = panel[(k - p) * pb.nr + c];
+    }
+  return out;
+}
+
+template std::vector<float> unpack_matrix_b<float>(const PackedB<float>&);
+template std::vector<double> unpack_matrix_b<double>(const PackedB<double>&);
 template void gemm<float>(const GemmArgs<float>&, int, const simd::KernelTable*);
 template void gemm<double>(const GemmArgs<double>&, int, const simd::KernelTable*);
 template void gemm_reserve<float>(const GemmArgs<float>&, const simd::KernelTable*);

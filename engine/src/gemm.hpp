@@ -55,6 +55,11 @@ template <class T>
 PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N,
                          const simd::KernelTable* kt = nullptr);
 
+// The K x N matrix `pb` holds, row-major (leading dimension N): its panels unpacked (for a
+// caller that hands the same weights to another library).
+template <class T>
+std::vector<T> unpack_matrix_b(const PackedB<T>& pb);
+
 template <class T>
 struct GemmArgs {
   Trans trans_a = Trans::N, trans_b = Trans::N;

@@ -187,6 +187,19 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
   return pb;
 }
 
+std::vector<std::uint16_t> unpack_half_b(const PackedHalf& pb) {
+  std::vector<std::uint16_t> out(static_cast<std::size_t>(pb.K * pb.N));
+  for (std::int64_t p = 0; p < pb.K; p += pb.kc)
+    for (std::int64_t j = 0; j < pb.N; j += pb.nr) {
+      const std::uint16_t* panel = pb.panel(j, p);
+      for (std::int64_t k = 0; k < std::min<std::int64_t>(pb.kc, pb.K - p); ++k)
+        for (std::int64_t c = 0; c < pb.nr && j + c < pb.N; ++c)
+          out[static_cast<std::size_t>((p + k) * pb.N + j + c)] =
+              pb.pairs ? panel[(k / 2) * 2 * pb.nr + 2 * c + k % 2] : panel[k * pb.nr + c];
+    }
+  return out;
+}
+
 void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) {
   if (g.M <= 0 || g.N <= 0) return;
   const simd::KernelTable& table = kt ? *kt : simd::kernels();

@@ -47,6 +47,10 @@ inline const simd::HalfGemmKernels& half_gemm_kernels(const simd::KernelTable& t
 PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
                        const simd::KernelTable* kt = nullptr, bool pairs = false);
 
+// The K x N matrix (bf16 or f16 bits) `pb` holds, row-major (leading dimension N): its panels
+// unpacked.
+std::vector<std::uint16_t> unpack_half_b(const PackedHalf& pb);
+
 struct HalfGemmArgs {
   std::int64_t M = 0, N = 0, K = 0;
   const std::uint16_t* A = nullptr;  // M x K, leading dimension lda, the format B was packed in

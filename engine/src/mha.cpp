@@ -1,5 +1,5 @@
 // The multi-head attention layer and its KV cache (see mha.hpp). Projections run on the native
-// GEMM (torch's weight layout is op(B) = W^T, which the GEMM reads in place); the attention core
+// GEMM on pre-packed W^T (on the onednn backend: oneDNN matmuls on plain W^T); the attention core
 // runs on the backend the options name, over strided views of the projection outputs.
 #include "simdattn/mha.hpp"
 
@@ -9,12 +9,15 @@
 #include <type_traits>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 
 #include "element.hpp"
 #include "gemm.hpp"
 #include "gemm_half.hpp"
+#include "onednn_linear.hpp"
 #include "problem.hpp"
 #include "rope_impl.hpp"
 #include "simdattn/error.hpp"
@@ -60,10 +63,26 @@ Weights<T> pack_weights(const T* B, std::int64_t ldb, std::int64_t K, std::int64
 // (columns col .. col + N - 1 of it): no call packs a weight, and a decode step's
 // matrix-vector product streams each panel once. bf16/f16: the products and the bias summed in
 // f32, y rounded to nearest even.
+// With `plain` (w unpacked: W^T row-major, w's columns apart), on a oneDNN matmul instead: the
+// onednn backend's projections.
 template <class T>
 void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const Weights<T>& w, std::int64_t col,
-            std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads) {
+            std::int64_t N, const T* bias, T* y, std::int64_t ldy, int threads, const T* plain = nullptr) {
   if (M == 0 || N == 0) return;
+  if (plain != nullptr) {
+#if SIMDATTN_HAVE_ONEDNN
+    const float* b = nullptr;
+    if constexpr (std::is_same_v<T, float>) {
+      b = bias;
+    } else if (bias != nullptr) {
+      float* f = thread_buffer<float, Scratch::mha_linear_f32>().get(static_cast<std::size_t>(N));
+      for (std::int64_t j = 0; j < N; ++j) f[j] = static_cast<float>(detail::widen(bias[j]));
+      b = f;
+    }
+    detail::onednn_linear(dtype_of<T>(), x, M, K, ldx, plain + col, w.N, N, b, y, ldy, threads);
+    return;
+#endif
+  }
   if constexpr (kHalf<T>) {
     float* acc = thread_buffer<float, Scratch::mha_linear_f32>().get(static_cast<std::size_t>(M * N));
     detail::HalfGemmArgs g;
@@ -118,6 +137,13 @@ struct Layer {
   Weights<T> wo;                  // Wo^T [nq, d_model]
   std::vector<T> bo;
   detail::RopeTable rope;         // cfg.rope's frequencies (rotary_dim 0: no rope)
+  // The weights as plain W^T matrices (each packed one unpacked, row-major), for the onednn
+  // backend's projections: made on the layer's first onednn call, never otherwise.
+  struct Plain {
+    std::once_flag once;
+    std::vector<T> in, k, v, o;
+  };
+  std::unique_ptr<Plain> plain = std::make_unique<Plain>();
 
   const Weights<T>& wk() const { return packed ? w_in : w_k; }
   const Weights<T>& wv() const { return packed ? w_in : w_v; }
@@ -127,6 +153,29 @@ struct Layer {
   const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + k0; }
   const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + v0; }
   const T* bo_or_null() const { return bo.empty() ? nullptr : bo.data(); }
+  // The plain W^T of `w` (one of the packed weights) when the call runs on the onednn backend,
+  // else null (the native GEMM on the packed panels).
+  const T* onednn_w(const MhaOptions& o, const Weights<T>& w) const {
+    if (o.backend != Backend::onednn) return nullptr;
+    std::call_once(plain->once, [&] {
+      auto unpack = [](const Weights<T>& p) {
+        if constexpr (kHalf<T>) {
+          const std::vector<std::uint16_t> bits = detail::unpack_half_b(p);
+          std::vector<T> out(bits.size());
+          for (std::size_t i = 0; i < bits.size(); ++i) out[i].bits = bits[i];
+          return out;
+        } else {
+          return detail::unpack_matrix_b(p);
+        }
+      };
+      plain->in = unpack(w_in);
+      if (!packed) plain->k = unpack(w_k), plain->v = unpack(w_v);
+      plain->o = unpack(wo);
+    });
+    const Plain& p = *plain;
+    return &w == &w_in ? p.in.data() : &w == &wo ? p.o.data() : &w == &w_k ? (packed ? p.in.data() : p.k.data())
+                                                                          : (packed ? p.in.data() : p.v.data());
+  }
 };
 
 struct MultiHeadAttention::Impl {
@@ -485,14 +534,16 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   const std::int64_t M = B * S, N = L.n_in;
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
+         L.onednn_w(opt, L.w_in));
   position_qk(L, p, N, L.k0, B, S, opt.positions, nullptr, opt.threads);
   const ConstTensorView q(p, {B, H, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView k(p + L.k0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   const ConstTensorView v(p + L.v0, {B, Hkv, S, hd}, {S * N, hd, N, 1});
   attention(q, k, v, TensorView(o, {B, H, S, hd}, {S * L.nq, hd, L.nq, 1}), a);
   average_weights(wout, opt.attn_weights);
-  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads,
+         L.onednn_w(opt, L.wo));
 }
 
 template <class T>
@@ -520,18 +571,18 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   // k and v side by side in one [B*Sk, 2*nkv] buffer.
   const std::int64_t ldkv = 2 * L.nkv;
   linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.w_in, 0, L.nq, L.bq(), pq, L.nq,
-         opt.threads);
+         opt.threads, L.onednn_w(opt, L.w_in));
   linear(static_cast<const T*>(key.data), B * Sk, c.kdim, c.kdim, L.wk(), L.k_col(), L.nkv, L.bk(), pkv, ldkv,
-         opt.threads);
+         opt.threads, L.onednn_w(opt, L.wk()));
   linear(static_cast<const T*>(value.data), B * Sk, c.vdim, c.vdim, L.wv(), L.v_col(), L.nkv, L.bv(), pkv + L.nkv,
-         ldkv, opt.threads);
+         ldkv, opt.threads, L.onednn_w(opt, L.wv()));
   const ConstTensorView q(pq, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1});
   const ConstTensorView k(pkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   const ConstTensorView v(pkv + L.nkv, {B, Hkv, Sk, hd}, {Sk * ldkv, hd, ldkv, 1});
   attention(q, k, v, TensorView(o, {B, H, Sq, hd}, {Sq * L.nq, hd, L.nq, 1}), a);
   average_weights(wout, opt.attn_weights);
   linear(o, B * Sq, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model,
-         opt.threads);
+         opt.threads, L.onednn_w(opt, L.wo));
 }
 
 // The cache's storage and dtype, as cached_forward needs them.
@@ -572,7 +623,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
   const std::int64_t M = B * Tn, N = L.n_in;
   T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
   T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads);
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
+         L.onednn_w(opt, L.w_in));
   position_qk(L, p, N, L.k0, B, Tn, opt.positions, lengths.data(), opt.threads);  // (K appended rotated)
   // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's
   // dtype. Rows past lengths[] are not part of the cache, so a failure below leaves it as it was.
@@ -613,7 +665,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
     detail::convert_elements(oc, cd, o, dtype_of<T>(), n);
   }
   average_weights(wout, opt.attn_weights);
-  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads);
+  linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads,
+         L.onednn_w(opt, L.wo));
   std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
 }
 

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "modifiers.hpp"
+#include "onednn_common.hpp"
 #include "problem.hpp"
 #include "simdattn/half.hpp"
 #include "simdattn/error.hpp"
@@ -203,26 +204,6 @@ std::shared_ptr<const StepPrims> get_prims(const StepKey& key) {
   o.cache.emplace(key, prims);
   return prims;
 }
-
-// Sets OpenMP's thread count for this thread while alive (oneDNN reads it when it creates and
-// runs primitives); threads <= 0 keeps the default.
-class ThreadScope {
- public:
-  explicit ThreadScope(int threads) {
-    if (threads > 0 && !omp_in_parallel()) {
-      saved_ = omp_get_max_threads();
-      omp_set_num_threads(threads);
-    }
-  }
-  ~ThreadScope() {
-    if (saved_ > 0) omp_set_num_threads(saved_);
-  }
-  ThreadScope(const ThreadScope&) = delete;
-  ThreadScope& operator=(const ThreadScope&) = delete;
-
- private:
-  int saved_ = 0;
-};
 
 // One (batch, row block) of the call.
 struct Block {
@@ -584,7 +565,7 @@ class Call {
 template <class E>
 void run(const Problem& p) {
   if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
-  const ThreadScope scope(p.threads);
+  const OnednnThreads scope(p.threads);
   Call<E> call(p);
   call.plan();
   call.prepare();
@@ -631,6 +612,8 @@ bool onednn_takes(DType dtype) noexcept {
     default: return false;
   }
 }
+
+const dnnl::engine& onednn_engine() { return onednn().engine; }
 
 std::uint64_t onednn_primitives_created() noexcept {
   return onednn().created.load(std::memory_order_relaxed);

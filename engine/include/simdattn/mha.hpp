@@ -13,7 +13,8 @@
 // Embedding: a layer is immutable after construction and forward() may run concurrently from
 // any number of threads. Scratch comes from per-thread buffers that grow on first use, so after
 // the first call with a given size forward() allocates nothing on the native and reference
-// backends (the onednn backend allocates oneDNN's memory handles per call). A KvCache belongs
+// backends (the onednn backend allocates oneDNN's memory handles per call, and the layer's
+// first onednn call keeps a plain copy of its weights for oneDNN's matmuls). A KvCache belongs
 // to one caller at a time.
 #pragma once
 
