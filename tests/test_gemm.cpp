@@ -281,6 +281,12 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
           }
       }
     }
+    // unpacking gives B back, for any depth and width (edges of kc and nr included)
+    for (auto [K, N] : {std::pair<std::int64_t, std::int64_t>{1, 1}, {257, 33}, {600, 70}}) {
+      std::vector<double> b(static_cast<std::size_t>(K * N));
+      for (std::size_t i = 0; i < b.size(); ++i) b[i] = static_cast<double>(i) * 0.5 - 7.0;
+      CHECK(detail::unpack_matrix_b(detail::pack_matrix_b(b.data(), N, K, N, kt)) == b);
+    }
     // a pack for another ISA's blocking, or a range past the matrix, is refused
     const std::vector<float> b(64 * 64, 1.f);
     const detail::PackedB<float> pb = detail::pack_matrix_b(b.data(), 64, 64, 64, kt);

@@ -370,6 +370,7 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
           for (std::int64_t k = s.K; k < lda; ++k) A[static_cast<std::size_t>(i * lda + k)] = bf16 ? 0x7fc0 : 0x7e00;
         const detail::PackedHalf pb = detail::pack_half_b(B.data(), NB, s.K, NB, bf16, kt, pairs);
         CHECK(pb.pairs == detail::half_gemm_kernels(*kt, bf16, pairs).pairs);  // AMX's bf16 is in pairs too
+        CHECK(detail::unpack_half_b(pb) == B);  // the panels hold B exactly (the onednn layer reads it back)
         for (float beta : {0.0f, 0.5f}) {
           for (int threads : {1, 2}) {
             std::vector<float> C(static_cast<std::size_t>(s.M * ldc), beta == 0.0f ? NAN : 0.25f);
