@@ -44,8 +44,8 @@
 namespace simdattn::detail {
 namespace {
 
-// Query rows per block: a multiple of the AVX-512 tile heights (12 packed, 6 in place) so
-// that full blocks have no short tiles; 96 rows x 128 keys of S is 48 KiB (f32), in L2 beside
+// Query rows per block: a multiple of the in-place tile heights (6 on AVX-512) so that full
+// blocks have no short tiles; 96 rows x 128 keys of S is 48 KiB (f32), in L2 beside
 // the packed K^T and V blocks.
 constexpr std::int64_t kBlockQ = 96;
 // Keys per block: a multiple of every ISA's panel width (32, 16, 8 f32 columns); also the
