@@ -34,14 +34,24 @@ class Config {
     if (!has(key)) throw Error(path_, "needs \"" + key + "\" for this model_type");
     return j_[key];
   }
-  std::int64_t integer(const std::string& key, std::int64_t lo = 1) const {
+  // Sizes, counts and positions: bounded far above any model's, so that no product of them
+  // overflows before the tensors' own shapes are compared.
+  static constexpr std::int64_t kMax = std::int64_t{1} << 24;
+  std::int64_t integer(const std::string& key, std::int64_t lo = 1, std::int64_t hi = kMax) const {
     const Json& v = at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() < lo)
-      throw Error(path_, "\"" + key + "\" must be an integer >= " + std::to_string(lo) + ", got " + v.dump());
+    if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+      throw Error(path_, "\"" + key + "\" must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                             "], got " + v.dump());
     return v.get<std::int64_t>();
   }
-  std::int64_t integer_or(const std::string& key, std::int64_t fallback, std::int64_t lo = 1) const {
-    return has(key) ? integer(key, lo) : fallback;
+  std::int64_t integer_or(const std::string& key, std::int64_t fallback, std::int64_t lo = 1,
+                          std::int64_t hi = kMax) const {
+    return has(key) ? integer(key, lo, hi) : fallback;
+  }
+  double positive(const std::string& key) const {
+    const double x = number(key);
+    if (!(x > 0.0)) throw Error(path_, "\"" + key + "\" must be > 0, got " + at(key).dump());
+    return x;
   }
   double number(const std::string& key) const {
     const Json& v = at(key);
@@ -208,7 +218,7 @@ LayerPlan t5(const Ctx& x) {
     const std::string table = stack + ".block.0.layer.0.SelfAttention.relative_attention_bias.weight";
     p.t5_table = find_prefix(x.ck, x.dir, table) + table;
     p.cfg.t5_bidirectional = !decoder;
-    p.cfg.t5_max_distance = x.c.integer_or("relative_attention_max_distance", 128);
+    p.cfg.t5_max_distance = x.c.integer_or("relative_attention_max_distance", 128, 1, std::int64_t{1} << 40);
     p.cfg.causal = decoder;
   }
   return p;
@@ -298,7 +308,7 @@ bool sliding_layer(const Config& c, std::int64_t layer, bool fallback) {
 // A window of W keys ending at the query (its own included), as the causal sliding-window mask
 // of Hugging Face's models keeps them.
 Window window_of(const Config& c, const char* key) {
-  const std::int64_t w = c.integer(key);
+  const std::int64_t w = c.integer(key, 1, std::int64_t{1} << 40);
   return Window{w - 1, 0};
 }
 
@@ -334,14 +344,14 @@ LayerPlan llama_like(const Ctx& x, const std::string& family) {
   } else if (family == "qwen2" || family == "qwen3") {
     // use_sliding_window: the layers from max_window_layers on (or as layer_types says)
     if (c.boolean_or("use_sliding_window", false) && c.has("sliding_window") &&
-        sliding_layer(c, x.layer, x.layer >= c.integer_or("max_window_layers", 0, 0)))
+        sliding_layer(c, x.layer, x.layer >= c.integer_or("max_window_layers", 0, 0, Config::kMax)))
       p.cfg.window = window_of(c, "sliding_window");
   } else if (family == "gemma2") {
     // every other layer from layer 0 slides (or as layer_types says); scores scaled by
     // query_pre_attn_scalar^-1/2 and capped by attn_logit_softcapping
     if (c.has("sliding_window") && sliding_layer(c, x.layer, x.layer % 2 == 0)) p.cfg.window = window_of(c, "sliding_window");
-    p.cfg.scale = 1.0 / std::sqrt(c.number("query_pre_attn_scalar"));
-    if (c.has("attn_logit_softcapping")) p.cfg.softcap = c.number("attn_logit_softcapping");
+    p.cfg.scale = 1.0 / std::sqrt(c.positive("query_pre_attn_scalar"));
+    if (c.has("attn_logit_softcapping")) p.cfg.softcap = c.positive("attn_logit_softcapping");
   }
   return p;
 }
