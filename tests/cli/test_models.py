@@ -177,6 +177,13 @@ class Models(unittest.TestCase):
         mf.write_checkpoint(yarn, "mistral", self.rng,
                             config_edit=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
         cases.append((["--model", yarn, "--layer", "0"], "yarn"))
+        # sizes no model has (their products would overflow), a non-positive scalar
+        huge = self.path("huge")
+        mf.write_checkpoint(huge, "llama", self.rng, config_edit=lambda c: c.update(hidden_size=2 ** 62))
+        cases.append((["--model", huge, "--layer", "0"], "hidden_size"))
+        scalar = self.path("scalar")
+        mf.write_checkpoint(scalar, "gemma2", self.rng, config_edit=lambda c: c.update(query_pre_attn_scalar=0))
+        cases.append((["--model", scalar, "--layer", "0"], "query_pre_attn_scalar"))
         # a tensor of the wrong shape
         shape = self.path("shape")
         mf.write_checkpoint(shape, "qwen2", self.rng, config_edit=lambda c: c.update(num_key_value_heads=4))
