@@ -195,6 +195,7 @@ TEST_CASE("from_pretrained: encoders are not causal; the checkpoint's dtype unle
   tl.causal = Causal::top_left;
   mha.forward(ConstSeqView(x.data(), 1, S, d), SeqView(c.data(), 1, S, d), tl);
   CHECK(a != c);  // (the first rows see fewer keys)
+  CHECK(MultiHeadAttention::pretrained_dtype(dir.path, 1) == DType::f32);  // (the headers alone)
   PretrainedOptions o;
   o.dtype = DType::bf16;
   CHECK(MultiHeadAttention::from_pretrained(dir.path, 0, o).dtype() == DType::bf16);

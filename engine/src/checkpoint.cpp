@@ -1,11 +1,11 @@
 #include "checkpoint.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -25,46 +25,60 @@ constexpr std::size_t kMaxIndex = 64u << 20;
 }  // namespace
 
 std::string read_text_file(const std::string& path, std::size_t limit) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::streamoff>(in.tellg());
-  if (size < 0) throw Error(path, "cannot read");
-  if (static_cast<std::size_t>(size) > limit)
+  // O_NONBLOCK: a FIFO or device opens at once (and is refused) instead of blocking
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path, "not a regular file");
+  }
+  const auto size = static_cast<std::size_t>(st.st_size);
+  if (size > limit) {
+    ::close(fd);
     throw Error(path, "is " + std::to_string(size) + " bytes, more than the " + std::to_string(limit) + " expected");
-  in.seekg(0);
-  std::string text(static_cast<std::size_t>(size), '\0');
-  if (!in.read(text.data(), size)) throw Error(path, "cannot read");
+  }
+  std::string text(size, '\0');
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, text.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(path, "cannot read" + std::string(n < 0 ? std::string(": ") + std::strerror(errno) : ""));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
   return text;
 }
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (!dir_.empty() && dir_.back() != '/') dir_ += '/';
   const std::string single = dir_ + "model.safetensors", index = dir_ + "model.safetensors.index.json";
-  if (is_file(index)) {
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(read_text_file(index, kMaxIndex));
-    } catch (const nlohmann::json::exception& e) {
-      throw Error(index, std::string("is not valid JSON: ") + e.what());
-    }
-    if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
-      throw Error(index, "expected a JSON object with a \"weight_map\" object (tensor name -> shard file)");
-    for (const auto& [name, file] : j["weight_map"].items()) {
-      if (!file.is_string()) throw Error(index, "weight_map entry '" + name + "' is not a file name string");
-      const std::string f = file.get<std::string>();
-      // a shard is a file beside the index: no directories, nothing hidden or relative
-      if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f[0] == '.' ||
-          f.find('\0') != std::string::npos)
-        throw Error(index, "weight_map entry '" + name + "' names '" + f + "', not a file beside the index");
-      file_of_.emplace(name, f);
-      names_.push_back(name);
-    }
+  if (is_file(single)) {  // (Hugging Face's loaders take the single file first too)
+    add_file("model.safetensors", std::make_unique<SafetensorsFile>(single));
     return;
   }
-  if (!is_file(single))
-    throw Error(dir, "has neither model.safetensors nor model.safetensors.index.json");
-  add_file("model.safetensors", std::make_unique<SafetensorsFile>(single));
+  if (!is_file(index)) throw Error(dir, "has neither model.safetensors nor model.safetensors.index.json");
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(read_text_file(index, kMaxIndex));
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(index, std::string("is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+    throw Error(index, "expected a JSON object with a \"weight_map\" object (tensor name -> shard file)");
+  for (const auto& [name, file] : j["weight_map"].items()) {
+    if (!file.is_string()) throw Error(index, "weight_map entry '" + name + "' is not a file name string");
+    const std::string f = file.get<std::string>();
+    // a shard is a file beside the index: no directories, nothing hidden or relative
+    if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f[0] == '.' ||
+        f.find('\0') != std::string::npos)
+      throw Error(index, "weight_map entry '" + name + "' names '" + f + "', not a file beside the index");
+    file_of_.emplace(name, f);
+    names_.push_back(name);
+  }
 }
 
 Checkpoint Checkpoint::single(const std::string& path) {

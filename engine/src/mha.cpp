@@ -156,7 +156,9 @@ struct Layer {
   // The plain W^T of `w` (one of the packed weights) when the call runs on the onednn backend,
   // else null (the native GEMM on the packed panels).
   const T* onednn_w(const MhaOptions& o, const Weights<T>& w) const {
-    if (o.backend != Backend::onednn) return nullptr;
+    // (where oneDNN cannot take the layer's dtype, or is not built, attention() names the
+    // backend's refusal; no copy is made for it)
+    if (o.backend != Backend::onednn || !backend_takes(Backend::onednn, dtype_of<T>())) return nullptr;
     std::call_once(plain->once, [&] {
       auto unpack = [](const Weights<T>& p) {
         if constexpr (kHalf<T>) {

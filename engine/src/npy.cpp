@@ -247,6 +247,9 @@ NpyArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& 
 NpyArray read_npy(const std::string& path) {
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) throw Error(path, "is a directory, expected a .npy file");
+  // (a FIFO or device would block the open below, or never end)
+  if (std::filesystem::exists(path, ec) && !std::filesystem::is_regular_file(path, ec))
+    throw Error(path, "is not a regular file, expected a .npy file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path, std::string("cannot open for reading: ") + std::strerror(errno));
   in.seekg(0, std::ios::end);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -13,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "json_text.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
 #include "text.hpp"
@@ -30,6 +32,14 @@ class Config {
   Config(std::string path, Json j) : path_(std::move(path)), j_(std::move(j)) {}
   const std::string& path() const { return path_; }
   bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  // Written in the file, null included (null: "none" where the family's default is a value).
+  bool present(const std::string& key) const { return j_.contains(key); }
+  // size % count == 0, else an error naming both keys.
+  void divides(const char* size_key, std::int64_t size, const char* count_key, std::int64_t count) const {
+    if (size % count != 0)
+      throw Error(path_, "\"" + std::string(size_key) + "\" " + std::to_string(size) + " is not a multiple of \"" +
+                             count_key + "\" " + std::to_string(count));
+  }
   const Json& at(const std::string& key) const {
     if (!has(key)) throw Error(path_, "needs \"" + key + "\" for this model_type");
     return j_[key];
@@ -41,7 +51,7 @@ class Config {
     const Json& v = at(key);
     if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
       throw Error(path_, "\"" + key + "\" must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                             "], got " + v.dump());
+                             "], got " + detail::json_brief(v));
     return v.get<std::int64_t>();
   }
   std::int64_t integer_or(const std::string& key, std::int64_t fallback, std::int64_t lo = 1,
@@ -50,20 +60,20 @@ class Config {
   }
   double positive(const std::string& key) const {
     const double x = number(key);
-    if (!(x > 0.0)) throw Error(path_, "\"" + key + "\" must be > 0, got " + at(key).dump());
+    if (!(x > 0.0)) throw Error(path_, "\"" + key + "\" must be > 0, got " + detail::json_brief(at(key)));
     return x;
   }
   double number(const std::string& key) const {
     const Json& v = at(key);
     if (!v.is_number() || !std::isfinite(v.get<double>()))
-      throw Error(path_, "\"" + key + "\" must be a finite number, got " + v.dump());
+      throw Error(path_, "\"" + key + "\" must be a finite number, got " + detail::json_brief(v));
     return v.get<double>();
   }
   double number_or(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
   bool boolean_or(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
     const Json& v = j_[key];
-    if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + v.dump());
+    if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + detail::json_brief(v));
     return v.get<bool>();
   }
   // The first of `keys` present (legacy names), else an error naming the first.
@@ -82,12 +92,14 @@ class Config {
 struct Part {
   enum class Take : std::uint8_t {
     whole,        // the tensor as it is: nn.Linear's [out, in], or a bias [out]
-    conv1d,       // GPT-2's Conv1D: weight [in, 3 * out] (x W + b), bias [3 * out]; block `index`
+    conv1d,       // GPT-2's Conv1D: weight [in, blocks * out] (x W + b), bias [blocks * out];
+                  // block `index` of the columns (c_attn: q | k | v; c_proj: one)
     fused_heads,  // BLOOM's query_key_value: [H * 3 * hd, in], per head q, k, v; `index` of them
   };
   std::string tensor;  // empty: absent (a bias the family does not have)
   Take take = Take::whole;
   int index = 0;
+  int blocks = 3;  // conv1d
 };
 
 // A layer as a family lays it out: its configuration and where its weights are.
@@ -96,6 +108,7 @@ struct LayerPlan {
   Part wq, wk, wv, wo, bq, bk, bv, bo;
   std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
   std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
+  std::string t5_max_distance_key;  // the config that set its max distance (for errors)
   bool cross = false;          // kdim / vdim from the key and value weights' widths
 };
 
@@ -146,7 +159,16 @@ LayerPlan encoder_layer(const Ctx& x, const char* family, const char* inner) {
   LayerPlan p;
   p.cfg.d_model = x.c.integer("hidden_size");
   p.cfg.heads = x.c.integer("num_attention_heads");
+  x.c.divides("hidden_size", p.cfg.d_model, "num_attention_heads", p.cfg.heads);
   check_layer(x.c, "num_hidden_layers", x.c.integer("num_hidden_layers"), x.layer);
+  // BERT's relative_key(_query) position scores are not this layer's; a decoder BERT is causal
+  if (x.c.has("position_embedding_type")) {
+    const Json& t = x.c.at("position_embedding_type");
+    if (!t.is_string() || t.get<std::string>() != "absolute")
+      throw Error(x.c.path(), "\"position_embedding_type\" " + detail::json_brief(t) +
+                                  " is not supported (absolute: the position embeddings are outside the layer)");
+  }
+  p.cfg.causal = x.c.boolean_or("is_decoder", false);
   const std::string base = "encoder.layer." + std::to_string(x.layer) + ".attention.";
   const std::string pre = find_prefix(x.ck, x.dir, base + inner + ".query.weight") + base;
   const std::string s = pre + inner + ".";
@@ -171,9 +193,7 @@ LayerPlan gpt2(const Ctx& x) {
   p.cfg.heads = x.c.integer("n_head");
   check_layer(x.c, "n_layer", x.c.integer("n_layer"), x.layer);
   p.cfg.causal = true;
-  if (p.cfg.d_model % p.cfg.heads != 0)
-    throw Error(x.c.path(), "n_embd " + std::to_string(p.cfg.d_model) + " is not a multiple of n_head " +
-                                std::to_string(p.cfg.heads));
+  x.c.divides("n_embd", p.cfg.d_model, "n_head", p.cfg.heads);
   double scale = x.c.boolean_or("scale_attn_weights", true)
                      ? 1.0 / std::sqrt(static_cast<double>(p.cfg.d_model / p.cfg.heads))
                      : 1.0;
@@ -185,7 +205,7 @@ LayerPlan gpt2(const Ctx& x) {
     (i == 0 ? p.wq : i == 1 ? p.wk : p.wv) = Part{s + "c_attn.weight", Part::Take::conv1d, i};
     (i == 0 ? p.bq : i == 1 ? p.bk : p.bv) = Part{s + "c_attn.bias", Part::Take::conv1d, i};
   }
-  p.wo = Part{s + "c_proj.weight", Part::Take::conv1d, -1};  // [d, d] transposed: one block
+  p.wo = Part{s + "c_proj.weight", Part::Take::conv1d, 0, 1};  // [d, d]: one block
   p.bo = whole(s + "c_proj.bias");
   return p;
 }
@@ -219,6 +239,7 @@ LayerPlan t5(const Ctx& x) {
     p.t5_table = find_prefix(x.ck, x.dir, table) + table;
     p.cfg.t5_bidirectional = !decoder;
     p.cfg.t5_max_distance = x.c.integer_or("relative_attention_max_distance", 128, 1, std::int64_t{1} << 40);
+    p.t5_max_distance_key = x.c.path();
     p.cfg.causal = decoder;
   }
   return p;
@@ -231,6 +252,8 @@ LayerPlan bloom(const Ctx& x) {
   LayerPlan p;
   p.cfg.d_model = x.c.integer_of({"hidden_size", "n_embed"});
   p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
+  x.c.divides(x.c.has("hidden_size") ? "hidden_size" : "n_embed", p.cfg.d_model,
+              x.c.has("n_head") ? "n_head" : "num_attention_heads", p.cfg.heads);
   check_layer(x.c, "n_layer", x.c.integer_of({"n_layer", "num_hidden_layers"}), x.layer);
   p.cfg.causal = true;
   p.cfg.alibi_slopes = standard_alibi_slopes(p.cfg.heads);
@@ -253,7 +276,7 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
   const Json* s = nullptr;
   if (c.has(key)) {
     s = &c.at(key);
-    if (!s->is_object()) throw Error(c.path(), "\"" + std::string(key) + "\" must be an object or null, got " + s->dump());
+    if (!s->is_object()) throw Error(c.path(), "\"" + std::string(key) + "\" must be an object or null, got " + detail::json_brief(*s));
   }
   auto num = [&](const char* name, const std::string& type) {
     if (!s->contains(name) || !(*s)[name].is_number() || !std::isfinite((*s)[name].get<double>()))
@@ -266,7 +289,12 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
                              : c.number_or("partial_rotary_factor", 1.0);
   if (!(partial > 0.0 && partial <= 1.0))
     throw Error(c.path(), "\"partial_rotary_factor\" must be in (0, 1], got " + std::to_string(partial));
+  if (!(r.theta > 0.0)) throw Error(c.path(), "\"rope_theta\" must be > 0, got " + std::to_string(r.theta));
   r.rotary_dim = static_cast<std::int64_t>(static_cast<double>(head_dim) * partial);
+  if (r.rotary_dim < 2 || r.rotary_dim % 2 != 0)
+    throw Error(c.path(), "\"partial_rotary_factor\" " + std::to_string(partial) + " of head_dim " +
+                              std::to_string(head_dim) + " rotates " + std::to_string(r.rotary_dim) +
+                              " dimensions (expected an even number >= 2)");
   if (s == nullptr) return r;
   const char* type_key = s->contains("rope_type") ? "rope_type" : "type";
   if (!s->contains(type_key) || !(*s)[type_key].is_string())
@@ -288,6 +316,9 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
   } else {
     throw Error(c.path(), "\"" + std::string(key) + "\" type '" + type + "' is not supported (default, linear or llama3)");
   }
+  if (!(r.factor > 0.0)) throw Error(c.path(), "\"" + std::string(key) + "\" \"factor\" must be > 0");
+  if (r.scaling == RopeScaling::llama3 && !(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor))
+    throw Error(c.path(), "\"" + std::string(key) + "\" needs 0 < \"low_freq_factor\" < \"high_freq_factor\"");
   return r;
 }
 
@@ -305,11 +336,19 @@ bool sliding_layer(const Config& c, std::int64_t layer, bool fallback) {
                             "' (expected full_attention or sliding_attention)");
 }
 
-// A window of W keys ending at the query (its own included), as the causal sliding-window mask
-// of Hugging Face's models keeps them.
-Window window_of(const Config& c, const char* key) {
-  const std::int64_t w = c.integer(key, 1, std::int64_t{1} << 40);
+// The sliding window the config sets: W keys ending at the query (its own included), as the
+// causal sliding-window masks of Hugging Face's models keep them, i.e. Window{W - 1, 0}. Absent:
+// the family's default W (`fallback`, as its configuration class fills it in); null: none.
+std::optional<Window> window_of(const Config& c, const char* key, std::int64_t fallback) {
+  if (c.present(key) && !c.has(key)) return std::nullopt;
+  const std::int64_t w = c.has(key) ? c.integer(key, 1, std::int64_t{1} << 40) : fallback;
   return Window{w - 1, 0};
+}
+
+// A number the family's configuration class defaults to `fallback` when absent; null: none.
+std::optional<double> positive_or(const Config& c, const char* key, double fallback) {
+  if (c.present(key) && !c.has(key)) return std::nullopt;
+  return c.has(key) ? c.positive(key) : fallback;
 }
 
 // Llama, Mistral, Qwen2, Qwen3, Gemma 2: self_attn.{q,k,v,o}_proj, grouped-query heads, RoPE,
@@ -321,9 +360,10 @@ LayerPlan llama_like(const Ctx& x, const std::string& family) {
   p.cfg.d_model = c.integer("hidden_size");
   p.cfg.heads = c.integer("num_attention_heads");
   p.cfg.kv_heads = c.integer_or("num_key_value_heads", p.cfg.heads);
-  if (!c.has("head_dim") && p.cfg.d_model % p.cfg.heads != 0)
-    throw Error(c.path(), "needs \"head_dim\": hidden_size is not a multiple of num_attention_heads");
-  p.cfg.head_dim = c.integer_or("head_dim", p.cfg.d_model / p.cfg.heads);
+  c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
+  // head_dim: the config's; else Gemma 2's default 256, the others' hidden_size / heads
+  if (!c.has("head_dim") && family != "gemma2") c.divides("hidden_size", p.cfg.d_model, "num_attention_heads", p.cfg.heads);
+  p.cfg.head_dim = c.integer_or("head_dim", family == "gemma2" ? 256 : p.cfg.d_model / p.cfg.heads);
   check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
   p.cfg.causal = true;
   p.cfg.rope = rope_of(c, p.cfg.head_dim);
@@ -331,27 +371,35 @@ LayerPlan llama_like(const Ctx& x, const std::string& family) {
   const std::string s = find_prefix(x.ck, x.dir, base + "q_proj.weight") + base;
   p.wq = whole(s + "q_proj.weight"), p.wk = whole(s + "k_proj.weight"), p.wv = whole(s + "v_proj.weight");
   p.wo = whole(s + "o_proj.weight");
+  // attention_bias: all four projections (Llama, Qwen3, Gemma 2); Qwen2's q, k and v always
+  // and o never; Mistral's none
   bool qkv_bias = c.boolean_or("attention_bias", false), o_bias = qkv_bias;
   if (family == "qwen2") qkv_bias = true, o_bias = false;
+  if (family == "mistral") qkv_bias = o_bias = false;
   if (qkv_bias) p.bq = whole(s + "q_proj.bias"), p.bk = whole(s + "k_proj.bias"), p.bv = whole(s + "v_proj.bias");
   if (o_bias) p.bo = whole(s + "o_proj.bias");
   if (family == "qwen3") {
     p.q_norm = s + "q_norm.weight", p.k_norm = s + "k_norm.weight";
     p.cfg.qk_norm_eps = c.number_or("rms_norm_eps", 1e-6);
+    if (p.cfg.qk_norm_eps < 0.0) throw Error(c.path(), "\"rms_norm_eps\" must be >= 0, got " + std::to_string(p.cfg.qk_norm_eps));
   }
+  // Absent keys take the defaults of the family's configuration class (sliding_window 4096,
+  // max_window_layers 28, query_pre_attn_scalar 256, attn_logit_softcapping 50); null: none.
   if (family == "mistral") {
-    if (c.has("sliding_window")) p.cfg.window = window_of(c, "sliding_window");
+    p.cfg.window = window_of(c, "sliding_window", 4096);
   } else if (family == "qwen2" || family == "qwen3") {
     // use_sliding_window: the layers from max_window_layers on (or as layer_types says)
-    if (c.boolean_or("use_sliding_window", false) && c.has("sliding_window") &&
-        sliding_layer(c, x.layer, x.layer >= c.integer_or("max_window_layers", 0, 0, Config::kMax)))
-      p.cfg.window = window_of(c, "sliding_window");
+    if (c.boolean_or("use_sliding_window", false) &&
+        sliding_layer(c, x.layer, x.layer >= c.integer_or("max_window_layers", 28, 0, Config::kMax)))
+      p.cfg.window = window_of(c, "sliding_window", 4096);
   } else if (family == "gemma2") {
     // every other layer from layer 0 slides (or as layer_types says); scores scaled by
     // query_pre_attn_scalar^-1/2 and capped by attn_logit_softcapping
-    if (c.has("sliding_window") && sliding_layer(c, x.layer, x.layer % 2 == 0)) p.cfg.window = window_of(c, "sliding_window");
-    p.cfg.scale = 1.0 / std::sqrt(c.positive("query_pre_attn_scalar"));
-    if (c.has("attn_logit_softcapping")) p.cfg.softcap = c.positive("attn_logit_softcapping");
+    if (sliding_layer(c, x.layer, x.layer % 2 == 0)) p.cfg.window = window_of(c, "sliding_window", 4096);
+    const std::optional<double> scalar = positive_or(c, "query_pre_attn_scalar", 256.0);
+    if (!scalar) throw Error(c.path(), "\"query_pre_attn_scalar\" must be a number > 0, got null");
+    p.cfg.scale = 1.0 / std::sqrt(*scalar);
+    p.cfg.softcap = positive_or(c, "attn_logit_softcapping", 50.0);
   }
   return p;
 }
@@ -377,48 +425,54 @@ constexpr Family kFamilies[] = {
 
 // ---- reading the weights --------------------------------------------------------------------
 
-// The weight `part` as a [rows, cols] nn.Linear matrix (cols 0: a bias of `rows`) in T. `heads`
-// and `hd` serve BLOOM's fused layout.
+// The layer's weights read as T: whole tensors as they are; a fused one (GPT-2's c_attn, BLOOM's
+// query_key_value) read once and sliced for q, k and v.
 template <class T>
-std::vector<T> take(const Checkpoint& ck, const Part& part, std::int64_t rows, std::int64_t cols, std::int64_t heads) {
-  const bool bias = cols == 0;
-  switch (part.take) {
-    case Part::Take::whole:
-      return bias ? ck.read<T>(part.tensor, {rows}) : ck.read<T>(part.tensor, {rows, cols});
-    case Part::Take::conv1d: {
-      if (part.index < 0) {  // one [in, out] block: the transpose
-        const std::vector<T> w = ck.read<T>(part.tensor, {cols, rows});
-        std::vector<T> out(w.size());
+struct Reader {
+  const Checkpoint& ck;
+  std::map<std::string, std::vector<T>> fused;
+  const std::vector<T>& fused_tensor(const std::string& name, const std::vector<std::int64_t>& shape) {
+    auto it = fused.find(name);
+    if (it == fused.end()) it = fused.emplace(name, ck.read<T>(name, shape)).first;
+    return it->second;
+  }
+
+  // The weight `part` as a [rows, cols] nn.Linear matrix (cols 0: a bias of `rows`); `heads`
+  // serves BLOOM's layout.
+  std::vector<T> take(const Part& part, std::int64_t rows, std::int64_t cols, std::int64_t heads) {
+    const bool bias = cols == 0;
+    switch (part.take) {
+      case Part::Take::whole:
+        return bias ? ck.read<T>(part.tensor, {rows}) : ck.read<T>(part.tensor, {rows, cols});
+      case Part::Take::conv1d: {
+        const std::int64_t n = part.blocks * rows, c0 = part.index * rows;
+        if (bias) {
+          const std::vector<T>& b = fused_tensor(part.tensor, {n});
+          return std::vector<T>(b.begin() + c0, b.begin() + c0 + rows);
+        }
+        const std::vector<T>& w = fused_tensor(part.tensor, {cols, n});
+        std::vector<T> out(static_cast<std::size_t>(rows * cols));
         for (std::int64_t i = 0; i < cols; ++i)
-          for (std::int64_t o = 0; o < rows; ++o) out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * rows + o)];
+          for (std::int64_t o = 0; o < rows; ++o)
+            out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * n + c0 + o)];
         return out;
       }
-      const std::int64_t c0 = part.index * rows;
-      if (bias) {
-        const std::vector<T> b = ck.read<T>(part.tensor, {3 * rows});
-        return std::vector<T>(b.begin() + c0, b.begin() + c0 + rows);
+      case Part::Take::fused_heads: {
+        const std::int64_t hd = rows / heads, width = bias ? 1 : cols;
+        const std::vector<T>& w =
+            bias ? fused_tensor(part.tensor, {3 * rows}) : fused_tensor(part.tensor, {3 * rows, cols});
+        std::vector<T> out(static_cast<std::size_t>(rows * width));
+        for (std::int64_t h = 0; h < heads; ++h)
+          for (std::int64_t e = 0; e < hd; ++e) {
+            const std::int64_t src = h * 3 * hd + part.index * hd + e, dst = h * hd + e;
+            std::copy_n(w.begin() + src * width, width, out.begin() + dst * width);
+          }
+        return out;
       }
-      const std::vector<T> w = ck.read<T>(part.tensor, {cols, 3 * rows});
-      std::vector<T> out(static_cast<std::size_t>(rows * cols));
-      for (std::int64_t i = 0; i < cols; ++i)
-        for (std::int64_t o = 0; o < rows; ++o)
-          out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * 3 * rows + c0 + o)];
-      return out;
     }
-    case Part::Take::fused_heads: {
-      const std::int64_t hd = rows / heads, width = bias ? 1 : cols;
-      const std::vector<T> w = bias ? ck.read<T>(part.tensor, {3 * rows}) : ck.read<T>(part.tensor, {3 * rows, cols});
-      std::vector<T> out(static_cast<std::size_t>(rows * width));
-      for (std::int64_t h = 0; h < heads; ++h)
-        for (std::int64_t e = 0; e < hd; ++e) {
-          const std::int64_t src = h * 3 * hd + part.index * hd + e, dst = h * hd + e;
-          std::copy_n(w.begin() + src * width, width, out.begin() + dst * width);
-        }
-      return out;
-    }
+    return {};
   }
-  return {};
-}
+};
 
 DType dtype_of_entry(const std::string& file, const std::string& name, const SafetensorsEntry& e) {
   if (e.dtype == "F32") return DType::f32;
@@ -445,30 +499,45 @@ MultiHeadAttention load_plan(const Checkpoint& ck, LayerPlan p) {
   }
   const std::int64_t kd = c.kdim != 0 ? c.kdim : c.d_model, vd = c.vdim != 0 ? c.vdim : c.d_model;
   MhaWeights<T> w;
-  w.wq = take<T>(ck, p.wq, nq, c.d_model, c.heads);
-  w.wk = take<T>(ck, p.wk, nkv, kd, kvh);
-  w.wv = take<T>(ck, p.wv, nkv, vd, kvh);
-  w.wo = take<T>(ck, p.wo, c.d_model, nq, c.heads);
-  if (!p.bq.tensor.empty()) w.bq = take<T>(ck, p.bq, nq, 0, c.heads);
-  if (!p.bk.tensor.empty()) w.bk = take<T>(ck, p.bk, nkv, 0, kvh);
-  if (!p.bv.tensor.empty()) w.bv = take<T>(ck, p.bv, nkv, 0, kvh);
-  if (!p.bo.tensor.empty()) w.bo = take<T>(ck, p.bo, c.d_model, 0, c.heads);
+  {
+    Reader<T> r{ck, {}};
+    w.wq = r.take(p.wq, nq, c.d_model, c.heads);
+    w.wk = r.take(p.wk, nkv, kd, kvh);
+    w.wv = r.take(p.wv, nkv, vd, kvh);
+    w.wo = r.take(p.wo, c.d_model, nq, c.heads);
+    if (!p.bq.tensor.empty()) w.bq = r.take(p.bq, nq, 0, c.heads);
+    if (!p.bk.tensor.empty()) w.bk = r.take(p.bk, nkv, 0, kvh);
+    if (!p.bv.tensor.empty()) w.bv = r.take(p.bv, nkv, 0, kvh);
+    if (!p.bo.tensor.empty()) w.bo = r.take(p.bo, c.d_model, 0, c.heads);
+  }
   if (!p.q_norm.empty()) {
     c.q_norm = ck.read<float>(p.q_norm, {hd});
     c.k_norm = ck.read<float>(p.k_norm, {hd});
   }
   if (!p.t5_table.empty()) {
     const std::vector<std::int64_t>& shape = ck.entry(p.t5_table).shape;
-    if (shape.size() != 2 || shape[1] != c.heads || shape[0] < 1)
+    const std::int64_t min_buckets = c.t5_bidirectional ? 4 : 2;
+    if (shape.size() != 2 || shape[1] != c.heads || shape[0] < min_buckets)
       throw Error(ck.file(p.t5_table), "tensor '" + p.t5_table + "' has shape " + shape_str(shape) +
-                                           ", expected [num_buckets, heads=" + std::to_string(c.heads) + "]");
+                                           ", expected [num_buckets >= " + std::to_string(min_buckets) +
+                                           ", heads=" + std::to_string(c.heads) + "]");
+    const std::int64_t exact = shape[0] / (c.t5_bidirectional ? 4 : 2);  // (as attention() checks it)
+    if (c.t5_max_distance <= exact)
+      throw Error(p.t5_max_distance_key, "\"relative_attention_max_distance\" " + std::to_string(c.t5_max_distance) +
+                                             " must exceed the exact buckets (" + std::to_string(exact) + ") of '" +
+                                             p.t5_table + "'");
     c.t5_table = ck.read<float>(p.t5_table, shape);
   }
   return MultiHeadAttention(c, std::move(w));
 }
 
+// The dtype of the layer's weights as the checkpoint stores them (its query weight's).
+DType stored_dtype(const Checkpoint& ck, const LayerPlan& p) {
+  return dtype_of_entry(ck.file(p.wq.tensor), p.wq.tensor, ck.entry(p.wq.tensor));
+}
+
 MultiHeadAttention load(const Checkpoint& ck, LayerPlan p, const std::optional<DType>& dtype) {
-  const DType dt = dtype ? *dtype : dtype_of_entry(ck.file(p.wq.tensor), p.wq.tensor, ck.entry(p.wq.tensor));
+  const DType dt = dtype ? *dtype : stored_dtype(ck, p);
   switch (dt) {
     case DType::f32: return load_plan<float>(ck, std::move(p));
     case DType::f64: return load_plan<double>(ck, std::move(p));
@@ -481,10 +550,13 @@ MultiHeadAttention load(const Checkpoint& ck, LayerPlan p, const std::optional<D
 // Limits for config.json: far above any published one.
 constexpr std::size_t kMaxConfig = 16u << 20;
 
-}  // namespace
+// A model directory's layer: its checkpoint and its plan (nothing read but headers and config).
+struct Planned {
+  Checkpoint ck;
+  LayerPlan plan;
+};
 
-MultiHeadAttention MultiHeadAttention::from_pretrained(const std::string& dir, std::int64_t layer,
-                                                       const PretrainedOptions& options) {
+Planned plan_pretrained(const std::string& dir, std::int64_t layer, const PretrainedOptions& options) {
   const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
   Json j;
   try {
@@ -501,24 +573,25 @@ MultiHeadAttention MultiHeadAttention::from_pretrained(const std::string& dir, s
   if (family == nullptr) {
     std::string known;
     for (const Family& f : kFamilies) known += std::string(known.empty() ? "" : ", ") + f.model_type;
-    throw Error(path, "model_type '" + type + "' is not supported (" + known + ")");
+    throw Error(path, "model_type '" + type.substr(0, 100) + "' is not supported (" + known + ")");
   }
   const Config config(path, std::move(j));
-  const Checkpoint ck(dir);
-  LayerPlan plan = family->plan(Ctx{config, ck, dir, layer, options});
-  return load(ck, std::move(plan), options.dtype);
+  Planned out{Checkpoint(dir), {}};
+  out.plan = family->plan(Ctx{config, out.ck, dir, layer, options});
+  return out;
 }
 
-MultiHeadAttention MultiHeadAttention::from_diffusers(const std::string& path, const std::string& prefix,
-                                                      std::int64_t heads, const PretrainedOptions& options) {
+Planned plan_diffusers(const std::string& path, const std::string& prefix, std::int64_t heads,
+                       const PretrainedOptions& options) {
   if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
   if (options.attention != "self" && options.attention != "cross")
     throw Error("attention", "expected self (attn1) or cross (attn2), got '" + options.attention + "'");
   if (!options.stack.empty()) throw Error("stack", "a diffusers block has one stack, got '" + options.stack + "'");
-  const Checkpoint ck = Checkpoint::single(path);
+  Planned out{Checkpoint::single(path), {}};
+  const Checkpoint& ck = out.ck;
+  LayerPlan& p = out.plan;
   const std::string s =
       prefix + (prefix.empty() || prefix.back() == '.' ? "" : ".") + (options.attention == "self" ? "attn1." : "attn2.");
-  LayerPlan p;
   const SafetensorsEntry& q = ck.entry(s + "to_q.weight");
   if (q.shape.size() != 2 || q.shape[0] < heads || q.shape[0] % heads != 0)
     throw Error(path, "tensor '" + s + "to_q.weight' has shape " + shape_str(q.shape) + ", expected [heads*head_dim, " +
@@ -529,7 +602,36 @@ MultiHeadAttention MultiHeadAttention::from_diffusers(const std::string& path, c
   p.cross = true;  // (self-attention's k and v widths are d_model: the same read)
   p.wq = whole(s + "to_q.weight"), p.wk = whole(s + "to_k.weight"), p.wv = whole(s + "to_v.weight");
   p.wo = whole(s + "to_out.0.weight"), p.bo = whole(s + "to_out.0.bias");
-  return load(ck, std::move(p), options.dtype);
+  // blocks built with attention_bias carry input biases too
+  if (ck.has(s + "to_q.bias")) p.bq = whole(s + "to_q.bias");
+  if (ck.has(s + "to_k.bias")) p.bk = whole(s + "to_k.bias");
+  if (ck.has(s + "to_v.bias")) p.bv = whole(s + "to_v.bias");
+  return out;
+}
+
+}  // namespace
+
+MultiHeadAttention MultiHeadAttention::from_pretrained(const std::string& dir, std::int64_t layer,
+                                                       const PretrainedOptions& options) {
+  Planned p = plan_pretrained(dir, layer, options);
+  return load(p.ck, std::move(p.plan), options.dtype);
+}
+
+DType MultiHeadAttention::pretrained_dtype(const std::string& dir, std::int64_t layer, const PretrainedOptions& options) {
+  const Planned p = plan_pretrained(dir, layer, options);
+  return stored_dtype(p.ck, p.plan);
+}
+
+MultiHeadAttention MultiHeadAttention::from_diffusers(const std::string& path, const std::string& prefix,
+                                                      std::int64_t heads, const PretrainedOptions& options) {
+  Planned p = plan_diffusers(path, prefix, heads, options);
+  return load(p.ck, std::move(p.plan), options.dtype);
+}
+
+DType MultiHeadAttention::diffusers_dtype(const std::string& path, const std::string& prefix, std::int64_t heads,
+                                          const PretrainedOptions& options) {
+  const Planned p = plan_diffusers(path, prefix, heads, options);
+  return stored_dtype(p.ck, p.plan);
 }
 
 }  // namespace simdattn

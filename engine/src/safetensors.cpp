@@ -15,6 +15,7 @@
 
 #include "element.hpp"
 #include "file_io.hpp"
+#include "json_text.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
 
@@ -66,11 +67,11 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
   numel = 1;
   for (const auto& d : shape) {
     if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
-      throw Error(path, where + ": shape " + shape.dump() + " must hold integers >= 0");
+      throw Error(path, where + ": shape " + detail::json_brief(shape) + " must hold integers >= 0");
     const std::uint64_t dim = d.get<std::uint64_t>();
     if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
         __builtin_mul_overflow(numel, dim, &numel))
-      throw Error(path, where + ": shape " + shape.dump() + " overflows");
+      throw Error(path, where + ": shape " + detail::json_brief(shape) + " overflows");
     dims.push_back(static_cast<std::int64_t>(dim));
   }
   return dims;
@@ -96,16 +97,16 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   t.shape = parse_shape(path, where, entry["shape"], numel);
   const auto& off = entry["data_offsets"];
   if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-    throw Error(path, where + ": data_offsets " + off.dump() + " must be integers >= 0");
+    throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " must be integers >= 0");
   begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-  if (begin > end) throw Error(path, where + ": data_offsets " + off.dump() + " has begin > end");
+  if (begin > end) throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " has begin > end");
   if (end > data_size)
-    throw Error(path, where + ": data_offsets " + off.dump() + " run past the data section (" +
+    throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " run past the data section (" +
                           std::to_string(data_size) + " bytes)");
   std::uint64_t want = 0;
   if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want) || want != end - begin)
     throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs " + std::to_string(want) +
-                          " bytes, data_offsets " + off.dump() + " span " + std::to_string(end - begin));
+                          " bytes, data_offsets " + detail::json_brief(off) + " span " + std::to_string(end - begin));
   t.data = data + begin;
   t.bytes = static_cast<std::size_t>(end - begin);
   return t;
@@ -130,7 +131,8 @@ void check_no_overlap(const std::string& path, const std::vector<std::pair<std::
 
 // Maps `path` read-only; sets size. Throws Error for a file that cannot hold a header.
 void* map_file(const std::string& path, std::size_t& size) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK: a FIFO or device opens at once (and is refused below) instead of blocking
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
   if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
   struct stat st {};
   if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {

@@ -175,9 +175,10 @@ def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None):
     return values
 
 
-def write_diffusers(path, rng, dtype="F16"):
+def write_diffusers(path, rng, dtype="F16", qkv_bias=False):
     """A UNet file with one transformer block: attn1 (self, d 32) and attn2 (cross, width 24),
-    to_q / to_k / to_v without bias, to_out.0 with one. Returns its values by name."""
+    to_q / to_k / to_v without bias (with qkv_bias: with one, as attention_bias=True builds
+    them), to_out.0 with one. Returns its values by name."""
     d, inner, cross = 32, 32, 24
     t = {}
     for attn, kd in (("attn1", d), ("attn2", cross)):
@@ -186,6 +187,9 @@ def write_diffusers(path, rng, dtype="F16"):
         t[a + "to_k.weight"] = rng.normal(0, 1 / np.sqrt(kd), (inner, kd))
         t[a + "to_v.weight"] = rng.normal(0, 1 / np.sqrt(kd), (inner, kd))
         t[a + "to_out.0.weight"] = rng.normal(0, 1 / np.sqrt(inner), (d, inner))
+        if qkv_bias:
+            for n in ("to_q", "to_k", "to_v"):
+                t[a + n + ".bias"] = rng.normal(0, 0.5, inner)
         t[a + "to_out.0.bias"] = rng.normal(0, 0.1, d)
     t[DIFFUSERS_PREFIX + "norm1.weight"] = np.ones(d)
     entries, values = {}, {}
@@ -338,14 +342,14 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
         visible &= j <= i
         win = None
         if family == "mistral":
-            win = cfg.get("sliding_window")
+            win = cfg.get("sliding_window", 4096)
         elif family in ("qwen2", "qwen3"):
-            if cfg.get("use_sliding_window") and layer >= cfg.get("max_window_layers", 0):
-                win = cfg.get("sliding_window")
+            if cfg.get("use_sliding_window") and layer >= cfg.get("max_window_layers", 28):
+                win = cfg.get("sliding_window", 4096)
         elif family == "gemma2":
-            win = cfg["sliding_window"] if layer % 2 == 0 else None
-            scale = cfg["query_pre_attn_scalar"] ** -0.5
-            softcap = cfg.get("attn_logit_softcapping")
+            win = cfg.get("sliding_window", 4096) if layer % 2 == 0 else None
+            scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
+            softcap = cfg.get("attn_logit_softcapping", 50.0)
         if win:
             visible &= j > i - win
     if family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
@@ -371,7 +375,8 @@ def diffusers_reference(W, x, enc=None, heads=4, attention="self"):
     a = DIFFUSERS_PREFIX + ("attn1." if attention == "self" else "attn2.")
     x = np.asarray(x, np.float64)
     src = x if enc is None else np.asarray(enc, np.float64)
-    q, k, v = x @ W[a + "to_q.weight"].T, src @ W[a + "to_k.weight"].T, src @ W[a + "to_v.weight"].T
+    b = lambda n: W.get(a + n + ".bias", 0.0)  # noqa: E731
+    q, k, v = x @ W[a + "to_q.weight"].T + b("to_q"), src @ W[a + "to_k.weight"].T + b("to_k"), src @ W[a + "to_v.weight"].T + b("to_v")
     hd = q.shape[-1] // heads
     q, k, v = heads_split(q, heads, hd), heads_split(k, heads, hd), heads_split(v, heads, hd)
     visible = np.ones((x.shape[0], 1, x.shape[1], src.shape[1]), bool)

@@ -117,7 +117,7 @@ class Models(unittest.TestCase):
             want = mf.reference("t5", cfg, W, 1, x, enc=enc, pad=pad, stack="decoder", attention="cross")
             self.check(y, want, "F32", "t5 cross " + backend)
         path = self.path("unet.safetensors")
-        W = mf.write_diffusers(path, self.rng)
+        W = mf.write_diffusers(path, self.rng, qkv_bias=True)
         x = self.rng.standard_normal((2, 16, 32)).astype(np.float32)
         ctx = self.rng.standard_normal((2, 6, 24)).astype(np.float32)
         for backend in backends():
@@ -184,6 +184,22 @@ class Models(unittest.TestCase):
         scalar = self.path("scalar")
         mf.write_checkpoint(scalar, "gemma2", self.rng, config_edit=lambda c: c.update(query_pre_attn_scalar=0))
         cases.append((["--model", scalar, "--layer", "0"], "query_pre_attn_scalar"))
+        # BERT's relative position scores are not the layer's
+        relpos = self.path("relpos")
+        mf.write_checkpoint(relpos, "bert", self.rng, config_edit=lambda c: c.update(position_embedding_type="relative_key"))
+        cases.append((["--model", relpos, "--layer", "0"], "position_embedding_type"))
+        # a value nested deeper than a recursive reader's stack, a FIFO for config.json
+        deep = self.path("deep")
+        mf.write_checkpoint(deep, "bert", self.rng)
+        with open(os.path.join(deep, "config.json")) as f:
+            text = f.read().replace('"hidden_size": 32', '"hidden_size": ' + "[" * 100000 + "]" * 100000)
+        with open(os.path.join(deep, "config.json"), "w") as f:
+            f.write(text)
+        cases.append((["--model", deep, "--layer", "0"], "hidden_size"))
+        fifo = self.path("fifo")
+        os.makedirs(fifo)
+        os.mkfifo(os.path.join(fifo, "config.json"))
+        cases.append((["--model", fifo, "--layer", "0"], "not a regular file"))
         # a tensor of the wrong shape
         shape = self.path("shape")
         mf.write_checkpoint(shape, "qwen2", self.rng, config_edit=lambda c: c.update(num_key_value_heads=4))

@@ -216,6 +216,9 @@ Source source_of(const MhaArgs& a) {
   const Source s = !a.model.empty() ? Source::model : !a.family.empty() ? Source::diffusers : Source::hand;
   if (s == Source::hand && (!a.stack.empty() || !a.attention.empty()))
     throw UsageError(std::string(a.stack.empty() ? "--attention" : "--stack") + ": goes with --model or --family diffusers");
+  if (s != Source::hand && (a.attention == "cross") != !a.key.empty())
+    throw UsageError(a.key.empty() ? "--key: cross-attention needs --key and --value (the encoder's output)"
+                                   : "--key: self-attention takes no --key or --value");
   if (s != Source::hand) {
     const std::vector<std::string> given = hand_options(a);
     if (!given.empty())
@@ -225,21 +228,14 @@ Source source_of(const MhaArgs& a) {
   return s;
 }
 
-// A published checkpoint's layer in `dtype` (none: the checkpoint's); errors about its files name
-// --model or --weights.
-std::unique_ptr<MultiHeadAttention> load_published(const MhaArgs& a, Source s, std::optional<DType> dtype) {
-  PretrainedOptions o;
-  o.stack = a.stack;
-  if (!a.attention.empty()) o.attention = a.attention;
-  o.dtype = dtype;
+// Runs `fn` (a call on a published checkpoint), its errors as usage errors: those about its files
+// name --model or --weights.
+template <class Fn>
+auto published_errors(const MhaArgs& a, Source s, Fn&& fn) {
   const std::string& flag = s == Source::model ? "--model" : "--weights";
   const std::string& where = s == Source::model ? a.model : a.weights;
   try {
-    if (s == Source::model)
-      return std::make_unique<MultiHeadAttention>(
-          MultiHeadAttention::from_pretrained(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o));
-    return std::make_unique<MultiHeadAttention>(MultiHeadAttention::from_diffusers(
-        a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20), o));
+    return fn();
   } catch (const Error& e) {
     const std::string& arg = e.argument();
     if (arg == "layer" || arg == "stack" || arg == "attention" || arg == "heads" || arg == "dtype") throw usage_error(e);
@@ -249,20 +245,49 @@ std::unique_ptr<MultiHeadAttention> load_published(const MhaArgs& a, Source s, s
   }
 }
 
-// A published checkpoint's layer (--model, or --family diffusers) on the inputs. The layer's
-// dtype: --dtype; else the checkpoint's if BF16 (NumPy has no bf16), else the query file's.
+PretrainedOptions published_options(const MhaArgs& a, std::optional<DType> dtype) {
+  PretrainedOptions o;
+  o.stack = a.stack;
+  if (!a.attention.empty()) o.attention = a.attention;
+  o.dtype = dtype;
+  return o;
+}
+
+// The dtype a published checkpoint's layer computes in: --dtype; else the checkpoint's if BF16
+// (NumPy has no bf16), else the query file's. From the headers: nothing is loaded twice.
+DType published_dtype(const MhaArgs& a, Source s, DType query_dtype) {
+  if (!a.dtype.empty()) return parse_dtype("--dtype", a.dtype);
+  const PretrainedOptions o = published_options(a, std::nullopt);
+  const DType stored = published_errors(a, s, [&] {
+    if (s == Source::model)
+      return MultiHeadAttention::pretrained_dtype(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o);
+    return MultiHeadAttention::diffusers_dtype(a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20),
+                                               o);
+  });
+  return stored == DType::bf16 ? DType::bf16 : query_dtype;
+}
+
+// A published checkpoint's layer in `dtype`.
+std::unique_ptr<MultiHeadAttention> load_published(const MhaArgs& a, Source s, DType dtype) {
+  const PretrainedOptions o = published_options(a, dtype);
+  return published_errors(a, s, [&] {
+    if (s == Source::model)
+      return std::make_unique<MultiHeadAttention>(
+          MultiHeadAttention::from_pretrained(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o));
+    return std::make_unique<MultiHeadAttention>(MultiHeadAttention::from_diffusers(
+        a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20), o));
+  });
+}
+
+// A published checkpoint's layer (--model, or --family diffusers) on the inputs, in
+// published_dtype's dtype.
 void run_published(const MhaArgs& a, Source source) {
   MhaOptions opt = call_options(a);
-  const std::optional<DType> asked = a.dtype.empty() ? std::nullopt : std::optional(parse_dtype("--dtype", a.dtype));
   MhaInputs in;
   in.x = load_npy("--query", a.query);
   check_seq("--query", a.query, in.x);
   const DType written = in.x.dtype;
-  std::unique_ptr<MultiHeadAttention> layer = load_published(a, source, asked);
-  if (!asked && layer->dtype() != DType::bf16 && layer->dtype() != written) layer = load_published(a, source, written);
-  if ((a.attention == "cross") != !a.key.empty())
-    throw UsageError(a.key.empty() ? "--key: cross-attention needs --key and --value (the encoder's output)"
-                                   : "--key: self-attention takes no --key or --value");
+  const std::unique_ptr<MultiHeadAttention> layer = load_published(a, source, published_dtype(a, source, written));
   load_inputs(a, layer->dtype(), in, opt);
   std::vector<std::int64_t> positions;
   read_positions(a, in, opt, positions);

@@ -166,6 +166,12 @@ class MultiHeadAttention {
   // in a safetensors file: to_q, to_k, to_v without bias, to_out.0 with one.
   static MultiHeadAttention from_diffusers(const std::string& path, const std::string& prefix, std::int64_t heads,
                                            const PretrainedOptions& options = {});
+  // The dtype the checkpoint stores that layer's weights in (its query weight's: f32, f64, bf16
+  // or f16), from the config and the files' headers alone (no weight is read); the errors of
+  // from_pretrained / from_diffusers.
+  static DType pretrained_dtype(const std::string& dir, std::int64_t layer, const PretrainedOptions& options = {});
+  static DType diffusers_dtype(const std::string& path, const std::string& prefix, std::int64_t heads,
+                               const PretrainedOptions& options = {});
 
   ~MultiHeadAttention();
   MultiHeadAttention(MultiHeadAttention&&) noexcept;
