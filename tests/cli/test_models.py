@@ -129,6 +129,23 @@ class Models(unittest.TestCase):
                          "--key", self.save("c.npy", ctx), "--value", self.save("c.npy", ctx), "--backend", backend)
             self.check(y, mf.diffusers_reference(W, x, enc=ctx, attention="cross"), "F16", "attn2 " + backend)
 
+    def test_single_file_before_index(self):
+        """A directory holding both model.safetensors and a sharded index is read from the single
+        file, as Hugging Face's loaders read it."""
+        d = self.path("both")
+        mf.write_checkpoint(d, "llama", self.rng)  # shards + index
+        single = self.path("single")
+        mf.FAMILIES["llama"]["shards"] = 1
+        try:
+            W = mf.write_checkpoint(single, "llama", self.rng)  # other weights, one file
+        finally:
+            mf.FAMILIES["llama"]["shards"] = 2
+        os.rename(os.path.join(single, "model.safetensors"), os.path.join(d, "model.safetensors"))
+        x = self.rng.standard_normal((1, 5, 32)).astype(np.float32)
+        y = self.mha("--model", d, "--layer", "1", "--query", self.save("x.npy", x))
+        want = mf.reference("llama", mf.FAMILIES["llama"]["config"], W, 1, mha_weights.to_bf16(x), rnd=mha_weights.to_bf16)
+        self.check(y, want, "BF16", "single file")
+
     def test_float64_query_computes_in_float64(self):
         """An F32 checkpoint on a float64 query runs an f64 layer: agreement to rounding."""
         d, W = self.model("gemma2")
