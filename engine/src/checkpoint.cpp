@@ -1,14 +1,10 @@
 #include "checkpoint.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 
 #include <nlohmann/json.hpp>
 
+#include "file_io.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn::detail {
@@ -23,35 +19,6 @@ bool is_file(const std::string& path) {
 constexpr std::size_t kMaxIndex = 64u << 20;
 
 }  // namespace
-
-std::string read_text_file(const std::string& path, std::size_t limit) {
-  // O_NONBLOCK: a FIFO or device opens at once (and is refused) instead of blocking
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "not a regular file");
-  }
-  const auto size = static_cast<std::size_t>(st.st_size);
-  if (size > limit) {
-    ::close(fd);
-    throw Error(path, "is " + std::to_string(size) + " bytes, more than the " + std::to_string(limit) + " expected");
-  }
-  std::string text(size, '\0');
-  std::size_t got = 0;
-  while (got < size) {
-    const ssize_t n = ::read(fd, text.data() + got, size - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      ::close(fd);
-      throw Error(path, "cannot read" + std::string(n < 0 ? std::string(": ") + std::strerror(errno) : ""));
-    }
-    got += static_cast<std::size_t>(n);
-  }
-  ::close(fd);
-  return text;
-}
 
 Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
   if (!dir_.empty() && dir_.back() != '/') dir_ += '/';

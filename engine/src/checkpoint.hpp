@@ -43,7 +43,4 @@ class Checkpoint {
   mutable std::map<std::string, std::unique_ptr<SafetensorsFile>> open_;
 };
 
-// The text of a small file (config.json, an index), at most `limit` bytes. Error(path, ...).
-std::string read_text_file(const std::string& path, std::size_t limit);
-
 }  // namespace simdattn::detail

@@ -1,6 +1,7 @@
 #include "file_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -51,6 +52,40 @@ void write_file_atomic(const std::string& path, const std::byte* data, std::size
     ::unlink(tmp.c_str());
     throw Error(path, std::string("cannot write output: ") + std::strerror(err));
   }
+}
+
+int open_regular_file(const std::string& path, std::size_t& size) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error(path, "not a regular file");
+  }
+  size = static_cast<std::size_t>(st.st_size);
+  return fd;
+}
+
+std::string read_text_file(const std::string& path, std::size_t limit) {
+  std::size_t size = 0;
+  const int fd = open_regular_file(path, size);
+  if (size > limit) {
+    ::close(fd);
+    throw Error(path, "is " + std::to_string(size) + " bytes, more than the " + std::to_string(limit) + " expected");
+  }
+  std::string text(size, '\0');
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = ::read(fd, text.data() + got, size - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      ::close(fd);
+      throw Error(path, "cannot read" + std::string(n < 0 ? std::string(": ") + std::strerror(errno) : ""));
+    }
+    got += static_cast<std::size_t>(n);
+  }
+  ::close(fd);
+  return text;
 }
 
 }  // namespace simdattn::detail

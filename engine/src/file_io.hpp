@@ -1,4 +1,5 @@
-// File output shared by the .npy and safetensors writers.
+// File input and output shared by the readers (safetensors, config.json, indices) and the .npy
+// and safetensors writers.
 #pragma once
 
 #include <cstddef>
@@ -9,5 +10,13 @@ namespace simdattn::detail {
 // Writes `size` bytes to a new temporary file beside `path` (created exclusively), then renames
 // it over `path`: a failure never leaves a partial or clobbered file. Throws Error(path, ...).
 void write_file_atomic(const std::string& path, const std::byte* data, std::size_t size);
+
+// Opens `path` for reading (O_NONBLOCK: a FIFO or device opens at once, and is refused, instead
+// of blocking) and checks that it is a regular file; sets size. Returns the descriptor, which
+// the caller closes. Throws Error(path, ...).
+int open_regular_file(const std::string& path, std::size_t& size);
+
+// The text of a small file (config.json, an index), at most `limit` bytes. Error(path, ...).
+std::string read_text_file(const std::string& path, std::size_t limit);
 
 }  // namespace simdattn::detail

@@ -14,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
+#include "file_io.hpp"
 #include "json_text.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"

@@ -1,8 +1,6 @@
 #include "simdattn/safetensors.hpp"
 
-#include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -131,15 +129,7 @@ void check_no_overlap(const std::string& path, const std::vector<std::pair<std::
 
 // Maps `path` read-only; sets size. Throws Error for a file that cannot hold a header.
 void* map_file(const std::string& path, std::size_t& size) {
-  // O_NONBLOCK: a FIFO or device opens at once (and is refused below) instead of blocking
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(path, std::string("cannot open: ") + std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    throw Error(path, "not a regular file");
-  }
-  size = static_cast<std::size_t>(st.st_size);
+  const int fd = detail::open_regular_file(path, size);
   if (size < 8) {
     ::close(fd);
     throw Error(path, "file of " + std::to_string(size) +

@@ -4,7 +4,9 @@ float64 from first principles (torch.nn.MultiheadAttention semantics, batch_firs
 
     python3 mha_weights.py OUT.safetensors D_MODEL HEADS [--kv-heads N] [--hf] [--prefix P]
 
-Used by test_cli.py; also runnable by hand to make a weights file for `simdattn mha`.
+Also the float64 definitions both CLI suites share: RoPE, T5's relative position bucket and
+ALiBi's slopes. Used by test_cli.py and model_families.py; also runnable by hand to make a
+weights file for `simdattn mha`.
 """
 import json
 import struct
@@ -104,6 +106,39 @@ def rope_reference(x, positions, theta=10000.0, rotary_dim=None, style="half", s
     x[..., i0] = x0 * c - x1 * s
     x[..., i1] = x1 * c + x0 * s
     return x
+
+
+def t5_bucket(rel, bidirectional, num_buckets, max_distance):
+    """T5's relative position bucket, from Hugging Face's definition (float32 log, truncated)."""
+    rel = np.asarray(rel, dtype=np.int64)
+    bucket = np.zeros_like(rel)
+    n = num_buckets
+    if bidirectional:
+        n //= 2
+        bucket += (rel > 0).astype(np.int64) * n
+        rel = np.abs(rel)
+    else:
+        rel = -np.minimum(rel, 0)
+    max_exact = n // 2
+    with np.errstate(divide="ignore"):
+        large = max_exact + (np.log(np.maximum(rel, 1).astype(np.float32) / np.float32(max_exact))
+                             / np.float32(np.log(max_distance / max_exact))
+                             * np.float32(n - max_exact)).astype(np.int64)
+    large = np.minimum(large, n - 1)
+    return bucket + np.where(rel < max_exact, rel, large)
+
+
+def alibi_slopes(H):
+    """Press et al.'s slopes as BLOOM builds them (float32 bases and powers)."""
+    n = 2 ** int(np.floor(np.log2(H)))
+    base = np.float32(2.0 ** (-8.0 / n))
+    slopes = [np.float32(base ** np.float32(k)) for k in range(1, n + 1)]
+    extra = np.float32(2.0 ** (-4.0 / n))
+    k = 1
+    while len(slopes) < H:
+        slopes.append(np.float32(extra ** np.float32(k)))
+        k += 2
+    return np.array(slopes, dtype=np.float32)
 
 
 def mha_reference(w, heads, xq, xk=None, xv=None, causal="none", key_padding_mask=None, rnd=None, rope=None):

@@ -9,14 +9,13 @@ definition (the papers and Hugging Face's / diffusers' reference implementations
 Used by test_models.py.
 """
 import json
-import math
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import mha_weights  # noqa: E402  (write_safetensors, bf16 rounding, rope_reference)
+import mha_weights  # noqa: E402  (write_safetensors, bf16 rounding, rope_reference, t5_bucket, alibi_slopes)
 
 # Per family: its config.json, the dtype its weights ship in, the prefix its tensors carry (as
 # the publisher's head-model checkpoints do), and how many shards.
@@ -227,37 +226,6 @@ def heads_merge(o):
     return o.transpose(0, 2, 1, 3).reshape(B, S, H * hd)
 
 
-def t5_bucket(rel, bidirectional, num_buckets, max_distance):
-    """Hugging Face's T5Attention._relative_position_bucket (the log in float32, truncated)."""
-    rel = np.asarray(rel, np.int64)
-    ret = np.zeros_like(rel)
-    if bidirectional:
-        num_buckets //= 2
-        ret += (rel > 0).astype(np.int64) * num_buckets
-        n = np.abs(rel)
-    else:
-        n = -np.minimum(rel, 0)
-    max_exact = num_buckets // 2
-    small = n < max_exact
-    with np.errstate(divide="ignore"):  # (n = 0 takes the small branch; its large value is unused)
-        large = max_exact + (np.log(np.maximum(n, 1).astype(np.float32) / np.float32(max_exact)) /
-                             np.float32(math.log(max_distance / max_exact)) *
-                             np.float32(num_buckets - max_exact)).astype(np.int64)
-    large = np.minimum(large, num_buckets - 1)
-    return ret + np.where(small, n, large)
-
-
-def bloom_slopes(H):
-    """BLOOM's build_alibi_tensor slopes (float32)."""
-    cp2 = 2 ** math.floor(math.log2(H))
-    base = np.float32(2 ** (-(2 ** -(math.log2(cp2) - 3))))
-    slopes = [base ** np.float32(i) for i in range(1, 1 + cp2)]
-    if cp2 != H:
-        extra = np.float32(2 ** (-(2 ** -(math.log2(2 * cp2) - 3))))
-        slopes += [extra ** np.float32(i) for i in range(1, 1 + 2 * min(cp2, H - cp2), 2)]
-    return np.array(slopes, np.float64)
-
-
 def rms_norm(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
@@ -317,7 +285,7 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
         scale = 1.0
         if attention == "self":
             table = W[f"{stack}.block.0.layer.0.SelfAttention.relative_attention_bias.weight"]
-            buckets = t5_bucket(j - i, stack == "encoder", cfg["relative_attention_num_buckets"],
+            buckets = mha_weights.t5_bucket(j - i, stack == "encoder", cfg["relative_attention_num_buckets"],
                                 cfg.get("relative_attention_max_distance", 128))
             bias = table[buckets].transpose(2, 0, 1)[None]  # [1, H, S, Sk]
             if stack == "decoder":
@@ -330,7 +298,7 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
         # alibi = slope * key position, from the padding mask's cumulative sum
         keep = np.ones((B, Sk)) if pad is None else (~np.asarray(pad, bool)).astype(np.float64)
         kpos = (np.cumsum(keep, axis=-1) - 1) * keep
-        bias = bloom_slopes(H)[None, :, None, None] * kpos[:, None, None, :]
+        bias = mha_weights.alibi_slopes(H).astype(np.float64)[None, :, None, None] * kpos[:, None, None, :]
         visible &= j <= i
     else:
         a = f"layers.{layer}.self_attn."

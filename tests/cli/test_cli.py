@@ -239,39 +239,6 @@ class RunMatchesOracle(CliCase):
         self.assertFalse(os.path.exists(self.path("o64.npy")))
 
 
-def t5_bucket(rel, bidirectional, num_buckets, max_distance):
-    """T5's relative position bucket, from Hugging Face's definition (float32 log, truncated)."""
-    rel = np.asarray(rel, dtype=np.int64)
-    bucket = np.zeros_like(rel)
-    n = num_buckets
-    if bidirectional:
-        n //= 2
-        bucket += (rel > 0).astype(np.int64) * n
-        rel = np.abs(rel)
-    else:
-        rel = -np.minimum(rel, 0)
-    max_exact = n // 2
-    with np.errstate(divide="ignore"):
-        large = max_exact + (np.log(np.maximum(rel, 1).astype(np.float32) / np.float32(max_exact))
-                             / np.float32(np.log(max_distance / max_exact))
-                             * np.float32(n - max_exact)).astype(np.int64)
-    large = np.minimum(large, n - 1)
-    return bucket + np.where(rel < max_exact, rel, large)
-
-
-def alibi_slopes(H):
-    """Press et al.'s slopes as BLOOM builds them (float32 bases and powers)."""
-    n = 2 ** int(np.floor(np.log2(H)))
-    base = np.float32(2.0 ** (-8.0 / n))
-    slopes = [np.float32(base ** np.float32(k)) for k in range(1, n + 1)]
-    extra = np.float32(2.0 ** (-4.0 / n))
-    k = 1
-    while len(slopes) < H:
-        slopes.append(np.float32(extra ** np.float32(k)))
-        k += 2
-    return np.array(slopes, dtype=np.float32)
-
-
 def modified_oracle(q, k, v, scale=None, causal="none", key_lengths=None, offsets=None, mask=None,
                     softcap=None, slopes=None, t5=None, t5_bidirectional=True, t5_max_distance=128,
                     sinks=None):
@@ -304,7 +271,7 @@ def modified_oracle(q, k, v, scale=None, causal="none", key_lengths=None, offset
             if slopes is not None:
                 biased[b, h] += float(slopes[h]) * rel
             if t5 is not None:
-                biased[b, h] += np.asarray(t5, dtype=np.float64)[t5_bucket(rel, t5_bidirectional, t5.shape[0],
+                biased[b, h] += np.asarray(t5, dtype=np.float64)[mha_weights.t5_bucket(rel, t5_bidirectional, t5.shape[0],
                                                                            t5_max_distance), h]
     if mask is not None:
         biased = biased + np.broadcast_to(mask, (B, H, Sq, Sk)).astype(np.float64)
@@ -362,14 +329,14 @@ class Modifiers(CliCase):
         sp, slopes, kp, sinks, tp, table, op, offsets = self.files()
         cases = [
             (["--softcap", "2.5"], dict(softcap=2.5)),
-            (["--alibi"], dict(slopes=alibi_slopes(4))),
+            (["--alibi"], dict(slopes=mha_weights.alibi_slopes(4))),
             (["--alibi-slopes", sp, "--causal", "bottom-right"], dict(slopes=slopes, causal="bottom-right")),
             (["--t5-bias", tp, "--t5-max-distance", "20"], dict(t5=table, t5_max_distance=20)),
             (["--t5-bias", tp, "--t5-unidirectional", "--causal", "top-left"],
              dict(t5=table, t5_bidirectional=False, causal="top-left")),
             (["--sinks", kp], dict(sinks=sinks)),
             (["--query-offset", op, "--causal", "top-left", "--alibi"],
-             dict(offsets=offsets, causal="top-left", slopes=alibi_slopes(4))),
+             dict(offsets=offsets, causal="top-left", slopes=mha_weights.alibi_slopes(4))),
             (["--softcap", "1.7", "--alibi-slopes", sp, "--t5-bias", tp, "--sinks", kp, "--causal", "bottom-right"],
              dict(softcap=1.7, slopes=slopes, t5=table, sinks=sinks, causal="bottom-right")),
         ]

@@ -8,9 +8,7 @@ code and one-line error for broken model directories.
 """
 import json
 import os
-import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -18,37 +16,19 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402
+import test_cli  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run; backends())
 
-BIN = None
-
-
-def backends():
-    r = subprocess.run([BIN, "info"], capture_output=True, text=True)
-    return ["reference", "native"] + (["onednn"] if "onednn" in r.stdout.split("backends:")[-1].split("\n")[0] else [])
+backends = test_cli.backends
 
 
 # Tolerance on max |y - want| / max(1, max |want|): the layer's dtype against float64.
 TOL = {"F32": 1e-4, "F16": 1e-4, "BF16": 4e-2}
 
 
-class Models(unittest.TestCase):
+class Models(test_cli.CliCase):
     def setUp(self):
-        self.tmp = tempfile.TemporaryDirectory(prefix="simdattn_models_")
-        self.dir = self.tmp.name
+        super().setUp()
         self.rng = np.random.default_rng(20261201)
-
-    def tearDown(self):
-        self.tmp.cleanup()
-
-    def path(self, *names):
-        return os.path.join(self.dir, *names)
-
-    def save(self, name, a):
-        np.save(self.path(name), a)
-        return self.path(name)
-
-    def run_cli(self, *args):
-        return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120)
 
     def mha(self, *args, rc=0):
         r = self.run_cli("mha", "--out", self.path("y.npy"), *args)
@@ -243,5 +223,5 @@ class Models(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    BIN = os.path.abspath(sys.argv.pop(1))
+    test_cli.BIN = os.path.abspath(sys.argv.pop(1))
     unittest.main()
