@@ -56,17 +56,35 @@ endif()
 if(SIMDATTN_BUILD_TOOLS)
   simdattn_find(CLI11 libcli11-dev)
 endif()
+# Debian's python3 (where Debian's Python packages install): the CLI's end-to-end tests and the
+# Python module's build and tests run it.
+if((SIMDATTN_BUILD_TESTS AND SIMDATTN_BUILD_TOOLS) OR SIMDATTN_BUILD_PYTHON)
+  find_program(SIMDATTN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
+  if(NOT SIMDATTN_PYTHON)
+    find_program(SIMDATTN_PYTHON NAMES python3)
+  endif()
+  if(NOT SIMDATTN_PYTHON)
+    simdattn_missing(python3)
+  endif()
+endif()
+if(SIMDATTN_BUILD_PYTHON)
+  # pybind11's CMake config finds the interpreter and its headers with FindPython.
+  set(PYBIND11_FINDPYTHON ON)
+  set(Python_EXECUTABLE ${SIMDATTN_PYTHON})
+  find_package(Python 3 COMPONENTS Interpreter Development.Module QUIET)
+  if(NOT Python_Development.Module_FOUND)
+    simdattn_missing(python3-dev)
+  endif()
+  simdattn_find(pybind11 pybind11-dev CONFIG)
+  simdattn_find_python_module(numpy python3-numpy)
+  if(SIMDATTN_BUILD_TESTS)  # the module's pytest suite checks it against PyTorch
+    simdattn_find_python_module(pytest python3-pytest)
+    simdattn_find_python_module(torch python3-torch)
+  endif()
+endif()
 if(SIMDATTN_BUILD_TESTS)
   simdattn_find(doctest doctest-dev)
   if(SIMDATTN_BUILD_TOOLS)
-    # The CLI's end-to-end tests run Debian's python3 with NumPy (the package installs there).
-    find_program(SIMDATTN_PYTHON NAMES python3 PATHS /usr/bin NO_DEFAULT_PATH)
-    if(NOT SIMDATTN_PYTHON)
-      find_program(SIMDATTN_PYTHON NAMES python3)
-    endif()
-    if(NOT SIMDATTN_PYTHON)
-      simdattn_missing(python3)
-    endif()
     simdattn_find_python_module(numpy python3-numpy)
     if(SIMDATTN_BUILD_PERF)  # the perf_report test draws a chart with tools/perf_report.py plot
       simdattn_find_python_module(matplotlib python3-matplotlib)
@@ -87,6 +105,6 @@ if(_simdattn_missing)
     "simdattn: missing Debian packages${_simdattn_note}: ${_simdattn_missing}\n"
     "Install them with: apt-get install ${_simdattn_missing}\n"
     "or run bash tools/setup.sh, which installs every dependency and builds. "
-    "-DSIMDATTN_WITH_ONEDNN=OFF, -DSIMDATTN_BUILD_TESTS=OFF, -DSIMDATTN_BUILD_PERF=OFF and "
+    "-DSIMDATTN_WITH_ONEDNN=OFF, -DSIMDATTN_BUILD_PYTHON=OFF, -DSIMDATTN_BUILD_TESTS=OFF, -DSIMDATTN_BUILD_PERF=OFF and "
     "-DSIMDATTN_BUILD_TOOLS=OFF leave out the parts that need some of them.")
 endif()

@@ -12,7 +12,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${SIMDATTN_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_SANITIZE=thread \
-      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF \
+      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF \
       -DSIMDATTN_WERROR=ON >/dev/null
 cmake --build "$BUILD" --target simdattn_tests -j "$(nproc)"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" "$BUILD/tests/simdattn_tests" \

@@ -180,7 +180,8 @@ struct Layer {
   }
 };
 
-struct MultiHeadAttention::Impl {
+// Hidden: the class is exported, its implementation is not.
+struct __attribute__((visibility("hidden"))) MultiHeadAttention::Impl {
   DType dtype = DType::f32;
   MhaConfig cfg;
   Layer<float> f32;  // the one of `dtype`; the others stay empty

@@ -32,6 +32,8 @@
 // backend. NaN in the inputs propagates to the affected rows as in the maths.
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -132,37 +134,37 @@ struct AttentionOptions {
 // Throws simdattn::Error (naming the argument and the shapes) on invalid input, before
 // anything is written; also Error("SIMDATTN_ISA", ...) when that environment variable names an
 // unknown ISA or one this CPU lacks (as do every other entry point of the library).
-void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+SIMDATTN_API void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options = {});
 
 // The shape attention() writes for these inputs, [B, H, Sq, Dv], checking their dtypes and
 // shapes as attention() does (throws the same Error): a caller can validate before it allocates
 // the output. Reads no data.
-Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v);
+SIMDATTN_API Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v);
 
 // ALiBi's slopes for `heads` heads (Press et al.; as BLOOM and MPT build them): for the largest
 // power of two n <= heads, 2^(-8 k / n) for k = 1 .. n, then, for the heads past n,
 // 2^(-4 k / n) for odd k = 1, 3, .. . Throws Error("heads") unless heads >= 1.
-std::vector<float> standard_alibi_slopes(std::int64_t heads);
+SIMDATTN_API std::vector<float> standard_alibi_slopes(std::int64_t heads);
 
 // T5's bucket for relative position j - p (computed in float32 as Hugging Face's
 // T5Attention._relative_position_bucket does). Throws Error on num_buckets < 2 or max_distance
 // too small.
-std::int64_t t5_relative_bucket(std::int64_t relative_position, bool bidirectional, std::int64_t num_buckets,
+SIMDATTN_API std::int64_t t5_relative_bucket(std::int64_t relative_position, bool bidirectional, std::int64_t num_buckets,
                                 std::int64_t max_distance);
 
 // Names used by the CLI and in messages.
-std::string_view backend_name(Backend b) noexcept;
-std::string_view causal_name(Causal c) noexcept;
-std::string_view score_stage_name(ScoreStage s) noexcept;  // "scaled", "capped", "biased", "softmax"
+SIMDATTN_API std::string_view backend_name(Backend b) noexcept;
+SIMDATTN_API std::string_view causal_name(Causal c) noexcept;
+SIMDATTN_API std::string_view score_stage_name(ScoreStage s) noexcept;  // "scaled", "capped", "biased", "softmax"
 
 // True if this build contains the backend (onednn needs SIMDATTN_WITH_ONEDNN).
-bool backend_available(Backend b) noexcept;
+SIMDATTN_API bool backend_available(Backend b) noexcept;
 
 // True if attention() on backend b takes inputs of this dtype here: reference and native take
 // f32, f64, bf16 and f16; onednn (if built) f32, and bf16 / f16 where oneDNN has the matmuls for
 // them on this CPU (oneDNN 2.6: bf16 on AVX-512 machines, f16 nowhere). Otherwise attention()
 // throws Error("options.backend").
-bool backend_takes(Backend b, DType dtype) noexcept;
+SIMDATTN_API bool backend_takes(Backend b, DType dtype) noexcept;
 
 }  // namespace simdattn

@@ -1,6 +1,8 @@
 // The one error type the C++ API throws.
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <stdexcept>
 #include <string>
 
@@ -11,7 +13,7 @@ namespace detail {
 // `s` with every byte that is not printable text escaped as \xNN: control characters (newlines
 // included) and bytes outside valid UTF-8 (messages quote malformed file contents; on a
 // terminal or in a log they must stay one line of text).
-std::string printable(const std::string& s);
+SIMDATTN_API std::string printable(const std::string& s);
 
 }  // namespace detail
 
@@ -20,7 +22,7 @@ std::string printable(const std::string& s);
 // argument() returns just the name ("k", "options.window", "Q.npy", ...). what() is printable
 // text: bytes quoted from a malformed file that are not (control characters, invalid UTF-8)
 // appear as \xNN. When an API call throws, nothing has been written to its outputs.
-class Error : public std::runtime_error {
+class SIMDATTN_API Error : public std::runtime_error {
  public:
   Error(std::string argument, const std::string& message)
       : std::runtime_error(detail::printable(argument.empty() ? message : argument + ": " + message)),

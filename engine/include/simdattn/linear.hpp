@@ -17,6 +17,8 @@
 // double precision. The onednn backend has no linear attention.
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstdint>
 #include <string_view>
 #include <vector>
@@ -38,17 +40,17 @@ struct LinearAttentionOptions {
 };
 
 // Throws Error naming the argument on invalid input, before writing anything.
-void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+SIMDATTN_API void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                       const TensorView& out, const LinearAttentionOptions& options = {});
 
-std::string_view feature_map_name(FeatureMap f) noexcept;
+SIMDATTN_API std::string_view feature_map_name(FeatureMap f) noexcept;
 
 // The recurrent form for decoding one token at a time: per (batch, key/value head) the state
 // S = sum phi(k_j) v_j^T (D x Dv) and z = sum phi(k_j) (D) of every token seen so far.
 // step() adds the new token's key and value, then outputs the causal result for its query:
 // after N steps the outputs equal causal linear_attention() on the N tokens. O(D x Dv) per
 // token and head; allocates nothing after construction.
-class LinearAttentionState {
+class SIMDATTN_API LinearAttentionState {
  public:
   LinearAttentionState(DType dtype, std::int64_t batch, std::int64_t heads, std::int64_t kv_heads,
                        std::int64_t head_dim, std::int64_t value_dim, FeatureMap feature_map = FeatureMap::elu1,

@@ -18,6 +18,8 @@
 // to one caller at a time.
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -127,7 +129,7 @@ struct MhaOptions {
 
 class KvCache;
 
-class MultiHeadAttention {
+class SIMDATTN_API MultiHeadAttention {
  public:
   // Validates the configuration and the weight sizes; throws Error naming the weight.
   MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights);
@@ -204,7 +206,7 @@ class MultiHeadAttention {
 // Keys and values of one layer for a batch of sequences, each with its own length.
 // Storage: K and V [B, Hkv, capacity, head_dim], so a decode step streams each head's keys
 // contiguously.
-class KvCache {
+class SIMDATTN_API KvCache {
  public:
   // A cache in the layer's dtype, or in a dtype of its own (f32, f64, bf16 or f16; e.g. an f32
   // layer with a bf16 cache, half the bytes a decode step reads). With a dtype of its own the

@@ -7,6 +7,8 @@
 // is refused (NumPy has no bfloat16).
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -16,7 +18,7 @@
 
 namespace simdattn {
 
-struct NpyArray {
+struct SIMDATTN_API NpyArray {
   DType dtype = DType::f32;
   bool is_bool = false;  // '|b1' (dtype u8 with values 0/1) rather than '|u1'
   std::vector<std::int64_t> shape;
@@ -29,16 +31,16 @@ struct NpyArray {
 };
 
 // Reads a whole file. Throws Error(path, ...) on any problem.
-NpyArray read_npy(const std::string& path);
+SIMDATTN_API NpyArray read_npy(const std::string& path);
 
 // Parses an in-memory .npy image; `name` is used in error messages.
-NpyArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& name);
+SIMDATTN_API NpyArray parse_npy(const std::byte* bytes, std::size_t size, const std::string& name);
 
 // Serialises to an in-memory .npy image.
-std::vector<std::byte> serialize_npy(const NpyArray& array);
+SIMDATTN_API std::vector<std::byte> serialize_npy(const NpyArray& array);
 
 // Writes atomically: to a temporary file beside `path`, then renamed over it, so a failure
 // never leaves a partial file. Throws Error(path, ...) on failure.
-void write_npy(const std::string& path, const NpyArray& array);
+SIMDATTN_API void write_npy(const std::string& path, const NpyArray& array);
 
 }  // namespace simdattn

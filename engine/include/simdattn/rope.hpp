@@ -15,6 +15,8 @@
 // arithmetic (f32 for bf16 and f16, rounded once).
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstdint>
 #include <span>
 
@@ -40,6 +42,6 @@ struct RopeConfig {
 // batch b and sequence index s sit at position positions[b * S + s] ([B, S], each >= 0); empty
 // positions: s. Throws Error naming the argument (config.rotary_dim, config.theta, positions,
 // x, ...) before changing anything.
-void apply_rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeConfig& config);
+SIMDATTN_API void apply_rope(const TensorView& x, std::span<const std::int64_t> positions, const RopeConfig& config);
 
 }  // namespace simdattn

@@ -1,6 +1,8 @@
 // What this build and this machine offer (for `simdattn info` and diagnostics).
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <string>
 #include <vector>
 
@@ -19,7 +21,7 @@ struct RuntimeInfo {
 };
 
 // Throws Error("SIMDATTN_ISA", ...) if the environment forces an unknown or unavailable ISA.
-RuntimeInfo runtime_info();
+SIMDATTN_API RuntimeInfo runtime_info();
 
 // The process-wide thread budget: the most threads all concurrent calls of the library use
 // together, each call's own thread included (default, or after set_thread_budget(0): the CPUs
@@ -28,7 +30,7 @@ RuntimeInfo runtime_info();
 // oversubscribing the cores (each always runs on at least its calling thread). Results do not
 // depend on it. The onednn backend's OpenMP threads are outside it. Throws Error("threads", ...)
 // for a negative value.
-void set_thread_budget(int threads);
-int thread_budget() noexcept;
+SIMDATTN_API void set_thread_budget(int threads);
+SIMDATTN_API int thread_budget() noexcept;
 
 }  // namespace simdattn

@@ -10,6 +10,8 @@
 // an Error naming the file and the tensor.
 #pragma once
 
+#include "simdattn/export.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -27,7 +29,7 @@ struct SafetensorsEntry {
   std::size_t bytes = 0;
 };
 
-class SafetensorsFile {
+class SIMDATTN_API SafetensorsFile {
  public:
   // Maps and validates `path`. Throws Error(path, ...).
   explicit SafetensorsFile(const std::string& path);
@@ -63,7 +65,7 @@ struct SafetensorsTensor {
 };
 
 // Writes atomically (temporary file + rename). Throws Error(path, ...).
-void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
+SIMDATTN_API void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace simdattn
