@@ -872,6 +872,22 @@ def test_from_diffusers_matches_the_definition(tmp_path, attention):
     assert np.abs(got - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.parametrize("hf", [False, True])
+def test_from_safetensors_matches_the_reference(tmp_path, hf):
+    import mha_weights
+    rng = np.random.default_rng(11)
+    tensors, w = mha_weights.make_weights(rng, 24, 4, kv_heads=2 if hf else None, hf=hf,
+                                          prefix="layers.0.attn." if hf else "", dtype=np.float64)
+    path = str(tmp_path / "w.safetensors")
+    mha_weights.write_safetensors(path, tensors)
+    m = simdattn.MultiHeadAttention.from_safetensors(path, 4, prefix="layers.0.attn." if hf else "", dtype="f64")
+    assert (m.heads, m.kv_heads, m.d_model) == (4, 2 if hf else 4, 24)
+    x = rng.standard_normal((2, 5, 24))
+    want = mha_weights.mha_reference(w, 4, x, causal="top-left")
+    got = m.forward(x, causal="top_left")
+    assert np.abs(got - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
+
+
 def test_mha_constructor_errors():
     m = make_torch_mha(16, 4, seed=5)
     wq, wk, wv = (t.detach().numpy().copy() for t in m.in_proj_weight.chunk(3))
