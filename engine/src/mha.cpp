@@ -598,56 +598,88 @@ struct CacheRef {
   std::int64_t capacity;
 };
 
+}  // namespace
+
+// The layer's access to a cache's storage.
+struct detail::CacheAccess {
+  static CacheRef ref(KvCache& c) { return {c.dtype_, c.k_, c.v_, c.lengths_, c.next_lengths_, c.capacity_}; }
+  static std::int64_t kv_heads(const KvCache& c) { return c.kv_heads_; }
+  static std::int64_t head_dim(const KvCache& c) { return c.head_dim_; }
+};
+
+namespace {
+
+// The cache of a step, checked against the layer.
+CacheRef cache_ref(const MhaConfig& c, KvCache& cache) {
+  const std::int64_t kv_heads = detail::CacheAccess::kv_heads(cache), head_dim = detail::CacheAccess::head_dim(cache);
+  if (kv_heads != c.kv_heads || head_dim != c.head_dim)
+    throw Error("cache", "was made for another layer (kv_heads " + std::to_string(kv_heads) + ", head_dim " +
+                             std::to_string(head_dim) + "; this layer has " + std::to_string(c.kv_heads) + " and " +
+                             std::to_string(c.head_dim) + ")");
+  return detail::CacheAccess::ref(cache);
+}
+
+// A cached step's checks (forward with a cache, and each step of forward_batch): query, out,
+// positions and options against the layer and the cache. Sets cache.next to each sequence's
+// length after the step; changes nothing else.
 template <class T>
-void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
-                    const MhaOptions& opt) {
+void check_cached_step(const Layer<T>& L, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                       const MhaOptions& opt, std::span<const std::int64_t> positions) {
   const MhaConfig& c = L.cfg;
-  std::vector<std::int64_t>& lengths = cache.lengths;
-  std::vector<std::int64_t>& next = cache.next;
-  const std::int64_t capacity = cache.capacity;
   if (!L.packed)
     throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
-  check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(lengths.size()), c.d_model);
+  check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(cache.lengths.size()), c.d_model);
   check_rows<T>("query", query, std::max({c.d_model, L.n_in, L.nq}));
-  const std::int64_t B = query.B, Tn = query.S, H = c.heads, Hkv = c.kv_heads, hd = c.head_dim;
+  const std::int64_t B = query.B, Tn = query.S;
   check_out(out, dtype_of<T>(), B, Tn, c.d_model);
   if (opt.causal == Causal::top_left)
     throw Error("options.causal", "incremental decoding attends with bottom-right alignment; top-left is not "
                                   "meaningful over a cache (use none or bottom_right)");
   if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
     throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
-  for (std::int64_t b = 0; b < B; ++b) {
-    if (Tn > capacity - lengths[b])
-      throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(lengths[b]) + " tokens; " +
-                               std::to_string(Tn) + " more exceed the capacity " + std::to_string(capacity));
-    next[b] = lengths[b] + Tn;
+  if (!positions.empty() && (c.rope || !c.q_norm.empty())) {
+    if (static_cast<std::int64_t>(positions.size()) != B * Tn)
+      throw Error("options.positions", "expected B*S = " + std::to_string(B * Tn) + " entries, got " +
+                                           std::to_string(positions.size()));
+    for (std::size_t i = 0; i < positions.size(); ++i)
+      if (positions[i] < 0) throw Error("options.positions", "entry " + std::to_string(i) + " is negative");
   }
-  if (Tn == 0) return;
-  const std::int64_t M = B * Tn, N = L.n_in;
-  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
-  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
-  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
-         L.onednn_w(opt, L.w_in));
-  position_qk(L, p, N, L.k0, B, Tn, opt.positions, lengths.data(), opt.threads);  // (K appended rotated)
-  // Append: rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's
-  // dtype. Rows past lengths[] are not part of the cache, so a failure below leaves it as it was.
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (Tn > cache.capacity - cache.lengths[b])
+      throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(cache.lengths[b]) +
+                               " tokens; " + std::to_string(Tn) + " more exceed the capacity " +
+                               std::to_string(cache.capacity));
+    cache.next[b] = cache.lengths[b] + Tn;
+  }
+}
+
+// Appends the rotated K and V of a step's projected rows p ([B * Tn] rows, N apart) to the cache:
+// rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's dtype. Rows past
+// lengths[] are not part of the cache, so a failure after this leaves the cache as it was.
+template <class T>
+void append_kv(const Layer<T>& L, const T* p, std::int64_t N, std::int64_t B, std::int64_t Tn, const CacheRef& cache) {
+  const std::int64_t Hkv = L.cfg.kv_heads, hd = L.cfg.head_dim, capacity = cache.capacity;
   const DType cd = cache.dtype;
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(cd));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t t = 0; t < Tn; ++t) {
         const T* src = p + (b * Tn + t) * N + hk * hd;
-        const std::int64_t row = ((b * Hkv + hk) * capacity + lengths[b] + t) * hd * esize;
+        const std::int64_t row = ((b * Hkv + hk) * capacity + cache.lengths[b] + t) * hd * esize;
         detail::convert_elements(src + L.k0, dtype_of<T>(), cache.k.data() + row, cd, hd);
         detail::convert_elements(src + L.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
       }
-  AttentionOptions a;
-  add_config_options(c, a);
-  const WeightsOut wout = weights_output(opt, B, H, Tn, capacity, a);
+}
+
+// The attention core of a cached step: q from the projected rows p ([B * Tn] rows, N apart) over
+// each sequence's next[b] cached keys, bottom-right aligned, into o ([B * Tn] rows of nq).
+template <class T>
+void cached_attention(const Layer<T>& L, const T* p, std::int64_t N, std::int64_t B, std::int64_t Tn,
+                      const CacheRef& cache, T* o, AttentionOptions a) {
+  const std::int64_t H = L.cfg.heads, Hkv = L.cfg.kv_heads, hd = L.cfg.head_dim, capacity = cache.capacity;
+  const DType cd = cache.dtype;
   a.causal = Causal::bottom_right;
-  a.threads = opt.threads;
-  a.backend = opt.backend;
-  a.key_lengths = next;
+  a.key_lengths = cache.next;
   // K/V views span the whole capacity (key lengths say how much is filled), so the attention
   // kernels size their scratch by the capacity once and decode steps allocate nothing.
   const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
@@ -656,21 +688,109 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
   if (cd == dtype_of<T>()) {
     attention(ConstTensorView(p, {B, H, Tn, hd}, {Tn * N, hd, N, 1}), kc, vc,
               TensorView(o, {B, H, Tn, hd}, {Tn * L.nq, hd, L.nq, 1}), a);
-  } else {
-    // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
-    // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
-    const std::int64_t n = M * L.nq;
-    std::byte* qc = thread_buffer<std::byte, Scratch::mha_cache_q>().get(static_cast<std::size_t>(n * esize));
-    std::byte* oc = thread_buffer<std::byte, Scratch::mha_cache_out>().get(static_cast<std::size_t>(n * esize));
-    for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
-    const Shape4 dense{Tn * L.nq, hd, L.nq, 1};
-    attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
-    detail::convert_elements(oc, cd, o, dtype_of<T>(), n);
+    return;
   }
+  // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
+  // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
+  const std::int64_t M = B * Tn, n = M * L.nq, esize = static_cast<std::int64_t>(dtype_size(cd));
+  std::byte* qc = thread_buffer<std::byte, Scratch::mha_cache_q>().get(static_cast<std::size_t>(n * esize));
+  std::byte* oc = thread_buffer<std::byte, Scratch::mha_cache_out>().get(static_cast<std::size_t>(n * esize));
+  for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
+  const Shape4 dense{Tn * L.nq, hd, L.nq, 1};
+  attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
+  detail::convert_elements(oc, cd, o, dtype_of<T>(), n);
+}
+
+template <class T>
+void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                    const MhaOptions& opt) {
+  const MhaConfig& c = L.cfg;
+  check_cached_step(L, query, cache, out, opt, opt.positions);
+  const std::int64_t B = query.B, Tn = query.S;
+  if (Tn == 0) return;
+  const std::int64_t M = B * Tn, N = L.n_in;
+  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
+  linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
+         L.onednn_w(opt, L.w_in));
+  position_qk(L, p, N, L.k0, B, Tn, opt.positions, cache.lengths.data(), opt.threads);  // (K appended rotated)
+  append_kv(L, p, N, B, Tn, cache);
+  AttentionOptions a;
+  add_config_options(c, a);
+  const WeightsOut wout = weights_output(opt, B, c.heads, Tn, cache.capacity, a);
+  a.threads = opt.threads;
+  a.backend = opt.backend;
+  cached_attention(L, p, N, B, Tn, cache, o, a);
   average_weights(wout, opt.attn_weights);
   linear(o, M, L.nq, L.nq, L.wo, 0, c.d_model, L.bo_or_null(), static_cast<T*>(out.data), c.d_model, opt.threads,
          L.onednn_w(opt, L.wo));
-  std::copy(next.begin(), next.end(), lengths.begin());  // spans from lengths() stay valid
+  std::copy(cache.next.begin(), cache.next.end(), cache.lengths.begin());  // spans from lengths() stay valid
+}
+
+// Error e of step i, its argument prefixed with "steps[i]."
+Error step_error(std::size_t i, const Error& e) {
+  const std::string what = e.what(), arg = e.argument();
+  const std::string message = what.rfind(arg + ": ", 0) == 0 ? what.substr(arg.size() + 2) : what;
+  return Error("steps[" + std::to_string(i) + "]." + arg, message);
+}
+
+// Many requests' cached steps in one call: every step checked first (nothing changes if one is
+// bad), then their query rows gathered into one matrix for the input projection (the weights
+// read once), positions and K/V appended per step, the attention cores of the steps side by side
+// (one thread each), the output projection over all rows again, and the rows scattered back.
+template <class T>
+void batched_forward(const Layer<T>& L, std::span<const DecodeStep> steps, const std::vector<CacheRef>& refs,
+                     const MhaOptions& opt) {
+  const MhaConfig& c = L.cfg;
+  if (!opt.positions.empty())
+    throw Error("options.positions", "forward_batch takes positions per step (DecodeStep::positions)");
+  if (opt.attn_weights.data != nullptr)
+    throw Error("options.attn_weights", "forward_batch does not output attention weights");
+  std::vector<std::int64_t> row0(steps.size() + 1, 0);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    try {
+      check_cached_step(L, steps[i].query, refs[i], steps[i].out, opt, steps[i].positions);
+    } catch (const Error& e) {
+      throw step_error(i, e);
+    }
+    row0[i + 1] = row0[i] + steps[i].query.B * steps[i].query.S;
+  }
+  const std::int64_t M = row0.back(), N = L.n_in, d = c.d_model;
+  if (M == 0) return;
+  T* x = thread_buffer<T, Scratch::mha_batch_rows>().get(static_cast<std::size_t>(M * d));
+  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    std::copy_n(static_cast<const T*>(steps[i].query.data), (row0[i + 1] - row0[i]) * d, x + row0[i] * d);
+  linear(x, M, d, d, L.w_in, 0, N, L.bq(), p, N, opt.threads, L.onednn_w(opt, L.w_in));
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const DecodeStep& s = steps[i];
+    if (s.query.S == 0) continue;
+    position_qk(L, p + row0[i] * N, N, L.k0, s.query.B, s.query.S, s.positions, refs[i].lengths.data(), opt.threads);
+    append_kv(L, p + row0[i] * N, N, s.query.B, s.query.S, refs[i]);
+  }
+  AttentionOptions a;
+  add_config_options(c, a);
+  a.threads = 1;
+  a.backend = opt.backend;
+  const auto n = static_cast<std::int64_t>(steps.size());
+  if (opt.backend == Backend::onednn) {  // oneDNN's own threads: one step at a time
+    a.threads = opt.threads;
+    for (std::int64_t i = 0; i < n; ++i)
+      if (steps[i].query.S > 0)
+        cached_attention(L, p + row0[i] * N, N, steps[i].query.B, steps[i].query.S, refs[i], o + row0[i] * L.nq, a);
+  } else {
+    detail::parallel_for_each_claimed(n, opt.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i)
+        if (steps[i].query.S > 0)
+          cached_attention(L, p + row0[i] * N, N, steps[i].query.B, steps[i].query.S, refs[i], o + row0[i] * L.nq, a);
+    });
+  }
+  linear(o, M, L.nq, L.nq, L.wo, 0, d, L.bo_or_null(), x, d, opt.threads, L.onednn_w(opt, L.wo));
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    std::copy_n(x + row0[i] * d, (row0[i + 1] - row0[i]) * d, static_cast<T*>(steps[i].out.data));
+    std::copy(refs[i].next.begin(), refs[i].next.end(), refs[i].lengths.begin());
+  }
 }
 
 }  // namespace
@@ -704,14 +824,34 @@ void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& 
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
-  const MhaConfig& c = impl_->cfg;
-  if (cache.kv_heads_ != c.kv_heads || cache.head_dim_ != c.head_dim)
-    throw Error("cache", "was made for another layer (kv_heads " + std::to_string(cache.kv_heads_) + ", head_dim " +
-                             std::to_string(cache.head_dim_) + "; this layer has " + std::to_string(c.kv_heads) +
-                             " and " + std::to_string(c.head_dim) + ")");
+  const CacheRef ref = cache_ref(impl_->cfg, cache);
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
-  const CacheRef ref{cache.dtype_, cache.k_, cache.v_, cache.lengths_, cache.next_lengths_, cache.capacity_};
   impl_->visit([&](const auto& layer) { cached_forward(layer, query, ref, out, options); });
+}
+
+void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
+  std::vector<CacheRef> refs;
+  refs.reserve(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].cache == nullptr) throw Error("steps[" + std::to_string(i) + "].cache", "null");
+    for (std::size_t j = 0; j < i; ++j)
+      if (steps[j].cache == steps[i].cache)
+        throw Error("steps[" + std::to_string(i) + "].cache",
+                    "the cache of steps[" + std::to_string(j) + "] too: each step needs a cache of its own");
+    try {
+      refs.push_back(cache_ref(impl_->cfg, *steps[i].cache));
+    } catch (const Error& e) {
+      throw step_error(i, e);
+    }
+  }
+  const detail::OpenMpScope threads(options.backend == Backend::onednn);
+  impl_->visit([&](const auto& layer) { batched_forward(layer, steps, refs, options); });
+}
+
+void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {
+  if (step.cache == nullptr) throw Error("cache", "null");
+  const CacheRef ref = cache_ref(impl_->cfg, *step.cache);
+  impl_->visit([&](const auto& layer) { check_cached_step(layer, step.query, ref, step.out, options, step.positions); });
 }
 
 // ---- KvCache -----------------------------------------------------------------------------------

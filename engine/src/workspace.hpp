@@ -69,6 +69,7 @@ enum class Scratch : int {
   mha_cache_q,          // MHA layer, a cache of another dtype: q and the output in the cache's dtype
   mha_cache_out,
   mha_weights,          // MHA layer: per-head attention weights before they are averaged
+  mha_batch_rows,       // MHA layer, forward_batch: the steps' query rows gathered, then the output rows
   widened_q,            // native backend, bf16/f16 operands: f32 copies of q, k, v and out
   widened_k,
   widened_v,

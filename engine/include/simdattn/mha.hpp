@@ -128,6 +128,19 @@ struct MhaOptions {
 };
 
 class KvCache;
+namespace detail {
+struct CacheAccess;
+}
+
+// One request's step in MultiHeadAttention::forward_batch: its new tokens (query
+// [cache->batch(), T, d_model]), appended to its cache and attended over it, and its output
+// (out, the query's shape), as forward(query, *cache, out) computes them.
+struct DecodeStep {
+  ConstSeqView query;
+  KvCache* cache = nullptr;
+  SeqView out;
+  std::span<const std::int64_t> positions = {};  // as MhaOptions::positions, this step's
+};
 
 class SIMDATTN_API MultiHeadAttention {
  public:
@@ -196,6 +209,19 @@ class SIMDATTN_API MultiHeadAttention {
   // the cache as it was) when a sequence would exceed the cache's capacity.
   void forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                const MhaOptions& options = {}) const;
+  // Incremental steps of many independent requests in one call (continuous batching): the same
+  // results as forward(step.query, *step.cache, step.out, options) for each step in turn, but the
+  // projections of all the steps' tokens run as one GEMM (the weights read once for all) and the
+  // steps' attention cores run side by side, one thread each. Every step has a cache of its own
+  // (steps of different lengths and token counts mix freely). options: causal (none or
+  // bottom_right), threads, backend; positions are per step; no masks or attention weights.
+  // Every step is checked before anything changes: a bad one throws Error naming
+  // "steps[i].<argument>" and leaves every cache and output as it was.
+  void forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options = {}) const;
+  // Checks one step as forward_batch does (the same Error, naming "query", "cache", "out" or
+  // "options.positions"), computing nothing: DecodeScheduler sorts out a bad request this way
+  // before it joins a batch.
+  void check_step(const DecodeStep& step, const MhaOptions& options = {}) const;
 
 
  private:
@@ -229,6 +255,7 @@ class SIMDATTN_API KvCache {
 
  private:
   friend class MultiHeadAttention;
+  friend struct detail::CacheAccess;
   DType dtype_;
   std::int64_t batch_, kv_heads_, head_dim_, capacity_;
   std::vector<std::int64_t> lengths_, next_lengths_;

@@ -9,5 +9,6 @@
 #include "simdattn/npy.hpp"
 #include "simdattn/runtime.hpp"
 #include "simdattn/safetensors.hpp"
+#include "simdattn/scheduler.hpp"
 #include "simdattn/tensor.hpp"
 #include "simdattn/version.hpp"

@@ -1,0 +1,134 @@
+// DecodeScheduler (simdattn/scheduler.hpp): request threads take turns running batches.
+#include "simdattn/scheduler.hpp"
+
+#include <algorithm>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include "simdattn/error.hpp"
+
+namespace simdattn {
+
+struct DecodeScheduler::Request {
+  const DecodeStep* step = nullptr;
+  bool taken = false;     // in a batch (running or done)
+  bool done = false;      // its batch has finished
+  bool cancelled = false;
+  std::exception_ptr error;
+  std::condition_variable cv;  // its thread waits here: each wake-up is for this request alone
+};
+
+DecodeScheduler::DecodeScheduler(const MultiHeadAttention& layer, const DecodeSchedulerOptions& options)
+    : layer_(layer), options_(options) {
+  if (options.max_batch < 1) throw Error("options.max_batch", "expected >= 1, got 0");
+  if (options.max_wait.count() < 0)
+    throw Error("options.max_wait", "expected >= 0 us, got " + std::to_string(options.max_wait.count()));
+}
+
+DecodeScheduler::~DecodeScheduler() = default;
+
+std::size_t DecodeScheduler::batches() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return batches_;
+}
+
+std::size_t DecodeScheduler::steps_run() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return steps_run_;
+}
+
+bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
+  MhaOptions check;
+  check.backend = options_.backend;
+  layer_.check_step(step, check);  // a bad request fails alone, before it can join a batch
+  Request r;
+  r.step = &step;
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (stop.stop_requested()) return false;
+  pending_.push_back(&r);
+  if (forming_ && pending_.size() >= forming_want_) forming_cv_.notify_one();  // the batch is full
+  {
+    lock.unlock();
+    // Wakes this thread when a stop is requested while its step is pending (runs here at once if
+    // it already was).
+    std::stop_callback on_stop(stop, [&] {
+      std::lock_guard<std::mutex> guard(mutex_);
+      if (!r.taken && !r.cancelled) {
+        r.cancelled = true;
+        pending_.erase(std::find(pending_.begin(), pending_.end(), &r));
+      }
+      r.cv.notify_one();
+    });
+    lock.lock();
+    while (!r.done && !r.cancelled) {
+      if (!running_ && !r.taken) run_batch(lock);
+      else r.cv.wait(lock);
+    }
+    lock.unlock();  // on_stop (which takes the lock) is destroyed first
+  }
+  if (r.cancelled) return false;
+  if (r.error) std::rethrow_exception(r.error);
+  return true;
+}
+
+// With the lock held and no batch running: waits (bounded) for the batch to fill, takes the
+// pending steps, runs them unlocked, marks them done.
+void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
+  running_ = true;
+  const std::size_t want = std::min(last_batch_, options_.max_batch);
+  if (pending_.size() < want) {
+    forming_ = true;
+    forming_want_ = want;
+    const auto deadline = std::chrono::steady_clock::now() + options_.max_wait;
+    forming_cv_.wait_until(lock, deadline, [&] { return pending_.size() >= want; });
+    forming_ = false;
+  }
+  MhaOptions opt;
+  opt.threads = options_.threads;
+  opt.backend = options_.backend;
+  std::vector<Request*> batch;
+  std::vector<DecodeStep> steps;
+  for (auto it = pending_.begin(); it != pending_.end() && batch.size() < options_.max_batch;) {
+    const bool same_cache = std::any_of(steps.begin(), steps.end(), [&](const DecodeStep& s) {
+      return s.cache == (*it)->step->cache;
+    });
+    if (same_cache) {  // the cache's next step waits for this one
+      ++it;
+      continue;
+    }
+    (*it)->taken = true;
+    try {  // checked again now: its cache may have moved on since it was submitted
+      layer_.check_step(*(*it)->step, opt);
+    } catch (...) {
+      (*it)->error = std::current_exception();
+      (*it)->done = true;
+      (*it)->cv.notify_one();
+      it = pending_.erase(it);
+      continue;
+    }
+    batch.push_back(*it);
+    steps.push_back(*(*it)->step);
+    it = pending_.erase(it);
+  }
+  lock.unlock();
+  std::exception_ptr failure;
+  try {
+    layer_.forward_batch(steps, opt);
+  } catch (...) {
+    failure = std::current_exception();
+  }
+  lock.lock();
+  for (Request* q : batch) {
+    q->error = failure;
+    q->done = true;
+    q->cv.notify_one();
+  }
+  if (!batch.empty()) last_batch_ = batch.size();
+  ++batches_;
+  steps_run_ += batch.size();
+  running_ = false;
+  if (!pending_.empty()) pending_.front()->cv.notify_one();  // it runs the next batch
+}
+
+}  // namespace simdattn
