@@ -7,12 +7,31 @@
 //     one DecodeScheduler ("scheduler"). Repetitions alternate the two; tokens/s of each, best and
 //     median, and the ratio of the bests. Every scheduler output is checked against the alone
 //     run's (the same tokens into the same caches).
+//
+//   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
+//                        [--loads 30,50,70] [--seconds 2] [--json FILE]
+//     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
+//     (rate: the load's share of the stand-in's saturation rate, split evenly over the clients);
+//     a request's latency runs from its scheduled arrival to its completion, so a client that
+//     falls behind counts its queueing. The request: bert-sized attention() at default options
+//     (bert), or one gpt-layer decode step of the client's own sequence with `kv` cached tokens
+//     (decode: the layer alone, and through a DecodeScheduler). The stand-in, driven by the same
+//     generator, burns one request's single-thread time (measured in this run) in a plain loop:
+//     what the machine gives a perfectly parallel single-thread workload. For each: saturation
+//     throughput (every client calling back to back) and, at each load, p50/p99/p999 latency and
+//     the achieved rate.
 #include <algorithm>
+#include <condition_variable>
+#include <mutex>
+#include <atomic>
+#include <functional>
+#include <sstream>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <memory>
 #include <random>
 #include <string>
 #include <thread>
@@ -31,12 +50,19 @@ struct Args {
   std::int64_t kv = 256, steps = 64;
   int reps = 5;
   std::string json;
+  std::string workload = "bert";
+  int clients = 8;
+  std::vector<int> loads{30, 50, 70};
+  double seconds = 2.0;
+  int threads = 0;  // load: each library request's threads
 };
 
 [[noreturn]] void usage(const std::string& why) {
   std::fprintf(stderr,
                "simdattn_serve_bench: %s\n"
-               "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n",
+               "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
+               "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
+               "                            [--loads P,P,...] [--seconds S] [--threads N] [--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -45,7 +71,7 @@ Args parse(int argc, char** argv) {
   Args a;
   if (argc < 2) usage("expected a mode");
   a.mode = argv[1];
-  if (a.mode != "decode") usage("unknown mode '" + a.mode + "'");
+  if (a.mode != "decode" && a.mode != "load") usage("unknown mode '" + a.mode + "'");
   for (int i = 2; i < argc; ++i) {
     const std::string f = argv[i];
     if (i + 1 >= argc) usage(f + ": expected a value");
@@ -61,7 +87,27 @@ Args parse(int argc, char** argv) {
     else if (f == "--steps") a.steps = num(1);
     else if (f == "--reps") a.reps = static_cast<int>(num(1));
     else if (f == "--json") a.json = v;
-    else usage("unknown flag " + f);
+    else if (f == "--workload") {
+      if (v != "bert" && v != "decode") usage("--workload: expected bert or decode, got '" + v + "'");
+      a.workload = v;
+    } else if (f == "--clients") a.clients = static_cast<int>(num(1));
+    else if (f == "--threads") a.threads = static_cast<int>(num(0));
+    else if (f == "--seconds") {
+      char* end = nullptr;
+      a.seconds = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(a.seconds > 0 && a.seconds <= 600)) usage("--seconds: expected 0 < S <= 600");
+    } else if (f == "--loads") {
+      a.loads.clear();
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        const long p = std::strtol(item.c_str(), &end, 10);
+        if (end == item.c_str() || *end != '\0' || p < 1 || p > 100) usage("--loads: expected percentages 1..100, got '" + v + "'");
+        a.loads.push_back(static_cast<int>(p));
+      }
+      if (a.loads.empty()) usage("--loads: expected at least one percentage");
+    } else usage("unknown flag " + f);
   }
   return a;
 }
@@ -155,12 +201,312 @@ int decode(const Args& a) {
   return worst <= 1e-4 ? 0 : 1;
 }
 
+
+// ---- load -----------------------------------------------------------------------------------
+
+// A request kind: run(client) performs one request on that client's state.
+struct Server {
+  std::string name;
+  std::function<void(int)> run;
+};
+
+// Burns `iters` iterations of a dependent floating-point loop (the stand-in's work).
+double burn(std::int64_t iters) {
+  volatile double sink = 0;
+  double x = 1.0;
+  for (std::int64_t i = 0; i < iters; ++i) x = x * 1.0000001 + 1e-9;
+  sink = x;
+  return sink;
+}
+
+// Iterations of burn() per second on this thread, over ~50 ms.
+double burn_rate() {
+  std::int64_t iters = 1 << 16;
+  for (;;) {
+    const auto t0 = Clock::now();
+    burn(iters);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (s > 0.05) return static_cast<double>(iters) / s;
+    iters *= 2;
+  }
+}
+
+double percentile(std::vector<double>& v, double q) {  // nearest rank
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const auto k = static_cast<std::size_t>(std::ceil(q * static_cast<double>(v.size())));
+  return v[std::min(v.size() - 1, k == 0 ? 0 : k - 1)];
+}
+
+// The client threads: started once and kept for every phase, as a service's request threads
+// are (a library's per-thread state, its scratch and worker team, is made on a thread's first
+// call, not per phase). run(job) runs job(c) on client c for every c and returns when all are
+// done.
+class Clients {
+ public:
+  explicit Clients(int n) {
+    for (int c = 0; c < n; ++c)
+      threads_.emplace_back([this, c] {
+        std::size_t seen = 0;
+        for (;;) {
+          std::function<void(int)> job;
+          {
+            std::unique_lock<std::mutex> lock(m_);
+            cv_.wait(lock, [&] { return generation_ != seen || quit_; });
+            if (quit_) return;
+            seen = generation_;
+            job = job_;
+          }
+          job(c);
+          std::lock_guard<std::mutex> lock(m_);
+          if (--running_ == 0) done_.notify_all();
+        }
+      });
+  }
+  ~Clients() {
+    {
+      std::lock_guard<std::mutex> lock(m_);
+      quit_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+  }
+  int size() const { return static_cast<int>(threads_.size()); }
+  void run(std::function<void(int)> job) {
+    std::unique_lock<std::mutex> lock(m_);
+    job_ = std::move(job);
+    running_ = size();
+    ++generation_;
+    cv_.notify_all();
+    done_.wait(lock, [&] { return running_ == 0; });
+  }
+
+ private:
+  std::vector<std::thread> threads_;
+  std::mutex m_;
+  std::condition_variable cv_, done_;
+  std::function<void(int)> job_;
+  std::size_t generation_ = 0;
+  int running_ = 0;
+  bool quit_ = false;
+};
+
+// Every client calling back to back for `seconds`: requests per second.
+double saturation(Clients& clients, const Server& s, double seconds) {
+  std::atomic<bool> stop{false};
+  std::atomic<std::int64_t> done{0};
+  const auto t0 = Clock::now();
+  std::thread timer([&] {
+    std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+    stop = true;
+  });
+  clients.run([&](int c) {
+    std::int64_t n = 0;
+    while (!stop.load(std::memory_order_relaxed)) {
+      s.run(c);
+      ++n;
+    }
+    done += n;
+  });
+  timer.join();
+  return static_cast<double>(done.load()) / std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+struct LoadResult {
+  double offered, achieved, p50, p99, p999;  // requests/s; latencies in ms
+  std::size_t requests;
+  double svc_p50 = 0, svc_p99 = 0;  // the requests' own durations (from start to completion), ms
+};
+
+// Open-loop Poisson arrivals at `rate` requests/s in total, split over the clients.
+LoadResult open_loop(Clients& clients, const Server& s, double rate, double seconds, std::uint64_t seed) {
+  const int C = clients.size();
+  // Untimed: every client's requests back to back for a tenth of the point's time (the steady
+  // state is measured, not the switch from the previous server's work).
+  {
+    std::atomic<bool> stop{false};
+    std::thread timer([&] {
+      std::this_thread::sleep_for(std::chrono::duration<double>(seconds / 10));
+      stop = true;
+    });
+    clients.run([&](int c) {
+      while (!stop.load(std::memory_order_relaxed)) s.run(c);
+    });
+    timer.join();
+  }
+  std::vector<std::vector<double>> lat(static_cast<std::size_t>(C)), svc(lat);
+  const auto start = Clock::now() + std::chrono::milliseconds(20);
+  clients.run([&](int c) {
+    std::mt19937_64 rng(seed + static_cast<std::uint64_t>(c));
+    std::exponential_distribution<double> gap(rate / C);
+    double t = gap(rng);  // seconds after start
+    while (t < seconds) {
+      const auto due = start + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(t));
+      std::this_thread::sleep_until(due);
+      const auto t0 = Clock::now();
+      s.run(c);
+      const auto t1 = Clock::now();
+      lat[static_cast<std::size_t>(c)].push_back(std::chrono::duration<double, std::milli>(t1 - due).count());
+      svc[static_cast<std::size_t>(c)].push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+      t += gap(rng);
+    }
+  });
+  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
+  std::vector<double> all;
+  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
+  LoadResult r{rate, static_cast<double>(all.size()) / wall, 0, 0, 0, all.size()};
+  r.p50 = percentile(all, 0.50), r.p99 = percentile(all, 0.99), r.p999 = percentile(all, 0.999);
+  std::vector<double> sv;
+  for (auto& l : svc) sv.insert(sv.end(), l.begin(), l.end());
+  r.svc_p50 = percentile(sv, 0.50), r.svc_p99 = percentile(sv, 0.99);
+  return r;
+}
+
+int load(const Args& a) {
+  const int C = a.clients;
+  std::vector<Server> servers;
+  std::function<void()> single;  // one request at 1 thread, for the stand-in's calibration
+  // bert: q, k, v [1, 12, 128, 64] per client (f32), default options.
+  std::vector<std::vector<float>> q, k, v, o;
+  // decode: the layer, each client's cache and token.
+  std::unique_ptr<MultiHeadAttention> layer;
+  std::vector<KvCache> caches;
+  std::vector<std::vector<float>> tok, out;
+  std::unique_ptr<DecodeScheduler> scheduler;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.f, 1.f);
+  if (a.workload == "bert") {
+    const std::int64_t B = 1, H = 12, S = 128, D = 64, E = B * H * S * D;
+    for (int c = 0; c <= C; ++c) {  // one more for the calibration
+      auto fill = [&] {
+        std::vector<float> x(static_cast<std::size_t>(E));
+        for (auto& e : x) e = n(rng);
+        return x;
+      };
+      q.push_back(fill()), k.push_back(fill()), v.push_back(fill()), o.emplace_back(static_cast<std::size_t>(E));
+    }
+    auto call = [&, B, H, S, D](int c, int threads) {
+      AttentionOptions opt;
+      opt.threads = threads;
+      attention(ConstTensorView(q[c].data(), {B, H, S, D}), ConstTensorView(k[c].data(), {B, H, S, D}),
+                ConstTensorView(v[c].data(), {B, H, S, D}), TensorView(o[c].data(), {B, H, S, D}), opt);
+    };
+    servers.push_back({"library", [call, t = a.threads](int c) { call(c, t); }});
+    single = [call, C] { call(C, 1); };
+  } else {
+    layer = std::make_unique<MultiHeadAttention>(gpt_layer());
+    const std::int64_t room = 4096;
+    for (int c = 0; c <= C; ++c) {
+      caches.emplace_back(*layer, 1, a.kv + room);
+      std::vector<float> prompt(static_cast<std::size_t>(a.kv * kD)), y(prompt.size());
+      for (auto& e : prompt) e = n(rng);
+      layer->forward(ConstSeqView(prompt.data(), 1, a.kv, kD), caches.back(), SeqView(y.data(), 1, a.kv, kD));
+      tok.emplace_back(static_cast<std::size_t>(kD));
+      for (auto& e : tok.back()) e = n(rng);
+      out.emplace_back(static_cast<std::size_t>(kD));
+    }
+    scheduler = std::make_unique<DecodeScheduler>(*layer);
+    // A step appends a token; a full cache goes back to kv tokens (the same length on average).
+    auto step = [&, room](int c, int threads, bool batched) {
+      KvCache& cache = caches[static_cast<std::size_t>(c)];
+      if (cache.lengths()[0] >= a.kv + room) cache.truncate(0, a.kv);
+      const ConstSeqView x(tok[c].data(), 1, 1, kD);
+      const SeqView y(out[c].data(), 1, 1, kD);
+      if (batched) scheduler->step({x, &cache, y});
+      else {
+        MhaOptions opt;
+        opt.threads = threads;
+        layer->forward(x, cache, y, opt);
+      }
+    };
+    servers.push_back({"library", [step, t = a.threads](int c) { step(c, t, false); }});
+    servers.push_back({"scheduler", [step](int c) { step(c, 0, true); }});
+    single = [step, C] { step(C, 1, false); };
+  }
+  // The stand-in: one request's single-thread time (the median of 31 calls) as a plain loop.
+  for (int i = 0; i < 5; ++i) single();
+  std::vector<double> t1;
+  for (int i = 0; i < 31; ++i) {
+    const auto t0 = Clock::now();
+    single();
+    t1.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+  }
+  const double work = median(t1);
+  auto iters = static_cast<std::int64_t>(work * burn_rate());
+  // Refined against the call itself, interleaved (a drift of the machine's speed falls on both):
+  // twice, the burn scaled by the ratio of the medians of 15 calls and 15 burns.
+  for (int round = 0; round < 2; ++round) {
+    std::vector<double> tc, tb;
+    for (int i = 0; i < 15; ++i) {
+      auto t0 = Clock::now();
+      single();
+      tc.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      t0 = Clock::now();
+      burn(iters);
+      tb.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
+    iters = static_cast<std::int64_t>(static_cast<double>(iters) * median(tc) / median(tb));
+  }
+  servers.push_back({"stand-in", [iters](int) { burn(iters); }});
+
+  std::printf("load: %s%s, %d clients, open-loop Poisson arrivals, %.1f s per point; one request at 1 thread: %.3f ms\n",
+              a.workload.c_str(), a.workload == "decode" ? (" (gpt-layer, kv " + std::to_string(a.kv) + ")").c_str() : "",
+              C, a.seconds, work * 1e3);
+  Clients clients(C);
+  for (const Server& s : servers)  // warm-up: every client's first requests
+    clients.run([&](int c) {
+      for (int i = 0; i < 20; ++i) s.run(c);
+    });
+  std::vector<double> sat;
+  for (const Server& s : servers) sat.push_back(saturation(clients, s, a.seconds));
+  const double base = sat.back();  // the stand-in's
+  std::printf("%-10s %12s %12s %10s %10s %10s %10s\n", "server", "load", "achieved/s", "p50 ms", "p99 ms", "p999 ms", "requests");
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    std::printf("%-10s %12s %12.1f  (saturation; %.2fx the stand-in's)\n", servers[i].name.c_str(), "saturation", sat[i],
+                sat[i] / base);
+  }
+  std::vector<std::vector<LoadResult>> res(servers.size());
+  for (int pct : a.loads) {
+    // The servers alternate at each load, so a drift of the machine falls on all.
+    for (std::size_t i = 0; i < servers.size(); ++i) {
+      res[i].push_back(open_loop(clients, servers[i], base * pct / 100.0, a.seconds, 1000 + static_cast<std::uint64_t>(pct)));
+    }
+    for (std::size_t i = 0; i < servers.size(); ++i) {
+      const LoadResult& r = res[i].back();
+      std::printf("%-10s %11d%% %12.1f %10.3f %10.3f %10.3f %10zu   (service p50 %.3f, p99 %.3f)\n",
+                  servers[i].name.c_str(), pct, r.achieved, r.p50, r.p99, r.p999, r.requests, r.svc_p50, r.svc_p99);
+    }
+  }
+  std::ostringstream out_json;
+  out_json << "{\"mode\": \"load\", \"workload\": \"" << a.workload << "\", \"kv\": " << a.kv << ", \"clients\": " << C
+           << ", \"seconds\": " << a.seconds << ", \"single_thread_ms\": " << work * 1e3 << ", \"servers\": [";
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    out_json << (i ? ", " : "") << "{\"name\": \"" << servers[i].name << "\", \"saturation\": " << sat[i]
+             << ", \"points\": [";
+    for (std::size_t j = 0; j < res[i].size(); ++j) {
+      const LoadResult& r = res[i][j];
+      out_json << (j ? ", " : "") << "{\"load_percent\": " << a.loads[j] << ", \"offered\": " << r.offered
+               << ", \"achieved\": " << r.achieved << ", \"p50_ms\": " << r.p50 << ", \"p99_ms\": " << r.p99
+               << ", \"p999_ms\": " << r.p999 << ", \"service_p50_ms\": " << r.svc_p50
+               << ", \"service_p99_ms\": " << r.svc_p99 << ", \"requests\": " << r.requests << "}";
+    }
+    out_json << "]}";
+  }
+  out_json << "]}\n";
+  // Library against the stand-in at each load.
+  for (std::size_t i = 0; i + 1 < servers.size(); ++i)
+    for (std::size_t j = 0; j < a.loads.size(); ++j)
+      std::printf("%s / stand-in at %d%%: p50 %.2fx, p99 %.2fx\n", servers[i].name.c_str(), a.loads[j],
+                  res[i][j].p50 / res.back()[j].p50, res[i][j].p99 / res.back()[j].p99);
+  if (!a.json.empty()) std::ofstream(a.json) << out_json.str();
+  return 0;
+}
 }  // namespace
 
 int main(int argc, char** argv) {
   const Args a = parse(argc, argv);
   try {
-    return decode(a);
+    return a.mode == "decode" ? decode(a) : load(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "simdattn_serve_bench: %s\n", e.what());
     return 2;

@@ -1,6 +1,7 @@
 // The team of worker threads the engine's parallel loops run on (engine/src/team.hpp): every
-// share runs exactly once on its own thread, the caller takes share 0, nothing nests, sleeping
-// workers wake, concurrent callers each get their own team, and a thread's team ends with it.
+// share runs exactly once, the caller takes share 0 and any share whose worker has not started
+// when the caller is done, nothing nests, sleeping workers wake, concurrent callers each get
+// their own team, and a thread's team ends with it.
 #include <doctest/doctest.h>
 
 #include <atomic>
@@ -19,16 +20,23 @@ using simdattn::detail::run_on_team;
 
 namespace {
 
-// Runs one team call of nt shares; checks each share ran once with T == nt, share 0 on the
-// calling thread and every share on a thread of its own.
+// Runs one team call of nt shares; checks each share ran once with T == nt and share 0 on the
+// calling thread. The caller's share waits (up to a second) until every other share has
+// started: those then run on workers, each on a thread of its own (a share whose worker has not
+// started when the caller is done is the caller's to run; here the caller is never done first).
 void check_one_call(int nt) {
   std::vector<std::atomic<int>> runs(static_cast<std::size_t>(nt));
   std::vector<std::thread::id> ids(static_cast<std::size_t>(nt));
-  std::atomic<int> wrong_T{0};
+  std::atomic<int> wrong_T{0}, started{0};
   auto body = [&](int t, int T) {
     if (T != nt) wrong_T.fetch_add(1);
     runs[static_cast<std::size_t>(t)].fetch_add(1);
     ids[static_cast<std::size_t>(t)] = std::this_thread::get_id();
+    started.fetch_add(1);
+    if (t == 0) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(1);
+      while (started.load() < nt && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+    }
   };
   run_on_team(nt, body);
   CHECK(wrong_T.load() == 0);
@@ -42,6 +50,30 @@ void check_one_call(int nt) {
 TEST_CASE("team: each share runs once, share 0 on the caller, each on a thread of its own") {
   for (int nt : {1, 2, 3, 5, 2, 7}) check_one_call(nt);
   CHECK(simdattn::detail::team_workers_started() >= 6);  // the largest team asked for, less the caller
+}
+
+TEST_CASE("team: a share whose worker has not started when the caller is done runs on the caller") {
+  // The caller's share is empty, so the caller is done at once; each worker's share blocks until
+  // released. Whatever the timing, every share runs exactly once, and the call returns.
+  for (int i = 0; i < 200; ++i) {
+    std::vector<std::atomic<int>> runs(3);
+    std::atomic<int> on_caller{0};
+    const std::thread::id me = std::this_thread::get_id();
+    auto body = [&](int t, int) {
+      runs[static_cast<std::size_t>(t)].fetch_add(1);
+      if (t > 0 && std::this_thread::get_id() == me) on_caller.fetch_add(1);
+    };
+    run_on_team(3, body);
+    for (const auto& r : runs) CHECK(r.load() == 1);
+    CHECK(on_caller.load() <= 2);
+  }
+  // A worker kept off the CPU cannot hold the caller: put every worker to sleep, then a call
+  // whose shares are trivial completes with each share run once.
+  std::this_thread::sleep_for(std::chrono::milliseconds(3));
+  std::vector<std::atomic<int>> runs(5);
+  auto body = [&](int t, int) { runs[static_cast<std::size_t>(t)].fetch_add(1); };
+  run_on_team(5, body);
+  for (const auto& r : runs) CHECK(r.load() == 1);
 }
 
 TEST_CASE("team: workers asleep after a pause wake for the next call") {

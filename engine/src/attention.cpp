@@ -1,5 +1,7 @@
 #include "simdattn/attention.hpp"
 
+#include "team.hpp"
+
 #include <string>
 
 #include "problem.hpp"
@@ -53,6 +55,7 @@ bool backend_takes(Backend b, DType dtype) noexcept {
 
 void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options) {
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   if (!backend_available(options.backend))
     throw Error("options.backend", "backend '" + std::string(backend_name(options.backend)) +
                                        "' is not available in this build");

@@ -392,6 +392,7 @@ void widened(const Problem& p, Run run) {
 
 void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                       const TensorView& out, const LinearAttentionOptions& options) {
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   AttentionOptions a;  // shapes, dtypes, strides, overlap, threads: the attention rules
   a.threads = options.threads;
   const Problem p = detail::make_problem(q, k, v, out, a);

@@ -812,12 +812,14 @@ const MhaConfig& MultiHeadAttention::config() const noexcept { return impl_->cfg
 DType MultiHeadAttention::dtype() const noexcept { return impl_->dtype; }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
   impl_->visit([&](const auto& layer) { self_forward(layer, query, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
                                  const SeqView& out, const MhaOptions& options) const {
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
   impl_->visit([&](const auto& layer) { cross_forward(layer, query, key, value, out, options); });
 }
@@ -825,6 +827,7 @@ void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
   const CacheRef ref = cache_ref(impl_->cfg, cache);
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
   impl_->visit([&](const auto& layer) { cached_forward(layer, query, ref, out, options); });
 }
@@ -844,6 +847,7 @@ void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const 
       throw step_error(i, e);
     }
   }
+  const detail::CallScope in_use;  // the thread budget counts this thread as busy
   const detail::OpenMpScope threads(options.backend == Backend::onednn);
   impl_->visit([&](const auto& layer) { batched_forward(layer, steps, refs, options); });
 }

@@ -58,25 +58,40 @@ class Team {
     for (auto& w : workers_) w->thread.join();
   }
 
+  // Each worker's share is claimed once, by the worker when it wakes or by the caller when it
+  // has finished its own share first: a worker that has not started by then (asleep, or waiting
+  // for a core another thread holds) costs the call nothing but the share the caller runs in
+  // its place, instead of holding the caller at the join for as long as it stays off the CPU.
   void run(int nt, void (*body)(void*, int, int) noexcept, void* context) {
     nt = start_workers(nt);
     body_ = body;
     context_ = context;
     threads_ = nt;
-    remaining_.store(nt - 1, std::memory_order_relaxed);
+    const std::uint32_t job = ++job_;
+    for (int t = 1; t < nt; ++t) workers_[static_cast<std::size_t>(t - 1)]->share.store(kOpen, std::memory_order_release);
     for (int t = 1; t < nt; ++t) wake(*workers_[static_cast<std::size_t>(t - 1)]);
     tl_in_region = true;  // a parallel loop inside the caller's share runs on the caller alone
     body(context, 0, nt);
+    for (int t = 1; t < nt; ++t) {
+      Worker& w = *workers_[static_cast<std::size_t>(t - 1)];
+      int open = kOpen;
+      if (w.share.compare_exchange_strong(open, kCaller, std::memory_order_acq_rel)) body(context, t, nt);
+      else wait_for(w, job);
+    }
     tl_in_region = false;
-    wait_for_workers();
   }
 
   int started() const noexcept { return static_cast<int>(workers_.size()); }
 
  private:
+  // A worker's share of the current job: open, or claimed by the worker or by the caller.
+  static constexpr int kOpen = 0, kWorker = 1, kCaller = 2;
+
   struct Worker {
     alignas(64) std::atomic<std::uint32_t> jobs{0};  // jobs handed to this worker so far
     std::atomic<bool> asleep{false};
+    std::atomic<int> share{kCaller};                 // nothing to claim until the first job
+    alignas(64) std::atomic<std::uint32_t> finished{0};  // the last job whose share it ran
     std::thread thread;
   };
 
@@ -113,15 +128,22 @@ class Team {
       wait_while_equal(w.jobs, seen, w.asleep);
       seen = w.jobs.load(std::memory_order_acquire);
       if (stop_.load(std::memory_order_relaxed)) return;
+      // The share of the job published last (a late wake for an earlier job finds the share
+      // claimed, or claims the newer job's, whose fields were written before it opened).
+      int open = kOpen;
+      if (!w.share.compare_exchange_strong(open, kWorker, std::memory_order_acq_rel)) continue;
+      const std::uint32_t job = job_;
       body_(context_, index, threads_);
-      if (remaining_.fetch_sub(1) == 1 && caller_asleep_.load()) remaining_.notify_one();
+      w.finished.store(job);  // seq_cst: before the check of caller_asleep_, as the caller's flag is before its load
+      if (caller_asleep_.load()) w.finished.notify_one();
     }
   }
 
-  void wait_for_workers() {
-    if (spin_until([&] { return remaining_.load(std::memory_order_acquire) == 0; })) return;
+  // Until worker w has run its share of `job`.
+  void wait_for(Worker& w, std::uint32_t job) {
+    if (spin_until([&] { return w.finished.load(std::memory_order_acquire) == job; })) return;
     caller_asleep_.store(true);
-    for (int r = remaining_.load(); r != 0; r = remaining_.load()) remaining_.wait(r);
+    for (std::uint32_t f = w.finished.load(); f != job; f = w.finished.load()) w.finished.wait(f);
     caller_asleep_.store(false, std::memory_order_relaxed);
   }
 
@@ -129,7 +151,7 @@ class Team {
   void (*body_)(void*, int, int) noexcept = nullptr;             // the current job, written before the wakes
   void* context_ = nullptr;
   int threads_ = 1;
-  alignas(64) std::atomic<int> remaining_{0};      // workers still running the current job
+  std::uint32_t job_ = 0;                          // the current job's number, written before the shares open
   std::atomic<bool> caller_asleep_{false};
   std::atomic<bool> stop_{false};
 };
@@ -161,19 +183,33 @@ int thread_budget() noexcept {
   return cpus;
 }
 
+thread_local int tl_call_depth = 0;  // CallScopes open on this thread
+
 ThreadClaim::ThreadClaim(int nt) noexcept : granted_(1) {
   if (nt <= 1) return;
   const int budget = thread_budget();
+  // The caller itself: already in use inside a CallScope, else counted here.
+  const int self = tl_call_depth > 0 ? 0 : 1;
   int used = g_in_use.load(std::memory_order_relaxed);
-  int want = 0;
-  do want = std::clamp(budget - used, 1, nt);
-  while (!g_in_use.compare_exchange_weak(used, used + want, std::memory_order_relaxed));
-  granted_ = want;
-  counted_ = true;
+  int extra = 0;
+  do extra = std::clamp(budget - used - self, 0, nt - 1);
+  while (!g_in_use.compare_exchange_weak(used, used + self + extra, std::memory_order_relaxed));
+  granted_ = 1 + extra;
+  counted_ = self + extra;
 }
 
 ThreadClaim::~ThreadClaim() {
-  if (counted_) g_in_use.fetch_sub(granted_, std::memory_order_relaxed);
+  if (counted_ > 0) g_in_use.fetch_sub(counted_, std::memory_order_relaxed);
+}
+
+CallScope::CallScope() noexcept : counted_(tl_call_depth == 0 && !tl_in_worker && !tl_in_region) {
+  ++tl_call_depth;
+  if (counted_) g_in_use.fetch_add(1, std::memory_order_relaxed);
+}
+
+CallScope::~CallScope() {
+  --tl_call_depth;
+  if (counted_) g_in_use.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void run_on_team(int nt, void (*body)(void*, int, int) noexcept, void* context) {

@@ -31,12 +31,13 @@ void run_on_team(int nt, Body& body) {
   run_on_team(nt, [](void* c, int t, int T) noexcept { (*static_cast<Body*>(c))(t, T); }, &body);
 }
 
-// The process-wide thread budget: the most threads all concurrent parallel loops of the library
-// use together (each loop's calling thread included). A loop asking for nt threads gets
-// min(nt, budget - threads in use), at least 1 (its caller), and gives them back when done: a
-// lone call uses every core it asks for, and under load concurrent calls run side by side on
-// fewer threads each instead of oversubscribing the cores. Results do not depend on how many
-// threads a call gets.
+// The process-wide thread budget: the most threads all concurrent calls of the library use
+// together. The threads in use are every calling thread inside a library call (CallScope), busy
+// whether or not it is in a parallel loop, plus the workers the running loops hold. A loop
+// asking for nt threads gets its caller plus min(nt - 1, budget - threads in use) workers, and
+// gives them back when done: a lone call uses every core it asks for, and under load concurrent
+// calls run side by side on fewer threads each, waking no worker that would only take a core
+// from another call. Results do not depend on how many threads a call gets.
 class ThreadClaim {
  public:
   explicit ThreadClaim(int nt) noexcept;
@@ -47,7 +48,20 @@ class ThreadClaim {
 
  private:
   int granted_;
-  bool counted_ = false;
+  int counted_ = 0;  // threads added to those in use
+};
+
+// While alive, the calling thread counts as in use (the public entry points: attention,
+// linear_attention, a layer's forward). Nested scopes, and scopes on a team's worker, count once.
+class CallScope {
+ public:
+  CallScope() noexcept;
+  ~CallScope();
+  CallScope(const CallScope&) = delete;
+  CallScope& operator=(const CallScope&) = delete;
+
+ private:
+  bool counted_;
 };
 
 // The budget: set_thread_budget(0) restores the default, the CPUs the process may run on (its
