@@ -395,7 +395,7 @@ int load(const Args& a) {
     single = [call, C] { call(C, 1); };
   } else {
     layer = std::make_unique<MultiHeadAttention>(gpt_layer());
-    const std::int64_t room = 4096;
+    const std::int64_t room = 16;  // caches stay within kv .. kv + 16 tokens
     for (int c = 0; c <= C; ++c) {
       caches.emplace_back(*layer, 1, a.kv + room);
       std::vector<float> prompt(static_cast<std::size_t>(a.kv * kD)), y(prompt.size());
@@ -406,7 +406,8 @@ int load(const Args& a) {
       out.emplace_back(static_cast<std::size_t>(kD));
     }
     scheduler = std::make_unique<DecodeScheduler>(*layer);
-    // A step appends a token; a full cache goes back to kv tokens (the same length on average).
+    // A step appends a token; after `room` steps the cache goes back to kv tokens, so every
+    // step attends over kv .. kv + room tokens.
     auto step = [&, room](int c, int threads, bool batched) {
       KvCache& cache = caches[static_cast<std::size_t>(c)];
       if (cache.lengths()[0] >= a.kv + room) cache.truncate(0, a.kv);
