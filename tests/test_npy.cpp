@@ -119,6 +119,11 @@ TEST_CASE("npy rejects each malformed kind with a message naming the file") {
     expect_reject(b, "magic");
   }
   SUBCASE("unsupported version") { expect_reject(image(kGood, 24, 4), "version 4.0"); }
+  SUBCASE("unsupported minor version") {  // 1.1 is no NumPy format
+    std::vector<std::byte> bytes = image(kGood, 24);
+    bytes[7] = std::byte{1};
+    expect_reject(bytes, "version 1.1");
+  }
   SUBCASE("Fortran order") {
     expect_reject(image("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3), }", 24), "Fortran");
   }
