@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -146,6 +147,26 @@ TEST_CASE("safetensors: every malformed kind is refused with its own message") {
   CHECK_THROWS_WITH_AS(f.read<float>("t", {4}), doctest::Contains("tensor 't' has dtype I16, expected F32, F64, BF16 or F16"),
                        Error);
   CHECK_THROWS_WITH_AS(SafetensorsFile(temp_path("does_not_exist")), doctest::Contains("cannot open"), Error);
+}
+
+TEST_CASE("safetensors: a file truncated by another process while open is an Error, not SIGBUS") {
+  // Another process cutting a loaded checkpoint short: the tensors past the new end were mapped,
+  // and a load from the mapping would raise SIGBUS; read() reads with pread and throws instead.
+  const std::string path = temp_path("truncated_while_open");
+  std::vector<float> small(16, 1.5f), big(1 << 18, 2.5f);  // 1 MiB after the small one
+  write_safetensors(path, {{"a_small", {DType::f32, {16}, small.data()}}, {"b_big", {DType::f32, {1 << 18}, big.data()}}});
+  SafetensorsFile f(path);
+  CHECK(f.read<float>("b_big", {1 << 18}) == big);  // intact while the file is whole
+  // Cut the file in the middle of the big tensor (the small one, stored first, stays whole).
+  const auto whole = static_cast<off_t>(std::filesystem::file_size(path));
+  REQUIRE(::truncate(path.c_str(), whole - static_cast<off_t>(big.size() * sizeof(float) / 2)) == 0);
+  CHECK(f.read<float>("a_small", {16}) == small);
+  CHECK_THROWS_WITH_AS(f.read<float>("b_big", {1 << 18}), doctest::Contains("truncated"), Error);
+  CHECK_THROWS_WITH_AS(f.read<double>("b_big", {1 << 18}), doctest::Contains("b_big"), Error);
+  // Cut to nothing: every tensor is refused; nothing crashes.
+  REQUIRE(::truncate(path.c_str(), 0) == 0);
+  CHECK_THROWS_WITH_AS(f.read<float>("a_small", {16}), doctest::Contains("truncated"), Error);
+  std::remove(path.c_str());
 }
 
 TEST_CASE("MHA weights from safetensors: torch packed, torch separate, Hugging Face with a prefix") {

@@ -127,28 +127,50 @@ void check_no_overlap(const std::string& path, const std::vector<std::pair<std::
   }
 }
 
-// Maps `path` read-only; sets size. Throws Error for a file that cannot hold a header.
-void* map_file(const std::string& path, std::size_t& size) {
-  const int fd = detail::open_regular_file(path, size);
-  if (size < 8) {
-    ::close(fd);
-    throw Error(path, "file of " + std::to_string(size) +
-                          " bytes is too short for a safetensors header (8-byte length + JSON)");
+// Reads `bytes` bytes at `offset` of the open file fd into dst with pread (not through the
+// mapping: a file truncated by another process since it was opened gives a short read here, an
+// Error, where a load from the mapping would raise SIGBUS). Error(path, what) on a short read.
+void read_exact(int fd, const std::string& path, std::uint64_t offset, std::size_t bytes, void* dst,
+                const std::string& what) {
+  auto* out = static_cast<char*>(dst);
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t r = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      throw Error(path, what + ": " + (r < 0 ? std::string("read failed: ") + std::strerror(errno)
+                                              : "the file ends at byte " + std::to_string(offset + done) +
+                                                    " (truncated since it was opened?)"));
+    done += static_cast<std::size_t>(r);
   }
-  void* map = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  ::close(fd);
-  if (map == MAP_FAILED) throw Error(path, std::string("cannot map: ") + std::strerror(errno));
-  return map;
 }
 
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
-  map_ = map_file(path, size_);
+  fd_ = detail::open_regular_file(path, size_);
   try {
-    const auto* bytes = static_cast<const std::byte*>(map_);
+    if (size_ < 8)
+      throw Error(path, "file of " + std::to_string(size_) +
+                            " bytes is too short for a safetensors header (8-byte length + JSON)");
+    // The header through pread (checked against the file's size first, then read whole); the
+    // mapping only gives SafetensorsEntry::data its address.
+    std::byte len[8];
+    read_exact(fd_, path, 0, 8, len, "the header length");
+    std::uint64_t claimed = 0;
+    for (int i = 7; i >= 0; --i) claimed = (claimed << 8) | static_cast<std::uint64_t>(len[i]);
+    std::vector<std::byte> head(8 + static_cast<std::size_t>(std::min<std::uint64_t>(claimed, std::min<std::uint64_t>(size_ - 8, kMaxHeader))));
+    std::memcpy(head.data(), len, 8);
+    read_exact(fd_, path, 8, head.size() - 8, head.data() + 8, "the header");
     std::uint64_t n = 0;
-    const nlohmann::json header = parse_header(path, bytes, size_, n);
+    // (parse_header refuses a length past the file or the 100 MiB limit before reading the text)
+    const nlohmann::json header = parse_header(path, head.data(), size_, n);
+    map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
+    if (map_ == MAP_FAILED) {
+      map_ = nullptr;
+      throw Error(path, std::string("cannot map: ") + std::strerror(errno));
+    }
+    const auto* bytes = static_cast<const std::byte*>(map_);
     std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [begin, end) per tensor
     std::vector<std::string> span_names;
     for (const auto& [name, entry] : header.items()) {
@@ -167,14 +189,16 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     }
     check_no_overlap(path, spans, span_names);
   } catch (...) {
-    ::munmap(map_, size_);
+    if (map_ != nullptr) ::munmap(map_, size_);
     map_ = nullptr;
+    ::close(fd_);
     throw;
   }
 }
 
 SafetensorsFile::~SafetensorsFile() {
   if (map_ != nullptr) ::munmap(map_, size_);
+  ::close(fd_);
 }
 
 template <class T>
@@ -187,13 +211,17 @@ std::vector<T> SafetensorsFile::read(const std::string& name, const std::vector<
   std::size_t n = 1;
   for (std::int64_t d : shape) n *= static_cast<std::size_t>(d);
   std::vector<T> out(n);
-  // Element i of the file's dtype S, as T: kept when S is T, else rounded once to nearest even
-  // (the data is not aligned in general).
+  // The tensor's bytes through pread, in chunks (a file truncated since it was opened is an
+  // Error, not SIGBUS), each element of the file's dtype S as T: kept when S is T, else rounded
+  // once to nearest even.
+  const std::uint64_t offset = static_cast<std::uint64_t>(t.data - static_cast<const std::byte*>(map_));
   auto convert = [&]<class S>(S) {
-    for (std::size_t i = 0; i < n; ++i) {
-      S x;
-      std::memcpy(&x, t.data + i * sizeof x, sizeof x);
-      out[i] = detail::narrow<T>(detail::widen(x));
+    constexpr std::size_t kChunk = 1 << 16;  // elements per read
+    std::vector<S> buf(std::min(n, kChunk));
+    for (std::size_t i0 = 0; i0 < n; i0 += kChunk) {
+      const std::size_t m = std::min(kChunk, n - i0);
+      read_exact(fd_, path_, offset + i0 * sizeof(S), m * sizeof(S), buf.data(), "tensor '" + name + "'");
+      for (std::size_t i = 0; i < m; ++i) out[i0 + i] = detail::narrow<T>(detail::widen(buf[i]));
     }
   };
   if (t.dtype == "F32") convert(float{});

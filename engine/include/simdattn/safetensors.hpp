@@ -25,13 +25,17 @@ namespace simdattn {
 struct SafetensorsEntry {
   std::string dtype;                 // as in the file: F32, F64, F16, BF16, I64, ...
   std::vector<std::int64_t> shape;
-  const std::byte* data = nullptr;   // inside the mapping; not aligned in general
+  // Inside the file's read-only mapping; not aligned in general. A load through it raises SIGBUS
+  // if another process has truncated the file since; SafetensorsFile::read reads with pread
+  // instead and throws Error then.
+  const std::byte* data = nullptr;
   std::size_t bytes = 0;
 };
 
 class SIMDATTN_API SafetensorsFile {
  public:
-  // Maps and validates `path`. Throws Error(path, ...).
+  // Opens, maps and validates `path` (the header is read with pread, so a file truncated while
+  // this runs is an Error, not SIGBUS). Keeps the file open. Throws Error(path, ...).
   explicit SafetensorsFile(const std::string& path);
   ~SafetensorsFile();
   SafetensorsFile(const SafetensorsFile&) = delete;
@@ -45,12 +49,14 @@ class SIMDATTN_API SafetensorsFile {
   // The tensor `name` as T (float, double, bfloat16 or float16) from F32, F64, BF16 or F16:
   // kept as it is when the dtypes match, else rounded once to nearest even; checked against
   // `shape`. Throws Error(path, ...) naming the tensor if it is missing, has another
-  // shape or another dtype.
+  // shape or another dtype, or if the file no longer holds its bytes (truncated by another
+  // process since it was opened: read with pread, never through the mapping).
   template <class T>
   std::vector<T> read(const std::string& name, const std::vector<std::int64_t>& shape) const;
 
  private:
   std::string path_;
+  int fd_ = -1;
   void* map_ = nullptr;
   std::size_t size_ = 0;
   std::map<std::string, SafetensorsEntry> tensors_;
