@@ -108,7 +108,7 @@ class Team {
       const int index = static_cast<int>(workers_.size());
       try {
         w.thread = std::thread([this, index, &w] { worker_main(w, index); });
-      } catch (const std::system_error&) {
+      } catch (...) {  // std::system_error (no thread), or std::bad_alloc (no memory for its state)
         workers_.pop_back();
         break;
       }
