@@ -159,3 +159,34 @@ TEST_CASE("KV cache: a step that exactly fills the capacity succeeds; one token 
     CHECK(cache.lengths()[0] == 4);
   }
 }
+
+TEST_CASE("no keys at all (Sk = 0) in every dtype: zeros, no crash (found by fuzz_attention: a division by zero on AMX)") {
+  const std::int64_t B = 1, H = 2, Sq = 20, D = 8;
+  const std::vector<float> qf(static_cast<std::size_t>(B * H * Sq * D), 0.5f);
+  const std::vector<bfloat16> qb(qf.size(), to_bfloat16(0.5f));
+  const std::vector<float16> qh(qf.size(), to_float16(0.5f));
+  const float no_key = 0.f;
+  for (Backend b : test::backends()) {
+    CAPTURE(backend_name(b));
+    AttentionOptions o;
+    o.backend = b;
+    std::vector<float> of(qf.size(), -7.f);
+    attention(ConstTensorView(qf.data(), {B, H, Sq, D}), ConstTensorView(&no_key, {B, H, 0, D}),
+              ConstTensorView(&no_key, {B, H, 0, D}), TensorView(of.data(), {B, H, Sq, D}), o);
+    for (float x : of) CHECK(x == 0.f);
+    if (backend_takes(b, DType::bf16)) {
+      std::vector<bfloat16> ob(qf.size(), to_bfloat16(-7.f));
+      const bfloat16 nk{};
+      attention(ConstTensorView(qb.data(), {B, H, Sq, D}), ConstTensorView(&nk, {B, H, 0, D}),
+                ConstTensorView(&nk, {B, H, 0, D}), TensorView(ob.data(), {B, H, Sq, D}), o);
+      for (bfloat16 x : ob) CHECK(to_float(x) == 0.f);
+    }
+    if (backend_takes(b, DType::f16)) {
+      std::vector<float16> oh(qf.size(), to_float16(-7.f));
+      const float16 nk{};
+      attention(ConstTensorView(qh.data(), {B, H, Sq, D}), ConstTensorView(&nk, {B, H, 0, D}),
+                ConstTensorView(&nk, {B, H, 0, D}), TensorView(oh.data(), {B, H, Sq, D}), o);
+      for (float16 x : oh) CHECK(to_float(x) == 0.f);
+    }
+  }
+}

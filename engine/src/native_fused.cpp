@@ -104,7 +104,7 @@ struct FusedPlan {
     amx = fused_on_tiles(p);
     max_rows = amx ? kBlockQTiles : kBlockQ;
     const std::int64_t row_unit = amx ? 16 : tile_rows;
-    if (amx) k_keys = std::min(kMaxBlockK, round_up(p.Sk, 32));
+    if (amx) k_keys = std::min(kMaxBlockK, round_up(std::max<std::int64_t>(p.Sk, 1), 32));  // Sk = 0: one empty block
     else k_keys = p.Sk > kBlockK && p.Sk <= kMaxBlockK ? round_up(p.Sk, tile_cols) : kBlockK;
     dv_padded = round_up(p.Dv, tile_cols);
     // Equal blocks of at most max_rows rows, rounded to the tile height: Sq = 128 gives 66 + 62
