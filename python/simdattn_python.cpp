@@ -99,7 +99,7 @@ Bf16Copy to_bf16(const py::array& a, const std::string& name) {
   return c;
 }
 
-std::string lower_str(const py::handle& h, const std::string& name) {
+std::string string_arg(const py::handle& h, const std::string& name) {
   if (!py::isinstance<py::str>(h)) throw Error(name, "expected a string");
   return h.cast<std::string>();
 }
@@ -114,7 +114,7 @@ Backend backend_of(const std::string& s) {
 Causal causal_of(const py::object& c) {
   if (c.is_none()) return Causal::none;
   if (py::isinstance<py::bool_>(c)) return c.cast<bool>() ? Causal::top_left : Causal::none;
-  const std::string s = lower_str(c, "causal");
+  const std::string s = string_arg(c, "causal");
   if (s == "none") return Causal::none;
   if (s == "top_left" || s == "top-left") return Causal::top_left;
   if (s == "bottom_right" || s == "bottom-right") return Causal::bottom_right;

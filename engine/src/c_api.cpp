@@ -135,16 +135,22 @@ Backend backend_of_c(simdattn_backend b, const char* name) {
                         std::to_string(static_cast<long long>(b)));
 }
 
-// A tensor given by pointer (q, k, v, out): required, its struct checked.
+// The C++ view of a tensor struct whose size has been checked.
 template <class View>
-View view_of(const simdattn_tensor* t, const char* name) {
-  const simdattn_tensor& s = checked(t, name);
+View to_view(const simdattn_tensor& s, const char* name) {
   View v;
   v.data = s.data;
   v.dtype = dtype_of_c(s.dtype, std::string(name) + ".dtype");
   for (int i = 0; i < 4; ++i) v.shape[i] = s.shape[i], v.strides[i] = s.strides[i];
-  if (v.data == nullptr) throw Error(name, "expected data, got NULL");
   return v;
+}
+
+// A tensor given by pointer (q, k, v, out): required, its struct checked.
+template <class View>
+View view_of(const simdattn_tensor* t, const char* name) {
+  const simdattn_tensor& s = checked(t, name);
+  if (s.data == nullptr) throw Error(name, "expected data, got NULL");
+  return to_view<View>(s, name);
 }
 
 // An optional tensor embedded in an options struct: absent when its data is NULL.
@@ -154,11 +160,7 @@ View optional_view(const simdattn_tensor& s, const char* name) {
   if (s.struct_size != sizeof(simdattn_tensor))
     throw VersionError{name, "struct_size " + std::to_string(s.struct_size) + ", expected " +
                                  std::to_string(sizeof(simdattn_tensor)) + " (an embedded tensor; set it with the options' _init)"};
-  View v;
-  v.data = s.data;
-  v.dtype = dtype_of_c(s.dtype, std::string(name) + ".dtype");
-  for (int i = 0; i < 4; ++i) v.shape[i] = s.shape[i], v.strides[i] = s.strides[i];
-  return v;
+  return to_view<View>(s, name);
 }
 
 // count values at p (p may be NULL only when count is 0).
@@ -357,11 +359,6 @@ PretrainedOptions pretrained_options(const simdattn_pretrained_options* c) {
   return o;
 }
 
-template <class T>
-void set_handle(T** out, T* value) {
-  *out = value;
-}
-
 // Writes an output struct: the caller's struct_size must hold ours; bytes past ours are zeroed.
 template <class S>
 void write_out(S* out, const S& value, const char* name) {
@@ -540,7 +537,7 @@ simdattn_status simdattn_mha_create(const simdattn_mha_config* config, const sim
       case DType::f16: h = new simdattn_mha{make_layer<float16>(c, w)}; break;
       default: throw Error("weights.dtype", "expected f32, f64, bf16 or f16");
     }
-    set_handle(layer, h);
+    *layer = h;
   });
 }
 
@@ -554,12 +551,12 @@ simdattn_status simdattn_mha_from_safetensors(const char* path, int64_t heads, i
     const DType t = dtype_of_c(dtype, "dtype");
     const std::string pre = prefix != nullptr ? prefix : "";
     if (options == nullptr) {
-      set_handle(layer, new simdattn_mha{MultiHeadAttention::from_safetensors(path, heads, kv_heads, pre, t)});
+      *layer = new simdattn_mha{MultiHeadAttention::from_safetensors(path, heads, kv_heads, pre, t)};
     } else {
       simdattn_mha_config shaped = checked(options, "options");
       shaped.heads = heads;  // sizes the per-head arrays; the shape itself comes from the file
-      set_handle(layer, new simdattn_mha{
-                            MultiHeadAttention::from_safetensors(path, heads, kv_heads, pre, t, mha_config(shaped))});
+      *layer = new simdattn_mha{
+                            MultiHeadAttention::from_safetensors(path, heads, kv_heads, pre, t, mha_config(shaped))};
     }
   });
 }
@@ -570,8 +567,7 @@ simdattn_status simdattn_mha_from_pretrained(const char* dir, int64_t layer_inde
   return guarded([&] {
     require(layer, "layer");
     require(dir, "dir");
-    set_handle(layer,
-               new simdattn_mha{MultiHeadAttention::from_pretrained(dir, layer_index, pretrained_options(options))});
+    *layer = new simdattn_mha{MultiHeadAttention::from_pretrained(dir, layer_index, pretrained_options(options))};
   });
 }
 
@@ -581,8 +577,8 @@ simdattn_status simdattn_mha_from_diffusers(const char* path, const char* prefix
   return guarded([&] {
     require(layer, "layer");
     require(path, "path");
-    set_handle(layer, new simdattn_mha{MultiHeadAttention::from_diffusers(path, prefix != nullptr ? prefix : "", heads,
-                                                                          pretrained_options(options))});
+    *layer = new simdattn_mha{MultiHeadAttention::from_diffusers(path, prefix != nullptr ? prefix : "", heads,
+                                                                          pretrained_options(options))};
   });
 }
 
@@ -654,7 +650,7 @@ simdattn_status simdattn_kv_cache_create(const simdattn_mha* layer, int64_t batc
   return guarded([&] {
     require(cache, "cache");
     require(layer, "layer");
-    set_handle(cache, new simdattn_kv_cache{KvCache(layer->layer, batch, capacity)});
+    *cache = new simdattn_kv_cache{KvCache(layer->layer, batch, capacity)};
   });
 }
 
@@ -664,7 +660,7 @@ simdattn_status simdattn_kv_cache_create_with_dtype(const simdattn_mha* layer, i
   return guarded([&] {
     require(cache, "cache");
     require(layer, "layer");
-    set_handle(cache, new simdattn_kv_cache{KvCache(layer->layer, batch, capacity, dtype_of_c(dtype, "dtype"))});
+    *cache = new simdattn_kv_cache{KvCache(layer->layer, batch, capacity, dtype_of_c(dtype, "dtype"))};
   });
 }
 

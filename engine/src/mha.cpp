@@ -309,6 +309,15 @@ void add_config_options(const MhaConfig& c, AttentionOptions& a) {
   }
 }
 
+// Positions given for B sequences of S tokens: B*S of them, none negative.
+void check_positions(std::span<const std::int64_t> positions, std::int64_t B, std::int64_t S) {
+  if (!positions.empty() && static_cast<std::int64_t>(positions.size()) != B * S)
+    throw Error("options.positions", "expected B*S = " + std::to_string(B * S) + " entries, got " +
+                                         std::to_string(positions.size()));
+  for (std::size_t i = 0; i < positions.size(); ++i)
+    if (positions[i] < 0) throw Error("options.positions", "entry " + std::to_string(i) + " is negative");
+}
+
 // QK-norm and RoPE on the projected q (heads columns from column 0) and k (kv_heads columns from
 // k0) of rows [b * S + s] (row stride N) of p: the position of (b, s) is positions[b * S + s] if
 // given, else start[b] + s (start null: 0).
@@ -319,11 +328,7 @@ void position_qk(const Layer<T>& L, T* p, std::int64_t N, std::int64_t k0, std::
   const detail::RopeTable& table = L.rope;
   const bool norm = !c.q_norm.empty();
   if (!norm && !c.rope) return;
-  if (!positions.empty() && static_cast<std::int64_t>(positions.size()) != B * S)
-    throw Error("options.positions", "expected B*S = " + std::to_string(B * S) + " entries, got " +
-                                         std::to_string(positions.size()));
-  for (std::size_t i = 0; i < positions.size(); ++i)
-    if (positions[i] < 0) throw Error("options.positions", "entry " + std::to_string(i) + " is negative");
+  check_positions(positions, B, S);
   constexpr bool kF64 = std::is_same_v<T, double>;
   const std::int64_t hd = c.head_dim;
   auto rms = [&](T* x, const std::vector<float>& w) {  // in f32 (f64 layers: f64), rounded once
@@ -637,13 +642,7 @@ void check_cached_step(const Layer<T>& L, const ConstSeqView& query, const Cache
                                   "meaningful over a cache (use none or bottom_right)");
   if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
     throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
-  if (!positions.empty() && (c.rope || !c.q_norm.empty())) {
-    if (static_cast<std::int64_t>(positions.size()) != B * Tn)
-      throw Error("options.positions", "expected B*S = " + std::to_string(B * Tn) + " entries, got " +
-                                           std::to_string(positions.size()));
-    for (std::size_t i = 0; i < positions.size(); ++i)
-      if (positions[i] < 0) throw Error("options.positions", "entry " + std::to_string(i) + " is negative");
-  }
+  if (c.rope || !c.q_norm.empty()) check_positions(positions, B, Tn);
   for (std::int64_t b = 0; b < B; ++b) {
     if (Tn > cache.capacity - cache.lengths[b])
       throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(cache.lengths[b]) +
