@@ -73,6 +73,16 @@ TEST_CASE("safetensors round trip: dtypes, shapes, metadata, empty tensors") {
   CHECK(f.read<float>("empty", {0, 4}).empty());
   CHECK_THROWS_WITH_AS(f.read<float>("layer.a", {3, 2}), doctest::Contains("expected [3, 2]"), Error);
   CHECK_THROWS_WITH_AS(f.read<float>("missing", {1}), doctest::Contains("no tensor named 'missing'"), Error);
+  // Names and metadata that need escaping in JSON come back as they were written.
+  const std::string odd = "q\"uote\\back\nline \xc3\xa9";
+  write_safetensors(path, {{odd, {DType::f32, {2}, a.data()}}}, {{odd, odd}});
+  const SafetensorsFile g(path);
+  CHECK(g.read<float>(odd, {2}) == std::vector<float>{1.5f, -2.f});
+  CHECK(g.metadata().at(odd) == odd);
+  // A name that is not UTF-8 cannot be written; the file already there is left as it was.
+  CHECK_THROWS_WITH_AS(write_safetensors(path, {{"bad\xff", {DType::f32, {2}, a.data()}}}),
+                       doctest::Contains("is not UTF-8"), Error);
+  CHECK(SafetensorsFile(path).read<float>(odd, {2}) == std::vector<float>{1.5f, -2.f});
   const std::string bad = temp_path("nulldata");
   CHECK_THROWS_WITH_AS(write_safetensors(bad, {{"t", {DType::f32, {2}, nullptr}}}), doctest::Contains("null data"),
                        Error);
@@ -141,6 +151,23 @@ TEST_CASE("safetensors: every malformed kind is refused with its own message") {
                "overlap");
   expect_error(file("no_offsets", R"({"t":{"dtype":"F32","shape":[2]}})", data), "data_offsets");
   expect_error(file("bad_meta", R"({"__metadata__":{"k":1}})", ""), "__metadata__");
+  // Limits: sizes checked before they are used, each error naming the field.
+  expect_error(file("huge_shape", R"({"t":{"dtype":"F32","shape":[1152921504606846976],"data_offsets":[0,8]}})", data),
+               "shape [1152921504606846976] of F32 needs");  // 2^60 elements: 2^62 bytes, not the 8 given
+  expect_error(file("shape_overflow", R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", data),
+               "tensor 't': shape [4294967296,4294967296] overflows");
+  expect_error(file("bytes_overflow", R"({"t":{"dtype":"F64","shape":[4611686018427387904],"data_offsets":[0,8]}})", data),
+               "tensor 't': shape [4611686018427387904] of F64 needs more than 2^64 bytes");
+  expect_error(file("big_offset", R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,18446744073709551615]}})", data),
+               "run past the data section");
+  expect_error(file("nesting_bomb", R"({"__metadata__":)" + std::string(100000, '[') + std::string(100000, ']') + "}", ""),
+               "nests deeper than 64 levels (under \"__metadata__\")");
+  expect_error(file("whitespace", std::string(1 << 20, ' '), ""), "not valid JSON");
+  // A repeated name: the last entry counts (as Python's json and nlohmann read it), checked as any other.
+  const SafetensorsFile dup(file("dup", R"({"t":{"dtype":"F32","shape":[9],"data_offsets":[0,36]},)"
+                                         R"("t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})", data));
+  CHECK(dup.tensors().size() == 1);
+  CHECK(dup.tensors().at("t").shape == std::vector<std::int64_t>{2});
   // A known dtype the layer cannot use is refused when read, naming the tensor.
   const std::string i16 = file("i16", R"({"t":{"dtype":"I16","shape":[4],"data_offsets":[0,8]}})", data);
   const SafetensorsFile f(i16);

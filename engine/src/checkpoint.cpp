@@ -2,9 +2,8 @@
 
 #include <sys/stat.h>
 
-#include <nlohmann/json.hpp>
-
 #include "file_io.hpp"
+#include "json.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn::detail {
@@ -28,17 +27,19 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir) {
     return;
   }
   if (!is_file(index)) throw Error(dir, "has neither model.safetensors nor model.safetensors.index.json");
-  nlohmann::json j;
+  JsonValue j;
   try {
-    j = nlohmann::json::parse(read_text_file(index, kMaxIndex));
-  } catch (const nlohmann::json::exception& e) {
+    j = parse_json(read_text_file(index, kMaxIndex));
+  } catch (const JsonError& e) {
     throw Error(index, std::string("is not valid JSON: ") + e.what());
   }
-  if (!j.is_object() || !j.contains("weight_map") || !j["weight_map"].is_object())
+  const JsonValue* map = j.find("weight_map");
+  if (map == nullptr || !map->is_object())
     throw Error(index, "expected a JSON object with a \"weight_map\" object (tensor name -> shard file)");
-  for (const auto& [name, file] : j["weight_map"].items()) {
-    if (!file.is_string()) throw Error(index, "weight_map entry '" + name + "' is not a file name string");
-    const std::string f = file.get<std::string>();
+  for (std::size_t i = 0; i < map->size(); ++i) {
+    const std::string& name = map->key(i);
+    if (!(*map)[i].is_string()) throw Error(index, "weight_map entry '" + name + "' is not a file name string");
+    const std::string& f = (*map)[i].string();
     // a shard is a file beside the index: no directories, nothing hidden or relative
     if (f.empty() || f.find('/') != std::string::npos || f.find('\\') != std::string::npos || f[0] == '.' ||
         f.find('\0') != std::string::npos)

@@ -11,11 +11,10 @@
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
 
 #include "checkpoint.hpp"
 #include "file_io.hpp"
-#include "json_text.hpp"
+#include "json.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
 #include "text.hpp"
@@ -25,16 +24,19 @@ namespace {
 
 using detail::Checkpoint;
 using detail::shape_str;
-using Json = nlohmann::json;
+using Json = detail::JsonValue;
 
 // config.json, its values read with the key named in every error.
 class Config {
  public:
   Config(std::string path, Json j) : path_(std::move(path)), j_(std::move(j)) {}
   const std::string& path() const { return path_; }
-  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool has(const std::string& key) const {
+    const Json* v = j_.find(key);
+    return v != nullptr && !v->is_null();
+  }
   // Written in the file, null included (null: "none" where the family's default is a value).
-  bool present(const std::string& key) const { return j_.contains(key); }
+  bool present(const std::string& key) const { return j_.find(key) != nullptr; }
   // size % count == 0, else an error naming both keys.
   void divides(const char* size_key, std::int64_t size, const char* count_key, std::int64_t count) const {
     if (size % count != 0)
@@ -43,17 +45,18 @@ class Config {
   }
   const Json& at(const std::string& key) const {
     if (!has(key)) throw Error(path_, "needs \"" + key + "\" for this model_type");
-    return j_[key];
+    return *j_.find(key);
   }
   // Sizes, counts and positions: bounded far above any model's, so that no product of them
   // overflows before the tensors' own shapes are compared.
   static constexpr std::int64_t kMax = std::int64_t{1} << 24;
   std::int64_t integer(const std::string& key, std::int64_t lo = 1, std::int64_t hi = kMax) const {
     const Json& v = at(key);
-    if (!v.is_number_integer() || v.get<std::int64_t>() < lo || v.get<std::int64_t>() > hi)
+    const std::optional<std::int64_t> x = v.as_int64();
+    if (!x || *x < lo || *x > hi)
       throw Error(path_, "\"" + key + "\" must be an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-                             "], got " + detail::json_brief(v));
-    return v.get<std::int64_t>();
+                             "], got " + v.brief());
+    return *x;
   }
   std::int64_t integer_or(const std::string& key, std::int64_t fallback, std::int64_t lo = 1,
                           std::int64_t hi = kMax) const {
@@ -61,21 +64,21 @@ class Config {
   }
   double positive(const std::string& key) const {
     const double x = number(key);
-    if (!(x > 0.0)) throw Error(path_, "\"" + key + "\" must be > 0, got " + detail::json_brief(at(key)));
+    if (!(x > 0.0)) throw Error(path_, "\"" + key + "\" must be > 0, got " + at(key).brief());
     return x;
   }
   double number(const std::string& key) const {
     const Json& v = at(key);
-    if (!v.is_number() || !std::isfinite(v.get<double>()))
-      throw Error(path_, "\"" + key + "\" must be a finite number, got " + detail::json_brief(v));
-    return v.get<double>();
+    const std::optional<double> x = v.as_double();
+    if (!x || !std::isfinite(*x)) throw Error(path_, "\"" + key + "\" must be a finite number, got " + v.brief());
+    return *x;
   }
   double number_or(const std::string& key, double fallback) const { return has(key) ? number(key) : fallback; }
   bool boolean_or(const std::string& key, bool fallback) const {
     if (!has(key)) return fallback;
-    const Json& v = j_[key];
-    if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + detail::json_brief(v));
-    return v.get<bool>();
+    const Json& v = *j_.find(key);
+    if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + v.brief());
+    return v.boolean();
   }
   // The first of `keys` present (legacy names), else an error naming the first.
   std::int64_t integer_of(std::initializer_list<const char*> keys) const {
@@ -165,8 +168,8 @@ LayerPlan encoder_layer(const Ctx& x, const char* family, const char* inner) {
   // BERT's relative_key(_query) position scores are not this layer's; a decoder BERT is causal
   if (x.c.has("position_embedding_type")) {
     const Json& t = x.c.at("position_embedding_type");
-    if (!t.is_string() || t.get<std::string>() != "absolute")
-      throw Error(x.c.path(), "\"position_embedding_type\" " + detail::json_brief(t) +
+    if (!t.is_string() || t.string() != "absolute")
+      throw Error(x.c.path(), "\"position_embedding_type\" " + t.brief() +
                                   " is not supported (absolute: the position embeddings are outside the layer)");
   }
   p.cfg.causal = x.c.boolean_or("is_decoder", false);
@@ -277,15 +280,17 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
   const Json* s = nullptr;
   if (c.has(key)) {
     s = &c.at(key);
-    if (!s->is_object()) throw Error(c.path(), "\"" + std::string(key) + "\" must be an object or null, got " + detail::json_brief(*s));
+    if (!s->is_object()) throw Error(c.path(), "\"" + std::string(key) + "\" must be an object or null, got " + s->brief());
   }
   auto num = [&](const char* name, const std::string& type) {
-    if (!s->contains(name) || !(*s)[name].is_number() || !std::isfinite((*s)[name].get<double>()))
+    const Json* v = s->find(name);
+    const std::optional<double> x = v != nullptr ? v->as_double() : std::nullopt;
+    if (!x || !std::isfinite(*x))
       throw Error(c.path(), "\"" + std::string(key) + "\" of type " + type + " needs a number \"" + name + "\"");
-    return (*s)[name].get<double>();
+    return *x;
   };
-  r.theta = params && s != nullptr && s->contains("rope_theta") ? num("rope_theta", "any") : c.number_or("rope_theta", 10000.0);
-  const double partial = params && s != nullptr && s->contains("partial_rotary_factor")
+  r.theta = params && s != nullptr && s->find("rope_theta") != nullptr ? num("rope_theta", "any") : c.number_or("rope_theta", 10000.0);
+  const double partial = params && s != nullptr && s->find("partial_rotary_factor") != nullptr
                              ? num("partial_rotary_factor", "any")
                              : c.number_or("partial_rotary_factor", 1.0);
   if (!(partial > 0.0 && partial <= 1.0))
@@ -297,10 +302,10 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
                               std::to_string(head_dim) + " rotates " + std::to_string(r.rotary_dim) +
                               " dimensions (expected an even number >= 2)");
   if (s == nullptr) return r;
-  const char* type_key = s->contains("rope_type") ? "rope_type" : "type";
-  if (!s->contains(type_key) || !(*s)[type_key].is_string())
+  const Json* type_value = s->find("rope_type") != nullptr ? s->find("rope_type") : s->find("type");
+  if (type_value == nullptr || !type_value->is_string())
     throw Error(c.path(), "\"" + std::string(key) + "\" needs a string \"rope_type\"");
-  const std::string type = (*s)[type_key].get<std::string>();
+  const std::string type = type_value->string();
   if (type == "default") return r;
   if (type == "linear") {
     r.scaling = RopeScaling::linear;
@@ -330,7 +335,7 @@ bool sliding_layer(const Config& c, std::int64_t layer, bool fallback) {
   const Json& t = c.at("layer_types");
   if (!t.is_array() || static_cast<std::int64_t>(t.size()) <= layer || !t[static_cast<std::size_t>(layer)].is_string())
     throw Error(c.path(), "\"layer_types\" must list a string for layer " + std::to_string(layer));
-  const std::string kind = t[static_cast<std::size_t>(layer)].get<std::string>();
+  const std::string kind = t[static_cast<std::size_t>(layer)].string();
   if (kind == "sliding_attention") return true;
   if (kind == "full_attention") return false;
   throw Error(c.path(), "\"layer_types\"[" + std::to_string(layer) + "] is '" + kind +
@@ -561,13 +566,14 @@ Planned plan_pretrained(const std::string& dir, std::int64_t layer, const Pretra
   const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
   Json j;
   try {
-    j = Json::parse(detail::read_text_file(path, kMaxConfig));
-  } catch (const nlohmann::json::exception& e) {
+    j = detail::parse_json(detail::read_text_file(path, kMaxConfig));
+  } catch (const detail::JsonError& e) {
     throw Error(path, std::string("is not valid JSON: ") + e.what());
   }
   if (!j.is_object()) throw Error(path, "is not a JSON object");
-  if (!j.contains("model_type") || !j["model_type"].is_string()) throw Error(path, "needs a string \"model_type\"");
-  const std::string type = j["model_type"].get<std::string>();
+  const Json* model_type = j.find("model_type");
+  if (model_type == nullptr || !model_type->is_string()) throw Error(path, "needs a string \"model_type\"");
+  const std::string type = model_type->string();
   const Family* family = nullptr;
   for (const Family& f : kFamilies)
     if (type == f.model_type) family = &f;

@@ -6,14 +6,16 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <numeric>
+#include <optional>
+#include <string_view>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "element.hpp"
 #include "file_io.hpp"
-#include "json_text.hpp"
+#include "json.hpp"
 #include "simdattn/error.hpp"
 #include "text.hpp"
 
@@ -37,7 +39,7 @@ std::size_t dtype_bytes(const std::string& dtype) {
 constexpr std::uint64_t kMaxHeader = 100u << 20;
 
 // The header's JSON: an 8-byte little-endian length N, then N bytes of JSON. Sets header_len.
-nlohmann::json parse_header(const std::string& path, const std::byte* bytes, std::size_t size,
+detail::JsonValue parse_header(const std::string& path, const std::byte* bytes, std::size_t size,
                             std::uint64_t& header_len) {
   std::uint64_t n = 0;
   for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<std::uint64_t>(bytes[i]);
@@ -47,10 +49,10 @@ nlohmann::json parse_header(const std::string& path, const std::byte* bytes, std
   if (n > kMaxHeader)
     throw Error(path, "header length " + std::to_string(n) + " exceeds the format's 100 MiB limit");
   const char* text = reinterpret_cast<const char*>(bytes + 8);
-  nlohmann::json header;
+  detail::JsonValue header;
   try {
-    header = nlohmann::json::parse(text, text + n);
-  } catch (const nlohmann::json::exception& e) {
+    header = detail::parse_json(std::string_view(text, n));
+  } catch (const detail::JsonError& e) {
     throw Error(path, std::string("header is not valid JSON: ") + e.what());
   }
   if (!header.is_object()) throw Error(path, "header is not a JSON object");
@@ -59,17 +61,17 @@ nlohmann::json parse_header(const std::string& path, const std::byte* bytes, std
 }
 
 // The shape of one tensor entry: integers >= 0 whose product fits. Sets numel.
-std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& where, const nlohmann::json& shape,
-                                      std::uint64_t& numel) {
+std::vector<std::int64_t> parse_shape(const std::string& path, const std::string& where,
+                                      const detail::JsonValue& shape, std::uint64_t& numel) {
   std::vector<std::int64_t> dims;
   numel = 1;
-  for (const auto& d : shape) {
-    if (!d.is_number_unsigned() && !(d.is_number_integer() && d.get<std::int64_t>() >= 0))
-      throw Error(path, where + ": shape " + detail::json_brief(shape) + " must hold integers >= 0");
-    const std::uint64_t dim = d.get<std::uint64_t>();
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const std::optional<std::uint64_t> d = shape[i].as_uint64();
+    if (!d) throw Error(path, where + ": shape " + shape.brief() + " must hold integers >= 0");
+    const std::uint64_t dim = *d;
     if (dim > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()) ||
         __builtin_mul_overflow(numel, dim, &numel))
-      throw Error(path, where + ": shape " + detail::json_brief(shape) + " overflows");
+      throw Error(path, where + ": shape " + shape.brief() + " overflows");
     dims.push_back(static_cast<std::int64_t>(dim));
   }
   return dims;
@@ -77,34 +79,36 @@ std::vector<std::int64_t> parse_shape(const std::string& path, const std::string
 
 // One tensor entry, checked against the data section [data, data + data_size). Sets its
 // [begin, end) offsets.
-SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const nlohmann::json& entry,
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const detail::JsonValue& entry,
                              const std::byte* data, std::uint64_t data_size, std::uint64_t& begin, std::uint64_t& end) {
   const std::string where = "tensor '" + name + "'";
   if (!entry.is_object()) throw Error(path, where + ": entry is not a JSON object");
-  if (!entry.contains("dtype") || !entry["dtype"].is_string())
-    throw Error(path, where + ": missing or non-string \"dtype\"");
-  if (!entry.contains("shape") || !entry["shape"].is_array())
-    throw Error(path, where + ": missing or non-array \"shape\"");
-  if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2)
+  const detail::JsonValue* dtype = entry.find("dtype");
+  const detail::JsonValue* shape = entry.find("shape");
+  const detail::JsonValue* off = entry.find("data_offsets");
+  if (dtype == nullptr || !dtype->is_string()) throw Error(path, where + ": missing or non-string \"dtype\"");
+  if (shape == nullptr || !shape->is_array()) throw Error(path, where + ": missing or non-array \"shape\"");
+  if (off == nullptr || !off->is_array() || off->size() != 2)
     throw Error(path, where + ": \"data_offsets\" must be an array [begin, end]");
   SafetensorsEntry t;
-  t.dtype = entry["dtype"].get<std::string>();
+  t.dtype = dtype->string();
   const std::size_t esize = dtype_bytes(t.dtype);
   if (esize == 0) throw Error(path, where + ": unknown dtype '" + t.dtype + "'");
   std::uint64_t numel = 0;
-  t.shape = parse_shape(path, where, entry["shape"], numel);
-  const auto& off = entry["data_offsets"];
-  if (!off[0].is_number_unsigned() || !off[1].is_number_unsigned())
-    throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " must be integers >= 0");
-  begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-  if (begin > end) throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " has begin > end");
+  t.shape = parse_shape(path, where, *shape, numel);
+  const std::optional<std::uint64_t> b = (*off)[0].as_uint64(), e = (*off)[1].as_uint64();
+  if (!b || !e) throw Error(path, where + ": data_offsets " + off->brief() + " must be integers >= 0");
+  begin = *b, end = *e;
+  if (begin > end) throw Error(path, where + ": data_offsets " + off->brief() + " has begin > end");
   if (end > data_size)
-    throw Error(path, where + ": data_offsets " + detail::json_brief(off) + " run past the data section (" +
+    throw Error(path, where + ": data_offsets " + off->brief() + " run past the data section (" +
                           std::to_string(data_size) + " bytes)");
   std::uint64_t want = 0;
-  if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want) || want != end - begin)
+  if (__builtin_mul_overflow(numel, static_cast<std::uint64_t>(esize), &want))
+    throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs more than 2^64 bytes");
+  if (want != end - begin)
     throw Error(path, where + ": shape " + shape_str(t.shape) + " of " + t.dtype + " needs " + std::to_string(want) +
-                          " bytes, data_offsets " + detail::json_brief(off) + " span " + std::to_string(end - begin));
+                          " bytes, data_offsets " + off->brief() + " span " + std::to_string(end - begin));
   t.data = data + begin;
   t.bytes = static_cast<std::size_t>(end - begin);
   return t;
@@ -164,7 +168,7 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     read_exact(fd_, path, 8, head.size() - 8, head.data() + 8, "the header");
     std::uint64_t n = 0;
     // (parse_header refuses a length past the file or the 100 MiB limit before reading the text)
-    const nlohmann::json header = parse_header(path, head.data(), size_, n);
+    const detail::JsonValue header = parse_header(path, head.data(), size_, n);
     map_ = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, fd_, 0);
     if (map_ == MAP_FAILED) {
       map_ = nullptr;
@@ -173,12 +177,14 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     const auto* bytes = static_cast<const std::byte*>(map_);
     std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;  // [begin, end) per tensor
     std::vector<std::string> span_names;
-    for (const auto& [name, entry] : header.items()) {
+    for (std::size_t i = 0; i < header.size(); ++i) {
+      const std::string& name = header.key(i);
+      const detail::JsonValue& entry = header[i];
       if (name == "__metadata__") {
         if (!entry.is_object()) throw Error(path, "__metadata__ is not a JSON object");
-        for (const auto& [key, value] : entry.items()) {
-          if (!value.is_string()) throw Error(path, "__metadata__ value of '" + key + "' is not a string");
-          metadata_[key] = value.get<std::string>();
+        for (std::size_t m = 0; m < entry.size(); ++m) {
+          if (!entry[m].is_string()) throw Error(path, "__metadata__ value of '" + entry.key(m) + "' is not a string");
+          metadata_[entry.key(m)] = entry[m].string();
         }
         continue;
       }
@@ -240,8 +246,26 @@ template std::vector<float16> SafetensorsFile::read<float16>(const std::string&,
 
 void write_safetensors(const std::string& path, const std::map<std::string, SafetensorsTensor>& tensors,
                        const std::map<std::string, std::string>& metadata) {
-  nlohmann::json header = nlohmann::json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
+  // The header's text, written directly: {"__metadata__":{...},"name":{"dtype":..,"shape":[..],
+  // "data_offsets":[begin,end]},...}, tensors in name order, packed in that order.
+  auto quote = [&](const std::string& s, const std::string& what) {
+    try {
+      return detail::json_quote(s);
+    } catch (const detail::JsonError& e) {
+      throw Error(path, "cannot write the header: " + what + " is not UTF-8 (" + e.what() + ")");
+    }
+  };
+  std::string text = "{";
+  if (!metadata.empty()) {
+    text += "\"__metadata__\":{";
+    for (const auto& [key, value] : metadata) {
+      if (text.back() != '{') text += ',';
+      text += quote(key, "a __metadata__ key");
+      text += ':';
+      text += quote(value, "__metadata__ value of '" + key + "'");
+    }
+    text += "}";
+  }
   std::uint64_t offset = 0;
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") throw Error(path, "'__metadata__' is reserved and cannot name a tensor");
@@ -262,27 +286,34 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
     if (bytes > 0 && t.data == nullptr) throw Error(path, "tensor '" + name + "': null data");
     std::uint64_t end = 0;
     if (__builtin_add_overflow(offset, bytes, &end)) throw Error(path, "tensors too large for one file");
-    header[name] = {{"dtype", dtype},
-                    {"shape", t.shape},
-                    {"data_offsets", {offset, end}}};
+    if (text.back() != '{') text += ',';
+    text += quote(name, "tensor name '" + name + "'");
+    text += ":{\"dtype\":\"";
+    text += dtype;
+    text += "\",\"shape\":[";
+    for (std::size_t i = 0; i < t.shape.size(); ++i) {
+      if (i > 0) text += ',';
+      text += std::to_string(t.shape[i]);
+    }
+    text += "],\"data_offsets\":[";
+    text += std::to_string(offset);
+    text += ',';
+    text += std::to_string(end);
+    text += "]}";
     offset = end;
   }
-  std::string text;
-  try {
-    text = header.dump();
-  } catch (const nlohmann::json::exception& e) {  // e.g. a name that is not UTF-8
-    throw Error(path, std::string("cannot write the header: ") + e.what());
-  }
+  text += "}";
   while ((text.size() + 8) % 8 != 0) text += ' ';  // align the data section to 8 bytes
   std::vector<std::byte> image(8 + text.size() + offset);
   const std::uint64_t n = text.size();
   for (int i = 0; i < 8; ++i) image[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
   std::memcpy(image.data() + 8, text.data(), text.size());
   std::byte* data = image.data() + 8 + text.size();
-  for (const auto& [name, t] : tensors) {
-    const auto& off = header[name]["data_offsets"];
-    const std::uint64_t begin = off[0].get<std::uint64_t>(), end = off[1].get<std::uint64_t>();
-    if (end > begin) std::memcpy(data + begin, t.data, end - begin);
+  for (const auto& [name, t] : tensors) {  // packed in the same order as the header's offsets
+    const std::size_t bytes = dtype_size(t.dtype) * static_cast<std::size_t>(std::accumulate(
+                                  t.shape.begin(), t.shape.end(), std::int64_t{1}, std::multiplies<>()));
+    if (bytes > 0) std::memcpy(data, t.data, bytes);
+    data += bytes;
   }
   detail::write_file_atomic(path, image.data(), image.size());
 }
