@@ -1,21 +1,35 @@
 // No heap allocation on the hot path: after a first call of a given size, MultiHeadAttention's
 // forward (self, cross) and a KV-cache decode step allocate nothing, on the native and reference
-// backends. And every allocation of a layer's construction, a forward and a decode step may
-// fail (injected, one at a time): an Error or std::bad_alloc, the output untouched, the cache as
-// it was. Counted with replaced global operator new/delete (every variant), in a test binary of
+// backends. And every allocation of a layer's construction, a forward, a decode step, loading a
+// checkpoint (safetensors, config.json, a shard index) and a CLI run may fail (injected, one at
+// a time): an Error or std::bad_alloc (the CLI: exit 2 with one line), the output untouched or
+// not written, the cache as it was; under LeakSanitizer (CI's ASan run), nothing leaked. Counted with replaced global operator new/delete (every variant), in a test binary of
 // its own so the replacement touches no other test.
 #define DOCTEST_CONFIG_IMPLEMENT
 #include <doctest/doctest.h>
+
+#include <fcntl.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <map>
 #include <new>
 #include <random>
+#include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
+#if SIMDATTN_ALLOC_CLI
+#include "commands.hpp"  // simdattn::cli::run (tools/cli)
+#endif
 #include "simdattn/simdattn.hpp"
 
 namespace {
@@ -238,3 +252,160 @@ TEST_CASE("every allocation of a forward, a decode step and a layer's constructi
   }
 }
 
+
+namespace {
+
+// A scratch directory with a small llama checkpoint (config.json, two shards and their index)
+// and .npy inputs for the CLI's run and mha commands.
+struct Files {
+  std::string dir = "/tmp/simdattn_alloc_" + std::to_string(::getpid());
+  std::string model = dir + "/model";
+  Files() {
+    std::filesystem::create_directories(model);
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n(0.f, 0.3f);
+    auto values = [&](std::int64_t k) {
+      std::vector<float> v(static_cast<std::size_t>(k));
+      for (float& e : v) e = n(rng);
+      return v;
+    };
+    // two layers, d 16, 4 heads of 8, 2 kv heads; layer 0 in shard 1, layer 1 in shard 2
+    std::vector<std::vector<float>> keep;
+    std::map<std::string, SafetensorsTensor> shard[2];
+    std::string index = R"({"metadata": {"total_size": 0}, "weight_map": {)";
+    for (int l = 0; l < 2; ++l) {
+      const std::string p = "model.layers." + std::to_string(l) + ".self_attn.";
+      for (auto [name, rows, cols] : {std::tuple{"q_proj", 32, 16}, {"k_proj", 16, 16}, {"v_proj", 16, 16}, {"o_proj", 16, 32}}) {
+        keep.push_back(values(rows * cols));
+        shard[l][p + name + ".weight"] = {DType::f32, {rows, cols}, keep.back().data()};
+        index += std::string(index.back() == '{' ? "" : ", ") + "\"" + p + name + ".weight\": \"model-0000" +
+                 std::to_string(l + 1) + "-of-00002.safetensors\"";
+      }
+    }
+    for (int l = 0; l < 2; ++l)
+      write_safetensors(model + "/model-0000" + std::to_string(l + 1) + "-of-00002.safetensors", shard[l]);
+    write_text(model + "/model.safetensors.index.json", index + "}}");
+    write_text(model + "/config.json", R"({"model_type": "llama", "hidden_size": 16, "num_attention_heads": 4,
+      "num_key_value_heads": 2, "head_dim": 8, "num_hidden_layers": 2, "rope_theta": 10000.0,
+      "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                       "original_max_position_embeddings": 8}})");
+    auto npy = [&](const std::string& name, std::vector<std::int64_t> shape) {
+      NpyArray a;
+      a.shape = shape;
+      const std::vector<float> v = values(a.numel());
+      a.data.resize(v.size() * sizeof(float));
+      std::memcpy(a.data.data(), v.data(), a.data.size());
+      write_npy(dir + "/" + name, a);
+    };
+    npy("q.npy", {1, 2, 20, 8}), npy("k.npy", {1, 2, 24, 8}), npy("v.npy", {1, 2, 24, 8});
+    npy("x.npy", {1, 6, 16});
+  }
+  ~Files() { std::filesystem::remove_all(dir); }
+  static void write_text(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
+};
+
+std::string read_file(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(f), std::istreambuf_iterator<char>()};
+}
+
+#if SIMDATTN_ALLOC_CLI
+// simdattn::cli::run(args) with its stderr captured in a file: {exit status, stderr}.
+std::pair<int, std::string> run_cli(const std::vector<std::string>& args, const std::string& err_path) {
+  std::vector<char*> argv;
+  static char name[] = "simdattn";
+  argv.push_back(name);
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  std::fflush(stderr);
+  const int saved = ::dup(2);
+  const int fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ::dup2(fd, 2);
+  ::close(fd);
+  const int status = simdattn::cli::run(static_cast<int>(argv.size()), argv.data());
+  counting = false;  // the run is over: what the test reads below is not its allocations
+  std::fflush(stderr);
+  ::dup2(saved, 2);
+  ::close(saved);
+  return {status, read_file(err_path)};
+}
+#endif
+
+}  // namespace
+
+TEST_CASE("every allocation of loading a checkpoint may fail: an error, no leak") {
+  const Files files;
+  const std::string shard = files.model + "/model-00001-of-00002.safetensors";
+  const std::vector<float> whole = SafetensorsFile(shard).read<float>("model.layers.0.self_attn.q_proj.weight", {32, 16});
+  // A safetensors file opened (header parsed and checked) and a tensor read.
+  std::vector<float> got;
+  const long st = fail_each_allocation(
+      [&] {
+        got.clear();
+        const SafetensorsFile f(shard);
+        got = f.read<float>("model.layers.0.self_attn.q_proj.weight", {32, 16});
+      },
+      [&](bool failed) {
+        if (!failed) CHECK(got == whole);
+      });
+  CHECK(st > 0);
+  MESSAGE("safetensors open and read: ", st, " allocation sites");
+  // A model directory: config.json, the shard index, the shards, the layer.
+  std::vector<float> x(6 * 16), want(x.size()), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<float>(i % 7) * 0.1f - 0.3f;
+  MultiHeadAttention::from_pretrained(files.model, 1).forward(ConstSeqView(x.data(), 1, 6, 16), SeqView(want.data(), 1, 6, 16));
+  const long pre = fail_each_allocation(
+      [&] {
+        std::fill(y.begin(), y.end(), -7.f);
+        const MultiHeadAttention layer = MultiHeadAttention::from_pretrained(files.model, 1);
+        layer.forward(ConstSeqView(x.data(), 1, 6, 16), SeqView(y.data(), 1, 6, 16));
+      },
+      [&](bool failed) {
+        if (failed) CHECK(std::all_of(y.begin(), y.end(), [](float v) { return v == -7.f; }));
+        else CHECK(y == want);
+      });
+  CHECK(pre > st);
+  MESSAGE("from_pretrained (config.json, index, two shards) and a forward: ", pre, " allocation sites");
+}
+
+#if SIMDATTN_ALLOC_CLI
+TEST_CASE("every allocation of a CLI run may fail: exit 2 or 1, one line on stderr, no output file") {
+  const Files files;
+  const std::string out = files.dir + "/out.npy", err = files.dir + "/stderr.txt";
+  const std::vector<std::vector<std::string>> commands = {
+      {"run", "--q", files.dir + "/q.npy", "--k", files.dir + "/k.npy", "--v", files.dir + "/v.npy", "--out", out,
+       "--causal", "bottom-right", "--window", "6,0", "--threads", "2"},
+      {"mha", "--model", files.model, "--layer", "1", "--query", files.dir + "/x.npy", "--out", out},
+  };
+  for (const auto& args : commands) {
+    CAPTURE(args[0]);
+    std::filesystem::remove(out);
+    const auto [ok_status, ok_err] = run_cli(args, err);
+    REQUIRE(ok_status == 0);
+    const std::string want = read_file(out);
+    REQUIRE(!want.empty());
+    int exit1 = 0, exit2 = 0;
+    const long sites = fail_each_allocation(
+        [&] {
+          std::filesystem::remove(out);
+          const auto [status, text] = run_cli(args, err);
+          if (status == 0) {
+            CHECK(text.empty());
+            CHECK(read_file(out) == want);
+            return;
+          }
+          // a failure: exit 2 (out of memory, or an error naming what) or 1, one line, no file
+          CHECK((status == 1 || status == 2));
+          (status == 1 ? exit1 : exit2) += 1;
+          CHECK(std::count(text.begin(), text.end(), '\n') == 1);
+          CHECK(text.back() == '\n');
+          CHECK(text.rfind("simdattn: ", 0) == 0);
+          CHECK(!std::filesystem::exists(out));
+          throw std::bad_alloc();  // counted as failed by fail_each_allocation
+        },
+        [](bool) {});
+    CHECK(sites > 100);
+    CHECK(exit1 == 0);  // an allocation failure is reported as out of memory or an error, not an internal one
+    MESSAGE(args[0], ": ", sites, " allocation sites (", exit2, " failed runs, each exit 2)");
+  }
+}
+#endif

@@ -12,6 +12,10 @@ namespace simdattn::cli {
 
 using Command = std::function<void()>;
 
+// The whole command line: argv[1] the command, the rest its options. Prints errors (one line)
+// on stderr and returns the exit status; throws nothing (out of memory anywhere: exit 2).
+int run(int argc, char** argv) noexcept;
+
 Command add_run_command(CLI::App& app);
 Command add_info_command(CLI::App& app);
 Command add_compare_command(CLI::App& app);
