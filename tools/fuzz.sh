@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
 # The libFuzzer targets of tests/fuzz (the .npy parser, the safetensors reader, attention()'s
-# validation and kernels), built with clang, AddressSanitizer and UBSan in build-fuzz/, each run
+# validation and kernels, the model-directory loader, the command line), built with clang, AddressSanitizer and UBSan in build-fuzz/, each run
 # from its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # build-fuzz/corpus/<target>/, not into the repository). Needs Debian's clang and
 # libfuzzer-14-dev. A crash leaves its input in build-fuzz/ and the script fails; every crash
 # found becomes a regression test (tests/test_npy.cpp, tests/test_safetensors.cpp, ...).
 #
-#   bash tools/fuzz.sh                          # each target 100000 runs (about a minute in all)
+#   bash tools/fuzz.sh                    # the bounded run: each target a fixed number of runs
+#                                         # (kBounded below; about a minute in all)
 #   SIMDATTN_FUZZ_RUNS=10000000 bash tools/fuzz.sh       # the long run, by executions
 #   SIMDATTN_FUZZ_SECONDS=3600 bash tools/fuzz.sh        # ... or by time, per target
+#   SIMDATTN_FUZZ_TARGETS="safetensors cli" bash tools/fuzz.sh     # some targets only
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${SIMDATTN_FUZZ_BUILD:-$ROOT/build-fuzz}"
-RUNS="${SIMDATTN_FUZZ_RUNS:-100000}"
+RUNS="${SIMDATTN_FUZZ_RUNS:-}"
+TARGETS="${SIMDATTN_FUZZ_TARGETS:-npy safetensors attention model_dir cli}"
+# The bounded run's executions per target (the slower targets, which write files or build a
+# layer per input, fewer).
+declare -A kBounded=([npy]=100000 [safetensors]=100000 [attention]=100000 [model_dir]=20000 [cli]=20000)
 SECONDS_EACH="${SIMDATTN_FUZZ_SECONDS:-0}"
 command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang libfuzzer-14-dev)" >&2; exit 2; }
 
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_FUZZ=ON \
   -DSIMDATTN_SANITIZE=address,undefined -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_TESTS=OFF \
-  -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
-cmake --build "$BUILD" -j "$(nproc)" --target fuzz_npy fuzz_safetensors fuzz_attention
+  -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=ON -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
+# shellcheck disable=SC2046
+cmake --build "$BUILD" -j "$(nproc)" --target $(printf 'fuzz_%s ' $TARGETS)
 
-limit=(-runs="$RUNS")
-((SECONDS_EACH > 0)) && limit=(-max_total_time="$SECONDS_EACH")
-for target in npy safetensors attention; do
+for target in $TARGETS; do
+  limit=(-runs="${RUNS:-${kBounded[$target]}}")
+  ((SECONDS_EACH > 0)) && limit=(-max_total_time="$SECONDS_EACH")
   mkdir -p "$BUILD/corpus/$target"
   echo "=== fuzz_$target"
   dict=()

@@ -1,0 +1,93 @@
+// libFuzzer target: the model-directory loader (MultiHeadAttention::from_pretrained: config.json,
+// model.safetensors.index.json, the shards it names). The input is the config text, a NUL byte,
+// then the index text; both are written into a scratch directory that also holds two fixed
+// shards with the tensors of every family's layers 0 and 1 (gpt2, bloom, t5, bert, llama-like).
+// Layers 0 and 1 are loaded (and, when a layer loads, run once on a small input): each must
+// succeed or throw simdattn::Error, nothing else.
+#include <unistd.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "simdattn/error.hpp"
+#include "simdattn/mha.hpp"
+#include "simdattn/safetensors.hpp"
+
+namespace {
+
+std::string dir;
+
+// The tensors of two layers of each family (d_model 16; llama-like: 4 heads of 8, 2 kv heads).
+void write_shards() {
+  std::map<std::string, std::vector<std::int64_t>> shapes;
+  const std::int64_t d = 16;
+  for (int n = 0; n < 2; ++n) {
+    const std::string l = std::to_string(n);
+    shapes["h." + l + ".attn.c_attn.weight"] = {d, 3 * d}, shapes["h." + l + ".attn.c_attn.bias"] = {3 * d};
+    shapes["h." + l + ".attn.c_proj.weight"] = {d, d}, shapes["h." + l + ".attn.c_proj.bias"] = {d};
+    const std::string b = "transformer.h." + l + ".self_attention.";
+    shapes[b + "query_key_value.weight"] = {3 * d, d}, shapes[b + "query_key_value.bias"] = {3 * d};
+    shapes[b + "dense.weight"] = {d, d}, shapes[b + "dense.bias"] = {d};
+    for (const char* stack : {"encoder", "decoder"}) {
+      const std::string t = std::string(stack) + ".block." + l + ".layer.0.SelfAttention.";
+      for (const char* p : {"q", "k", "v"}) shapes[t + p + ".weight"] = {24, d};
+      shapes[t + "o.weight"] = {d, 24};
+      if (n == 0) shapes[t + "relative_attention_bias.weight"] = {8, 4};
+    }
+    const std::string e = "encoder.layer." + l + ".attention.";
+    for (const char* p : {"query", "key", "value"}) shapes[e + "self." + p + ".weight"] = {d, d}, shapes[e + "self." + p + ".bias"] = {d};
+    shapes[e + "output.dense.weight"] = {d, d}, shapes[e + "output.dense.bias"] = {d};
+    const std::string m = "model.layers." + l + ".self_attn.";
+    shapes[m + "q_proj.weight"] = {32, d}, shapes[m + "k_proj.weight"] = {16, d}, shapes[m + "v_proj.weight"] = {16, d};
+    shapes[m + "o_proj.weight"] = {d, 32};
+    shapes[m + "q_proj.bias"] = {32}, shapes[m + "k_proj.bias"] = {16}, shapes[m + "v_proj.bias"] = {16};
+    shapes[m + "q_norm.weight"] = {8}, shapes[m + "k_norm.weight"] = {8};
+  }
+  std::vector<std::vector<float>> keep;
+  std::map<std::string, simdattn::SafetensorsTensor> shard[2];
+  int i = 0;
+  for (const auto& [name, shape] : shapes) {
+    std::int64_t n = 1;
+    for (std::int64_t s : shape) n *= s;
+    keep.emplace_back(static_cast<std::size_t>(n));
+    for (std::size_t k = 0; k < keep.back().size(); ++k) keep.back()[k] = 0.01f * static_cast<float>((k * 5) % 13) - 0.06f;
+    shard[i++ % 2][name] = {simdattn::DType::f32, shape, keep.back().data()};
+  }
+  simdattn::write_safetensors(dir + "/model-00001-of-00002.safetensors", shard[0]);
+  simdattn::write_safetensors(dir + "/model-00002-of-00002.safetensors", shard[1]);
+}
+
+bool setup() {
+  char d[] = "/tmp/simdattn_fuzz_model_XXXXXX";
+  if (::mkdtemp(d) == nullptr) std::abort();
+  dir = d;
+  write_shards();
+  return true;
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  static const bool ready = setup();
+  (void)ready;
+  const std::string input(reinterpret_cast<const char*>(data), size);
+  const std::size_t nul = input.find('\0');
+  std::ofstream(dir + "/config.json", std::ios::binary | std::ios::trunc) << input.substr(0, nul);
+  std::ofstream(dir + "/model.safetensors.index.json", std::ios::binary | std::ios::trunc)
+      << (nul == std::string::npos ? std::string() : input.substr(nul + 1));
+  for (std::int64_t layer : {0, 1}) {
+    try {
+      const simdattn::MultiHeadAttention m = simdattn::MultiHeadAttention::from_pretrained(dir, layer);
+      const std::int64_t dm = m.config().d_model;
+      std::vector<float> x(static_cast<std::size_t>(3 * dm), 0.5f), y(x.size());
+      m.forward(simdattn::ConstSeqView(x.data(), 1, 3, dm), simdattn::SeqView(y.data(), 1, 3, dm));
+    } catch (const simdattn::Error&) {
+    }
+  }
+  return 0;
+}
