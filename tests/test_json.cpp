@@ -64,6 +64,15 @@ TEST_CASE("json: nesting up to the limit is read, deeper is refused naming where
   CHECK_THROWS_WITH_AS(parse_json(keyed), doctest::Contains("under \"outer.inner\""), JsonError);
 }
 
+TEST_CASE("json: a document of more values than the limit is refused") {
+  CHECK(simdattn::detail::kMaxJsonValues == std::size_t{1} << 24);  // the readers' limit
+  // the array and 9 numbers, strings or containers: 10 values, the limit exactly
+  CHECK(parse_json("[0,1,2,3,4,5,6,7,8]", 10).size() == 9);
+  CHECK(parse_json(R"({"a":[1,2],"b":{"c":"d"},"e":null})", 7).size() == 3);  // 7 values
+  CHECK_THROWS_WITH_AS(parse_json("[0,1,2,3,4,5,6,7,8,9]", 10), doctest::Contains("holds more than 10 values"), JsonError);
+  CHECK_THROWS_AS(parse_json(R"({"a":[1,2],"b":{"c":"d"},"e":null})", 6), JsonError);
+}
+
 TEST_CASE("json: text that is not one JSON value is refused") {
   for (const char* bad : {"", "   ", "{", "[1,]", "{\"a\" 1}", "1 2", "nul", "\"\xff\"", "1e400", "-", "{\"a\":1}}",
                           "[\"\\ud800\"]", "\"tab\tinside\""})

@@ -18,7 +18,7 @@ RUNS="${SIMDATTN_FUZZ_RUNS:-}"
 TARGETS="${SIMDATTN_FUZZ_TARGETS:-npy safetensors attention model_dir cli}"
 # The bounded run's executions per target (the slower targets, which write files or build a
 # layer per input, fewer).
-declare -A kBounded=([npy]=100000 [safetensors]=100000 [attention]=100000 [model_dir]=20000 [cli]=20000)
+declare -A kBounded=([npy]=100000 [safetensors]=100000 [attention]=100000 [model_dir]=10000 [cli]=10000)
 SECONDS_EACH="${SIMDATTN_FUZZ_SECONDS:-0}"
 command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang libfuzzer-14-dev)" >&2; exit 2; }
 

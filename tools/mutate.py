@@ -7,7 +7,7 @@ test suite, and reports which the suite caught (killed) and which it missed (sur
     python3 tools/mutate.py --list             # the list, checked (each snippet found exactly once)
 
 Builds in build-mutation/ (configured like the default build, without the perf suite). The
-suite is ctest's, in two stages so that a killed mutant is known early: every test but the
+suite runs once on the unmutated tree first (it must pass); it is ctest's, in two stages so that a killed mutant is known early: every test but the
 per-ISA reruns of the attention suite, then those reruns; a mutant survives only if both pass.
 A mutant that does not compile is reported as invalid (the list is meant to hold none). The
 source file is restored after each mutant, also on Ctrl-C. Writes the table to
@@ -89,6 +89,7 @@ def main():
     ap.add_argument("--list", action="store_true", help="check and print the list, run nothing")
     ap.add_argument("--jobs", type=int, default=os.cpu_count() or 2)
     ap.add_argument("--min-kill-rate", type=float, default=0.95)
+    ap.add_argument("--skip-baseline", action="store_true", help="do not run the suite on the unmutated tree first")
     args = ap.parse_args()
 
     mutants = parse_mutants(args.mutants)
@@ -114,6 +115,11 @@ def main():
     print(f"mutate.py: building the unmutated tree in {args.build} (log: {log})", flush=True)
     if run(cfg, log) or run(build, log):
         sys.exit(f"mutate.py: the unmutated tree does not build; see {log}")
+    if not args.skip_baseline:  # a suite that fails unmutated would count every mutant killed
+        print("mutate.py: the suite on the unmutated tree", flush=True)
+        for stage in stages:
+            if run(stage, log, timeout=1800):
+                sys.exit(f"mutate.py: the suite fails on the unmutated tree ({first_failure(log)}); see {log}")
 
     results = []
     current = {}

@@ -10,20 +10,36 @@
 
 namespace simdattn::detail {
 
+struct JsonValue::Rest {
+  std::string text;               // string
+  std::vector<JsonValue> items;   // array elements, object values
+  std::vector<std::string> keys;  // object keys, parallel to items
+};
+
+JsonValue::JsonValue() = default;
+JsonValue::JsonValue(JsonValue&&) noexcept = default;
+JsonValue& JsonValue::operator=(JsonValue&&) noexcept = default;
+JsonValue::~JsonValue() = default;
+
+const std::string& JsonValue::string() const { return rest_->text; }
+std::size_t JsonValue::size() const { return rest_ ? rest_->items.size() : 0; }
+const JsonValue& JsonValue::operator[](std::size_t i) const { return rest_->items[i]; }
+const std::string& JsonValue::key(std::size_t i) const { return rest_->keys[i]; }
+
 // nlohmann's parser drives this through its SAX interface: each value lands in the innermost
 // open array or object (`open_`, whose elements do not move while a child is open: only the
 // innermost container grows). Errors are thrown as JsonError from the callbacks.
 class JsonBuilder {
  public:
   using Json = nlohmann::json;
-  explicit JsonBuilder(JsonValue& root) : root_(root) {}
+  JsonBuilder(JsonValue& root, std::size_t max_values) : root_(root), max_values_(max_values) {}
 
   bool null() { return (void)add(JsonValue::Kind::null), true; }
   bool boolean(bool v) { return add(JsonValue::Kind::boolean).boolean_ = v, true; }
   bool number_integer(Json::number_integer_t v) { return add(JsonValue::Kind::integer).integer_ = v, true; }
   bool number_unsigned(Json::number_unsigned_t v) { return add(JsonValue::Kind::unsigned_integer).unsigned_ = v, true; }
   bool number_float(Json::number_float_t v, const Json::string_t&) { return add(JsonValue::Kind::floating).floating_ = v, true; }
-  bool string(Json::string_t& v) { return add(JsonValue::Kind::string).text_ = std::move(v), true; }
+  bool string(Json::string_t& v) { return add(JsonValue::Kind::string).rest_->text = std::move(v), true; }
   bool binary(Json::binary_t&) { throw JsonError("binary values are not JSON"); }
   bool start_object(std::size_t) { return open(JsonValue::Kind::object); }
   bool key(Json::string_t& k) { return key_ = std::move(k), true; }
@@ -38,20 +54,23 @@ class JsonBuilder {
 
  private:
   JsonValue& add(JsonValue::Kind kind) {
+    if (++values_ > max_values_) throw JsonError("holds more than " + std::to_string(max_values_) + " values");
     JsonValue* v = &root_;
     if (!open_.empty()) {
-      JsonValue& c = *open_.back();
-      if (c.kind_ == JsonValue::Kind::object) c.keys_.push_back(std::move(key_));
-      v = &c.items_.emplace_back();
+      JsonValue::Rest& c = *open_.back()->rest_;
+      if (open_.back()->kind_ == JsonValue::Kind::object) c.keys.push_back(std::move(key_));
+      v = &c.items.emplace_back();
     }
     v->kind_ = kind;
+    if (kind == JsonValue::Kind::string || kind == JsonValue::Kind::array || kind == JsonValue::Kind::object)
+      v->rest_ = std::make_unique<JsonValue::Rest>();
     return *v;
   }
   bool open(JsonValue::Kind kind) {
     if (open_.size() >= static_cast<std::size_t>(kMaxJsonDepth)) {
       std::string where;
       for (const JsonValue* c : open_)
-        if (c->kind_ == JsonValue::Kind::object && !c->keys_.empty()) where += (where.empty() ? "" : ".") + c->keys_.back();
+        if (c->kind_ == JsonValue::Kind::object && !c->rest_->keys.empty()) where += (where.empty() ? "" : ".") + c->rest_->keys.back();
       throw JsonError("nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" +
                       (where.empty() ? std::string() : " (under \"" + where.substr(0, 100) + "\")"));
     }
@@ -61,31 +80,34 @@ class JsonBuilder {
     return true;
   }
   // Keys sorted, the last of a repeated key kept (as nlohmann::json and Python's json read them).
-  static void sort_members(JsonValue& obj) {
-    const std::size_t n = obj.keys_.size();
+  static void sort_members(JsonValue& value) {
+    JsonValue::Rest& obj = *value.rest_;
+    const std::size_t n = obj.keys.size();
     std::vector<std::size_t> order(n);
     std::iota(order.begin(), order.end(), std::size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return obj.keys_[a] < obj.keys_[b]; });
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return obj.keys[a] < obj.keys[b]; });
     std::vector<std::string> keys;
     std::vector<JsonValue> items;
     keys.reserve(n), items.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      if (i + 1 < n && obj.keys_[order[i]] == obj.keys_[order[i + 1]]) continue;
-      keys.push_back(std::move(obj.keys_[order[i]]));
-      items.push_back(std::move(obj.items_[order[i]]));
+      if (i + 1 < n && obj.keys[order[i]] == obj.keys[order[i + 1]]) continue;
+      keys.push_back(std::move(obj.keys[order[i]]));
+      items.push_back(std::move(obj.items[order[i]]));
     }
-    obj.keys_ = std::move(keys);
-    obj.items_ = std::move(items);
+    obj.keys = std::move(keys);
+    obj.items = std::move(items);
   }
 
   JsonValue& root_;
   std::vector<JsonValue*> open_;
   std::string key_;
+  std::size_t max_values_;
+  std::size_t values_ = 0;
 };
 
-JsonValue parse_json(std::string_view text) {
+JsonValue parse_json(std::string_view text, std::size_t max_values) {
   JsonValue root;
-  JsonBuilder builder(root);
+  JsonBuilder builder(root, max_values);
   nlohmann::json::sax_parse(text.begin(), text.end(), &builder);
   return root;
 }
@@ -114,8 +136,9 @@ std::optional<double> JsonValue::as_double() const {
 
 const JsonValue* JsonValue::find(std::string_view key) const {
   if (kind_ != Kind::object) return nullptr;
-  const auto it = std::lower_bound(keys_.begin(), keys_.end(), key);
-  return it != keys_.end() && *it == key ? &items_[static_cast<std::size_t>(it - keys_.begin())] : nullptr;
+  const std::vector<std::string>& keys = rest_->keys;
+  const auto it = std::lower_bound(keys.begin(), keys.end(), key);
+  return it != keys.end() && *it == key ? &rest_->items[static_cast<std::size_t>(it - keys.begin())] : nullptr;
 }
 
 std::string json_quote(const std::string& s) {
@@ -159,17 +182,18 @@ std::string scalar_text(const JsonValue& v) {
 
 std::string JsonValue::brief() const {
   if (!is_array() && !is_object()) return scalar_text(*this);
-  const bool all_scalars = std::none_of(items_.begin(), items_.end(), [](const JsonValue& v) { return v.is_array() || v.is_object(); });
-  if (all_scalars && items_.size() <= 16) {
+  const std::vector<JsonValue>& items = rest_->items;
+  const bool all_scalars = std::none_of(items.begin(), items.end(), [](const JsonValue& v) { return v.is_array() || v.is_object(); });
+  if (all_scalars && items.size() <= 16) {
     std::string t = is_array() ? "[" : "{";
-    for (std::size_t i = 0; i < items_.size() && t.size() <= kBrief; ++i) {
+    for (std::size_t i = 0; i < items.size() && t.size() <= kBrief; ++i) {
       if (i > 0) t += ",";
-      if (is_object()) t += json_quote(keys_[i]) + ":";
-      t += items_[i].brief();
+      if (is_object()) t += json_quote(rest_->keys[i]) + ":";
+      t += items[i].brief();
     }
     if (t.size() <= kBrief) return t + (is_array() ? "]" : "}");
   }
-  return std::string(is_array() ? "an array" : "an object") + " of " + std::to_string(items_.size()) + " element(s)";
+  return std::string(is_array() ? "an array" : "an object") + " of " + std::to_string(items.size()) + " element(s)";
 }
 
 }  // namespace simdattn::detail

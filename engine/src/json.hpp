@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -17,8 +18,13 @@ namespace simdattn::detail {
 
 // Nesting deeper than this is refused (published files nest a few levels).
 inline constexpr int kMaxJsonDepth = 64;
+// A document of more values than this is refused (a value takes 24 bytes, plus its text or
+// elements: so a document costs at most a few hundred MiB; a checkpoint header with a million
+// tensors holds about 10 million).
+inline constexpr std::size_t kMaxJsonValues = std::size_t{1} << 24;
 
-// Text that is not JSON, or nests deeper than kMaxJsonDepth; what() says where.
+// Text that is not JSON, nests deeper than kMaxJsonDepth or holds more than kMaxJsonValues
+// values; what() says where.
 struct JsonError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
@@ -26,6 +32,11 @@ struct JsonError : std::runtime_error {
 class JsonValue {
  public:
   enum class Kind : std::uint8_t { null, boolean, integer, unsigned_integer, floating, string, array, object };
+
+  JsonValue();
+  JsonValue(JsonValue&&) noexcept;
+  JsonValue& operator=(JsonValue&&) noexcept;
+  ~JsonValue();  // frees its elements by recursion bounded by kMaxJsonDepth, allocating nothing
 
   Kind kind() const { return kind_; }
   bool is_null() const { return kind_ == Kind::null; }
@@ -44,13 +55,13 @@ class JsonValue {
   // Any number as a double (finite: the parser refuses overflowing ones); nullopt otherwise.
   std::optional<double> as_double() const;
   bool boolean() const { return boolean_; }  // is_boolean() only
-  const std::string& string() const { return text_; }  // is_string() only
+  const std::string& string() const;         // is_string() only
 
   // Array elements or object members.
-  std::size_t size() const { return items_.size(); }
-  const JsonValue& operator[](std::size_t i) const { return items_[i]; }  // i < size()
+  std::size_t size() const;
+  const JsonValue& operator[](std::size_t i) const;  // i < size()
   // Object members, sorted by key, one per key (a repeated key: the last one written).
-  const std::string& key(std::size_t i) const { return keys_[i]; }
+  const std::string& key(std::size_t i) const;  // is_object(), i < size()
   const JsonValue* find(std::string_view key) const;  // nullptr: absent or not an object
 
   // For error messages: a scalar as JSON text, an array or object of scalars the same way when
@@ -59,19 +70,21 @@ class JsonValue {
 
  private:
   friend class JsonBuilder;
+  struct Rest;  // a string's text, an array's or object's elements and keys
   Kind kind_ = Kind::null;
   bool boolean_ = false;
-  std::int64_t integer_ = 0;
-  std::uint64_t unsigned_ = 0;
-  double floating_ = 0.0;
-  std::string text_;               // string
-  std::vector<JsonValue> items_;   // array elements, object values
-  std::vector<std::string> keys_;  // object keys, parallel to items_
+  union {
+    std::int64_t integer_;
+    std::uint64_t unsigned_;
+    double floating_ = 0.0;
+  };
+  std::unique_ptr<Rest> rest_;  // strings, arrays and objects only
 };
 
 // Parses one JSON value from `text` (nothing but whitespace after it). JsonError when it is not
-// JSON or nests deeper than kMaxJsonDepth; std::bad_alloc passes through.
-JsonValue parse_json(std::string_view text);
+// JSON, nests deeper than kMaxJsonDepth or holds more than `max_values` values; std::bad_alloc
+// passes through.
+JsonValue parse_json(std::string_view text, std::size_t max_values = kMaxJsonValues);
 
 // `s` as a JSON string literal, quotes included. JsonError when `s` is not UTF-8.
 std::string json_quote(const std::string& s);
