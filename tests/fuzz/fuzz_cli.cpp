@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,8 @@ int setup() {
   char dir[] = "/tmp/simdattn_fuzz_cli_XXXXXX";
   const int cwd = ::open(".", O_RDONLY | O_DIRECTORY);
   if (::mkdtemp(dir) == nullptr || cwd < 0 || ::chdir(dir) != 0) std::abort();
+  static const std::string made = dir;
+  std::atexit([] { std::filesystem::remove_all(made); });
   write_f32("q.npy", {1, 2, 5, 4}, 0.1f), write_f32("k.npy", {1, 2, 6, 4}, 0.2f), write_f32("v.npy", {1, 2, 6, 4}, 0.3f);
   write_f32("x.npy", {1, 3, 8}, 0.1f);
   simdattn::NpyArray mask;  // [Sq, Sk] booleans

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <string>
@@ -66,6 +67,7 @@ bool setup() {
   char d[] = "/tmp/simdattn_fuzz_model_XXXXXX";
   if (::mkdtemp(d) == nullptr) std::abort();
   dir = d;
+  std::atexit([] { std::filesystem::remove_all(dir); });
   write_shards();
   return true;
 }
