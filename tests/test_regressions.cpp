@@ -147,6 +147,19 @@ TEST_CASE("KV cache: a step that exactly fills the capacity succeeds; one token 
   const MultiHeadAttention layer(MhaConfig{.d_model = d, .heads = 2}, w);
   const std::vector<float> x = normal(rng, std::size_t(4 * d), 1.f);
   std::vector<float> y(x.size());
+  // First, two sequences, the first full and the second not: a step is refused for the first.
+  // (Were the bound off by one, the first sequence's extra row would land inside the cache, in
+  // the next head's first row: this REQUIRE then ends the case with a failed assertion before
+  // the single-sequence steps below would write past the buffer.)
+  KvCache two(layer, 2, 4);
+  std::vector<float> x2(static_cast<std::size_t>(2 * 4 * d)), y2(x2.size());
+  for (std::size_t i = 0; i < x2.size(); ++i) x2[i] = x[i % x.size()];
+  layer.forward(ConstSeqView(x2.data(), 2, 4, d), two, SeqView(y2.data(), 2, 4, d));
+  two.truncate(1, 2);
+  REQUIRE_THROWS_WITH_AS(layer.forward(ConstSeqView(x2.data(), 2, 1, d), two, SeqView(y2.data(), 2, 1, d)),
+                         doctest::Contains("capacity"), Error);
+  CHECK(two.lengths()[0] == 4);
+  CHECK(two.lengths()[1] == 2);
   for (std::int64_t first : {4, 3}) {  // one step of 4 tokens, or 3 then 1
     CAPTURE(first);
     KvCache cache(layer, 1, 4);

@@ -75,8 +75,9 @@ def run(cmd, log, timeout=None):
 
 
 def first_failure(log):
-    """The first test ctest reported failed in the log's last run, for the table."""
+    """The first test ctest reported failed in the log's last command, for the table."""
     text = open(log, encoding="utf-8", errors="replace").read()
+    text = text[text.rfind("\n$ "):]
     found = re.findall(r"Test +#\d+: (.+?) \.+\*+(?:Failed|Timeout|Exception)", text)
     return found[0].strip()[:60] if found else ""
 
@@ -110,7 +111,8 @@ def main():
     cfg = ["cmake", "-S", ROOT, "-B", args.build, "-DCMAKE_BUILD_TYPE=Release", "-DSIMDATTN_BUILD_PERF=OFF"]
     build = ["cmake", "--build", args.build, "-j", str(args.jobs)]
     # stage 1: all but the per-ISA reruns; stage 2: those (the longest, and the same cases again)
-    ctest = ["ctest", "--test-dir", args.build, "-j", str(args.jobs), "--timeout", "600", "--stop-on-failure"]
+    ctest = ["ctest", "--test-dir", args.build, "-j", str(args.jobs), "--timeout", "600", "--stop-on-failure",
+             "--output-on-failure"]
     stages = [ctest + ["-E", "^attention_on_"], ctest + ["-R", "^attention_on_"]]
     print(f"mutate.py: building the unmutated tree in {args.build} (log: {log})", flush=True)
     if run(cfg, log) or run(build, log):
