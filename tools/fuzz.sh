@@ -40,7 +40,7 @@ for target in $TARGETS; do
     "$BUILD/tests/fuzz/fuzz_$target" "${limit[@]}" "${dict[@]}" -timeout=1 -rss_limit_mb=2048 \
     -print_final_stats=1 -artifact_prefix="$BUILD/" "$BUILD/corpus/$target" "$ROOT/tests/fuzz/corpus/$target" \
     >"$BUILD/fuzz_$target.log" 2>&1 || status=$?
-  grep -E "^(#[0-9]+ +DONE|INFO: seed corpus|stat::number_of_executed_units|stat::average_exec|==[0-9]+==ERROR|SUMMARY)" \
+  grep -E "^(#[0-9]+[[:space:]]+DONE|INFO: seed corpus|stat::number_of_executed_units|stat::average_exec|==[0-9]+==ERROR|SUMMARY)" \
     "$BUILD/fuzz_$target.log" || true
   grep -oE "cov: [0-9]+ ft: [0-9]+" "$BUILD/fuzz_$target.log" | tail -1 || true
   ((status == 0)) || { echo "fuzz.sh: fuzz_$target failed, see $BUILD/fuzz_$target.log (input saved under $BUILD/)" >&2; exit 1; }
