@@ -103,14 +103,17 @@ long count(Fn&& fn) {
   return allocations.load();
 }
 
+// k values drawn from N(0, sd).
+std::vector<float> random_values(std::mt19937& rng, std::int64_t k, float sd) {
+  std::normal_distribution<float> n(0.f, sd);
+  std::vector<float> x(static_cast<std::size_t>(k));
+  for (float& e : x) e = n(rng);
+  return x;
+}
+
 MhaWeights<float> random_weights(std::int64_t d, std::int64_t nq, std::int64_t nkv) {
   std::mt19937 rng(5);
-  std::normal_distribution<float> n(0.f, 0.2f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (float& e : x) e = n(rng);
-    return x;
-  };
+  auto v = [&](std::int64_t k) { return random_values(rng, k, 0.2f); };
   return {v(nq * d), v(nkv * d), v(nkv * d), v(d * nq), v(nq), v(nkv), v(nkv), v(d)};
 }
 
@@ -263,12 +266,7 @@ struct Files {
   Files() {
     std::filesystem::create_directories(model);
     std::mt19937 rng(11);
-    std::normal_distribution<float> n(0.f, 0.3f);
-    auto values = [&](std::int64_t k) {
-      std::vector<float> v(static_cast<std::size_t>(k));
-      for (float& e : v) e = n(rng);
-      return v;
-    };
+    auto values = [&](std::int64_t k) { return random_values(rng, k, 0.3f); };
     // two layers, d 16, 4 heads of 8, 2 kv heads; layer 0 in shard 1, layer 1 in shard 2
     std::vector<std::vector<float>> keep;
     std::map<std::string, SafetensorsTensor> shard[2];

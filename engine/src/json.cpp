@@ -32,7 +32,9 @@ const std::string& JsonValue::key(std::size_t i) const { return rest_->keys[i]; 
 class JsonBuilder {
  public:
   using Json = nlohmann::json;
-  JsonBuilder(JsonValue& root, std::size_t max_values) : root_(root), max_values_(max_values) {}
+  JsonBuilder(JsonValue& root, std::size_t max_values) : root_(root), max_values_(max_values) {
+    open_.reserve(kMaxJsonDepth);  // pushing in open() cannot fail
+  }
 
   bool null() { return (void)add(JsonValue::Kind::null), true; }
   bool boolean(bool v) { return add(JsonValue::Kind::boolean).boolean_ = v, true; }
@@ -74,7 +76,6 @@ class JsonBuilder {
       throw JsonError("nests deeper than " + std::to_string(kMaxJsonDepth) + " levels" +
                       (where.empty() ? std::string() : " (under \"" + where.substr(0, 100) + "\")"));
     }
-    open_.reserve(kMaxJsonDepth);  // (once: pushing below cannot fail)
     JsonValue& v = add(kind);
     open_.push_back(&v);
     return true;

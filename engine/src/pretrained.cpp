@@ -302,7 +302,8 @@ RopeConfig rope_of(const Config& c, std::int64_t head_dim) {
                               std::to_string(head_dim) + " rotates " + std::to_string(r.rotary_dim) +
                               " dimensions (expected an even number >= 2)");
   if (s == nullptr) return r;
-  const Json* type_value = s->find("rope_type") != nullptr ? s->find("rope_type") : s->find("type");
+  const Json* type_value = s->find("rope_type");
+  if (type_value == nullptr) type_value = s->find("type");
   if (type_value == nullptr || !type_value->is_string())
     throw Error(c.path(), "\"" + std::string(key) + "\" needs a string \"rope_type\"");
   const std::string type = type_value->string();

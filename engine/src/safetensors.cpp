@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <functional>
 #include <limits>
-#include <numeric>
 #include <optional>
 #include <string_view>
 #include <utility>
@@ -267,6 +265,8 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
     text += "}";
   }
   std::uint64_t offset = 0;
+  std::vector<std::uint64_t> sizes;  // each tensor's bytes, in the header's (name) order
+  sizes.reserve(tensors.size());
   for (const auto& [name, t] : tensors) {
     if (name == "__metadata__") throw Error(path, "'__metadata__' is reserved and cannot name a tensor");
     const char* dtype = t.dtype == DType::f32    ? "F32"
@@ -300,6 +300,7 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
     text += ',';
     text += std::to_string(end);
     text += "]}";
+    sizes.push_back(bytes);
     offset = end;
   }
   text += "}";
@@ -309,11 +310,10 @@ void write_safetensors(const std::string& path, const std::map<std::string, Safe
   for (int i = 0; i < 8; ++i) image[i] = static_cast<std::byte>((n >> (8 * i)) & 0xff);
   std::memcpy(image.data() + 8, text.data(), text.size());
   std::byte* data = image.data() + 8 + text.size();
+  auto size = sizes.begin();
   for (const auto& [name, t] : tensors) {  // packed in the same order as the header's offsets
-    const std::size_t bytes = dtype_size(t.dtype) * static_cast<std::size_t>(std::accumulate(
-                                  t.shape.begin(), t.shape.end(), std::int64_t{1}, std::multiplies<>()));
-    if (bytes > 0) std::memcpy(data, t.data, bytes);
-    data += bytes;
+    if (*size > 0) std::memcpy(data, t.data, *size);
+    data += *size++;
   }
   detail::write_file_atomic(path, image.data(), image.size());
 }
