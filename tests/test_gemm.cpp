@@ -236,6 +236,69 @@ TEST_CASE("gemm: results are bitwise identical for 1, 2, 3 and 7 threads") {
   }
 }
 
+TEST_CASE("gemm with a pre-packed B in the deep mode: bitwise identical for 1, 2, 3 and 7 threads") {
+  // 7 threads split 400 rows by columns, the others by rows: the deep mode is chosen by the
+  // shape alone, so every count sums in the same order.
+  std::mt19937_64 rng(test::base_seed() + 44);
+  std::normal_distribution<float> nd;
+  const std::int64_t kc = simd::kernels().gemm_f32.blocking.kc, M = 400, N = 517, K = 2 * kc;
+  std::vector<float> a(M * K), b(K * N), bias(N);
+  for (auto& x : a) x = nd(rng);
+  for (auto& x : b) x = nd(rng);
+  for (auto& x : bias) x = nd(rng);
+  const detail::PackedB<float> pb = detail::pack_matrix_b(b.data(), N, K, N);
+  for (const float* c_row : {static_cast<const float*>(nullptr), static_cast<const float*>(bias.data())}) {
+    std::vector<float> ref;
+    for (int t : {1, 2, 3, 7}) {
+      std::vector<float> c(M * N);
+      GemmArgs<float> g;
+      g.M = M, g.N = N, g.K = K, g.A = a.data(), g.lda = K, g.packed_b = &pb, g.C = c.data(), g.ldc = N;
+      g.c_row = c_row;
+      detail::gemm(g, t);
+      if (ref.empty()) ref = c;
+      else CHECK(c == ref);
+    }
+  }
+}
+
+TEST_CASE("gemm: c_row starts every row of C as the given row, in every mode, every ISA") {
+  std::mt19937_64 rng(test::base_seed() + 92);
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    const std::int64_t nr = kt->gemm_f32.blocking.nr, kc = kt->gemm_f32.blocking.kc;
+    // M = 1 (gemv), K = 0, few rows, rows outer, the deep mode; B pre-packed or not
+    for (auto [M, N, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 70, 33}, {5, 7, 0}, {13, 2 * nr + 1, kc + 1},
+                           {400, 3 * nr + 5, 2 * kc}, {400, 2 * nr, kc + 3}})
+      for (bool prepacked : {false, true})
+        for (int threads : {1, 2}) {
+          Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, N, K, 1, 2.f, 1.f);
+          std::vector<float> row(static_cast<std::size_t>(N));
+          for (std::int64_t j = 0; j < N; ++j) row[static_cast<std::size_t>(j)] = float(j % 9) - 4.f;
+          for (std::int64_t i = 0; i < M; ++i)  // the naive product adds to C = the row
+            std::copy(row.begin(), row.end(), p.c.begin() + i * p.g.ldc);
+          const std::vector<float> want = naive(p);
+          std::fill(p.c.begin(), p.c.end(), std::numeric_limits<float>::quiet_NaN());  // never read
+          GemmArgs<float> g = p.g;
+          g.C = p.c.data();
+          g.beta = 5.f;  // unused with c_row
+          g.c_row = row.data();
+          const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, N, kt);
+          if (prepacked) g.B = nullptr, g.packed_b = &pb;
+          detail::gemm(g, threads, kt);
+          bool same = true;
+          for (std::int64_t i = 0; i < M; ++i)
+            for (std::int64_t j = 0; j < N; ++j)
+              if (!(p.c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)])) same = false;
+          CAPTURE(simd::isa_name(kt->isa));
+          CAPTURE(M);
+          CAPTURE(N);
+          CAPTURE(K);
+          CAPTURE(prepacked);
+          CAPTURE(threads);
+          CHECK(same);
+        }
+  }
+}
+
 TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every ISA, 1 and 2 threads") {
   std::mt19937_64 rng(test::base_seed() + 91);
   for (const simd::KernelTable* kt : test::kernel_tables()) {
@@ -244,7 +307,11 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
                               {2, nr, 1}, {13, 2 * nr + 1, kc}, {29, 5 * nr - 3, 2 * kc + 3}, {130, 4 * nr, 40},
                               // enough rows for the rows-outer loops (at 1 thread), over several
                               // depth blocks, and over more columns than any block holds
-                              {400, 3 * nr + 5, 2 * kc + 3}, {400, 4100, 8}}) {
+                              {400, 3 * nr + 5, 2 * kc + 3}, {400, 4100, 8},
+                              // the deep mode (K a multiple of kc, at least 2 blocks; 384+ rows):
+                              // tiles over the whole depth, a short last micro-panel, a narrow
+                              // last panel
+                              {400, 3 * nr + 5, 2 * kc}, {385, nr, 3 * kc}}) {
       // the whole matrix and a range of panels starting at panel 1
       for (std::int64_t col : {std::int64_t{0}, nr}) {
         if (col >= Ntot) continue;

@@ -107,13 +107,17 @@ constexpr std::int64_t kBInPlaceMaxRowBytes = 4096;
 // Columns of B per packed block: the table's nc, fewer if the kc x nc block (kc = min(K, the
 // table's kc)) would not fit in half of this CPU's L2, where it stays while every A micro-panel
 // sweeps it.
-template <class T>
-int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
+long l2_bytes() {
   static const long l2 = [] {
     const long n = sysconf(_SC_LEVEL2_CACHE_SIZE);
     return n > 0 ? n : 1L << 20;  // unknown: assume 1 MiB
   }();
-  const long cols = l2 / 2 / (std::min<long>(bs.kc, K) * static_cast<long>(sizeof(T)));
+  return l2;
+}
+
+template <class T>
+int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
+  const long cols = l2_bytes() / 2 / (std::min<long>(bs.kc, K) * static_cast<long>(sizeof(T)));
   return static_cast<int>(std::clamp<long>(cols / bs.nr * bs.nr, bs.nr, bs.nc));
 }
 
@@ -123,12 +127,24 @@ int fit_nc(const simd::GemmBlocking& bs, std::int64_t K) {
 // rows: columns outer faster) and mha/native/gpt-layer (1024 rows: rows outer faster).
 constexpr std::int64_t kPrepackedRowsOuterMin = 384;
 
+// Deep mode: a pre-packed B at least kDeepMinBlocks depth blocks deep, times at least
+// kDeepMinRows rows of A, runs each tile over the whole depth (GemmUkernelDeep), so C is written
+// once instead of read and written once per depth block: 1024 x 3072 x 2048 at two threads, the
+// llama layer's q|k|v projection, 307-316 GFLOP/s against 290-294 (guarded by
+// mha/native/llama-layer and mha/native/gpt-layer).
+constexpr std::int64_t kDeepMinBlocks = 2;
+constexpr std::int64_t kDeepMinRows = 384;
+// Rows of A packed over all of K at a time in deep mode (at most this many bytes); the B blocks
+// are read again for every such chunk.
+constexpr std::int64_t kDeepMaxABytes = std::int64_t{8} << 20;
+
 // Which micro-kernel the driver runs, its blocking and loop order, whether A or B is read in
 // place. nt: the threads that will split the rows.
 template <class T>
 struct Mode {
   simd::GemmBlocking bs;
   bool a_in_place, b_in_place, rows_outer;
+  bool deep = false;
   Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int nt)
       : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kAInPlaceMaxCols ? gk.blocking_a_in_place
                                                                                       : gk.blocking),
@@ -139,8 +155,26 @@ struct Mode {
         rows_outer(!a_in_place && !b_in_place && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)) {
     if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
     if (b_in_place) bs.kc = bs.kc_b_in_place;
+    // (not on nt: which mode runs decides the order of the sums, and every thread count must give
+    // the same bits)
+    deep = g.packed_b != nullptr && g.M >= kDeepMinRows && g.K % bs.kc == 0 && g.K >= kDeepMinBlocks * bs.kc;
   }
 };
+
+// Deep mode's columns per block: the K x nc block of B fills half of this CPU's L2, where it
+// stays while the rows' micro-panels sweep it.
+template <class T>
+std::int64_t deep_nc(const simd::GemmBlocking& bs, std::int64_t K) {
+  const std::int64_t cols = l2_bytes() / 2 / (K * static_cast<std::int64_t>(sizeof(T)));
+  return std::max<std::int64_t>(bs.nr, cols / bs.nr * bs.nr);
+}
+
+// Deep mode's rows of A per packed chunk (a multiple of mr).
+template <class T>
+std::int64_t deep_chunk_rows(const simd::GemmBlocking& bs, std::int64_t rows, std::int64_t K) {
+  const std::int64_t cap = std::max<std::int64_t>(bs.mr, kDeepMaxABytes / (K * static_cast<std::int64_t>(sizeof(T))) / bs.mr * bs.mr);
+  return std::min((rows + bs.mr - 1) / bs.mr * bs.mr, cap);
+}
 
 // True if the driver makes a single pass over B: one kc x nc block (kc and nc as the mode
 // blocks them), so a thread that has packed it can run any rows with it.
@@ -287,6 +321,50 @@ void pass_rows_outer(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const s
   }
 }
 
+// Deep mode over rows [i_begin, i_end): chunks of rows of A packed over all of K into this
+// thread's deep buffer; for each K x nc block of the pre-packed B, every micro-panel of the
+// chunk sweeps its panels, each tile over the whole depth. Narrow edge tiles go through `tile`.
+template <class T>
+void pass_deep(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd::VectorKernels<T>& vk,
+               const Mode<T>& mode, std::int64_t i_begin, std::int64_t i_end, T* tile) {
+  const simd::GemmBlocking& bs = mode.bs;
+  const int mr = bs.mr, nr = bs.nr;
+  const PackedB<T>& pb = *g.packed_b;
+  const std::int64_t nc = deep_nc<T>(bs, g.K), chunk = deep_chunk_rows<T>(bs, i_end - i_begin, g.K);
+  const std::int64_t block_stride = pb.kc * pb.Np;
+  T* Ap = thread_buffer<T, Scratch::gemm_deep_a>().get(static_cast<std::size_t>(chunk * g.K));
+  for (std::int64_t ic = i_begin; ic < i_end; ic += chunk) {
+    const std::int64_t mc = std::min(chunk, i_end - ic);
+    pack_a(g, vk, ic, mc, 0, g.K, mr, Ap);
+    for (std::int64_t jc = 0; jc < g.N; jc += nc) {
+      const std::int64_t jend = std::min(g.N, jc + nc);
+      for (std::int64_t ir = 0; ir < mc; ir += mr) {
+        const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
+        const T* a = Ap + ir * g.K;
+        if (g.c_row != nullptr)  // C's rows start as c_row just before their tiles add to them
+          for (std::int64_t r = 0; r < m; ++r)
+            std::memcpy(g.C + (ic + ir + r) * g.ldc + jc, g.c_row + jc, sizeof(T) * static_cast<std::size_t>(jend - jc));
+        const T beta = g.c_row != nullptr ? T(1) : g.beta;
+        for (std::int64_t j = jc; j < jend; j += nr) {
+          const std::int64_t n = std::min<std::int64_t>(nr, g.N - j);
+          const T* b = pb.panel(g.b_col + j, 0);
+          T* c = g.C + (ic + ir) * g.ldc + j;
+          if (n == nr) {
+            gk.ukernel_deep[m](g.K, pb.kc, a, b, block_stride, c, g.ldc, g.alpha, beta);
+            continue;
+          }
+          gk.ukernel_deep[m](g.K, pb.kc, a, b, block_stride, tile, nr, T(1), T(0));
+          for (std::int64_t r = 0; r < m; ++r)
+            for (std::int64_t q = 0; q < n; ++q) {
+              T& cij = c[r * g.ldc + q];
+              cij = beta == T(0) ? g.alpha * tile[r * nr + q] : g.alpha * tile[r * nr + q] + beta * cij;
+            }
+        }
+      }
+    }
+  }
+}
+
 // The loops over rows [i_begin, i_end) of C (a multiple of mr apart, except at M). Bp receives
 // each kc x nc block of B, Aws the packed A; both are the calling thread's own. With
 // b_ready, B is one block (single_block) that this thread's Bp already holds, packed; with
@@ -298,6 +376,10 @@ void gemm_rows(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
   const simd::GemmBlocking& bs = mode.bs;
   const Extents<T> ex(g, bs);
   T* tile = Aws + ex.mc * ex.kc;
+  if (mode.deep) {
+    pass_deep(g, gk, vk, mode, i_begin, i_end, tile);
+    return;
+  }
   for (std::int64_t jc = 0; jc < g.N; jc += bs.nc) {
     const std::int64_t nc = std::min<std::int64_t>(bs.nc, g.N - jc);
     const std::int64_t panels = (nc + bs.nr - 1) / bs.nr;
@@ -398,6 +480,7 @@ void split_columns(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const s
     part.B = g.trans_b == Trans::N ? g.B + j0 : g.B + j0 * g.ldb;
     part.b_col = g.b_col + j0;
     part.C = g.C + j0;
+    if (g.c_row != nullptr) part.c_row = g.c_row + j0;
     return part;
   };
   RegionFailure failure;
@@ -436,11 +519,21 @@ void split_columns(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const s
 
 }  // namespace
 
+// C's rows set to g.c_row (the driver then adds to them: beta 1, no c_row).
 template <class T>
-void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
-  if (g.M <= 0 || g.N <= 0) return;
+void fill_c_rows(GemmArgs<T>& g) {
+  for (std::int64_t i = 0; i < g.M; ++i) std::memcpy(g.C + i * g.ldc, g.c_row, sizeof(T) * static_cast<std::size_t>(g.N));
+  g.c_row = nullptr;
+  g.beta = T(1);
+}
+
+template <class T>
+void gemm(const GemmArgs<T>& args, int threads, const simd::KernelTable* kt) {
+  if (args.M <= 0 || args.N <= 0) return;
+  GemmArgs<T> g = args;
   if (g.K <= 0 || g.alpha == T(0)) {
-    scale_c(g);
+    if (g.c_row != nullptr) fill_c_rows(g);
+    else scale_c(g);
     return;
   }
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
@@ -452,6 +545,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
       throw std::logic_error("gemm: the pre-packed B does not match this call or ISA");
   }
   if (g.M == 1) {
+    if (g.c_row != nullptr) fill_c_rows(g);
     gemv(g, gk, threads);
     return;
   }
@@ -460,6 +554,7 @@ void gemm(const GemmArgs<T>& g, int threads, const simd::KernelTable* kt) {
                                                                       flops / kMinFlopsPerThread),
                                                      1.0, 1e6));
   const Mode<T> mode(g, gk, nt);
+  if (g.c_row != nullptr && !mode.deep) fill_c_rows(g);  // (deep mode fills them tile row by tile row)
   // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5); columns
   // split evenly (guarded by gemm/native/128x768x768/t2 and mha/native/bert-layer/t2).
   if (nt == 1 || (g.M + mode.bs.mr - 1) / mode.bs.mr >= 8 * nt) split_rows(g, gk, vk, mode, nt);
@@ -481,6 +576,11 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   }
   thread_buffer<T, Scratch::gemm_packed_b>().get(b);
   thread_buffer<T, Scratch::gemm_packed_a>().get(a);
+  // Deep mode (a pre-packed B, rows outer): a chunk of rows packed over a depth of up to K.
+  const std::int64_t k_blocks = g.K / gk.blocking.kc * gk.blocking.kc;
+  if (g.M >= kDeepMinRows && k_blocks >= kDeepMinBlocks * gk.blocking.kc)
+    thread_buffer<T, Scratch::gemm_deep_a>().get(
+        static_cast<std::size_t>(deep_chunk_rows<T>(gk.blocking, g.M, kDeepMinBlocks * gk.blocking.kc) * k_blocks));
 }
 
 template <class T>

@@ -72,6 +72,9 @@ struct GemmArgs {
   T beta = T(0);         // beta == 0 never reads C
   T* C = nullptr;        // M x N, leading dimension ldc
   std::int64_t ldc = 0;
+  // If set: C := alpha op(A) op(B) + c_row on every row (N values; a bias), beta unused. The deep
+  // mode writes each row's c_row just before its tiles add to it, not all of C up front.
+  const T* c_row = nullptr;
   // Pre-packed B (B, ldb and trans_b unused): op(B) is columns [b_col, b_col + N) of it, b_col a
   // multiple of its nr; it must have been packed for the ISA the call runs on.
   const PackedB<T>* packed_b = nullptr;

@@ -103,10 +103,7 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
     g.A = x, g.lda = ldx;
     g.packed_b = &w, g.b_col = col;
     g.C = y, g.ldc = ldy;
-    if (bias != nullptr) {
-      for (std::int64_t m = 0; m < M; ++m) std::memcpy(y + m * ldy, bias, sizeof(T) * N);
-      g.beta = T(1);
-    }
+    g.c_row = bias;
     detail::gemm(g, threads);
   }
 }

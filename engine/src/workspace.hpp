@@ -47,6 +47,7 @@ struct AlignedBuffer {
 enum class Scratch : int {
   gemm_packed_b,        // the GEMM's packed B block
   gemm_packed_a,        // the GEMM's packed A block and an edge tile
+  gemm_deep_a,          // the GEMM's deep mode: a chunk of rows of A packed over all of K
   gemm_widened_a,       // the 16-bit GEMM: rows of A widened to f32 before packing
   gemm_widened_b,       // the 16-bit GEMM: one kc x nr panel of B widened to f32 for a tall block
   gemm_amx_a,           // the 16-bit GEMM on AMX: 32 rows of A at one depth block, as tiles

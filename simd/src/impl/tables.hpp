@@ -112,6 +112,8 @@ GemmKernels<T> make_gemm_kernels() {
           [](auto m) { return &gemm_ukernel_b_in_place<Arch, T, decltype(m)::value, NV, MR>; }),
       .ukernel_pf = rows_table<GemmUkernelPf<T>, MR>(
           [](auto m) { return &gemm_ukernel_pf<Arch, T, decltype(m)::value, NV, MR>; }),
+      .ukernel_deep = rows_table<GemmUkernelDeep<T>, MR>(
+          [](auto m) { return &gemm_ukernel_deep<Arch, T, decltype(m)::value, NV, MR>; }),
       .blocking_a_in_place = {.mr = AMR,
                           .nr = ANV * W,
                           .lanes = W,

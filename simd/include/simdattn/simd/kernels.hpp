@@ -48,6 +48,14 @@ template <class T>
 using GemmUkernelPf = void (*)(std::int64_t kc, const T* Ap, const T* Bp, std::int64_t ldb, T* C, std::int64_t ldc,
                                T alpha, T beta, const void* pf, std::int64_t pf_lines);
 
+// The packed-A, pre-packed-B tile over the whole depth K in one call: Ap holds all K steps (as
+// GemmUkernel's), Bp is the panel's first depth block (kc rows of NR values) and depth block q
+// starts at Bp + q * block_stride; K is a multiple of kc. C is written once, not read and
+// written again for every depth block, and both operands stream from L2 (fetched into L1 ahead).
+template <class T>
+using GemmUkernelDeep = void (*)(std::int64_t K, std::int64_t kc, const T* Ap, const T* Bp, std::int64_t block_stride,
+                                 T* C, std::int64_t ldc, T alpha, T beta);
+
 // Cache blocking of the GEMM driver for one ISA and dtype. Each ISA's numbers, and the reasons
 // for them, are in simd/src/kernels_<isa>.cpp.
 struct GemmBlocking {
@@ -76,6 +84,8 @@ struct GemmKernels {
   std::array<GemmUkernel<T>, kMaxMr + 1> ukernel_b_in_place;
   // ukernel, also prefetching the caller's next lines (GemmUkernelPf).
   std::array<GemmUkernelPf<T>, kMaxMr + 1> ukernel_pf;
+  // ukernel over all of a pre-packed B's depth blocks (GemmUkernelDeep).
+  std::array<GemmUkernelDeep<T>, kMaxMr + 1> ukernel_deep;
   GemmBlocking blocking_a_in_place;  // A in place, B packed (mc unused)
   // ukernel_a_in_place[nv][m]: m rows (1..mr) by the first nv vectors (1..nr / lanes) of a packed
   // B panel nr wide, so that the last, narrower columns of C (a head size of 40, the 197th key)
