@@ -15,21 +15,27 @@
 #include <vector>
 
 #include "simdattn/simd/kernels.hpp"
+#include "workspace.hpp"
 
 namespace simdattn::detail {
 
 enum class Trans : std::uint8_t { N, T };
 
-// 64-byte aligned storage for std::vector: packed panels are read with aligned vector loads.
+// 64-byte aligned storage for std::vector (packed panels are read with aligned vector loads),
+// on huge pages when large (allocate_buffer).
 template <class T>
 struct AlignedAllocator {
   using value_type = T;
-  static constexpr std::align_val_t kAlign{64};
   AlignedAllocator() = default;
   template <class U>
   AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
-  T* allocate(std::size_t n) { return static_cast<T*>(::operator new(n * sizeof(T), kAlign)); }
-  void deallocate(T* p, std::size_t) noexcept { ::operator delete(p, kAlign); }
+  T* allocate(std::size_t n) {
+    if (n > std::size_t(-1) / 2 / sizeof(T)) throw std::bad_alloc();
+    void* p = allocate_buffer(n * sizeof(T), true);
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<T*>(p);
+  }
+  void deallocate(T* p, std::size_t n) noexcept { free_buffer(p, n * sizeof(T), true); }
   template <class U>
   bool operator==(const AlignedAllocator<U>&) const noexcept { return true; }
 };
