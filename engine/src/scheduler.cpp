@@ -1,4 +1,5 @@
-// DecodeScheduler (simdattn/scheduler.hpp): request threads take turns running batches.
+// DecodeScheduler (simdattn/scheduler.hpp): the scheduler's thread runs the batches request threads
+// submit.
 #include "simdattn/scheduler.hpp"
 
 #include <algorithm>
@@ -24,9 +25,17 @@ DecodeScheduler::DecodeScheduler(const MultiHeadAttention& layer, const DecodeSc
   if (options.max_batch < 1) throw Error("options.max_batch", "expected >= 1, got 0");
   if (options.max_wait.count() < 0)
     throw Error("options.max_wait", "expected >= 0 us, got " + std::to_string(options.max_wait.count()));
+  runner_ = std::thread([this] { run(); });  // last: everything it reads is set
 }
 
-DecodeScheduler::~DecodeScheduler() = default;
+DecodeScheduler::~DecodeScheduler() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  work_cv_.notify_one();
+  runner_.join();
+}
 
 std::size_t DecodeScheduler::batches() const {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -48,6 +57,7 @@ bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
   if (stop.stop_requested()) return false;
   pending_.push_back(&r);
   if (forming_ && pending_.size() >= forming_want_) forming_cv_.notify_one();  // the batch is full
+  else if (idle_) work_cv_.notify_one();
   {
     lock.unlock();
     // Wakes this thread when a stop is requested while its step is pending (runs here at once if
@@ -61,10 +71,7 @@ bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
       r.cv.notify_one();
     });
     lock.lock();
-    while (!r.done && !r.cancelled) {
-      if (!running_ && !r.taken) run_batch(lock);
-      else r.cv.wait(lock);
-    }
+    while (!r.done && !r.cancelled) r.cv.wait(lock);
     lock.unlock();  // on_stop (which takes the lock) is destroyed first
   }
   if (r.cancelled) return false;
@@ -72,10 +79,21 @@ bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
   return true;
 }
 
-// With the lock held and no batch running: waits (bounded) for the batch to fill, takes the
-// pending steps, runs them unlocked, marks them done.
+// The scheduler's thread: a batch whenever steps are pending, until the destructor.
+void DecodeScheduler::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  for (;;) {
+    idle_ = true;
+    work_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
+    idle_ = false;
+    if (stopping_) return;  // no step is in progress (the destructor's precondition)
+    run_batch(lock);
+  }
+}
+
+// With the lock held: waits (bounded) for the batch to fill, takes the pending steps, runs them
+// unlocked, marks them done.
 void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
-  running_ = true;
   const std::size_t want = std::min(last_batch_, options_.max_batch);
   if (pending_.size() < want) {
     forming_ = true;
@@ -127,8 +145,6 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
   if (!batch.empty()) last_batch_ = batch.size();
   ++batches_;
   steps_run_ += batch.size();
-  running_ = false;
-  if (!pending_.empty()) pending_.front()->cv.notify_one();  // it runs the next batch
 }
 
 }  // namespace simdattn

@@ -4,8 +4,11 @@
 // cache. Steps that are pending together run as one MultiHeadAttention::forward_batch call: the
 // layer's weights are read once for all of them, and each request gets exactly its own output
 // (the same as forward(query, cache, out) alone, within the dtype's rounding of a GEMM of other
-// shape). No thread of its own: the first waiting request thread runs a batch, the others wait for
-// it and the next batch forms from the steps that arrived meanwhile.
+// shape). The scheduler runs every batch on a thread of its own, started by the constructor and
+// joined by the destructor: every batch uses the same team of workers and the same scratch,
+// warm, and the request threads only wait. (When request threads took turns running batches,
+// each batch ran on another thread's cold buffers and sleeping team: a gpt-layer batch of 8
+// steps at 256 cached tokens took 0.93-1.10 ms inside the scheduler against 0.87-0.90 ms now.)
 //
 // Forming a batch: when no batch is running, a pending step starts one at once if the previous
 // batch had no more steps than are pending now (a lone stream is never held back); otherwise it
@@ -20,6 +23,7 @@
 #include <deque>
 #include <mutex>
 #include <stop_token>
+#include <thread>
 
 #include "simdattn/export.hpp"
 #include "simdattn/mha.hpp"
@@ -36,7 +40,7 @@ struct DecodeSchedulerOptions {
 class SIMDATTN_API DecodeScheduler {
  public:
   // The layer must outlive the scheduler. Throws Error("options.max_batch") for max_batch 0,
-  // Error("options.max_wait") for a negative wait.
+  // Error("options.max_wait") for a negative wait, std::system_error if its thread cannot start.
   explicit DecodeScheduler(const MultiHeadAttention& layer, const DecodeSchedulerOptions& options = {});
   DecodeScheduler(const DecodeScheduler&) = delete;
   DecodeScheduler& operator=(const DecodeScheduler&) = delete;
@@ -58,18 +62,22 @@ class SIMDATTN_API DecodeScheduler {
 
  private:
   struct Request;
+  void run();
   void run_batch(std::unique_lock<std::mutex>& lock);
 
   const MultiHeadAttention& layer_;
   DecodeSchedulerOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable forming_cv_;  // the thread forming a batch waits here for it to fill
+  std::condition_variable work_cv_;     // the scheduler's thread waits here, idle, for a step
   std::deque<Request*> pending_;
-  bool running_ = false;           // a thread is forming or running a batch
-  bool forming_ = false;           // ... and waiting for forming_want_ pending steps
+  bool idle_ = false;              // the scheduler's thread waits on work_cv_
+  bool stopping_ = false;          // the destructor asks it to end
+  bool forming_ = false;           // it waits for forming_want_ pending steps
   std::size_t forming_want_ = 0;
   std::size_t last_batch_ = 1;     // steps in the previous batch
   std::size_t batches_ = 0, steps_run_ = 0;
+  std::thread runner_;             // runs every batch (started last, joined first)
 };
 
 }  // namespace simdattn
