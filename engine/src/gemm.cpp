@@ -576,7 +576,8 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   }
   thread_buffer<T, Scratch::gemm_packed_b>().get(b);
   thread_buffer<T, Scratch::gemm_packed_a>().get(a);
-  // Deep mode (a pre-packed B, rows outer): a chunk of rows packed over a depth of up to K.
+  // Deep mode (a pre-packed B, kDeepMinRows rows or more): a chunk of rows packed over a depth of
+  // up to K.
   const std::int64_t k_blocks = g.K / gk.blocking.kc * gk.blocking.kc;
   if (g.M >= kDeepMinRows && k_blocks >= kDeepMinBlocks * gk.blocking.kc)
     thread_buffer<T, Scratch::gemm_deep_a>().get(

@@ -3,9 +3,10 @@
 // Goto/BLIS structure: five loops around the simd/ micro-kernel, with B packed into kc x nr
 // micro-panels (L1) inside an nc-wide block and A packed into mr-row micro-panels inside an
 // mc x kc block (L2); block sizes come from the ISA's table (simd/src/kernels_<isa>.cpp).
-// M == 1 takes a matrix-vector path that streams B once. Threads split C into balanced column
-// (or row) ranges, each run by the serial driver with its own packing buffers; small problems
-// stay on the calling thread.
+// A pre-packed B several depth blocks deep, times many rows, goes deep instead: each register
+// tile runs over the whole depth, so C is written once. M == 1 takes a matrix-vector path that
+// streams B once. Threads split C into balanced column (or row) ranges, each run by the serial
+// driver with its own packing buffers; small problems stay on the calling thread.
 #pragma once
 
 #include <algorithm>
