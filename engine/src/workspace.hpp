@@ -12,11 +12,12 @@
 namespace simdattn::detail {
 
 // Large buffers that ask for it (at least a huge page, 2 MiB) start on a huge-page boundary,
-// span whole huge pages and ask the kernel for transparent huge pages (madvise: THP's "madvise" mode, Debian's
-// default; only advice, so a kernel without THP changes nothing). A layer's pre-packed weights,
-// the GEMM's packed A and the projections span tens of MiB, and with 4 KiB pages their panels,
-// thousands of bytes apart, cost more TLB misses than the caches hide (1024 x 3072 x 2048 over
-// pre-packed B, one thread: 160-162 GFLOP/s on huge pages against 147-153).
+// span whole huge pages and ask the kernel for transparent huge pages (madvise: THP's "madvise"
+// mode, Debian's default; only advice, so a kernel without THP changes nothing). A layer's
+// pre-packed weights, the GEMM's packed A and the projections span tens of MiB, and with 4 KiB
+// pages their panels, thousands of bytes apart, cost more TLB misses than the caches hide
+// (1024 x 3072 x 2048 over pre-packed B, one thread: 160-162 GFLOP/s on huge pages against
+// 147-153).
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 inline bool on_huge_pages(std::size_t bytes, bool huge) noexcept { return huge && bytes >= kHugePage; }
