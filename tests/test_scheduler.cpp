@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <random>
 #include <stop_token>
 #include <string>
@@ -270,4 +272,57 @@ TEST_CASE("DecodeScheduler: requests cancelled at random either ran whole or lef
   CHECK(ran + cancelled == kStreams * kSteps);
   CHECK(scheduler.steps_run() == static_cast<std::size_t>(ran.load()));
   MESSAGE(ran.load(), " ran, ", cancelled.load(), " cancelled");
+}
+
+TEST_CASE("DecodeScheduler: a batch forming for a step that is then cancelled runs nothing and does not hold up the destructor") {
+  std::mt19937_64 rng(test::base_seed() + 66);
+  const MultiHeadAttention layer = random_layer(rng, false);
+  constexpr std::int64_t kLong = 3000;  // a long prefill: the scheduler's thread is busy with it a while
+  const std::vector<float> prompt = tokens(rng, kLong), x = tokens(rng, 1);
+  // Two single steps submitted while the prefill runs make the next batch two steps, so a third
+  // step alone waits for a second one (up to max_wait) before its batch runs. Returns false if the
+  // two did not land in one batch (the timing of the threads decides), to try again.
+  auto run = [&](std::chrono::microseconds max_wait, bool destroy_while_forming) {
+    auto scheduler = std::make_unique<DecodeScheduler>(layer, DecodeSchedulerOptions{.max_wait = max_wait});
+    KvCache big(layer, 1, kLong), a(layer, 1, 4), b(layer, 1, 4);
+    std::vector<float> y_big(prompt.size()), ya(x.size()), yb(x.size());
+    std::thread t0([&] { scheduler->step({ConstSeqView(prompt.data(), 1, kLong, kD), &big, SeqView(y_big.data(), 1, kLong, kD)}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    std::thread t1([&] { scheduler->step({ConstSeqView(x.data(), 1, 1, kD), &a, SeqView(ya.data(), 1, 1, kD)}); });
+    std::thread t2([&] { scheduler->step({ConstSeqView(x.data(), 1, 1, kD), &b, SeqView(yb.data(), 1, 1, kD)}); });
+    t0.join(), t1.join(), t2.join();
+    if (scheduler->batches() != 2) return false;
+    std::stop_source stop;
+    std::vector<float> y(x.size(), -7.f);
+    bool ran = false;
+    std::thread t3([&] {
+      ran = scheduler->step({ConstSeqView(x.data(), 1, 1, kD), &a, SeqView(y.data(), 1, 1, kD)}, stop.get_token());
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its batch is forming
+    stop.request_stop();
+    t3.join();
+    // It ran at once: the batch before held the prefill and one step (the scheduler's thread took
+    // the prefill late), not the two single steps.
+    if (ran) return false;
+    CHECK(a.lengths()[0] == 1);
+    CHECK(y[0] == -7.f);
+    if (destroy_while_forming) {
+      const auto t = std::chrono::steady_clock::now();
+      scheduler.reset();
+      // (before the fix, it waited out the whole max_wait of 60 s)
+      CHECK(std::chrono::steady_clock::now() - t < std::chrono::seconds(30));
+    } else {
+      std::this_thread::sleep_for(2 * max_wait);  // the forming wait ends with nothing pending
+      CHECK(scheduler->batches() == 2);  // no empty batch ran
+      CHECK(scheduler->steps_run() == 3);
+    }
+    return true;
+  };
+  for (bool destroy : {true, false}) {
+    CAPTURE(destroy);
+    bool done = false;
+    for (int attempt = 0; attempt < 10 && !done; ++attempt)
+      done = run(destroy ? std::chrono::microseconds(60'000'000) : std::chrono::microseconds(100'000), destroy);
+    CHECK(done);
+  }
 }

@@ -577,11 +577,13 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
   thread_buffer<T, Scratch::gemm_packed_b>().get(b);
   thread_buffer<T, Scratch::gemm_packed_a>().get(a);
   // Deep mode (a pre-packed B, kDeepMinRows rows or more): a chunk of rows packed over a depth of
-  // up to K.
-  const std::int64_t k_blocks = g.K / gk.blocking.kc * gk.blocking.kc;
-  if (g.M >= kDeepMinRows && k_blocks >= kDeepMinBlocks * gk.blocking.kc)
-    thread_buffer<T, Scratch::gemm_deep_a>().get(
-        static_cast<std::size_t>(deep_chunk_rows<T>(gk.blocking, g.M, kDeepMinBlocks * gk.blocking.kc) * k_blocks));
+  // up to K, chunk * K' <= min(M * K', max(mr * K', kDeepMaxABytes)) for every deep K' <= K.
+  const std::int64_t k_blocks = g.K / gk.blocking.kc * gk.blocking.kc, mr = gk.blocking.mr;
+  if (g.packed_b != nullptr && g.M >= kDeepMinRows && k_blocks >= kDeepMinBlocks * gk.blocking.kc) {
+    const std::int64_t rows = (g.M + mr - 1) / mr * mr;
+    const std::int64_t cap = std::max(mr * k_blocks, kDeepMaxABytes / static_cast<std::int64_t>(sizeof(T)));
+    thread_buffer<T, Scratch::gemm_deep_a>().get(static_cast<std::size_t>(std::min(rows * k_blocks, cap)));
+  }
 }
 
 template <class T>

@@ -94,7 +94,8 @@ template <class T>
 void gemm(const GemmArgs<T>& args, int threads = 0, const simd::KernelTable* kt = nullptr);
 
 // Grows the calling thread's packing buffers to what a single-threaded gemm of any size up to
-// `bound` (M, N, K each at most bound's) needs, so that such calls allocate nothing. Throws
+// `bound` (M, N, K each at most bound's; B pre-packed if bound's is) needs, so that such calls
+// allocate nothing. Throws
 // std::bad_alloc.
 template <class T>
 void gemm_reserve(const GemmArgs<T>& bound, const simd::KernelTable* kt = nullptr);

@@ -34,6 +34,7 @@ DecodeScheduler::~DecodeScheduler() {
     stopping_ = true;
   }
   work_cv_.notify_one();
+  forming_cv_.notify_one();  // (a batch forming for steps that were cancelled meanwhile)
   runner_.join();
 }
 
@@ -99,7 +100,7 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     forming_ = true;
     forming_want_ = want;
     const auto deadline = std::chrono::steady_clock::now() + options_.max_wait;
-    forming_cv_.wait_until(lock, deadline, [&] { return pending_.size() >= want; });
+    forming_cv_.wait_until(lock, deadline, [&] { return stopping_ || pending_.size() >= want; });
     forming_ = false;
   }
   MhaOptions opt;
@@ -107,6 +108,19 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
   opt.backend = options_.backend;
   std::vector<Request*> batch;
   std::vector<DecodeStep> steps;
+  try {  // room for the whole batch first: nothing below allocates
+    const std::size_t n = std::min(pending_.size(), options_.max_batch);
+    batch.reserve(n);
+    steps.reserve(n);
+  } catch (...) {  // no memory to form a batch: the first pending step fails with it
+    Request* q = pending_.front();
+    pending_.pop_front();
+    q->taken = true;
+    q->error = std::current_exception();
+    q->done = true;
+    q->cv.notify_one();
+    return;
+  }
   for (auto it = pending_.begin(); it != pending_.end() && batch.size() < options_.max_batch;) {
     const bool same_cache = std::any_of(steps.begin(), steps.end(), [&](const DecodeStep& s) {
       return s.cache == (*it)->step->cache;
@@ -129,6 +143,7 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     steps.push_back(*(*it)->step);
     it = pending_.erase(it);
   }
+  if (batch.empty()) return;  // every pending step was cancelled or refused meanwhile
   lock.unlock();
   std::exception_ptr failure;
   try {
@@ -142,7 +157,7 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     q->done = true;
     q->cv.notify_one();
   }
-  if (!batch.empty()) last_batch_ = batch.size();
+  last_batch_ = batch.size();
   ++batches_;
   steps_run_ += batch.size();
 }
