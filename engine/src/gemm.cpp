@@ -215,6 +215,17 @@ void with_packing_buffers(const Extents<T>& ex, const simd::GemmBlocking& bs, Bo
   body(Bp, thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs)));
 }
 
+// The first m x n values of an edge tile (rows nr apart) into C: alpha * tile + beta * C, beta
+// == 0 never reading C.
+template <class T>
+void store_edge_tile(const T* tile, int nr, std::int64_t m, std::int64_t n, T alpha, T beta, T* c, std::int64_t ldc) {
+  for (std::int64_t r = 0; r < m; ++r)
+    for (std::int64_t q = 0; q < n; ++q) {
+      T& cij = c[r * ldc + q];
+      cij = beta == T(0) ? alpha * tile[r * nr + q] : alpha * tile[r * nr + q] + beta * cij;
+    }
+}
+
 // One micro-tile of C at rows i, columns j (m x n valid). Short tiles (m < mr) run the m-row
 // kernel; narrow ones (n < nr) go through `tile`. B's rows are ldb apart.
 template <class T>
@@ -232,12 +243,7 @@ inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const
   else if (b_packed && pf.lines > 0) gk.ukernel_pf[m](kc, a, bp, ldb, out, ldo, alpha, b, pf.at, pf.lines);
   else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
-  if (full) return;
-  for (std::int64_t r = 0; r < m; ++r)
-    for (std::int64_t q = 0; q < n; ++q) {
-      T& cij = c[r * g.ldc + q];
-      cij = beta == T(0) ? g.alpha * tile[r * nr + q] : g.alpha * tile[r * nr + q] + beta * cij;
-    }
+  if (!full) store_edge_tile(tile, nr, m, n, g.alpha, beta, c, g.ldc);
 }
 
 // One pass of the driver: the kc x nc block of B at depth pc and column jc, and how to reach
@@ -354,11 +360,7 @@ void pass_deep(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
             continue;
           }
           gk.ukernel_deep[m](g.K, pb.kc, a, b, block_stride, tile, nr, T(1), T(0));
-          for (std::int64_t r = 0; r < m; ++r)
-            for (std::int64_t q = 0; q < n; ++q) {
-              T& cij = c[r * g.ldc + q];
-              cij = beta == T(0) ? g.alpha * tile[r * nr + q] : g.alpha * tile[r * nr + q] + beta * cij;
-            }
+          store_edge_tile(tile, nr, m, n, g.alpha, beta, c, g.ldc);
         }
       }
     }

@@ -31,10 +31,9 @@ struct AlignedAllocator {
   template <class U>
   AlignedAllocator(const AlignedAllocator<U>&) noexcept {}
   T* allocate(std::size_t n) {
-    if (n > std::size_t(-1) / 2 / sizeof(T)) throw std::bad_alloc();
-    void* p = allocate_buffer(n * sizeof(T), true);
+    T* p = allocate_elements<T>(n, true);
     if (p == nullptr) throw std::bad_alloc();
-    return static_cast<T*>(p);
+    return p;
   }
   void deallocate(T* p, std::size_t n) noexcept { free_buffer(p, n * sizeof(T), true); }
   template <class U>
@@ -95,8 +94,7 @@ void gemm(const GemmArgs<T>& args, int threads = 0, const simd::KernelTable* kt 
 
 // Grows the calling thread's packing buffers to what a single-threaded gemm of any size up to
 // `bound` (M, N, K each at most bound's; B pre-packed if bound's is) needs, so that such calls
-// allocate nothing. Throws
-// std::bad_alloc.
+// allocate nothing. Throws std::bad_alloc.
 template <class T>
 void gemm_reserve(const GemmArgs<T>& bound, const simd::KernelTable* kt = nullptr);
 

@@ -45,6 +45,13 @@ inline void free_buffer(void* p, std::size_t bytes, bool huge) noexcept {
   ::operator delete(p, buffer_alignment(bytes, huge));
 }
 
+// allocate_buffer for n elements of T (nullptr also when n * sizeof(T) would overflow).
+template <class T>
+T* allocate_elements(std::size_t n, bool huge) noexcept {
+  if (n > std::size_t(-1) / 2 / sizeof(T)) return nullptr;
+  return static_cast<T*>(allocate_buffer(n * sizeof(T), huge));
+}
+
 // kHuge: large buffers go on huge pages (allocate_buffer).
 template <class T, bool kHuge = false>
 struct AlignedBuffer {
@@ -60,7 +67,7 @@ struct AlignedBuffer {
   T* get(std::size_t n) {
     if (n > capacity) {
       release();
-      data = n > std::size_t(-1) / 2 / sizeof(T) ? nullptr : static_cast<T*>(allocate_buffer(n * sizeof(T), kHuge));
+      data = allocate_elements<T>(n, kHuge);
       if (data == nullptr) {
         capacity = 0;  // a later, smaller request must not get the freed buffer
         throw std::bad_alloc();
@@ -116,13 +123,13 @@ enum class Scratch : int {
 
 // The slots on huge pages: the GEMM's operands that span many MiB (measured; the attention
 // paths' scratch is not, and would only grow its resident size).
-constexpr bool on_huge_pages(Scratch slot) {
+constexpr bool huge_pages_slot(Scratch slot) {
   return slot == Scratch::gemm_deep_a || slot == Scratch::mha_projection || slot == Scratch::mha_attention_out;
 }
 
 template <class T, Scratch kSlot>
-AlignedBuffer<T, on_huge_pages(kSlot)>& thread_buffer() {
-  thread_local AlignedBuffer<T, on_huge_pages(kSlot)> buffer;
+AlignedBuffer<T, huge_pages_slot(kSlot)>& thread_buffer() {
+  thread_local AlignedBuffer<T, huge_pages_slot(kSlot)> buffer;
   return buffer;
 }
 
