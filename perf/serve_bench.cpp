@@ -9,7 +9,7 @@
 //     run's (the same tokens into the same caches).
 //
 //   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
-//                        [--loads 30,50,70] [--seconds 2] [--json FILE]
+//                        [--loads 30,50,70] [--seconds 2] [--slices 4] [--json FILE]
 //     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
 //     (rate: the load's share of the stand-in's saturation rate, split evenly over the clients);
 //     a request's latency runs from its scheduled arrival to its completion, so a client that
@@ -19,7 +19,8 @@
 //     generator, burns one request's single-thread time (measured in this run) in a plain loop:
 //     what the machine gives a perfectly parallel single-thread workload. For each: saturation
 //     throughput (every client calling back to back) and, at each load, p50/p99/p999 latency and
-//     the achieved rate.
+//     the achieved rate. Each of these measurements runs in `slices` slices of `seconds` / slices,
+//     the servers taking turns slice by slice.
 #include <algorithm>
 #include <condition_variable>
 #include <mutex>
@@ -54,6 +55,7 @@ struct Args {
   int clients = 8;
   std::vector<int> loads{30, 50, 70};
   double seconds = 2.0;
+  int slices = 4;   // load: each measurement's slices, the servers taking turns
   int threads = 0;  // load: each library request's threads
 };
 
@@ -62,7 +64,7 @@ struct Args {
                "simdattn_serve_bench: %s\n"
                "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
                "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
-               "                            [--loads P,P,...] [--seconds S] [--threads N] [--json FILE]\n",
+               "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
                why.c_str());
   std::exit(2);
 }
@@ -92,6 +94,10 @@ Args parse(int argc, char** argv) {
       a.workload = v;
     } else if (f == "--clients") a.clients = static_cast<int>(num(1));
     else if (f == "--threads") a.threads = static_cast<int>(num(0));
+    else if (f == "--slices") {
+      a.slices = static_cast<int>(num(1));
+      if (a.slices > 100) usage("--slices: expected an integer 1..100");
+    }
     else if (f == "--seconds") {
       char* end = nullptr;
       a.seconds = std::strtod(v.c_str(), &end);
@@ -318,10 +324,23 @@ struct LoadResult {
   double svc_p50 = 0, svc_p99 = 0;  // the requests' own durations (from start to completion), ms
 };
 
-// Open-loop Poisson arrivals at `rate` requests/s in total, split over the clients.
-LoadResult open_loop(Clients& clients, const Server& s, double rate, double seconds, std::uint64_t seed) {
+// The requests of one server at one load, gathered over its slices.
+struct Samples {
+  std::vector<double> lat, svc;  // latency from the scheduled arrival, service time (ms)
+  double wall = 0;               // seconds
+  LoadResult result(double rate) {
+    LoadResult r{rate, static_cast<double>(lat.size()) / wall, 0, 0, 0, lat.size()};
+    r.p50 = percentile(lat, 0.50), r.p99 = percentile(lat, 0.99), r.p999 = percentile(lat, 0.999);
+    r.svc_p50 = percentile(svc, 0.50), r.svc_p99 = percentile(svc, 0.99);
+    return r;
+  }
+};
+
+// Open-loop Poisson arrivals at `rate` requests/s in total, split over the clients, for
+// `seconds`: the requests' latencies added to `out`.
+void open_loop(Clients& clients, const Server& s, double rate, double seconds, std::uint64_t seed, Samples& out) {
   const int C = clients.size();
-  // Untimed: every client's requests back to back for a tenth of the point's time (the steady
+  // Untimed: every client's requests back to back for a tenth of the slice's time (the steady
   // state is measured, not the switch from the previous server's work).
   {
     std::atomic<bool> stop{false};
@@ -351,15 +370,9 @@ LoadResult open_loop(Clients& clients, const Server& s, double rate, double seco
       t += gap(rng);
     }
   });
-  const double wall = std::chrono::duration<double>(Clock::now() - start).count();
-  std::vector<double> all;
-  for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
-  LoadResult r{rate, static_cast<double>(all.size()) / wall, 0, 0, 0, all.size()};
-  r.p50 = percentile(all, 0.50), r.p99 = percentile(all, 0.99), r.p999 = percentile(all, 0.999);
-  std::vector<double> sv;
-  for (auto& l : svc) sv.insert(sv.end(), l.begin(), l.end());
-  r.svc_p50 = percentile(sv, 0.50), r.svc_p99 = percentile(sv, 0.99);
-  return r;
+  out.wall += std::chrono::duration<double>(Clock::now() - start).count();
+  for (auto& l : lat) out.lat.insert(out.lat.end(), l.begin(), l.end());
+  for (auto& l : svc) out.svc.insert(out.svc.end(), l.begin(), l.end());
 }
 
 int load(const Args& a) {
@@ -450,16 +463,26 @@ int load(const Args& a) {
   }
   servers.push_back({"stand-in", [iters](int) { burn(iters); }});
 
-  std::printf("load: %s%s, %d clients, open-loop Poisson arrivals, %.1f s per point; one request at 1 thread: %.3f ms\n",
+  std::printf("load: %s%s, %d clients, open-loop Poisson arrivals, %.1f s per point in %d slices; one request at 1 thread: %.3f ms\n",
               a.workload.c_str(), a.workload == "decode" ? (" (gpt-layer, kv " + std::to_string(a.kv) + ")").c_str() : "",
-              C, a.seconds, work * 1e3);
+              C, a.seconds, a.slices, work * 1e3);
   Clients clients(C);
   for (const Server& s : servers)  // warm-up: every client's first requests
     clients.run([&](int c) {
       for (int i = 0; i < 20; ++i) s.run(c);
     });
-  std::vector<double> sat;
-  for (const Server& s : servers) sat.push_back(saturation(clients, s, a.seconds));
+  // Every measurement runs in a.slices slices of its time, the servers taking turns slice by
+  // slice (the order reversed every other slice): the host's episodes of other work, which last
+  // seconds on these VMs, then fall on every server alike rather than on whichever ran then.
+  const double slice = a.seconds / a.slices;
+  auto order = [&](int turn) {
+    std::vector<std::size_t> seq(servers.size());
+    for (std::size_t i = 0; i < seq.size(); ++i) seq[i] = turn % 2 == 0 ? i : seq.size() - 1 - i;
+    return seq;
+  };
+  std::vector<double> sat(servers.size(), 0.0);
+  for (int turn = 0; turn < a.slices; ++turn)
+    for (std::size_t i : order(turn)) sat[i] += saturation(clients, servers[i], slice) / a.slices;
   const double base = sat.back();  // the stand-in's
   std::printf("%-10s %12s %12s %10s %10s %10s %10s\n", "server", "load", "achieved/s", "p50 ms", "p99 ms", "p999 ms", "requests");
   for (std::size_t i = 0; i < servers.size(); ++i) {
@@ -468,10 +491,14 @@ int load(const Args& a) {
   }
   std::vector<std::vector<LoadResult>> res(servers.size());
   for (int pct : a.loads) {
-    // The servers alternate at each load, so a drift of the machine falls on all.
-    for (std::size_t i = 0; i < servers.size(); ++i) {
-      res[i].push_back(open_loop(clients, servers[i], base * pct / 100.0, a.seconds, 1000 + static_cast<std::uint64_t>(pct)));
-    }
+    // Slice by slice, every server gets the same arrival times (the same generator and seed).
+    const double rate = base * pct / 100.0;
+    std::vector<Samples> got(servers.size());
+    for (int turn = 0; turn < a.slices; ++turn)
+      for (std::size_t i : order(turn))
+        open_loop(clients, servers[i], rate, slice, 1000 * static_cast<std::uint64_t>(turn + 1) + static_cast<std::uint64_t>(pct),
+                  got[i]);
+    for (std::size_t i = 0; i < servers.size(); ++i) res[i].push_back(got[i].result(rate));
     for (std::size_t i = 0; i < servers.size(); ++i) {
       const LoadResult& r = res[i].back();
       std::printf("%-10s %11d%% %12.1f %10.3f %10.3f %10.3f %10zu   (service p50 %.3f, p99 %.3f)\n",
@@ -480,7 +507,7 @@ int load(const Args& a) {
   }
   std::ostringstream out_json;
   out_json << "{\"mode\": \"load\", \"workload\": \"" << a.workload << "\", \"kv\": " << a.kv << ", \"clients\": " << C
-           << ", \"seconds\": " << a.seconds << ", \"single_thread_ms\": " << work * 1e3 << ", \"servers\": [";
+           << ", \"seconds\": " << a.seconds << ", \"slices\": " << a.slices << ", \"single_thread_ms\": " << work * 1e3 << ", \"servers\": [";
   for (std::size_t i = 0; i < servers.size(); ++i) {
     out_json << (i ? ", " : "") << "{\"name\": \"" << servers[i].name << "\", \"saturation\": " << sat[i]
              << ", \"points\": [";
