@@ -17,11 +17,14 @@
 // a second step on a cache already in the batch waits for the next).
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <mutex>
+#include <span>
 #include <stop_token>
 #include <thread>
 
@@ -64,12 +67,16 @@ class SIMDATTN_API DecodeScheduler {
   struct Request;
   void run();
   void run_batch(std::unique_lock<std::mutex>& lock);
+  void finish(std::span<Request* const> requests);
 
   const MultiHeadAttention& layer_;
   DecodeSchedulerOptions options_;
   mutable std::mutex mutex_;
   std::condition_variable forming_cv_;  // the thread forming a batch waits here for it to fill
   std::condition_variable work_cv_;     // the scheduler's thread waits here, idle, for a step
+  // Bumped, and every waiting request thread woken (one futex call), when requests finish: each
+  // then checks its own request.
+  std::atomic<std::uint32_t> finished_epoch_{0};
   std::deque<Request*> pending_;
   bool idle_ = false;              // the scheduler's thread waits on work_cv_
   bool stopping_ = false;          // the destructor asks it to end
