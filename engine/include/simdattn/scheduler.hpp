@@ -15,6 +15,11 @@
 // waits, at most max_wait, for as many steps as the previous batch had (streams that were
 // batched together come back together), then runs whatever is pending (up to max_batch steps;
 // a second step on a cache already in the batch waits for the next).
+//
+// Waking: when a batch ends, one call wakes every waiting request thread, and each returns once
+// its own step is finished. Steps left pending (more than max_batch, or a cache's second step)
+// therefore wake at each batch's end and wait again: set max_batch to at least the number of
+// streams that run at once.
 #pragma once
 
 #include <atomic>
