@@ -77,7 +77,7 @@ bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
           pending_.erase(std::find(pending_.begin(), pending_.end(), &r));
         }
       }
-      if (Request* self[] = {&r}; cancel) finish(self);
+      if (cancel) finish(&r);
     });
     for (;;) {  // (the epoch is read before the flag: a finish after the read changes it)
       const std::uint32_t epoch = finished_epoch_.load(std::memory_order_acquire);
@@ -135,8 +135,7 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     pending_.pop_front();
     q->taken = true;
     q->error = std::current_exception();
-    Request* one[] = {q};
-    finish(one);
+    finish(q);
     return;
   }
   for (auto it = pending_.begin(); it != pending_.end() && batch.size() < options_.max_batch;) {
@@ -151,10 +150,10 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     try {  // checked again now: its cache may have moved on since it was submitted
       layer_.check_step(*(*it)->step, opt);
     } catch (...) {
-      Request* one[] = {*it};
+      Request* q = *it;
       it = pending_.erase(it);
-      one[0]->error = std::current_exception();
-      finish(one);
+      q->error = std::current_exception();
+      finish(q);
       continue;
     }
     batch.push_back(*it);

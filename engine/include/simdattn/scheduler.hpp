@@ -73,6 +73,7 @@ class SIMDATTN_API DecodeScheduler {
   void run();
   void run_batch(std::unique_lock<std::mutex>& lock);
   void finish(std::span<Request* const> requests);
+  void finish(Request* request) { finish({&request, 1}); }
 
   const MultiHeadAttention& layer_;
   DecodeSchedulerOptions options_;

@@ -10,9 +10,8 @@ namespace simdattn::simd::impl {
 
 // B's rows are fetched into L1 this many rows ahead of the row being multiplied, where the
 // rows are short (a decode step's K and V rows, one head wide: 4 KiB ahead at 64 f32): the
-// hardware prefetchers alone leave the FMA units waiting on the stream. Guarded by
-// decode/native/gpt-layer-kv4096 (on a Zen 5, best of 4 alternating runs: t1 1.02 against
-// 1.42 ms, t2 0.580 against 0.728 ms) and attention/native/decode (t2 3.59 against 4.02 ms).
+// hardware prefetchers alone leave the FMA units waiting on the stream (on a Zen 5; guarded by
+// decode/native/gpt-layer-kv4096 and attention/native/decode).
 constexpr std::int64_t kGemvPrefetchRows = 16;
 // ... for rows of at most this many bytes (a longer row is a stream of its own, which the
 // prefetchers follow).
@@ -27,6 +26,15 @@ __attribute__((always_inline)) inline void prefetch_row(const T* p, std::int64_t
   const std::uintptr_t at = reinterpret_cast<std::uintptr_t>(p) + static_cast<std::uintptr_t>(rows * ldb) * sizeof(T);
   for (std::uintptr_t line = at & ~std::uintptr_t{63}; line < at + static_cast<std::uintptr_t>(bytes); line += 64)
     __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 3);
+}
+
+// The dot-product kernels' step: rows r0 .. r0 + 3 (ldb elements apart, row_bytes each) are being
+// multiplied; fetches the four rows kGemvPrefetchRows further on, if rows are short.
+template <class T>
+__attribute__((always_inline)) inline void prefetch_four_rows_ahead(const T* r0, std::int64_t ldb,
+                                                                    std::int64_t row_bytes) {
+  if (row_bytes > kGemvPrefetchMaxRowBytes) return;
+  for (std::int64_t q = 0; q < 4; ++q) prefetch_row(r0, kGemvPrefetchRows + q, ldb, row_bytes);
 }
 
 // y[0:W] := r + beta * y (r already scaled by alpha); beta == 0 never reads y.
@@ -110,15 +118,13 @@ void gemv_t(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* Bm, st
   constexpr std::int64_t W = B::size;
   auto finish = [&](std::int64_t j, T s) { store_y1<Arch, T>(y[j], s, alpha, beta); };
   const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(T));
-  const bool prefetch = row_bytes <= kGemvPrefetchMaxRowBytes;
   std::int64_t j = 0;
   for (; j + 4 <= n; j += 4) {  // four rows of B at once: four independent dot products
     const T* r0 = Bm + j * ldb;
     const T* r1 = r0 + ldb;
     const T* r2 = r1 + ldb;
     const T* r3 = r2 + ldb;
-    if (prefetch)
-      for (std::int64_t q = 0; q < 4; ++q) prefetch_row(r0, kGemvPrefetchRows + q, ldb, row_bytes);
+    prefetch_four_rows_ahead(r0, ldb, row_bytes);
     B a0(T(0)), a1(T(0)), a2(T(0)), a3(T(0));
     std::int64_t p = 0;
     for (; p + W <= k; p += W) {

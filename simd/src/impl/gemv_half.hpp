@@ -2,9 +2,7 @@
 // widened to f32 as they are loaded, and x, y and the sums stay in f32. Decode reads K and V this
 // way: half the bytes of f32, which a step bound by reading them turns into time (guarded by
 // attention/native/decode.bf16 and decode.f16). Short rows are fetched ahead as gemv.hpp fetches
-// them (on a Zen 5, best of 3 alternating runs: attention/native/decode.bf16 t1 3.08 against
-// 4.69 ms, t2 1.26 against 2.12; decode.f16 t1 3.11 against 5.38, t2 1.32 against 2.08;
-// decode/native/gpt-layer-kv4096.bf16 and .f16, whose K/V stay in L3, within 7%).
+// them (guarded by the same rows).
 #pragma once
 
 #include <cstdint>
@@ -13,7 +11,7 @@
 #include <immintrin.h>
 
 #include "batch.hpp"
-#include "gemv.hpp"  // prefetch_row and its rule
+#include "gemv.hpp"  // the prefetch rule
 
 namespace simdattn::simd::impl {
 
@@ -72,13 +70,11 @@ void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
     return s;
   };
   const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(std::uint16_t));
-  const bool prefetch = row_bytes <= kGemvPrefetchMaxRowBytes;
   std::int64_t j = 0;
   for (; j + 4 <= n; j += 4) {
     const std::uint16_t* r0 = Bm + j * ldb;
     const std::uint16_t *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb;
-    if (prefetch)
-      for (std::int64_t q = 0; q < 4; ++q) prefetch_row(r0, kGemvPrefetchRows + q, ldb, row_bytes);
+    prefetch_four_rows_ahead(r0, ldb, row_bytes);
     B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
     for (std::int64_t p = 0; p < kv; p += W) {
       const B xv = B::load_unaligned(x + p);
