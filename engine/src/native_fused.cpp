@@ -13,7 +13,8 @@
 //
 // Both GEMMs run the short, wide in-place-A tile (6 x 64 f32 on AVX-512), so neither Q nor P is
 // packed. K^T and V are packed into the thread's scratch a key block at a time, when a query block
-// first computes that block (its rows prefetched by the products of the block before), and every
+// first computes that block (its rows prefetched by the products of the block before, or for a
+// kv head's first block by the last products of the head before), and every
 // later query block (and every query head of a grouped-query group) of that kv head reuses them.
 // The online-softmax step of a block's rows is one call (VectorKernels::softmax_rows). Threads
 // own equal shares of the flattened (batch, head, query block) items by the number of key blocks
@@ -195,6 +196,7 @@ class FusedWorker {
       if (packed_[jb] == T(0)) pack_block(jb);
       prefetch_block(jb + 1);
       if (first) prefetch_next_rows(b, h, i0 + br);
+      if (jb + 1 == plan_.k_blocks && qb + 1 == plan_.q_blocks) prefetch_next_head(b, h);
       if (plan_.amx) {
         step_amx(b, h, i0, br, jb, a, n, cover, first);
       } else {
@@ -315,6 +317,24 @@ class FusedWorker {
               prob_.D);
     next_.add(static_cast<const S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i1 * prob_.os[2], prob_.os[2], prob_.os[3], rows,
               prob_.Dv);
+  }
+
+  // K and V of the first key block of the kv head that the item after head (b, h)'s last query
+  // block starts, if another: prefetched while that last block is computed, so that a call whose
+  // operands are not in cache (a service's request, after other requests ran) does not wait on
+  // memory at the start of each head. (Its Q and O rows too, or the K/V of the next head already
+  // from the first query block on, were slower: the micro-kernels' prefetch budget is spent on
+  // lines needed later.)
+  void prefetch_next_head(std::int64_t b, std::int64_t h) {
+    std::int64_t nb = b, nh = h + 1;
+    if (nh == prob_.H) nb = b + 1, nh = 0;
+    if (nb >= prob_.B) return;
+    const std::int64_t nhk = nh / (prob_.H / prob_.Hkv);
+    if (nb == packed_b_ && nhk == packed_hk_) return;
+    const std::int64_t rows = std::min(plan_.k_keys, prob_.key_len(nb));
+    if (rows <= 0) return;
+    next_.add(static_cast<const S*>(prob_.k) + nb * prob_.ks[0] + nhk * prob_.ks[1], prob_.ks[2], prob_.ks[3], rows, prob_.D);
+    next_.add(static_cast<const S*>(prob_.v) + nb * prob_.vs[0] + nhk * prob_.vs[1], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
   }
 
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
