@@ -172,3 +172,39 @@ TEST_CASE("team: concurrent calls share the thread budget; a lone call gets all 
   CHECK(simdattn::thread_budget() >= 1);
   simdattn::set_thread_budget(saved);
 }
+
+TEST_CASE("team: soon after two calls overlap, a call takes no workers; later a lone call gets all again") {
+  using simdattn::detail::CallScope;
+  using simdattn::detail::ThreadClaim;
+  using Clock = std::chrono::steady_clock;
+  const int saved = simdattn::thread_budget();
+  simdattn::set_thread_budget(4);
+  auto threads_of_a_call = [] {  // a call (CallScope) whose loop asks for 3 threads
+    const CallScope call;
+    const ThreadClaim claim(3);
+    return claim.threads();
+  };
+  const auto window = std::chrono::microseconds(simdattn::detail::kOverlapWindowMicros);
+  std::this_thread::sleep_for(window + std::chrono::milliseconds(5));  // past any overlap of earlier cases
+  CHECK(threads_of_a_call() == 3);
+  // Another thread is inside a call while this one starts one: with the budget alone it would
+  // get 3 (4 less the other call's thread); the overlap leaves it its own thread.
+  std::atomic<bool> inside{false}, release{false};
+  std::thread other([&] {
+    const CallScope call;
+    inside = true;
+    while (!release) std::this_thread::yield();
+  });
+  while (!inside) std::this_thread::yield();
+  const auto overlap = Clock::now();
+  const int during = threads_of_a_call();
+  release = true;
+  other.join();
+  const int after = threads_of_a_call();  // alone again, soon after the overlap
+  const bool soon = Clock::now() - overlap < window;
+  CHECK(during == 1);
+  if (soon) CHECK(after == 1);
+  std::this_thread::sleep_for(window + std::chrono::milliseconds(5));
+  CHECK(threads_of_a_call() == 3);
+  simdattn::set_thread_budget(saved);
+}

@@ -171,6 +171,12 @@ int affinity_cpus() noexcept {
 
 std::atomic<int> g_budget{0};   // 0: the default, affinity_cpus()
 std::atomic<int> g_in_use{0};   // threads held by running parallel loops
+// When a call last began while another call was running (steady clock, ns; 0: never).
+std::atomic<std::int64_t> g_last_overlap{0};
+
+std::int64_t now_ns() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
 
 }  // namespace
 
@@ -190,6 +196,11 @@ ThreadClaim::ThreadClaim(int nt) noexcept : granted_(1) {
   const int budget = thread_budget();
   // The caller itself: already in use inside a CallScope, else counted here.
   const int self = tl_call_depth > 0 ? 0 : 1;
+  // Inside a call, soon after calls overlapped: the calling thread alone (team.hpp).
+  if (self == 0) {
+    const std::int64_t last = g_last_overlap.load(std::memory_order_relaxed);
+    if (last != 0 && now_ns() - last < kOverlapWindowMicros * 1000) return;
+  }
   int used = g_in_use.load(std::memory_order_relaxed);
   int extra = 0;
   do extra = std::clamp(budget - used - self, 0, nt - 1);
@@ -204,7 +215,8 @@ ThreadClaim::~ThreadClaim() {
 
 CallScope::CallScope() noexcept : counted_(tl_call_depth == 0 && !tl_in_worker && !tl_in_region) {
   ++tl_call_depth;
-  if (counted_) g_in_use.fetch_add(1, std::memory_order_relaxed);
+  if (counted_ && g_in_use.fetch_add(1, std::memory_order_relaxed) > 0)
+    g_last_overlap.store(now_ns(), std::memory_order_relaxed);
 }
 
 CallScope::~CallScope() {

@@ -19,6 +19,10 @@ namespace simdattn::detail {
 // How long a waiting thread spins before it sleeps.
 constexpr std::int64_t kSpinMicros = 50;
 
+// For this long after a call began while another was running, the parallel loops of calls take
+// no workers (ThreadClaim).
+constexpr std::int64_t kOverlapWindowMicros = 10000;
+
 // Runs body(t, T) for t in [0, T): t = 0 on the calling thread, the others on the calling
 // thread's team. T is nt, or fewer when the system refuses to start a thread; nt <= 1, or a call
 // from a team's worker (no nesting), runs body(0, 1) on the calling thread alone. body must not
@@ -37,7 +41,13 @@ void run_on_team(int nt, Body& body) {
 // asking for nt threads gets its caller plus min(nt - 1, budget - threads in use) workers, and
 // gives them back when done: a lone call uses every core it asks for, and under load concurrent
 // calls run side by side on fewer threads each, waking no worker that would only take a core
-// from another call. Results do not depend on how many threads a call gets.
+// from another call. And for kOverlapWindowMicros after a call began while another was running,
+// a loop inside a call (CallScope) gets its caller alone: requests are arriving from several
+// threads, and one that took workers now would share their cores with the next arrival's
+// thread and wait at its join for a worker put off its core (a bert call of 0.3 ms whose worker
+// sleeps takes 75 us to several ms to wake on a VM's idle vCPU), where calls on one thread each
+// run side by side without waiting on each other. Results do not depend on how many threads a
+// call gets.
 class ThreadClaim {
  public:
   explicit ThreadClaim(int nt) noexcept;

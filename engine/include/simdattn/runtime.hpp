@@ -27,9 +27,10 @@ SIMDATTN_API RuntimeInfo runtime_info();
 // together, each call's own thread included (default, or after set_thread_budget(0): the CPUs
 // the process may run on, its affinity mask). A lone call gets every thread it asks for; calls
 // running at the same time share the budget and run on fewer threads each rather than
-// oversubscribing the cores (each always runs on at least its calling thread). Results do not
-// depend on it. The onednn backend's OpenMP threads are outside it. Throws Error("threads", ...)
-// for a negative value.
+// oversubscribing the cores (each always runs on at least its calling thread), and for 10 ms
+// after a call began while another was running, calls run on their calling thread alone.
+// Results do not depend on it. The onednn backend's OpenMP threads are outside it. Throws
+// Error("threads", ...) for a negative value.
 SIMDATTN_API void set_thread_budget(int threads);
 SIMDATTN_API int thread_budget() noexcept;
 
