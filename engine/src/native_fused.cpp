@@ -180,7 +180,7 @@ class FusedWorker {
 
   // Computes item (b, h, query block qb).
   void run(std::int64_t b, std::int64_t h, std::int64_t qb) {
-    const std::int64_t hk = h / (prob_.H / prob_.Hkv);
+    const std::int64_t hk = kv_head(h);
     if (b != packed_b_ || hk != packed_hk_) start_kv(b, hk);
     const std::int64_t i0 = qb * plan_.q_rows, br = std::min(plan_.q_rows, prob_.Sq - i0);
     prepare_q(b, h, i0, br);
@@ -244,8 +244,8 @@ class FusedWorker {
   // K/V past L[b] are never read, and a large, mostly empty KV cache costs only its used part),
   // its rows prefetched while the block before it is computed.
   void start_kv(std::int64_t b, std::int64_t hk) {
-    k_ = static_cast<const S*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
-    v_ = static_cast<const S*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
+    k_ = k_head(b, hk);
+    v_ = v_head(b, hk);
     key_len_ = prob_.key_len(b);
     std::fill(packed_, packed_ + plan_.k_blocks, T(0));
     packed_b_ = b;
@@ -302,9 +302,21 @@ class FusedWorker {
     next_.clear();
     const std::int64_t j0 = jb * plan_.k_keys;
     if (jb >= plan_.k_blocks || j0 >= key_len_ || packed_[jb] != T(0)) return;
-    const std::int64_t rows = std::min(plan_.k_keys, key_len_ - j0);
-    next_.add(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], rows, prob_.D);
-    next_.add(v_ + j0 * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
+    prefetch_kv(k_, v_, j0, std::min(plan_.k_keys, key_len_ - j0));
+  }
+  // K and V rows j0 .. j0 + rows - 1 of the kv head whose rows start at k and v become the next
+  // prefetches.
+  void prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows) {
+    next_.add(k + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], rows, prob_.D);
+    next_.add(v + j0 * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
+  }
+  // Query head h's kv head, and the first K and V rows of kv head (b, hk).
+  std::int64_t kv_head(std::int64_t h) const { return h / (prob_.H / prob_.Hkv); }
+  const S* k_head(std::int64_t b, std::int64_t hk) const {
+    return static_cast<const S*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
+  }
+  const S* v_head(std::int64_t b, std::int64_t hk) const {
+    return static_cast<const S*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
   }
 
   // The Q rows the next query block of head (b, h) reads in place and the output rows it
@@ -329,12 +341,10 @@ class FusedWorker {
     std::int64_t nb = b, nh = h + 1;
     if (nh == prob_.H) nb = b + 1, nh = 0;
     if (nb >= prob_.B) return;
-    const std::int64_t nhk = nh / (prob_.H / prob_.Hkv);
+    const std::int64_t nhk = kv_head(nh);
     if (nb == packed_b_ && nhk == packed_hk_) return;
     const std::int64_t rows = std::min(plan_.k_keys, prob_.key_len(nb));
-    if (rows <= 0) return;
-    next_.add(static_cast<const S*>(prob_.k) + nb * prob_.ks[0] + nhk * prob_.ks[1], prob_.ks[2], prob_.ks[3], rows, prob_.D);
-    next_.add(static_cast<const S*>(prob_.v) + nb * prob_.vs[0] + nhk * prob_.vs[1], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
+    if (rows > 0) prefetch_kv(k_head(nb, nhk), v_head(nb, nhk), 0, rows);
   }
 
   // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
