@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "gemm.hpp"
-#include "gemm_half.hpp"
+#include "linalg/gemm.hpp"
+#include "linalg/gemm16.hpp"
 #include "perf_util.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/half.hpp"

@@ -14,12 +14,12 @@
 #include <string>
 #include <vector>
 
-#include "gemm.hpp"
+#include "linalg/gemm.hpp"
 #include "perf_util.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/bench.hpp"
 #include "simdattn/simdattn.hpp"
-#include "threading.hpp"
+#include "runtime/threading.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
 #include <oneapi/dnnl/dnnl.hpp>

@@ -11,7 +11,7 @@
 #include <tuple>
 #include <vector>
 
-#include "gemm.hpp"
+#include "linalg/gemm.hpp"
 #include "simd_test_util.hpp"
 #include "test_util.hpp"
 

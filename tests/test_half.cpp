@@ -10,7 +10,7 @@
 #include <tuple>
 
 #include "simdattn/half.hpp"
-#include "gemm_half.hpp"
+#include "linalg/gemm16.hpp"
 #include "simd_test_util.hpp"
 #include "test_util.hpp"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <string>
 
-#include "json.hpp"
+#include "io/json.hpp"
 
 using simdattn::detail::JsonError;
 using simdattn::detail::JsonValue;

@@ -15,7 +15,7 @@
 #include "test_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
-#include "problem.hpp"  // detail::onednn_primitives_created
+#include "core/problem.hpp"  // detail::onednn_primitives_created
 
 using namespace simdattn;
 using test::Buffer;

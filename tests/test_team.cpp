@@ -13,8 +13,8 @@
 
 #include "simdattn/error.hpp"
 #include "simdattn/runtime.hpp"
-#include "team.hpp"
-#include "threading.hpp"
+#include "runtime/team.hpp"
+#include "runtime/threading.hpp"
 
 using simdattn::detail::run_on_team;
 

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "test_util.hpp"
-#include "threading.hpp"
+#include "runtime/threading.hpp"
 
 using namespace simdattn;
 using test::Buffer;

@@ -14,7 +14,7 @@
 
 #include <unistd.h>
 
-#include "element.hpp"
+#include "core/element.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace simdattn::test {

@@ -1,10 +1,10 @@
 #include "simdattn/attention.hpp"
 
-#include "team.hpp"
+#include "runtime/team.hpp"
 
 #include <string>
 
-#include "problem.hpp"
+#include "core/problem.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn {

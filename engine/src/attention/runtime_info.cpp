@@ -8,8 +8,8 @@
 #include <omp.h>
 
 #include "simdattn/attention.hpp"
-#include "problem.hpp"
-#include "team.hpp"
+#include "core/problem.hpp"
+#include "runtime/team.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
 #include "simdattn/version.hpp"

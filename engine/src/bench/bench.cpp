@@ -7,7 +7,7 @@
 
 #include <omp.h>
 
-#include "problem.hpp"
+#include "core/problem.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/kernels.hpp"
 

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 
-#include "text.hpp"
+#include "core/text.hpp"
 
 namespace simdattn::detail {
 

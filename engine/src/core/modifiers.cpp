@@ -1,6 +1,6 @@
 // The public helpers of the score modifiers (simdattn/attention.hpp): ALiBi's standard slopes
 // and T5's bucket function (whose rule lives in modifiers.hpp).
-#include "modifiers.hpp"
+#include "core/modifiers.hpp"
 
 #include <cmath>
 #include <string>

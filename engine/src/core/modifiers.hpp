@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <limits>
 
-#include "element.hpp"
-#include "problem.hpp"
+#include "core/element.hpp"
+#include "core/problem.hpp"
 
 namespace simdattn::detail {
 

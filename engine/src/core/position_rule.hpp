@@ -12,7 +12,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "problem.hpp"
+#include "core/problem.hpp"
 
 namespace simdattn::detail {
 

@@ -4,7 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "element.hpp"
+#include "core/element.hpp"
 #include "simdattn/attention.hpp"
 
 namespace simdattn::detail {

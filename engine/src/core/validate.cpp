@@ -7,9 +7,9 @@
 #include <string>
 #include <utility>
 
-#include "problem.hpp"
+#include "core/problem.hpp"
 #include "simdattn/error.hpp"
-#include "text.hpp"
+#include "core/text.hpp"
 
 namespace simdattn::detail {
 namespace {

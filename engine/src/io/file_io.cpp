@@ -1,4 +1,4 @@
-#include "file_io.hpp"
+#include "io/file_io.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

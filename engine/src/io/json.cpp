@@ -1,4 +1,4 @@
-#include "json.hpp"
+#include "io/json.hpp"
 
 #include <algorithm>
 #include <charconv>

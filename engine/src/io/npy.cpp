@@ -19,7 +19,7 @@
 #include <string>
 #include <string_view>
 
-#include "file_io.hpp"
+#include "io/file_io.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn {

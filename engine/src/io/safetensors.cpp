@@ -11,11 +11,11 @@
 #include <string_view>
 #include <utility>
 
-#include "element.hpp"
-#include "file_io.hpp"
-#include "json.hpp"
+#include "core/element.hpp"
+#include "io/file_io.hpp"
+#include "io/json.hpp"
 #include "simdattn/error.hpp"
-#include "text.hpp"
+#include "core/text.hpp"
 
 namespace simdattn {
 namespace {

@@ -14,17 +14,17 @@
 #include <string>
 #include <utility>
 
-#include "element.hpp"
-#include "gemm.hpp"
-#include "gemm_half.hpp"
-#include "onednn_linear.hpp"
-#include "problem.hpp"
-#include "rope_impl.hpp"
+#include "core/element.hpp"
+#include "linalg/gemm.hpp"
+#include "linalg/gemm16.hpp"
+#include "linalg/onednn/matmul.hpp"
+#include "core/problem.hpp"
+#include "layer/rope_table.hpp"
 #include "simdattn/error.hpp"
-#include "text.hpp"
-#include "threading.hpp"
+#include "core/text.hpp"
+#include "runtime/threading.hpp"
 #include "simdattn/safetensors.hpp"
-#include "workspace.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn {
 namespace {

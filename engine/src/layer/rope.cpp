@@ -6,10 +6,10 @@
 #include <string>
 #include <vector>
 
-#include "element.hpp"
-#include "rope_impl.hpp"
+#include "core/element.hpp"
+#include "layer/rope_table.hpp"
 #include "simdattn/error.hpp"
-#include "text.hpp"
+#include "core/text.hpp"
 
 namespace simdattn {
 

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "element.hpp"
+#include "core/element.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/rope.hpp"
 

@@ -1,4 +1,4 @@
-#include "gemm.hpp"
+#include "linalg/gemm.hpp"
 
 #include <algorithm>
 #include <cstring>
@@ -9,9 +9,9 @@
 #include <omp.h>
 #include <unistd.h>
 
-#include "prefetch.hpp"
-#include "threading.hpp"
-#include "workspace.hpp"
+#include "runtime/prefetch.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

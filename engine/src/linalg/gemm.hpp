@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "simdattn/simd/kernels.hpp"
-#include "workspace.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 

@@ -1,4 +1,4 @@
-#include "gemm_half.hpp"
+#include "linalg/gemm16.hpp"
 
 #include <algorithm>
 #include <cstdint>
@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "simdattn/half.hpp"
-#include "threading.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

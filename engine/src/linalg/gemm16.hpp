@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "gemm.hpp"
+#include "linalg/gemm.hpp"
 #include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {

@@ -10,14 +10,14 @@
 #include <string>
 #include <vector>
 
-#include "element.hpp"
-#include "panels.hpp"
-#include "prefetch.hpp"
-#include "problem.hpp"
+#include "core/element.hpp"
+#include "linalg/panels.hpp"
+#include "runtime/prefetch.hpp"
+#include "core/problem.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
-#include "threading.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn {
 

@@ -1,9 +1,9 @@
-#include "checkpoint.hpp"
+#include "loaders/checkpoint.hpp"
 
 #include <sys/stat.h>
 
-#include "file_io.hpp"
-#include "json.hpp"
+#include "io/file_io.hpp"
+#include "io/json.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn::detail {

@@ -12,12 +12,12 @@
 #include <vector>
 
 
-#include "checkpoint.hpp"
-#include "file_io.hpp"
-#include "json.hpp"
+#include "loaders/checkpoint.hpp"
+#include "io/file_io.hpp"
+#include "io/json.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
-#include "text.hpp"
+#include "core/text.hpp"
 
 namespace simdattn {
 namespace {

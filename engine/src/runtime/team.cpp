@@ -1,5 +1,5 @@
 // The calling thread's team of workers (team.hpp).
-#include "team.hpp"
+#include "runtime/team.hpp"
 
 #include <sched.h>
 #include <unistd.h>

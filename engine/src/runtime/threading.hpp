@@ -25,7 +25,7 @@
 
 #include <omp.h>
 
-#include "team.hpp"
+#include "runtime/team.hpp"
 
 namespace simdattn::detail {
 

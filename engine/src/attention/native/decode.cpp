@@ -12,14 +12,14 @@
 #include <cstring>
 #include <type_traits>
 
-#include "element.hpp"
-#include "gemm.hpp"
-#include "native.hpp"
-#include "native_rows.hpp"
+#include "core/element.hpp"
+#include "linalg/gemm.hpp"
+#include "attention/native/paths.hpp"
+#include "attention/native/rows.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "threading.hpp"
-#include "visibility.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "core/position_rule.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

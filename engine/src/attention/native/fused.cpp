@@ -31,16 +31,16 @@
 #include <type_traits>
 #include <vector>
 
-#include "element.hpp"
-#include "fp_env.hpp"
-#include "native.hpp"
-#include "native_rows.hpp"
-#include "panels.hpp"
-#include "prefetch.hpp"
+#include "core/element.hpp"
+#include "core/fp_env.hpp"
+#include "attention/native/paths.hpp"
+#include "attention/native/rows.hpp"
+#include "linalg/panels.hpp"
+#include "runtime/prefetch.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "threading.hpp"
-#include "visibility.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "core/position_rule.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -1,12 +1,12 @@
 // The native backend: picks one of its paths (native.hpp) for a validated problem.
-#include "native.hpp"
+#include "attention/native/paths.hpp"
 
 #include <algorithm>
 #include <cstdint>
 
-#include "element.hpp"
-#include "threading.hpp"
-#include "workspace.hpp"
+#include "core/element.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

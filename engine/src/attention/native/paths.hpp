@@ -8,7 +8,7 @@
 //               f16 widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
 #pragma once
 
-#include "problem.hpp"
+#include "core/problem.hpp"
 
 namespace simdattn::detail {
 

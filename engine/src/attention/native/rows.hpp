@@ -7,10 +7,10 @@
 #include <limits>
 #include <vector>
 
-#include "modifiers.hpp"
-#include "problem.hpp"
+#include "core/modifiers.hpp"
+#include "core/problem.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "visibility.hpp"
+#include "core/position_rule.hpp"
 
 namespace simdattn::detail {
 

@@ -17,12 +17,12 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "element.hpp"
-#include "native.hpp"
-#include "prefetch.hpp"
+#include "core/element.hpp"
+#include "attention/native/paths.hpp"
+#include "runtime/prefetch.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "threading.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -51,14 +51,14 @@
 #include <unordered_map>
 #include <vector>
 
-#include "modifiers.hpp"
-#include "onednn_common.hpp"
-#include "problem.hpp"
+#include "core/modifiers.hpp"
+#include "linalg/onednn/common.hpp"
+#include "core/problem.hpp"
 #include "simdattn/half.hpp"
 #include "simdattn/error.hpp"
-#include "threading.hpp"
-#include "visibility.hpp"
-#include "workspace.hpp"
+#include "runtime/threading.hpp"
+#include "core/position_rule.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -16,9 +16,9 @@
 #include <limits>
 #include <vector>
 
-#include "element.hpp"
-#include "problem.hpp"
-#include "reference_rows.hpp"
+#include "core/element.hpp"
+#include "core/problem.hpp"
+#include "attention/reference/rows.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -8,10 +8,10 @@
 #include <cstdint>
 #include <limits>
 
-#include "element.hpp"
-#include "modifiers.hpp"
-#include "problem.hpp"
-#include "visibility.hpp"
+#include "core/element.hpp"
+#include "core/modifiers.hpp"
+#include "core/problem.hpp"
+#include "core/position_rule.hpp"
 
 namespace simdattn::detail {
 

@@ -1,4 +1,4 @@
-#include "onednn_linear.hpp"
+#include "linalg/onednn/matmul.hpp"
 
 #include <cstdint>
 #include <map>
@@ -9,9 +9,9 @@
 #include <unordered_map>
 #include <algorithm>
 
-#include "onednn_common.hpp"
+#include "linalg/onednn/common.hpp"
 #include "simdattn/error.hpp"
-#include "workspace.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
 namespace {
