@@ -54,25 +54,25 @@ void gemm_native(benchmark::State& state, Shape s, int threads) {
 }
 
 // The operands' A and B rounded to bf16 (or f16) bits.
-struct HalfOperands {
+struct Operands16 {
   std::vector<std::uint16_t, simdattn::detail::AlignedAllocator<std::uint16_t>> a, b;
-  HalfOperands(const Operands& op, bool bf16) : a(op.a.size()), b(op.b.size()) {
+  Operands16(const Operands& op, bool bf16) : a(op.a.size()), b(op.b.size()) {
     auto round = [bf16](float x) { return bf16 ? simdattn::to_bfloat16(x).bits : simdattn::to_float16(x).bits; };
     for (std::size_t i = 0; i < a.size(); ++i) a[i] = round(op.a[i]);
     for (std::size_t i = 0; i < b.size(); ++i) b[i] = round(op.b[i]);
   }
 };
 
-void gemm_native_half(benchmark::State& state, Shape s, int threads, bool bf16) {
+void gemm_native16(benchmark::State& state, Shape s, int threads, bool bf16) {
   Operands op(s);
-  const HalfOperands h(op, bf16);
-  const simdattn::detail::PackedHalf packed = simdattn::detail::pack_half_b(h.b.data(), s.N, s.K, s.N, bf16);
-  simdattn::detail::HalfGemmArgs g;
+  const Operands16 h(op, bf16);
+  const simdattn::detail::Packed16 packed = simdattn::detail::pack16_b(h.b.data(), s.N, s.K, s.N, bf16);
+  simdattn::detail::Gemm16Args g;
   g.M = s.M, g.N = s.N, g.K = s.K;
   g.A = h.a.data(), g.lda = s.K;
   g.B = &packed;
   g.C = op.c.data(), g.ldc = s.N;
-  simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] { simdattn::detail::gemm_half(g, threads); });
+  simdattn::perf::timed_loop(state, flops(s), "GFLOP/s", [&] { simdattn::detail::gemm16(g, threads); });
 }
 
 #ifdef SIMDATTN_HAVE_ONEDNN
@@ -80,7 +80,7 @@ void gemm_native_half(benchmark::State& state, Shape s, int threads, bool bf16) 
 void gemm_onednn(benchmark::State& state, Shape s, int threads, dnnl::memory::data_type dt) {
   using namespace dnnl;
   Operands op(s);
-  const HalfOperands h(op, dt == memory::data_type::bf16);
+  const Operands16 h(op, dt == memory::data_type::bf16);
   const bool half = dt != memory::data_type::f32;
   engine eng(engine::kind::cpu, 0);
   stream strm(eng);
@@ -109,7 +109,7 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond);
       for (bool bf16 : {true, false})
         benchmark::RegisterBenchmark(("gemm/native/" + shape + (bf16 ? ".bf16" : ".f16") + "/t" + std::to_string(t)).c_str(),
-                                     gemm_native_half, s, t, bf16)
+                                     gemm_native16, s, t, bf16)
             ->Unit(benchmark::kMicrosecond);
 #ifdef SIMDATTN_HAVE_ONEDNN
       using dt = dnnl::memory::data_type;

@@ -301,7 +301,7 @@ TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta
   for (const simd::KernelTable* kt : test::kernel_tables()) {
     CAPTURE(simd::isa_name(kt->isa));
     for (bool bf16 : {true, false}) {
-      const simd::HalfGemvKernels& g = bf16 ? kt->gemv_bf16 : kt->gemv_f16;
+      const simd::Gemv16Kernels& g = bf16 ? kt->gemv_bf16 : kt->gemv_f16;
       auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
       for (std::int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 64, 70}) {
         for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
@@ -313,8 +313,8 @@ TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta
           for (float beta : {0.0f, 0.5f}) {
             // dot_rows: y[j] = 1.5 * x . B[j, :] + beta y[j]; sum_rows: y[j] = 1.5 * sum_p x[p] B[p, j] + beta y[j]
             std::vector<float> y1(static_cast<std::size_t>(n), beta == 0.0f ? NAN : 0.25f), y2 = y1;
-            g.dot_rows(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y1.data());
-            g.sum_rows(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y2.data());
+            g.gemv_t(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y1.data());
+            g.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y2.data());
             for (std::int64_t j = 0; j < n; ++j) {
               double d = 0, s = 0, scale = 0;
               for (std::int64_t p = 0; p < k; ++p) {
@@ -360,7 +360,7 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
         CAPTURE(s.K);
         // B is the first N columns of a wider matrix packed whole; the call takes a later
         // column group (b_col) when there is room for one.
-        const std::int64_t nr = detail::half_gemm_kernels(*kt, bf16, pairs).nr;
+        const std::int64_t nr = detail::gemm16_kernels(*kt, bf16, pairs).nr;
         const std::int64_t b_col = s.N % 2 == 0 ? nr : 0, NB = b_col + s.N + 5, lda = s.K + 3, ldc = s.N + 2;
         std::vector<std::uint16_t> A(static_cast<std::size_t>(s.M * lda)), B(static_cast<std::size_t>(s.K * NB));
         for (auto& a : A) a = round(nd(rng));
@@ -368,16 +368,16 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
         // A's columns past K are NaN: a kernel that reads them (times B's zero padding) makes C NaN
         for (std::int64_t i = 0; i < s.M; ++i)
           for (std::int64_t k = s.K; k < lda; ++k) A[static_cast<std::size_t>(i * lda + k)] = bf16 ? 0x7fc0 : 0x7e00;
-        const detail::PackedHalf pb = detail::pack_half_b(B.data(), NB, s.K, NB, bf16, kt, pairs);
-        CHECK(pb.pairs == detail::half_gemm_kernels(*kt, bf16, pairs).pairs);  // AMX's bf16 is in pairs too
-        CHECK(detail::unpack_half_b(pb) == B);  // the panels hold B exactly (the onednn layer reads it back)
+        const detail::Packed16 pb = detail::pack16_b(B.data(), NB, s.K, NB, bf16, kt, pairs);
+        CHECK(pb.pairs == detail::gemm16_kernels(*kt, bf16, pairs).pairs);  // AMX's bf16 is in pairs too
+        CHECK(detail::unpack16_b(pb) == B);  // the panels hold B exactly (the onednn layer reads it back)
         for (float beta : {0.0f, 0.5f}) {
           for (int threads : {1, 2}) {
             std::vector<float> C(static_cast<std::size_t>(s.M * ldc), beta == 0.0f ? NAN : 0.25f);
-            detail::HalfGemmArgs g;
+            detail::Gemm16Args g;
             g.M = s.M, g.N = s.N, g.K = s.K, g.A = A.data(), g.lda = lda, g.B = &pb, g.b_col = b_col;
             g.C = C.data(), g.ldc = ldc, g.beta = beta;
-            detail::gemm_half(g, threads, kt);
+            detail::gemm16(g, threads, kt);
             double worst = 0;
             for (std::int64_t i = 0; i < s.M; ++i) {
               for (std::int64_t j = 0; j < s.N; ++j) {
@@ -416,7 +416,7 @@ TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit
     CAPTURE(simd::isa_name(kt->isa));
     for (bool bf16 : {true, false}) {
       CAPTURE(bf16);
-      const simd::HalfConvertKernels& c = bf16 ? kt->convert_bf16 : kt->convert_f16;
+      const simd::Convert16Kernels& c = bf16 ? kt->convert_bf16 : kt->convert_f16;
       std::vector<float> w(all.size());
       c.widen(all.data(), w.data(), static_cast<std::int64_t>(all.size()));
       std::size_t wrong = 0;

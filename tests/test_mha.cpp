@@ -141,7 +141,7 @@ std::pair<Model, MhaWeights<H>> rounded_model(const Model& m) {
 }
 // The contract's tolerance for each 16-bit format (docs/design.md, numerics).
 template <class H>
-constexpr double kHalfTol = std::is_same_v<H, bfloat16> ? 1e-2 : 2e-3;
+constexpr double kTol16 = std::is_same_v<H, bfloat16> ? 1e-2 : 2e-3;
 
 template <class T>
 double max_rel_err(const std::vector<T>& got, const std::vector<double>& want) {
@@ -380,7 +380,7 @@ TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the floa
         opt.backend = be;
         std::vector<H> y(std::size_t(B * S * d));
         layer.forward(ConstSeqView(xh.data(), B, S, d), SeqView(y.data(), B, S, d), opt);
-        CHECK(max_rel_err(y, want) <= kHalfTol<H>);
+        CHECK(max_rel_err(y, want) <= kTol16<H>);
       }
     }
     // Cross-attention with an additive mask in the layer's dtype and padding (combined in f32).
@@ -397,7 +397,7 @@ TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the floa
     std::vector<H> y(std::size_t(B * S * d));
     layer.forward(ConstSeqView(xh.data(), B, S, d), ConstSeqView(kvh.data(), B, Sk, d), ConstSeqView(kvh.data(), B, Sk, d),
                   SeqView(y.data(), B, S, d), opt);
-    CHECK(max_rel_err(y, want) <= kHalfTol<H>);
+    CHECK(max_rel_err(y, want) <= kTol16<H>);
     // An input of another dtype is refused, naming it.
     const auto xf = conv<float>(x);
     CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(xf.data(), B, S, d), SeqView(y.data(), B, S, d)),
@@ -429,20 +429,20 @@ TEST_CASE("KV cache in bf16/f16, and caches of a dtype of their own: decode step
     const auto xb = conv<bfloat16>(x);
     const auto want = mha_reference(mb, conv<double>(xb), conv<double>(xb), conv<double>(xb), 1, n, n, Causal::top_left, {}, {},
                                     &round_to<bfloat16>);
-    CHECK(max_rel_err(decode(bf16, DType::bf16, xb), want) <= kHalfTol<bfloat16>);
+    CHECK(max_rel_err(decode(bf16, DType::bf16, xb), want) <= kTol16<bfloat16>);
     // ... and with an f32 cache (K and V kept as the layer rounded them): the same numbers.
-    CHECK(max_rel_err(decode(bf16, DType::f32, xb), want) <= kHalfTol<bfloat16>);
+    CHECK(max_rel_err(decode(bf16, DType::f32, xb), want) <= kTol16<bfloat16>);
     const auto xh = conv<float16>(x);
     const auto want16 = mha_reference(mh, conv<double>(xh), conv<double>(xh), conv<double>(xh), 1, n, n, Causal::top_left, {}, {},
                                       &round_to<float16>);
-    CHECK(max_rel_err(decode(f16, DType::f16, xh), want16) <= kHalfTol<float16>);
+    CHECK(max_rel_err(decode(f16, DType::f16, xh), want16) <= kTol16<float16>);
   }
   // An f32 layer with bf16 and f16 caches (as llama.cpp keeps f16 caches beside f32
   // activations): within each format's tolerance of the f64 forward.
   const auto want = mha_reference(m, x, x, x, 1, n, n, Causal::top_left);
   const auto xf = conv<float>(x);
-  CHECK(max_rel_err(decode(f32, DType::bf16, xf), want) <= kHalfTol<bfloat16>);
-  CHECK(max_rel_err(decode(f32, DType::f16, xf), want) <= kHalfTol<float16>);
+  CHECK(max_rel_err(decode(f32, DType::bf16, xf), want) <= kTol16<bfloat16>);
+  CHECK(max_rel_err(decode(f32, DType::f16, xf), want) <= kTol16<float16>);
   CHECK(max_rel_err(decode(f32, DType::f32, xf), want) <= 2e-5);
   CHECK_THROWS_WITH_AS(KvCache(f32, 1, 4, DType::u8), doctest::Contains("dtype: expected f32, f64, bf16 or f16"), Error);
 }

@@ -1,4 +1,4 @@
-// AMX build: the AVX512-BF16 table plus the bf16 GEMM on AMX tiles (HalfGemmKernels::amx_block)
+// AMX build: the AVX512-BF16 table plus the bf16 GEMM on AMX tiles (Gemm16Kernels::amx_block)
 // and the tile peak probe. Compiled with the AVX-512 flags, -mavx512bf16, -mamx-tile and
 // -mamx-bf16 (see simd/CMakeLists.txt).
 //
@@ -115,7 +115,7 @@ void amx_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std
   }
 }
 
-// A[0:m, 0:kb] as amx_block's packed tiles (HalfGemmKernels::amx_pack_a): each row's steps of 32
+// A[0:m, 0:kb] as amx_block's packed tiles (Gemm16Kernels::amx_pack_a): each row's steps of 32
 // one masked 64-byte load and an aligned store.
 void pack_a(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) {
   for (int r = 0; r < m; ++r) {

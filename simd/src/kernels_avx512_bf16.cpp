@@ -20,7 +20,7 @@ namespace {
 constexpr int kMr = 12;  // 12 x 32 tile: 24 accumulators + 2 B vectors + 1 A broadcast
 constexpr int kNv = 2;   // vectors of 16 f32 columns (16 pairs of bf16 each)
 
-// The pair layout's micro-kernel (kernels.hpp, HalfGemmKernels::pairs): per pair of k steps,
+// The pair layout's micro-kernel (kernels.hpp, Gemm16Kernels::pairs): per pair of k steps,
 // two 64-byte loads of B's pairs, M broadcasts of A's pairs, M x 2 vdpbf16ps. Two pair steps a
 // loop iteration, so the counter and pointer updates take fewer issue slots.
 template <int M>
@@ -103,13 +103,13 @@ void narrow_bf16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
   for (; i + 32 <= n; i += 32) {  // two vectors into one (vcvtne2ps2bf16)
     const __m512 x0 = _mm512_loadu_ps(src + i), x1 = _mm512_loadu_ps(src + i + 16);
-    if ((subnormal(x0) | subnormal(x1)) != 0) impl::narrow_half_row<xsimd::avx512bw, true>(src + i, dst + i, 32);
+    if ((subnormal(x0) | subnormal(x1)) != 0) impl::narrow16_row<xsimd::avx512bw, true>(src + i, dst + i, 32);
     else _mm512_storeu_si512(dst + i, (__m512i)_mm512_cvtne2ps_pbh(x1, x0));
   }
   for (; i < n; i += 16) {
     const auto m = static_cast<__mmask16>(n - i >= 16 ? 0xffffu : (1u << (n - i)) - 1u);
     const __m512 x = _mm512_maskz_loadu_ps(m, src + i);
-    if (subnormal(x) != 0) impl::narrow_half_row<xsimd::avx512bw, true>(src + i, dst + i, std::min<std::int64_t>(16, n - i));
+    if (subnormal(x) != 0) impl::narrow16_row<xsimd::avx512bw, true>(src + i, dst + i, std::min<std::int64_t>(16, n - i));
     else _mm512_mask_storeu_epi16(dst + i, m, _mm512_castsi256_si512((__m256i)_mm512_cvtneps_pbh(x)));
   }
 }
@@ -125,7 +125,7 @@ KernelTable make_table_avx512_bf16() {
                  .kc = 256,  // a 256-deep B panel of 32 bf16 columns (16 KiB) stays in L1
                  .mc = 336,  // the mc x kc block of A's pairs (336 KiB) stays in L2
                  .pairs = true,
-                 .ukernel = impl::rows_table<HalfGemmUkernel, kMr>(
+                 .ukernel = impl::rows_table<Gemm16Ukernel, kMr>(
                      [](auto m) { return &bf16_pairs_ukernel<decltype(m)::value>; }),
                  .k_align = 2};  // an odd depth's last pair
   return t;

@@ -24,9 +24,9 @@ void scores_impl(const Problem& p) {
             reference_row_scores<T>(p, b, h, i, softmax ? ScoreStage::biased : p.scores_stage, score.data());
         if (softmax) reference_row_weights(p, h, st, score.data(), weight.data());
         const std::vector<double>& row = softmax ? weight : score;
-        const std::int64_t base = b * p.scores_s[0] + h * p.scores_s[1] + i * p.scores_s[2];
+        const std::int64_t base = b * p.scores_strides[0] + h * p.scores_strides[1] + i * p.scores_strides[2];
         for (std::int64_t j = 0; j < p.Sk; ++j)
-          store_at(p.scores, p.scores_dtype, base + j * p.scores_s[3], row[static_cast<std::size_t>(j)]);
+          store_at(p.scores, p.scores_dtype, base + j * p.scores_strides[3], row[static_cast<std::size_t>(j)]);
       }
 }
 

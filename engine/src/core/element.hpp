@@ -55,13 +55,13 @@ inline void convert_elements(const void* src, DType sd, void* dst, DType dd, std
     return;
   }
   const simd::KernelTable& kt = simd::kernels();
-  const bool half_src = sd == DType::bf16 || sd == DType::f16, half_dst = dd == DType::bf16 || dd == DType::f16;
-  if (half_src && dd == DType::f32) {
+  const bool src16 = sd == DType::bf16 || sd == DType::f16, dst16 = dd == DType::bf16 || dd == DType::f16;
+  if (src16 && dd == DType::f32) {
     (sd == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).widen(static_cast<const std::uint16_t*>(src),
                                                                 static_cast<float*>(dst), n);
     return;
   }
-  if (sd == DType::f32 && half_dst) {
+  if (sd == DType::f32 && dst16) {
     (dd == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).narrow(static_cast<const float*>(src),
                                                                  static_cast<std::uint16_t*>(dst), n);
     return;

@@ -43,7 +43,7 @@ inline std::int64_t t5_bucket(std::int64_t rel, bool bidirectional, std::int64_t
 // T5's bias of head h at relative position rel.
 inline double t5_bias(const Problem& p, std::int64_t h, std::int64_t rel) {
   const std::int64_t k = t5_bucket(rel, p.t5_bidirectional, p.t5_buckets, p.t5_max_distance);
-  return widen_at(p.t5_table, p.t5_dtype, k * p.t5_row + h * p.t5_col);
+  return widen_at(p.t5_table, p.t5_dtype, k * p.t5_strides[0] + h * p.t5_strides[1]);
 }
 
 // T5's bias of head h at every relative position in [-reach, reach], into by_rel[rel + reach]:
@@ -102,7 +102,7 @@ void finish_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i
       lse = hi + std::log1p(std::exp(lo - hi));
     }
   }
-  if (p.lse != nullptr) p.lse[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = static_cast<float>(lse);
+  if (p.lse != nullptr) p.lse[b * p.lse_strides[0] + h * p.lse_strides[1] + i * p.lse_strides[2]] = static_cast<float>(lse);
 }
 
 }  // namespace simdattn::detail

@@ -90,7 +90,7 @@ inline Cover classify(const Problem& p, std::int64_t b, std::int64_t i0, std::in
   const std::int64_t bs = p.block_size, je = std::min(j1, L);
   for (std::int64_t bi = i0 / bs; bi <= (i1 - 1) / bs; ++bi)
     for (std::int64_t bj = j0 / bs; bj <= (je - 1) / bs; ++bj) {
-      const bool v = p.block_mask[bi * p.bm_row + bj * p.bm_col] != 0;
+      const bool v = p.block_mask[bi * p.block_mask_strides[0] + bj * p.block_mask_strides[1]] != 0;
       any = any || v;
       all = all && v;
     }

@@ -25,14 +25,14 @@ struct Problem {
   const void* k = nullptr;
   const void* v = nullptr;
   void* o = nullptr;
-  Shape4 qs{}, ks{}, vs{}, os{};
+  Shape4 q_strides{}, k_strides{}, v_strides{}, o_strides{};
 
   // Mask: strides are 0 on broadcast (size-1) dimensions, so mask_at(b, h, i, j) needs no
   // broadcasting logic.
   MaskKind mask_kind = MaskKind::none;
   const void* mask = nullptr;
   DType mask_dtype = DType::u8;
-  Shape4 ms{};
+  Shape4 mask_strides{};
 
   const std::int64_t* key_lengths = nullptr;  // nullptr: every batch has Sk keys
 
@@ -43,10 +43,11 @@ struct Problem {
   // Sparse patterns: global tokens G (0 = none) and a block mask [nbq, nbk] of bs x bs blocks.
   std::int64_t global_tokens = 0;
   const std::uint8_t* block_mask = nullptr;
-  std::int64_t block_size = 64, bm_row = 0, bm_col = 0;  // element strides of the block mask
+  std::int64_t block_size = 64;
+  std::int64_t block_mask_strides[2] = {0, 0};  // element strides of the block mask [nbq, nbk]
   bool sparse() const { return global_tokens > 0 || block_mask != nullptr; }
   bool block_allows(std::int64_t i, std::int64_t j) const {
-    return block_mask[(i / block_size) * bm_row + (j / block_size) * bm_col] != 0;
+    return block_mask[(i / block_size) * block_mask_strides[0] + (j / block_size) * block_mask_strides[1]] != 0;
   }
 
   double scale = 1.0;
@@ -59,21 +60,22 @@ struct Problem {
   const float* alibi = nullptr;
   const void* t5_table = nullptr;
   DType t5_dtype = DType::f32;
-  std::int64_t t5_buckets = 0, t5_row = 0, t5_col = 0, t5_max_distance = 128;
+  std::int64_t t5_buckets = 0, t5_max_distance = 128;
+  std::int64_t t5_strides[2] = {0, 0};  // element strides of the table [num_buckets, H]
   bool t5_bidirectional = true;
   const float* sinks = nullptr;
   const std::int64_t* query_offsets = nullptr;
   float* lse = nullptr;
-  std::int64_t lse_s[3] = {0, 0, 0};
+  std::int64_t lse_strides[3] = {0, 0, 0};
   // The opt-in scores output (scores.cpp): null when not asked for.
   void* scores = nullptr;
   DType scores_dtype = DType::f32;
-  Shape4 scores_s{};
+  Shape4 scores_strides{};
   ScoreStage scores_stage = ScoreStage::softmax;
   // Whether anything changes the scores past scale * q.k and the mask.
   bool scores_modified() const { return softcap > 0.0 || alibi != nullptr || t5_table != nullptr; }
   // Whether the output needs more than the plain online softmax (modified scores, sinks, lse).
-  bool plain() const { return !scores_modified() && sinks == nullptr && lse == nullptr; }
+  bool online_softmax_only() const { return !scores_modified() && sinks == nullptr && lse == nullptr; }
 
   std::int64_t key_len(std::int64_t b) const { return key_lengths ? key_lengths[b] : Sk; }
 
@@ -84,7 +86,7 @@ struct Problem {
   }
 
   std::int64_t mask_offset(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
-    return b * ms[0] + h * ms[1] + i * ms[2] + j * ms[3];
+    return b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2] + j * mask_strides[3];
   }
   bool mask_allows(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     return static_cast<const std::uint8_t*>(mask)[mask_offset(b, h, i, j)] != 0;

@@ -157,10 +157,10 @@ Span set_tensors(Problem& p, const ConstTensorView& q, const ConstTensorView& k,
   p.k = k.data;
   p.v = v.data;
   p.o = out.data;
-  p.qs = q.strides;
-  p.ks = k.strides;
-  p.vs = v.strides;
-  p.os = out.strides;
+  p.q_strides = q.strides;
+  p.k_strides = k.strides;
+  p.v_strides = v.strides;
+  p.o_strides = out.strides;
   return so;
 }
 
@@ -184,7 +184,7 @@ void set_mask(Problem& p, const AttentionOptions& opt, const Span& so) {
     if (overlaps(so, sm)) throw Error("out", "memory overlaps options.mask");
     p.mask = m.data;
     p.mask_dtype = m.dtype;
-    for (int d = 0; d < 4; ++d) p.ms[d] = m.shape[d] == 1 ? 0 : m.strides[d];
+    for (int d = 0; d < 4; ++d) p.mask_strides[d] = m.shape[d] == 1 ? 0 : m.strides[d];
   }
 }
 
@@ -251,8 +251,8 @@ void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
     if (overlaps(so, sb)) throw Error("out", "memory overlaps options.block_mask");
     p.block_mask = static_cast<const std::uint8_t*>(bm.data);
     p.block_size = opt.block_size;
-    p.bm_row = bm.strides[2];
-    p.bm_col = bm.strides[3];
+    p.block_mask_strides[0] = bm.strides[2];
+    p.block_mask_strides[1] = bm.strides[3];
   }
 }
 
@@ -333,8 +333,8 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     p.t5_table = t.data;
     p.t5_dtype = t.dtype;
     p.t5_buckets = t.shape[2];
-    p.t5_row = t.strides[2];
-    p.t5_col = t.strides[3];
+    p.t5_strides[0] = t.strides[2];
+    p.t5_strides[1] = t.strides[3];
     p.t5_bidirectional = rb.bidirectional;
     p.t5_max_distance = rb.max_distance;
   }
@@ -360,7 +360,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
       throw Error("options.lse", "expected shape [B, H, Sq, 1] = " + shape_str(want) + ", got " + shape_str(l.shape));
     check_output_option("options.lse", l, opt, q, k, v, so);
     p.lse = static_cast<float*>(l.data);
-    p.lse_s[0] = l.strides[0], p.lse_s[1] = l.strides[1], p.lse_s[2] = l.strides[2];
+    p.lse_strides[0] = l.strides[0], p.lse_strides[1] = l.strides[1], p.lse_strides[2] = l.strides[2];
   }
   if (view_given(opt.scores)) {
     const TensorView& sc = opt.scores;
@@ -374,7 +374,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     check_output_option("options.scores", sc, opt, q, k, v, so);
     p.scores = sc.data;
     p.scores_dtype = sc.dtype;
-    p.scores_s = sc.strides;
+    p.scores_strides = sc.strides;
     p.scores_stage = opt.scores_stage;
   }
 }

@@ -29,33 +29,46 @@
 namespace simdattn {
 namespace {
 
+namespace scratch {
+struct MhaProjection : detail::HugePagesSlot {};    // the q|k|v projection (q alone in cross-attention)
+struct MhaProjectionKv : detail::ScratchSlot {};    // the k and v projections in cross-attention
+struct MhaAttentionOut : detail::HugePagesSlot {};  // the attention output [B, Sq, H*hd]
+struct MhaMask : detail::ScratchSlot {};            // key padding combined with an additive mask
+struct MhaPaddingMask : detail::ScratchSlot {};     // key padding as a boolean mask
+struct MhaProjectionF32 : detail::ScratchSlot {};   // bf16/f16: a projection's f32 sums before rounding
+struct MhaCacheQ : detail::ScratchSlot {};          // a cache of another dtype: q and the output in the cache's dtype
+struct MhaCacheOut : detail::ScratchSlot {};
+struct MhaWeights : detail::ScratchSlot {};         // per-head attention weights before they are averaged
+struct MhaBatchRows : detail::ScratchSlot {};       // forward_batch: the steps' query rows gathered, then the output rows
+}  // namespace scratch
+
 using detail::GemmArgs;
-using detail::Scratch;
+
 using detail::shape_str;
 using detail::thread_buffer;
 
 
 
 template <class T>
-constexpr bool kHalf = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
+constexpr bool kIs16Bit = std::is_same_v<T, bfloat16> || std::is_same_v<T, float16>;
 
 // A layer's weights, W^T packed once for its GEMM: the f32/f64 GEMM's panels, or the 16-bit
 // GEMM's (bf16 and f16 layers keep their weights in their dtype).
 template <class T>
-using Weights = std::conditional_t<kHalf<T>, detail::PackedHalf, detail::PackedB<T>>;
+using Weights = std::conditional_t<kIs16Bit<T>, detail::Packed16, detail::PackedB<T>>;
 
 // The panel width of T's GEMM: column groups packed side by side start at multiples of it.
 template <class T>
 std::int64_t weights_nr() {
-  if constexpr (kHalf<T>) return detail::half_gemm_kernels(simd::kernels(), std::is_same_v<T, bfloat16>).nr;
+  if constexpr (kIs16Bit<T>) return detail::gemm16_kernels(simd::kernels(), std::is_same_v<T, bfloat16>).nr;
   else return simd::kernels().gemm<T>().blocking.nr;
 }
 
 // B [K, N] (row-major, leading dimension ldb) packed for T's GEMM.
 template <class T>
 Weights<T> pack_weights(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N) {
-  if constexpr (kHalf<T>)
-    return detail::pack_half_b(reinterpret_cast<const std::uint16_t*>(B), ldb, K, N, std::is_same_v<T, bfloat16>);
+  if constexpr (kIs16Bit<T>)
+    return detail::pack16_b(reinterpret_cast<const std::uint16_t*>(B), ldb, K, N, std::is_same_v<T, bfloat16>);
   else return detail::pack_matrix_b(B, ldb, K, N);
 }
 
@@ -75,7 +88,7 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
     if constexpr (std::is_same_v<T, float>) {
       b = bias;
     } else if (bias != nullptr) {
-      float* f = thread_buffer<float, Scratch::mha_linear_f32>().get(static_cast<std::size_t>(N));
+      float* f = thread_buffer<float, scratch::MhaProjectionF32>().get(static_cast<std::size_t>(N));
       for (std::int64_t j = 0; j < N; ++j) f[j] = static_cast<float>(detail::widen(bias[j]));
       b = f;
     }
@@ -83,9 +96,9 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
     return;
 #endif
   }
-  if constexpr (kHalf<T>) {
-    float* acc = thread_buffer<float, Scratch::mha_linear_f32>().get(static_cast<std::size_t>(M * N));
-    detail::HalfGemmArgs g;
+  if constexpr (kIs16Bit<T>) {
+    float* acc = thread_buffer<float, scratch::MhaProjectionF32>().get(static_cast<std::size_t>(M * N));
+    detail::Gemm16Args g;
     g.M = M, g.N = N, g.K = K;
     g.A = reinterpret_cast<const std::uint16_t*>(x), g.lda = ldx;
     g.B = &w, g.b_col = col;
@@ -95,7 +108,7 @@ void linear(const T* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const 
       for (std::int64_t m = 1; m < M; ++m) std::memcpy(acc + m * N, acc, sizeof(float) * N);
       g.beta = 1.0f;
     }
-    detail::gemm_half(g, threads);
+    detail::gemm16(g, threads);
     for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(acc + m * N, DType::f32, y + m * ldy, dtype_of<T>(), N);
   } else {
     GemmArgs<T> g;
@@ -158,8 +171,8 @@ struct Layer {
     if (o.backend != Backend::onednn || !backend_takes(Backend::onednn, dtype_of<T>())) return nullptr;
     std::call_once(plain->once, [&] {
       auto unpack = [](const Weights<T>& p) {
-        if constexpr (kHalf<T>) {
-          const std::vector<std::uint16_t> bits = detail::unpack_half_b(p);
+        if constexpr (kIs16Bit<T>) {
+          const std::vector<std::uint16_t> bits = detail::unpack16_b(p);
           std::vector<T> out(bits.size());
           for (std::size_t i = 0; i < bits.size(); ++i) out[i].bits = bits[i];
           return out;
@@ -269,7 +282,7 @@ WeightsOut weights_output(const MhaOptions& o, std::int64_t B, std::int64_t H, s
   w.average = v.shape[1] != H;
   if (w.average) {
     const std::size_t n = static_cast<std::size_t>(B * H * Sq * Sk) * dtype_size(v.dtype);
-    w.per_head = TensorView(thread_buffer<std::byte, Scratch::mha_weights>().get(n), v.dtype, {B, H, Sq, Sk});
+    w.per_head = TensorView(thread_buffer<std::byte, scratch::MhaWeights>().get(n), v.dtype, {B, H, Sq, Sk});
   } else {
     w.per_head = v;
   }
@@ -487,7 +500,7 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
     throw Error("options.key_padding_mask", "expected B*Sk = " + std::to_string(B) + "*" + std::to_string(Sk) +
                                                 " entries ([B, Sk]), got " + std::to_string(o.key_padding_mask.size()));
   if (padding && !additive) {
-    std::uint8_t* m = thread_buffer<std::uint8_t, Scratch::mha_padding_mask>().get(static_cast<std::size_t>(B * Sk));
+    std::uint8_t* m = thread_buffer<std::uint8_t, scratch::MhaPaddingMask>().get(static_cast<std::size_t>(B * Sk));
     for (std::int64_t i = 0; i < B * Sk; ++i) m[i] = o.key_padding_mask[static_cast<std::size_t>(i)] ? 0 : 1;
     a.mask = ConstTensorView(m, DType::u8, {B, 1, 1, Sk});
   } else if (additive && !padding) {
@@ -505,8 +518,8 @@ AttentionOptions attention_options(const MhaOptions& o, std::int64_t B, std::int
         throw Error("options.attn_mask", "shape " + shape_str({am.shape[0], am.shape[1], am.shape[2], am.shape[3]}) +
                                              " does not broadcast to " + shape_str({B, H, Sq, Sk}));
     const std::int64_t mh = am.shape[1], mi = am.shape[2];
-    using M = std::conditional_t<kHalf<T>, float, T>;  // a 16-bit layer's combined mask in f32
-    M* m = thread_buffer<M, Scratch::mha_mask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
+    using M = std::conditional_t<kIs16Bit<T>, float, T>;  // a 16-bit layer's combined mask in f32
+    M* m = thread_buffer<M, scratch::MhaMask>().get(static_cast<std::size_t>(B * mh * mi * Sk));
     const M neg_inf = -std::numeric_limits<M>::infinity();
     for (std::int64_t b = 0; b < B; ++b)
       for (std::int64_t h = 0; h < mh; ++h)
@@ -537,8 +550,8 @@ void self_forward(const Layer<T>& L, const ConstSeqView& query, const SeqView& o
   if (c.causal && a.causal == Causal::none) a.causal = Causal::top_left;
   const WeightsOut wout = weights_output(opt, B, H, S, S, a);
   const std::int64_t M = B * S, N = L.n_in;
-  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
-  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
+  T* p = thread_buffer<T, scratch::MhaProjection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * N)));
+  T* o = thread_buffer<T, scratch::MhaAttentionOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * L.nq)));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
          L.onednn_w(opt, L.w_in));
   position_qk(L, p, N, L.k0, B, S, opt.positions, nullptr, opt.threads);
@@ -570,9 +583,9 @@ void cross_forward(const Layer<T>& L, const ConstSeqView& query, const ConstSeqV
   add_config_options(c, a);
   if (!opt.positions.empty()) throw Error("options.positions", "cross-attention applies no rotary embedding");
   const WeightsOut wout = weights_output(opt, B, H, Sq, Sk, a);
-  T* pq = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
-  T* pkv = thread_buffer<T, Scratch::mha_projection_kv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
-  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  T* pq = thread_buffer<T, scratch::MhaProjection>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
+  T* pkv = thread_buffer<T, scratch::MhaProjectionKv>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, 2 * B * Sk * L.nkv)));
+  T* o = thread_buffer<T, scratch::MhaAttentionOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, B * Sq * L.nq)));
   // k and v side by side in one [B*Sk, 2*nkv] buffer.
   const std::int64_t ldkv = 2 * L.nkv;
   linear(static_cast<const T*>(query.data), B * Sq, c.d_model, c.d_model, L.w_in, 0, L.nq, L.bq(), pq, L.nq,
@@ -689,8 +702,8 @@ void cached_attention(const Layer<T>& L, const T* p, std::int64_t N, std::int64_
   // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
   // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
   const std::int64_t M = B * Tn, n = M * L.nq, esize = static_cast<std::int64_t>(dtype_size(cd));
-  std::byte* qc = thread_buffer<std::byte, Scratch::mha_cache_q>().get(static_cast<std::size_t>(n * esize));
-  std::byte* oc = thread_buffer<std::byte, Scratch::mha_cache_out>().get(static_cast<std::size_t>(n * esize));
+  std::byte* qc = thread_buffer<std::byte, scratch::MhaCacheQ>().get(static_cast<std::size_t>(n * esize));
+  std::byte* oc = thread_buffer<std::byte, scratch::MhaCacheOut>().get(static_cast<std::size_t>(n * esize));
   for (std::int64_t m = 0; m < M; ++m) detail::convert_elements(p + m * N, dtype_of<T>(), qc + m * L.nq * esize, cd, L.nq);
   const Shape4 dense{Tn * L.nq, hd, L.nq, 1};
   attention(ConstTensorView(qc, cd, {B, H, Tn, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, Tn, hd}, dense), a);
@@ -705,8 +718,8 @@ void cached_forward(const Layer<T>& L, const ConstSeqView& query, const CacheRef
   const std::int64_t B = query.B, Tn = query.S;
   if (Tn == 0) return;
   const std::int64_t M = B * Tn, N = L.n_in;
-  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
-  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
+  T* p = thread_buffer<T, scratch::MhaProjection>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, scratch::MhaAttentionOut>().get(static_cast<std::size_t>(M * L.nq));
   linear(static_cast<const T*>(query.data), M, c.d_model, c.d_model, L.w_in, 0, N, L.bq(), p, N, opt.threads,
          L.onednn_w(opt, L.w_in));
   position_qk(L, p, N, L.k0, B, Tn, opt.positions, cache.lengths.data(), opt.threads);  // (K appended rotated)
@@ -753,9 +766,9 @@ void batched_forward(const Layer<T>& L, std::span<const DecodeStep> steps, const
   }
   const std::int64_t M = row0.back(), N = L.n_in, d = c.d_model;
   if (M == 0) return;
-  T* x = thread_buffer<T, Scratch::mha_batch_rows>().get(static_cast<std::size_t>(M * d));
-  T* p = thread_buffer<T, Scratch::mha_projection>().get(static_cast<std::size_t>(M * N));
-  T* o = thread_buffer<T, Scratch::mha_attention_out>().get(static_cast<std::size_t>(M * L.nq));
+  T* x = thread_buffer<T, scratch::MhaBatchRows>().get(static_cast<std::size_t>(M * d));
+  T* p = thread_buffer<T, scratch::MhaProjection>().get(static_cast<std::size_t>(M * N));
+  T* o = thread_buffer<T, scratch::MhaAttentionOut>().get(static_cast<std::size_t>(M * L.nq));
   for (std::size_t i = 0; i < steps.size(); ++i)
     std::copy_n(static_cast<const T*>(steps[i].query.data), (row0[i + 1] - row0[i]) * d, x + row0[i] * d);
   linear(x, M, d, d, L.w_in, 0, N, L.bq(), p, N, opt.threads, L.onednn_w(opt, L.w_in));

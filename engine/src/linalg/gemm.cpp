@@ -211,8 +211,8 @@ struct Extents {
 // it under a RegionFailure).
 template <class T, class Body>
 void with_packing_buffers(const Extents<T>& ex, const simd::GemmBlocking& bs, Body&& body) {
-  T* Bp = thread_buffer<T, Scratch::gemm_packed_b>().get(ex.b_size());
-  body(Bp, thread_buffer<T, Scratch::gemm_packed_a>().get(ex.a_size(bs)));
+  T* Bp = thread_buffer<T, scratch::GemmPackedB>().get(ex.b_size());
+  body(Bp, thread_buffer<T, scratch::GemmPackedA>().get(ex.a_size(bs)));
 }
 
 // The first m x n values of an edge tile (rows nr apart) into C: alpha * tile + beta * C, beta
@@ -338,7 +338,7 @@ void pass_deep(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
   const PackedB<T>& pb = *g.packed_b;
   const std::int64_t nc = deep_nc<T>(bs, g.K), chunk = deep_chunk_rows<T>(bs, i_end - i_begin, g.K);
   const std::int64_t block_stride = pb.kc * pb.Np;
-  T* Ap = thread_buffer<T, Scratch::gemm_deep_a>().get(static_cast<std::size_t>(chunk * g.K));
+  T* Ap = thread_buffer<T, scratch::GemmDeepA>().get(static_cast<std::size_t>(chunk * g.K));
   for (std::int64_t ic = i_begin; ic < i_end; ic += chunk) {
     const std::int64_t mc = std::min(chunk, i_end - ic);
     pack_a(g, vk, ic, mc, 0, g.K, mr, Ap);
@@ -576,15 +576,15 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
     b = std::max(b, ex.b_size());
     a = std::max(a, ex.a_size(*bs));
   }
-  thread_buffer<T, Scratch::gemm_packed_b>().get(b);
-  thread_buffer<T, Scratch::gemm_packed_a>().get(a);
+  thread_buffer<T, scratch::GemmPackedB>().get(b);
+  thread_buffer<T, scratch::GemmPackedA>().get(a);
   // Deep mode (a pre-packed B, kDeepMinRows rows or more): a chunk of rows packed over a depth of
   // up to K, chunk * K' <= min(M * K', max(mr * K', kDeepMaxABytes)) for every deep K' <= K.
   const std::int64_t k_blocks = g.K / gk.blocking.kc * gk.blocking.kc, mr = gk.blocking.mr;
   if (g.packed_b != nullptr && g.M >= kDeepMinRows && k_blocks >= kDeepMinBlocks * gk.blocking.kc) {
     const std::int64_t rows = (g.M + mr - 1) / mr * mr;
     const std::int64_t cap = std::max(mr * k_blocks, kDeepMaxABytes / static_cast<std::int64_t>(sizeof(T)));
-    thread_buffer<T, Scratch::gemm_deep_a>().get(static_cast<std::size_t>(std::min(rows * k_blocks, cap)));
+    thread_buffer<T, scratch::GemmDeepA>().get(static_cast<std::size_t>(std::min(rows * k_blocks, cap)));
   }
 }
 

@@ -20,6 +20,12 @@
 
 namespace simdattn::detail {
 
+namespace scratch {
+struct GemmPackedB : ScratchSlot {};    // the GEMM's packed B block
+struct GemmPackedA : ScratchSlot {};    // the GEMM's packed A block and an edge tile
+struct GemmDeepA : HugePagesSlot {};    // the GEMM's deep mode: a chunk of rows of A packed over all of K
+}  // namespace scratch
+
 enum class Trans : std::uint8_t { N, T };
 
 // 64-byte aligned storage for std::vector (packed panels are read with aligned vector loads),

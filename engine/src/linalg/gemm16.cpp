@@ -16,7 +16,7 @@ namespace {
 // mc), with the SIMD kernels: f32 values (each row widened, then the f32 transposing pack), or
 // bf16 pairs, which are 32-bit words: the same transposing pack moves them as they are (an odd
 // row stride or depth, which splits a pair, goes word by word).
-void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk, bool bf16,
+void pack_a(const Gemm16Args& g, const simd::KernelTable& kt, const simd::Gemm16Kernels& hk, bool bf16,
             std::int64_t i0, std::int64_t mc, std::int64_t p0, std::int64_t kc, void* Ap) {
   const int mr = hk.mr;
   const simd::VectorKernels<float>& vk = kt.vec<float>();
@@ -37,8 +37,8 @@ void pack_a(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::Half
         }
       }
     } else {
-      float* rows = thread_buffer<float, Scratch::gemm_widened_a>().get(static_cast<std::size_t>(mr * kc));
-      const simd::HalfConvertKernels& cv = bf16 ? kt.convert_bf16 : kt.convert_f16;
+      float* rows = thread_buffer<float, scratch::GemmWidenedA>().get(static_cast<std::size_t>(mr * kc));
+      const simd::Convert16Kernels& cv = bf16 ? kt.convert_bf16 : kt.convert_f16;
       for (std::int64_t r = 0; r < m; ++r) cv.widen(a0 + r * g.lda, rows + r * kc, kc);
       vk.pack_transpose(rows, kc, m, kc, static_cast<float*>(Ap) + ir * steps, mr, mr);
     }
@@ -54,20 +54,20 @@ constexpr std::int64_t kWidenBFromTiles = 4;
 constexpr std::int64_t kAmxMinRows = 4;
 
 // Rows [i_begin, i_end) by column panels [q_begin, q_end) of C, on this thread's buffers.
-void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::HalfGemmKernels& hk,
+void gemm_block(const Gemm16Args& g, const simd::KernelTable& kt, const simd::Gemm16Kernels& hk,
                 std::int64_t i_begin, std::int64_t i_end,
                 std::int64_t q_begin, std::int64_t q_end) {
-  const PackedHalf& b = *g.B;
+  const Packed16& b = *g.B;
   const int mr = hk.mr, nr = hk.nr;
   const std::int64_t mc_max = std::min<std::int64_t>(hk.mc, (i_end - i_begin + mr - 1) / mr * mr);
   const std::int64_t kc_max = std::min<std::int64_t>(hk.kc, g.K) + 1;  // + 1: an odd depth's pair
-  float* Ap = thread_buffer<float, Scratch::gemm_packed_a>().get(static_cast<std::size_t>(mc_max * kc_max));
-  float* tile = thread_buffer<float, Scratch::gemm_packed_b>().get(static_cast<std::size_t>(mr * nr));
+  float* Ap = thread_buffer<float, scratch::GemmPackedA>().get(static_cast<std::size_t>(mc_max * kc_max));
+  float* tile = thread_buffer<float, scratch::GemmPackedB>().get(static_cast<std::size_t>(mr * nr));
   // Tall blocks: B panels widened once and run on the f32 kernel (same tile, same A packing).
   const simd::GemmKernels<float>& fk = kt.gemm_f32;
   const bool widen_b = !hk.pairs && fk.blocking.mr == mr && fk.blocking.nr == nr && mc_max >= kWidenBFromTiles * mr;
-  float* bw = widen_b ? thread_buffer<float, Scratch::gemm_widened_b>().get(static_cast<std::size_t>(hk.kc * nr)) : nullptr;
-  const simd::HalfConvertKernels& cv = b.bf16 ? kt.convert_bf16 : kt.convert_f16;
+  float* bw = widen_b ? thread_buffer<float, scratch::GemmWidenedB>().get(static_cast<std::size_t>(hk.kc * nr)) : nullptr;
+  const simd::Convert16Kernels& cv = b.bf16 ? kt.convert_bf16 : kt.convert_f16;
   for (std::int64_t ic = i_begin; ic < i_end; ic += mc_max) {
     const std::int64_t mc = std::min(mc_max, i_end - ic);
     for (std::int64_t pc = 0; pc < g.K; pc += hk.kc) {
@@ -111,8 +111,8 @@ void gemm_block(const HalfGemmArgs& g, const simd::KernelTable& kt, const simd::
 // (f32, 32 x kAmxCols) in L2 across the depth blocks. beta other than 0 and 1 scales C first.
 constexpr std::int64_t kAmxBlock = 32, kAmxCols = 512, kAmxPackFromPanels = 8;
 
-void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int threads) {
-  const PackedHalf& b = *g.B;
+void gemm_amx(const Gemm16Args& g, const simd::Gemm16Kernels& hk, int threads) {
+  const Packed16& b = *g.B;
   const std::int64_t mb = (g.M + kAmxBlock - 1) / kAmxBlock, nb = (g.N + kAmxBlock - 1) / kAmxBlock;
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
   // Tiles run ~10x the f32 FMA rate: a thread is worth its wake-up at ten times the f32 work.
@@ -129,7 +129,7 @@ void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int thread
           for (std::int64_t j = j0 * kAmxBlock; j < std::min(g.N, j1 * kAmxBlock); ++j) g.C[i * g.ldc + j] *= g.beta;
       const std::int64_t chunk = kAmxCols / kAmxBlock;
       const std::int64_t kc_tiles = (b.kc + 31) / 32 * 32;
-      auto* ap = thread_buffer<std::uint16_t, Scratch::gemm_amx_a>().get(static_cast<std::size_t>(kAmxBlock * kc_tiles));
+      auto* ap = thread_buffer<std::uint16_t, scratch::GemmAmxA>().get(static_cast<std::size_t>(kAmxBlock * kc_tiles));
       for (std::int64_t jc = j0; jc < j1; jc += chunk)
         for (std::int64_t ib = i0; ib < i1; ++ib) {
           const std::int64_t i = ib * kAmxBlock;
@@ -161,14 +161,14 @@ void gemm_amx(const HalfGemmArgs& g, const simd::HalfGemmKernels& hk, int thread
 
 }  // namespace
 
-PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
+Packed16 pack16_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
                        const simd::KernelTable* kt, bool pairs) {
-  const simd::HalfGemmKernels& hk = half_gemm_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
-  if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack_half_b: this table has no such kernels");
-  PackedHalf pb;
+  const simd::Gemm16Kernels& hk = gemm16_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
+  if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack16_b: this table has no such kernels");
+  Packed16 pb;
   pb.K = K, pb.N = N, pb.nr = hk.nr, pb.kc = hk.kc, pb.pairs = hk.pairs, pb.bf16 = bf16, pb.pair_kernels = pairs;
   pb.k_align = hk.k_align;
-  if (hk.kc % pb.k_align != 0) throw std::logic_error("pack_half_b: kc is not a multiple of k_align");
+  if (hk.kc % pb.k_align != 0) throw std::logic_error("pack16_b: kc is not a multiple of k_align");
   pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
   const std::int64_t depth = K <= 0 ? 0 : (K - 1) / hk.kc * hk.kc + pb.rows((K - 1) / hk.kc * hk.kc);
   pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, depth * pb.Np)), 0);
@@ -187,7 +187,7 @@ PackedHalf pack_half_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K,
   return pb;
 }
 
-std::vector<std::uint16_t> unpack_half_b(const PackedHalf& pb) {
+std::vector<std::uint16_t> unpack16_b(const Packed16& pb) {
   std::vector<std::uint16_t> out(static_cast<std::size_t>(pb.K * pb.N));
   for (std::int64_t p = 0; p < pb.K; p += pb.kc)
     for (std::int64_t j = 0; j < pb.N; j += pb.nr) {
@@ -200,14 +200,14 @@ std::vector<std::uint16_t> unpack_half_b(const PackedHalf& pb) {
   return out;
 }
 
-void gemm_half(const HalfGemmArgs& g, int threads, const simd::KernelTable* kt) {
+void gemm16(const Gemm16Args& g, int threads, const simd::KernelTable* kt) {
   if (g.M <= 0 || g.N <= 0) return;
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
-  const simd::HalfGemmKernels& hk = half_gemm_kernels(table, g.B->bf16, g.B->pair_kernels);
-  const PackedHalf& b = *g.B;
+  const simd::Gemm16Kernels& hk = gemm16_kernels(table, g.B->bf16, g.B->pair_kernels);
+  const Packed16& b = *g.B;
   if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.k_align != hk.k_align ||
       b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 || g.b_col + g.N > b.N)
-    throw std::logic_error("gemm_half: the packed B does not match this call or ISA");
+    throw std::logic_error("gemm16: the packed B does not match this call or ISA");
   if (g.K <= 0) {  // C = beta * C
     for (std::int64_t i = 0; i < g.M; ++i)
       for (std::int64_t j = 0; j < g.N; ++j) {

@@ -32,6 +32,10 @@ std::string_view feature_map_name(FeatureMap f) noexcept {
 
 namespace {
 
+namespace scratch {
+struct LinearAttention : detail::ScratchSlot {};  // the native kernel's panels and state
+}  // namespace scratch
+
 using detail::Problem;
 
 template <class T>
@@ -57,21 +61,21 @@ void reference(const Problem& p, const LinearAttentionOptions& o) {
   // s += phi(k_j) [v_j, 1]^T
   auto add_key = [&](std::int64_t b, std::int64_t hk, std::int64_t j) {
     for (std::int64_t d = 0; d < p.D; ++d) {
-      const double f = phi<double>(o.feature_map, k[b * p.ks[0] + hk * p.ks[1] + j * p.ks[2] + d * p.ks[3]]);
+      const double f = phi<double>(o.feature_map, k[b * p.k_strides[0] + hk * p.k_strides[1] + j * p.k_strides[2] + d * p.k_strides[3]]);
       for (std::int64_t e = 0; e < p.Dv; ++e)
-        s[d * W + e] += f * static_cast<double>(v[b * p.vs[0] + hk * p.vs[1] + j * p.vs[2] + e * p.vs[3]]);
+        s[d * W + e] += f * static_cast<double>(v[b * p.v_strides[0] + hk * p.v_strides[1] + j * p.v_strides[2] + e * p.v_strides[3]]);
       s[d * W + p.Dv] += f;
     }
   };
   auto write_row = [&](std::int64_t b, std::int64_t h, std::int64_t i) {
     for (std::int64_t d = 0; d < p.D; ++d)
-      fq[d] = phi<double>(o.feature_map, q[b * p.qs[0] + h * p.qs[1] + i * p.qs[2] + d * p.qs[3]]);
+      fq[d] = phi<double>(o.feature_map, q[b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2] + d * p.q_strides[3]]);
     double den = o.eps;
     for (std::int64_t d = 0; d < p.D; ++d) den += fq[d] * s[d * W + p.Dv];
     for (std::int64_t e = 0; e < p.Dv; ++e) {
       double num = 0.0;
       for (std::int64_t d = 0; d < p.D; ++d) num += fq[d] * s[d * W + e];
-      out[b * p.os[0] + h * p.os[1] + i * p.os[2] + e * p.os[3]] = static_cast<T>(num / den);
+      out[b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2] + e * p.o_strides[3]] = static_cast<T>(num / den);
     }
   };
   for (std::int64_t b = 0; b < p.B; ++b)
@@ -168,10 +172,10 @@ class LinearWorker {
 
   void run(std::int64_t b, std::int64_t h) {
     const std::int64_t hk = h / (p_.H / p_.Hkv);
-    q_ = static_cast<const T*>(p_.q) + b * p_.qs[0] + h * p_.qs[1];
-    k_ = static_cast<const T*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
-    v_ = static_cast<const T*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
-    out_ = static_cast<T*>(p_.o) + b * p_.os[0] + h * p_.os[1];
+    q_ = static_cast<const T*>(p_.q) + b * p_.q_strides[0] + h * p_.q_strides[1];
+    k_ = static_cast<const T*>(p_.k) + b * p_.k_strides[0] + hk * p_.k_strides[1];
+    v_ = static_cast<const T*>(p_.v) + b * p_.v_strides[0] + hk * p_.v_strides[1];
+    out_ = static_cast<T*>(p_.o) + b * p_.o_strides[0] + h * p_.o_strides[1];
     std::fill(z_, z_ + p_.D, T(0));
     std::fill(sv_, sv_ + pl_.s_sv, T(0));
     if (pl_.o.causal) causal();
@@ -185,8 +189,8 @@ class LinearWorker {
     for (std::int64_t j0 = 0; j0 < p_.Sk; j0 += C) {
       const std::int64_t n = std::min(C, p_.Sk - j0);
       next_.clear();
-      queue(k_, p_.ks, j0 + n, p_.Sk, p_.D);
-      queue(v_, p_.vs, j0 + n, p_.Sk, p_.Dv);
+      queue(k_, p_.k_strides, j0 + n, p_.Sk, p_.D);
+      queue(v_, p_.v_strides, j0 + n, p_.Sk, p_.Dv);
       for (std::int64_t g = 0; g * pl_.slice < n; ++g) load_keys(j0, n, g);
       pl_.gk.gemv_n(p_.D, n, T(1), ones_, fk_, p_.D, T(1), z_);  // z += column sums of phi(K_c)
       carry(n);
@@ -194,8 +198,8 @@ class LinearWorker {
     for (std::int64_t i0 = 0; i0 < p_.Sq; i0 += C) {
       const std::int64_t n = std::min(C, p_.Sq - i0);
       next_.clear();
-      queue(q_, p_.qs, i0 + n, p_.Sq, p_.D);
-      queue(out_, p_.os, i0 + n, p_.Sq, p_.Dv);
+      queue(q_, p_.q_strides, i0 + n, p_.Sq, p_.D);
+      queue(out_, p_.o_strides, i0 + n, p_.Sq, p_.Dv);
       load_q(i0, 0, n);
       product(n, p_.Dv, p_.D, fq_, pl_.lq, sv_, pl_.ls, num_, pl_.Dvp, T(0));
       den_from_z(0, n);
@@ -211,10 +215,10 @@ class LinearWorker {
       const std::int64_t n = std::min(pl_.C, p_.Sq - c0);
       std::int64_t keys = 0;  // keys of this chunk loaded so far
       next_.clear();
-      queue(q_, p_.qs, c0 + n, p_.Sq, p_.D);
-      queue(k_, p_.ks, c0 + n, p_.Sq, p_.D);
-      queue(v_, p_.vs, c0 + n, p_.Sq, p_.Dv);
-      queue(out_, p_.os, c0 + n, p_.Sq, p_.Dv);
+      queue(q_, p_.q_strides, c0 + n, p_.Sq, p_.D);
+      queue(k_, p_.k_strides, c0 + n, p_.Sq, p_.D);
+      queue(v_, p_.v_strides, c0 + n, p_.Sq, p_.Dv);
+      queue(out_, p_.o_strides, c0 + n, p_.Sq, p_.Dv);
       for (std::int64_t r0 = 0; r0 < n; r0 += pl_.tile_rows) causal_rows(c0, n, r0, keys);
       pl_.gk.gemv_n(p_.D, n, T(1), ones_, fk_, p_.D, T(1), z_);  // z += column sums of phi(K_c)
       carry(n);
@@ -258,7 +262,7 @@ class LinearWorker {
 
   // fq rows r0.. = phi(Q rows i0 + r0..)
   void load_q(std::int64_t i0, std::int64_t r0, std::int64_t n) {
-    phi_rows(pl_.o.feature_map, pl_.vk, q_ + (i0 + r0) * p_.qs[2], p_.qs[2], p_.qs[3], n, p_.D, fq_ + r0 * pl_.lq,
+    phi_rows(pl_.o.feature_map, pl_.vk, q_ + (i0 + r0) * p_.q_strides[2], p_.q_strides[2], p_.q_strides[3], n, p_.D, fq_ + r0 * pl_.lq,
              pl_.lq, ex_);
   }
 
@@ -268,9 +272,9 @@ class LinearWorker {
   void load_keys(std::int64_t j0, std::int64_t n, std::int64_t g) {
     const std::int64_t G = pl_.slice, tc = pl_.tile_cols, D = p_.D;
     const std::int64_t f = g * G, rows = std::min(G, n - f);
-    phi_rows(pl_.o.feature_map, pl_.vk, k_ + (j0 + f) * p_.ks[2], p_.ks[2], p_.ks[3], rows, D, fk_ + f * D, D, ex_);
+    phi_rows(pl_.o.feature_map, pl_.vk, k_ + (j0 + f) * p_.k_strides[2], p_.k_strides[2], p_.k_strides[3], rows, D, fk_ + f * D, D, ex_);
     pl_.vk.pack_transpose(fk_ + f * D, D, rows, D, kt_ + (f / tc) * D * tc + f % tc, tc, G);
-    detail::pack_row_panels(v_ + (j0 + f) * p_.vs[2], p_.vs[2], p_.vs[3], rows, std::min(G, pl_.C - f), p_.Dv, tc,
+    detail::pack_row_panels(v_ + (j0 + f) * p_.v_strides[2], p_.v_strides[2], p_.v_strides[3], rows, std::min(G, pl_.C - f), p_.Dv, tc,
                             pl_.value_panels, sv_ + (D + f) * tc, pl_.ls);
   }
 
@@ -324,10 +328,10 @@ class LinearWorker {
     const T eps = static_cast<T>(pl_.o.eps);
     for (std::int64_t r = r0; r < r0 + n; ++r) {
       const T inv = T(1) / (den_[r] + eps);
-      T* dst = out_ + (i0 + r) * p_.os[2];
-      if (p_.os[3] == 1) pl_.vk.scale_to(num_ + r * pl_.Dvp, dst, p_.Dv, inv);
+      T* dst = out_ + (i0 + r) * p_.o_strides[2];
+      if (p_.o_strides[3] == 1) pl_.vk.scale_to(num_ + r * pl_.Dvp, dst, p_.Dv, inv);
       else
-        for (std::int64_t e = 0; e < p_.Dv; ++e) dst[e * p_.os[3]] = num_[r * pl_.Dvp + e] * inv;
+        for (std::int64_t e = 0; e < p_.Dv; ++e) dst[e * p_.o_strides[3]] = num_[r * pl_.Dvp + e] * inv;
     }
   }
 
@@ -346,7 +350,7 @@ void native(const Problem& p, const LinearAttentionOptions& o) {
   // (b, h) items are large (a whole head's sequence) and few: claimed one at a time
   detail::parallel_claims(p.B * p.H, p.threads, plan.min_items_per_thread(), [&](auto next_item) {
     failure.guard([&] {
-      LinearWorker<T> worker(plan, detail::thread_buffer<T, detail::Scratch::linear>().get(plan.scratch_size()));
+      LinearWorker<T> worker(plan, detail::thread_buffer<T, scratch::LinearAttention>().get(plan.scratch_size()));
       for (std::int64_t it = next_item(); it < p.B * p.H; it = next_item()) worker.run(it / p.H, it % p.H);
     });
   });
@@ -374,17 +378,17 @@ void widened(const Problem& p, Run run) {
   };
   const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
   const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
-  const std::vector<W> q = dense(p.q, p.qs, qshape), k = dense(p.k, p.ks, kshape), v = dense(p.v, p.vs, vshape);
+  const std::vector<W> q = dense(p.q, p.q_strides, qshape), k = dense(p.k, p.k_strides, kshape), v = dense(p.v, p.v_strides, vshape);
   std::vector<W> o(static_cast<std::size_t>(p.B * p.H * p.Sq * p.Dv));
   Problem f = p;
   f.dtype = dtype_of<W>();
   f.q = q.data(), f.k = k.data(), f.v = v.data(), f.o = o.data();
-  f.qs = contiguous_strides(qshape), f.ks = contiguous_strides(kshape);
-  f.vs = contiguous_strides(vshape), f.os = contiguous_strides(oshape);
+  f.q_strides = contiguous_strides(qshape), f.k_strides = contiguous_strides(kshape);
+  f.v_strides = contiguous_strides(vshape), f.o_strides = contiguous_strides(oshape);
   run(f);
-  each_matrix(p.os, oshape, [&](std::int64_t byte_off, std::int64_t n) {
+  each_matrix(p.o_strides, oshape, [&](std::int64_t byte_off, std::int64_t n) {
     detail::convert_matrix(o.data() + n, dtype_of<W>(), p.Dv, 1, p.Sq, p.Dv, static_cast<char*>(p.o) + byte_off, p.dtype,
-                           p.os[2], p.os[3]);
+                           p.o_strides[2], p.o_strides[3]);
   });
 }
 

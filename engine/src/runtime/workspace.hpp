@@ -85,51 +85,24 @@ struct AlignedBuffer {
   }
 };
 
-// Every per-thread scratch buffer of the engine, one name each (one buffer per slot and dtype).
-// A caller may hold one slot while calling code that uses another (the attention kernels call
-// the GEMM; the MHA layer calls attention and the GEMM).
-enum class Scratch : int {
-  gemm_packed_b,        // the GEMM's packed B block
-  gemm_packed_a,        // the GEMM's packed A block and an edge tile
-  gemm_deep_a,          // the GEMM's deep mode: a chunk of rows of A packed over all of K
-  gemm_widened_a,       // the 16-bit GEMM: rows of A widened to f32 before packing
-  gemm_widened_b,       // the 16-bit GEMM: one kc x nr panel of B widened to f32 for a tall block
-  gemm_amx_a,           // the 16-bit GEMM on AMX: 32 rows of A at one depth block, as tiles
-  attention,            // the native attention paths' blocks, packed K^T / V, decode rows
-  linear,               // the native linear-attention kernel's panels and state
-  onednn_scores,        // onednn backend: scores of one step
-  onednn_probs,         // onednn backend: a bf16/f16 step's probabilities, rounded for the PV matmul
-  onednn_mask,          // onednn backend: the step's mask and empty-row flags
-  onednn_scratchpad,    // onednn backend: oneDNN's scratchpads (bytes)
-  onednn_dense_q,       // onednn backend: dense copies of inputs whose inner stride is not 1
-  onednn_dense_k,
-  onednn_dense_v,
-  onednn_dense_out,
-  mha_projection,       // MHA layer: the q|k|v projection (q alone in cross-attention)
-  mha_projection_kv,    // MHA layer: the k and v projections in cross-attention
-  mha_attention_out,    // MHA layer: the attention output [B, Sq, H*hd]
-  mha_mask,             // MHA layer: key padding combined with an additive mask
-  mha_padding_mask,     // MHA layer: key padding as a boolean mask
-  mha_linear_f32,       // MHA layer, bf16/f16: a projection's f32 sums before rounding
-  mha_cache_q,          // MHA layer, a cache of another dtype: q and the output in the cache's dtype
-  mha_cache_out,
-  mha_weights,          // MHA layer: per-head attention weights before they are averaged
-  mha_batch_rows,       // MHA layer, forward_batch: the steps' query rows gathered, then the output rows
-  widened_q,            // native backend, bf16/f16 operands: f32 copies of q, k, v and out
-  widened_k,
-  widened_v,
-  widened_out,
+// Per-thread scratch buffers are named by slots: an empty type, one per buffer, declared by the
+// layer that owns the buffer (`struct GemmPackedB : ScratchSlot {};` beside the GEMM), so that
+// this header names no layer above it. thread_buffer<T, Slot>() is the calling thread's buffer
+// of T for that slot. A caller may hold one slot while calling code that uses another (the
+// attention kernels call the GEMM; the MHA layer calls attention and the GEMM). A slot used by
+// several files is declared in a header they share, so that they share its buffer.
+struct ScratchSlot {
+  static constexpr bool kHugePages = false;
+};
+// A slot on huge pages: the GEMM's operands that span many MiB (measured; the attention paths'
+// scratch is not, and would only grow its resident size).
+struct HugePagesSlot {
+  static constexpr bool kHugePages = true;
 };
 
-// The slots on huge pages: the GEMM's operands that span many MiB (measured; the attention
-// paths' scratch is not, and would only grow its resident size).
-constexpr bool huge_pages_slot(Scratch slot) {
-  return slot == Scratch::gemm_deep_a || slot == Scratch::mha_projection || slot == Scratch::mha_attention_out;
-}
-
-template <class T, Scratch kSlot>
-AlignedBuffer<T, huge_pages_slot(kSlot)>& thread_buffer() {
-  thread_local AlignedBuffer<T, huge_pages_slot(kSlot)> buffer;
+template <class T, class Slot>
+AlignedBuffer<T, Slot::kHugePages>& thread_buffer() {
+  thread_local AlignedBuffer<T, Slot::kHugePages> buffer;
   return buffer;
 }
 

@@ -9,11 +9,11 @@
 #include <utility>
 
 #include "batch.hpp"
-#include "convert_half.hpp"
-#include "gemm_half.hpp"
+#include "convert16.hpp"
+#include "gemm16.hpp"
 #include "gemm_tile.hpp"
 #include "gemv.hpp"
-#include "gemv_half.hpp"
+#include "gemv16.hpp"
 #include "pack.hpp"
 #include "probe.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -133,7 +133,7 @@ GemmKernels<T> make_gemm_kernels() {
 
 // The 16-bit-B GEMM in the conversion layout on an MR x NV tile (the f32 GEMM's).
 template <class Arch, bool kBf16, GemmParams P>
-HalfGemmKernels make_half_gemm_kernels() {
+Gemm16Kernels make_gemm16_kernels() {
   constexpr int W = static_cast<int>(batch<float, Arch>::size);
   constexpr int MR = P.tile.mr, NV = P.tile.nv;
   return {.mr = MR,
@@ -141,8 +141,8 @@ HalfGemmKernels make_half_gemm_kernels() {
           .kc = P.kc,
           .mc = P.mc,
           .pairs = false,
-          .ukernel = rows_table<HalfGemmUkernel, MR>(
-              [](auto m) { return &half_gemm_ukernel<Arch, kBf16, decltype(m)::value, MR, NV>; })};
+          .ukernel = rows_table<Gemm16Ukernel, MR>(
+              [](auto m) { return &gemm16_ukernel<Arch, kBf16, decltype(m)::value, MR, NV>; })};
 }
 
 // The whole table of one ISA; F32 and F64: its GEMM blocking per dtype (F32's also the 16-bit
@@ -155,17 +155,17 @@ KernelTable make_kernel_table(Isa isa) {
           .gemm_f64 = make_gemm_kernels<Arch, double, F64>(),
           .vec_f32 = make_vector_kernels<Arch, float>(),
           .vec_f64 = make_vector_kernels<Arch, double>(),
-          .gemv_bf16 = {.dot_rows = &half_dot_rows<Arch, true>, .sum_rows = &half_sum_rows<Arch, true>},
-          .gemv_f16 = {.dot_rows = &half_dot_rows<Arch, false>, .sum_rows = &half_sum_rows<Arch, false>},
-          .gemm_bf16 = make_half_gemm_kernels<Arch, true, F32>(),
-          .gemm_f16 = make_half_gemm_kernels<Arch, false, F32>(),
+          .gemv_bf16 = {.gemv_n = &gemv16_n<Arch, true>, .gemv_t = &gemv16_t<Arch, true>},
+          .gemv_f16 = {.gemv_n = &gemv16_n<Arch, false>, .gemv_t = &gemv16_t<Arch, false>},
+          .gemm_bf16 = make_gemm16_kernels<Arch, true, F32>(),
+          .gemm_f16 = make_gemm16_kernels<Arch, false, F32>(),
           .gemm_bf16_pairs = {},
-          .convert_bf16 = {.widen = &widen_half_row<Arch, true>,
-                           .narrow = &narrow_half_row<Arch, true>,
-                           .pack_transpose = &pack_transpose_half<Arch, true>},
-          .convert_f16 = {.widen = &widen_half_row<Arch, false>,
-                          .narrow = &narrow_half_row<Arch, false>,
-                          .pack_transpose = &pack_transpose_half<Arch, false>},
+          .convert_bf16 = {.widen = &widen16_row<Arch, true>,
+                           .narrow = &narrow16_row<Arch, true>,
+                           .pack_transpose = &pack_transpose16<Arch, true>},
+          .convert_f16 = {.widen = &widen16_row<Arch, false>,
+                          .narrow = &narrow16_row<Arch, false>,
+                          .pack_transpose = &pack_transpose16<Arch, false>},
           .amx_attention = {}};
 }
 

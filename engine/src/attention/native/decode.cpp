@@ -35,16 +35,16 @@ void decode_item(const Problem& p, const simd::KernelTable& kt, std::int64_t b, 
   // Qg: row r = (head hk * group + r / Sq, query r % Sq)
   for (std::int64_t r = 0; r < rows; ++r) {
     const T* src =
-        static_cast<const T*>(p.q) + b * p.qs[0] + (hk * group + r / p.Sq) * p.qs[1] + (r % p.Sq) * p.qs[2];
+        static_cast<const T*>(p.q) + b * p.q_strides[0] + (hk * group + r / p.Sq) * p.q_strides[1] + (r % p.Sq) * p.q_strides[2];
     std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
   }
-  const T* k = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1];
-  const T* v = static_cast<const T*>(p.v) + b * p.vs[0] + hk * p.vs[1];
+  const T* k = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1];
+  const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1];
   const std::int64_t L = p.key_len(b);
   GemmArgs<T> qk;  // S = Qg K^T
   qk.trans_b = Trans::T;
   qk.M = rows, qk.N = L, qk.K = p.D;
-  qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.ks[2], qk.C = s, qk.ldc = p.Sk;
+  qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.k_strides[2], qk.C = s, qk.ldc = p.Sk;
   gemm(qk, 1, &kt);  // L == 0: nothing
   std::int64_t visible_rows = 0;
   T l[kDecodeMaxRows];
@@ -59,12 +59,12 @@ void decode_item(const Problem& p, const simd::KernelTable& kt, std::int64_t b, 
   if (visible_rows > 0) {
     GemmArgs<T> pv;  // O = P V
     pv.M = rows, pv.N = p.Dv, pv.K = L;
-    pv.A = s, pv.lda = p.Sk, pv.B = v, pv.ldb = p.vs[2], pv.C = og, pv.ldc = p.Dv;
+    pv.A = s, pv.lda = p.Sk, pv.B = v, pv.ldb = p.v_strides[2], pv.C = og, pv.ldc = p.Dv;
     gemm(pv, 1, &kt);
   }
   for (std::int64_t r = 0; r < rows; ++r) {
     const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-    T* dst = static_cast<T*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+    T* dst = static_cast<T*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
     write_output_row(p, vk, og + r * p.Dv, l[r], dst);
   }
 }
@@ -81,7 +81,7 @@ void decode(const Problem& p) {
   RegionFailure failure;
   parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     failure.guard([&] {
-      T* qg = thread_buffer<T, Scratch::attention>().get(static_cast<std::size_t>(q_size + s_size + o_size));
+      T* qg = thread_buffer<T, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + o_size));
       // The GEMM's packing buffers for the largest key length this problem allows (Sk): a KV
       // cache passes its capacity as Sk, so decode steps whose lengths grow allocate nothing.
       GemmArgs<T> bound;
@@ -100,9 +100,9 @@ void decode(const Problem& p) {
 // widened q row), the f32 softmax of scale_mask_row, and its output from V's rows weighted by the
 // weights, rounded to the output's dtype at the end.
 template <class H>
-void decode_half(const Problem& p) {
+void decode16(const Problem& p) {
   const simd::KernelTable& kt = simd::kernels();
-  const simd::HalfGemvKernels& g = std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16;
+  const simd::Gemv16Kernels& g = std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16;
   const simd::VectorKernels<float>& vk = kt.vec<float>();
   const std::int64_t group = p.H / p.Hkv;
   const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
@@ -111,28 +111,28 @@ void decode_half(const Problem& p) {
   RegionFailure failure;
   parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
     failure.guard([&] {
-      float* q = thread_buffer<float, Scratch::attention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
+      float* q = thread_buffer<float, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
       float* s = q + q_size;
       float* o = s + s_size;
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
-        const auto* k = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.k) + b * p.ks[0] + hk * p.ks[1]);
-        const auto* v = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.v) + b * p.vs[0] + hk * p.vs[1]);
+        const auto* k = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1]);
+        const auto* v = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1]);
         for (std::int64_t r = 0; r < group * p.Sq; ++r) {
           const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-          const H* qi = static_cast<const H*>(p.q) + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
-          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.qs[3]]));
-          g.dot_rows(L, p.D, 1.0f, q, k, p.ks[2], 0.0f, s);
+          const H* qi = static_cast<const H*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
+          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.q_strides[3]]));
+          g.gemv_t(L, p.D, 1.0f, q, k, p.k_strides[2], 0.0f, s);
           const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
           const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
           const float l = vk.exp_sub_max_sum(s, L, m);
-          H* dst = static_cast<H*>(p.o) + b * p.os[0] + h * p.os[1] + i * p.os[2];
+          H* dst = static_cast<H*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
           if (l == 0.0f) {  // no visible key: zeros
-            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = H{};
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = H{};
             continue;
           }
-          g.sum_rows(p.Dv, L, 1.0f / l, s, v, p.vs[2], 0.0f, o);
-          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = narrow<H>(o[d]);
+          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], 0.0f, o);
+          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<H>(o[d]);
         }
       }
     });
@@ -142,18 +142,18 @@ void decode_half(const Problem& p) {
 
 }  // namespace
 
-bool decode_half_fits(const Problem& p) {
+bool decode16_fits(const Problem& p) {
   return (p.dtype == DType::bf16 || p.dtype == DType::f16) && p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows &&
-         p.ks[3] == 1 && p.vs[3] == 1;
+         p.k_strides[3] == 1 && p.v_strides[3] == 1;
 }
 
-void decode_half_attention(const Problem& p) {
-  if (p.dtype == DType::bf16) decode_half<bfloat16>(p);
-  else decode_half<float16>(p);
+void decode16_attention(const Problem& p) {
+  if (p.dtype == DType::bf16) decode16<bfloat16>(p);
+  else decode16<float16>(p);
 }
 
 bool decode_fits(const Problem& p) {
-  return p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1;
+  return p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.q_strides[3] == 1 && p.k_strides[3] == 1 && p.v_strides[3] == 1;
 }
 
 void decode_attention(const Problem& p) {

@@ -263,36 +263,36 @@ class FusedWorker {
       const std::int64_t j0 = jb * plan_.k_keys + c * nr;
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
       if constexpr (kWiden) {
-        if (prob_.ks[3] == 1) {  // widened as the transpose loads them
-          const simd::HalfConvertKernels& cv = std::is_same_v<S, bfloat16> ? plan_.kt.convert_bf16 : plan_.kt.convert_f16;
-          cv.pack_transpose(reinterpret_cast<const std::uint16_t*>(n > 0 ? k_ + j0 * prob_.ks[2] : k_), prob_.ks[2], n, D,
+        if (prob_.k_strides[3] == 1) {  // widened as the transpose loads them
+          const simd::Convert16Kernels& cv = std::is_same_v<S, bfloat16> ? plan_.kt.convert_bf16 : plan_.kt.convert_f16;
+          cv.pack_transpose(reinterpret_cast<const std::uint16_t*>(n > 0 ? k_ + j0 * prob_.k_strides[2] : k_), prob_.k_strides[2], n, D,
                             panel, nr, nr);
         } else {  // the panel's n key rows widened to conv_ (n x D), then transposed from there
-          widen_rows(k_ + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], n, D, conv_, D);
+          widen_rows(k_ + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], n, D, conv_, D);
           plan_.vk.pack_transpose(conv_, D, n, D, panel, nr, nr);
         }
-      } else if (prob_.ks[3] == 1) {
-        plan_.vk.pack_transpose(n > 0 ? k_ + j0 * prob_.ks[2] : k_, prob_.ks[2], n, D, panel, nr, nr);
+      } else if (prob_.k_strides[3] == 1) {
+        plan_.vk.pack_transpose(n > 0 ? k_ + j0 * prob_.k_strides[2] : k_, prob_.k_strides[2], n, D, panel, nr, nr);
       } else {
         for (std::int64_t d = 0; d < D; ++d)
-          for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * prob_.ks[2] + d * prob_.ks[3]] : T(0);
+          for (std::int64_t q = 0; q < nr; ++q) panel[d * nr + q] = q < n ? k_[(j0 + q) * prob_.k_strides[2] + d * prob_.k_strides[3]] : T(0);
       }
     }
     // keys past L[b] are never read: V there may hold anything (a cache tail)
     const std::int64_t rows = std::min(plan_.k_keys, key_len_ - jb * plan_.k_keys);
     T* vb = vp_ + jb * plan_.k_keys * plan_.dv_padded;
-    const S* vsrc = v_ + jb * plan_.k_keys * prob_.vs[2];
+    const S* vsrc = v_ + jb * plan_.k_keys * prob_.v_strides[2];
     if constexpr (kWiden) {
       if (plan_.dv_padded == tile_cols && prob_.Dv == tile_cols) {  // one full panel: rows back to back
-        widen_rows(vsrc, prob_.vs[2], prob_.vs[3], rows, tile_cols, vb, tile_cols);
+        widen_rows(vsrc, prob_.v_strides[2], prob_.v_strides[3], rows, tile_cols, vb, tile_cols);
         std::fill(vb + rows * tile_cols, vb + plan_.k_keys * tile_cols, T(0));
       } else {  // the block's rows widened (one call when dense), then cut into panels
-        widen_rows(vsrc, prob_.vs[2], prob_.vs[3], rows, prob_.Dv, conv_, prob_.Dv);
+        widen_rows(vsrc, prob_.v_strides[2], prob_.v_strides[3], rows, prob_.Dv, conv_, prob_.Dv);
         pack_row_panels(conv_, prob_.Dv, std::int64_t{1}, rows, plan_.k_keys, prob_.Dv, tile_cols,
                         plan_.dv_padded / tile_cols, vb);
       }
     } else {
-      pack_row_panels(vsrc, prob_.vs[2], prob_.vs[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols, vb);
+      pack_row_panels(vsrc, prob_.v_strides[2], prob_.v_strides[3], rows, plan_.k_keys, prob_.Dv, tile_cols, plan_.dv_padded / tile_cols, vb);
     }
     packed_[jb] = T(1);
   }
@@ -307,16 +307,16 @@ class FusedWorker {
   // K and V rows j0 .. j0 + rows - 1 of the kv head whose rows start at k and v become the next
   // prefetches.
   void prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows) {
-    next_.add(k + j0 * prob_.ks[2], prob_.ks[2], prob_.ks[3], rows, prob_.D);
-    next_.add(v + j0 * prob_.vs[2], prob_.vs[2], prob_.vs[3], rows, prob_.Dv);
+    next_.add(k + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], rows, prob_.D);
+    next_.add(v + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], rows, prob_.Dv);
   }
   // Query head h's kv head, and the first K and V rows of kv head (b, hk).
   std::int64_t kv_head(std::int64_t h) const { return h / (prob_.H / prob_.Hkv); }
   const S* k_head(std::int64_t b, std::int64_t hk) const {
-    return static_cast<const S*>(prob_.k) + b * prob_.ks[0] + hk * prob_.ks[1];
+    return static_cast<const S*>(prob_.k) + b * prob_.k_strides[0] + hk * prob_.k_strides[1];
   }
   const S* v_head(std::int64_t b, std::int64_t hk) const {
-    return static_cast<const S*>(prob_.v) + b * prob_.vs[0] + hk * prob_.vs[1];
+    return static_cast<const S*>(prob_.v) + b * prob_.v_strides[0] + hk * prob_.v_strides[1];
   }
 
   // The Q rows the next query block of head (b, h) reads in place and the output rows it
@@ -325,9 +325,9 @@ class FusedWorker {
   void prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1) {
     if (i1 >= prob_.Sq) return;
     const std::int64_t rows = std::min(plan_.q_rows, prob_.Sq - i1);
-    next_.add(static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i1 * prob_.qs[2], prob_.qs[2], prob_.qs[3], rows,
+    next_.add(static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i1 * prob_.q_strides[2], prob_.q_strides[2], prob_.q_strides[3], rows,
               prob_.D);
-    next_.add(static_cast<const S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i1 * prob_.os[2], prob_.os[2], prob_.os[3], rows,
+    next_.add(static_cast<const S*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1] + i1 * prob_.o_strides[2], prob_.o_strides[2], prob_.o_strides[3], rows,
               prob_.Dv);
   }
 
@@ -354,17 +354,17 @@ class FusedWorker {
       prepare_q_amx(b, h, i0, br);
       return;
     }
-    const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
+    const S* q = static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i0 * prob_.q_strides[2];
     if constexpr (kWiden) {
-      widen_rows(q, prob_.qs[2], prob_.qs[3], br, prob_.D, qp_, prob_.D);
+      widen_rows(q, prob_.q_strides[2], prob_.q_strides[3], br, prob_.D, qp_, prob_.D);
     } else {
-      if (prob_.qs[3] == 1) {
+      if (prob_.q_strides[3] == 1) {
         q_ = q;
-        ldq_ = prob_.qs[2];
+        ldq_ = prob_.q_strides[2];
         return;
       }
       for (std::int64_t r = 0; r < br; ++r)
-        for (std::int64_t d = 0; d < prob_.D; ++d) qp_[r * prob_.D + d] = q[r * prob_.qs[2] + d * prob_.qs[3]];
+        for (std::int64_t d = 0; d < prob_.D; ++d) qp_[r * prob_.D + d] = q[r * prob_.q_strides[2] + d * prob_.q_strides[3]];
     }
     q_ = qp_;
     ldq_ = prob_.D;
@@ -485,23 +485,23 @@ class FusedWorker {
   }
 
   void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-    if (!prob_.plain())  // sinks join l, lse written
+    if (!prob_.online_softmax_only())  // sinks join l, lse written
       for (std::int64_t r = 0; r < br; ++r) finish_row(prob_, b, h, i0 + r, m_[r], l_[r]);
     if constexpr (kWiden) {
       // normalised in place, its rows packed Dv apart (rows with l == 0 become zeros), then
       // narrowed to nearest even: one conversion call where out's rows are dense too (sdcross's
       // 40-wide rows: a call per row took 13% of sdcross.bf16)
-      S* o = static_cast<S*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1] + i0 * prob_.os[2];
+      S* o = static_cast<S*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1] + i0 * prob_.o_strides[2];
       plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, ob_, prob_.Dv);
-      convert_matrix(ob_, dtype_of<T>(), prob_.Dv, 1, br, prob_.Dv, o, dtype_of<S>(), prob_.os[2], prob_.os[3]);
+      convert_matrix(ob_, dtype_of<T>(), prob_.Dv, 1, br, prob_.Dv, o, dtype_of<S>(), prob_.o_strides[2], prob_.o_strides[3]);
     } else {
-      T* o = static_cast<T*>(prob_.o) + b * prob_.os[0] + h * prob_.os[1];
-      if (prob_.os[3] == 1) {
-        plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.os[2], prob_.os[2]);
+      T* o = static_cast<T*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1];
+      if (prob_.o_strides[3] == 1) {
+        plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.o_strides[2], prob_.o_strides[2]);
         return;
       }
       for (std::int64_t r = 0; r < br; ++r)
-        write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.os[2]);
+        write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.o_strides[2]);
     }
   }
 
@@ -511,7 +511,7 @@ class FusedWorker {
     std::memcpy(&u, p, 2);
     return u;
   }
-  const simd::HalfGemmKernels& amx() const { return plan_.kt.gemm_bf16; }
+  const simd::Gemm16Kernels& amx() const { return plan_.kt.gemm_bf16; }
   std::uint16_t* k16_panel(std::int64_t jb, std::int64_t c) const {
     return k16_ + (jb * (plan_.k_keys / 32) + c) * plan_.dp * 32;
   }
@@ -526,22 +526,22 @@ class FusedWorker {
     const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
     // Pairs of D are 32-bit words: K's rows (as words) transposed by the f32 transposing pack
     // when they are (even D, unit inner stride, even row stride, 4-byte aligned).
-    const bool words = D % 2 == 0 && prob_.ks[3] == 1 && prob_.ks[2] % 2 == 0 &&
+    const bool words = D % 2 == 0 && prob_.k_strides[3] == 1 && prob_.k_strides[2] % 2 == 0 &&
                        reinterpret_cast<std::uintptr_t>(k_) % 4 == 0;
     for (std::int64_t c = 0; c < kk / 32; ++c) {
       std::uint16_t* dst = k16_panel(jb, c);
       const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
       if (words) {
         // rows past n are zero; words past D / 2 (up to dp / 2) are zeroed after
-        plan_.vk.pack_transpose(reinterpret_cast<const T*>(k_ + (j00 + c * 32) * prob_.ks[2]), prob_.ks[2] / 2, n, D / 2,
+        plan_.vk.pack_transpose(reinterpret_cast<const T*>(k_ + (j00 + c * 32) * prob_.k_strides[2]), prob_.k_strides[2] / 2, n, D / 2,
                                 reinterpret_cast<T*>(dst), 32, 32);
         std::fill(dst + (D / 2) * 64, dst + dp * 32, std::uint16_t{0});
         continue;
       }
       std::fill(dst, dst + dp * 32, std::uint16_t{0});
       for (std::int64_t q = 0; q < n; ++q) {
-        const S* src = k_ + (j00 + c * 32 + q) * prob_.ks[2];
-        for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.ks[3]);
+        const S* src = k_ + (j00 + c * 32 + q) * prob_.k_strides[2];
+        for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.k_strides[3]);
       }
     }
     const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
@@ -549,10 +549,10 @@ class FusedWorker {
       std::uint16_t* dst = v16_panel(jb, c);
       std::fill(dst, dst + kk * 32, std::uint16_t{0});
       const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
-      if (prob_.vs[3] == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
+      if (prob_.v_strides[3] == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
         for (std::int64_t r = 0; r < rows; r += 2) {
-          const auto* s0 = reinterpret_cast<const std::uint16_t*>(v_ + (j00 + r) * prob_.vs[2] + c * 32);
-          const auto* s1 = r + 1 < rows ? s0 + prob_.vs[2] : nullptr;
+          const auto* s0 = reinterpret_cast<const std::uint16_t*>(v_ + (j00 + r) * prob_.v_strides[2] + c * 32);
+          const auto* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
           auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
           if (s1 != nullptr)
             for (std::int64_t x = 0; x < nc; ++x) out[x] = std::uint32_t{s0[x]} | std::uint32_t{s1[x]} << 16;
@@ -562,29 +562,29 @@ class FusedWorker {
         continue;
       }
       for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
-        const S* s0 = v_ + (j00 + r) * prob_.vs[2] + c * 32 * prob_.vs[3];
-        const S* s1 = r + 1 < rows ? s0 + prob_.vs[2] : nullptr;
+        const S* s0 = v_ + (j00 + r) * prob_.v_strides[2] + c * 32 * prob_.v_strides[3];
+        const S* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
         auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
         for (std::int64_t x = 0; x < nc; ++x)
-          out[x] = bits_at(s0 + x * prob_.vs[3]) | (s1 ? std::uint32_t{bits_at(s1 + x * prob_.vs[3])} << 16 : 0u);
+          out[x] = bits_at(s0 + x * prob_.v_strides[3]) | (s1 ? std::uint32_t{bits_at(s1 + x * prob_.v_strides[3])} << 16 : 0u);
       }
     }
     packed_[jb] = T(1);
   }
   // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
   void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-    const S* q = static_cast<const S*>(prob_.q) + b * prob_.qs[0] + h * prob_.qs[1] + i0 * prob_.qs[2];
+    const S* q = static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i0 * prob_.q_strides[2];
     const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
-    if (prob_.qs[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
+    if (prob_.q_strides[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
       for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-        amx().amx_pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.qs[2]), prob_.qs[2],
+        amx().amx_pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.q_strides[2]), prob_.q_strides[2],
                          static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
       return;
     }
     std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
     for (std::int64_t r = 0; r < br; ++r) {
       std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
-      for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.qs[2] + d * prob_.qs[3]);
+      for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.q_strides[2] + d * prob_.q_strides[3]);
     }
   }
   // One step (keys a .. a + n - 1 of key block jb) on tiles, in three phases over the block's
@@ -665,7 +665,7 @@ void fused(const Problem& p) {
   parallel_shares(prefix, nt, [&](auto next_run) {
     failure.guard([&] {
       const FlushDenormals ftz;
-      FusedWorker<T, S> worker(plan, thread_buffer<T, Scratch::attention>().get(plan.scratch_size()));
+      FusedWorker<T, S> worker(plan, thread_buffer<T, scratch::NativeAttention>().get(plan.scratch_size()));
       for (auto run = next_run(); run.first < run.second; run = next_run())
         for (std::int64_t it = run.first; it < run.second; ++it) {
           const std::int64_t qb = it % plan.q_blocks, h = (it / plan.q_blocks) % p.H;

@@ -9,6 +9,13 @@
 #include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
+namespace scratch {
+struct WidenedQ : ScratchSlot {};  // bf16/f16 operands of the f32 decode path: f32 copies of q, k, v and out
+struct WidenedK : ScratchSlot {};
+struct WidenedV : ScratchSlot {};
+struct WidenedOut : ScratchSlot {};
+}  // namespace scratch
+
 namespace {
 
 // Rows of a [B, heads, S, cols] view (strides st) between two element types: rows [0, rows(b))
@@ -33,8 +40,8 @@ void convert_rows(const From* src, const Shape4& st, To* dst, const Shape4& dt, 
 Problem as_f32_copies(const Problem& p) {
   Problem f = p;
   f.dtype = DType::f32;
-  f.qs = contiguous_strides({p.B, p.H, p.Sq, p.D}), f.ks = contiguous_strides({p.B, p.Hkv, p.Sk, p.D});
-  f.vs = contiguous_strides({p.B, p.Hkv, p.Sk, p.Dv}), f.os = contiguous_strides({p.B, p.H, p.Sq, p.Dv});
+  f.q_strides = contiguous_strides({p.B, p.H, p.Sq, p.D}), f.k_strides = contiguous_strides({p.B, p.Hkv, p.Sk, p.D});
+  f.v_strides = contiguous_strides({p.B, p.Hkv, p.Sk, p.Dv}), f.o_strides = contiguous_strides({p.B, p.H, p.Sq, p.Dv});
   return f;
 }
 
@@ -48,18 +55,18 @@ void widened(const Problem& p) {
   const Shape4 oshape{p.B, p.H, p.Sq, p.Dv};
   auto numel = [](const Shape4& s) { return static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * s[3])); };
   Problem f = as_f32_copies(p);
-  auto* q = thread_buffer<float, Scratch::widened_q>().get(numel(qshape));
-  auto* k = thread_buffer<float, Scratch::widened_k>().get(numel(kshape));
-  auto* v = thread_buffer<float, Scratch::widened_v>().get(numel(vshape));
-  auto* o = thread_buffer<float, Scratch::widened_out>().get(numel(oshape));
+  auto* q = thread_buffer<float, scratch::WidenedQ>().get(numel(qshape));
+  auto* k = thread_buffer<float, scratch::WidenedK>().get(numel(kshape));
+  auto* v = thread_buffer<float, scratch::WidenedV>().get(numel(vshape));
+  auto* o = thread_buffer<float, scratch::WidenedOut>().get(numel(oshape));
   const auto all_rows = [&](std::int64_t) { return p.Sq; };
   const auto key_rows = [&](std::int64_t b) { return p.key_len(b); };
-  convert_rows(static_cast<const H*>(p.q), p.qs, q, f.qs, qshape, p.threads, all_rows);
-  convert_rows(static_cast<const H*>(p.k), p.ks, k, f.ks, kshape, p.threads, key_rows);
-  convert_rows(static_cast<const H*>(p.v), p.vs, v, f.vs, vshape, p.threads, key_rows);
+  convert_rows(static_cast<const H*>(p.q), p.q_strides, q, f.q_strides, qshape, p.threads, all_rows);
+  convert_rows(static_cast<const H*>(p.k), p.k_strides, k, f.k_strides, kshape, p.threads, key_rows);
+  convert_rows(static_cast<const H*>(p.v), p.v_strides, v, f.v_strides, vshape, p.threads, key_rows);
   f.q = q, f.k = k, f.v = v, f.o = o;
   attention_native(f);
-  convert_rows(o, f.os, static_cast<H*>(p.o), p.os, oshape, p.threads, all_rows);
+  convert_rows(o, f.o_strides, static_cast<H*>(p.o), p.o_strides, oshape, p.threads, all_rows);
 }
 
 }  // namespace
@@ -67,8 +74,8 @@ void widened(const Problem& p) {
 void attention_native(const Problem& p) {
   const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
   // Score modifiers, sinks and lse: the fused path (the others do not apply them).
-  if (!p.plain()) fused_attention(p);
-  else if (decode_half_fits(p)) decode_half_attention(p);
+  if (!p.online_softmax_only()) fused_attention(p);
+  else if (decode16_fits(p)) decode16_attention(p);
   else if (half && decode_fits(as_f32_copies(p))) {
     if (p.dtype == DType::bf16) widened<bfloat16>(p);
     else widened<float16>(p);

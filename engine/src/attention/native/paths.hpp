@@ -9,14 +9,19 @@
 #pragma once
 
 #include "core/problem.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
+
+namespace scratch {
+struct NativeAttention : ScratchSlot {};  // the native paths' blocks, packed K^T / V, decode rows
+}  // namespace scratch
 
 bool decode_fits(const Problem& p);
 void decode_attention(const Problem& p);
 // The decode path on bf16/f16 K and V as they are (16-bit GEMV kernels).
-bool decode_half_fits(const Problem& p);
-void decode_half_attention(const Problem& p);
+bool decode16_fits(const Problem& p);
+void decode16_attention(const Problem& p);
 
 bool short_keys_fit(const Problem& p);
 void short_keys_attention(const Problem& p);

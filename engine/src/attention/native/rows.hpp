@@ -62,7 +62,7 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
   for (std::int64_t j = 0; j < lo; ++j) row[j] = neg_inf;
   for (std::int64_t j = hi; j < nk; ++j) row[j] = neg_inf;
   const T* add = nullptr;
-  if (p.mask_kind == MaskKind::additive && p.mask_dtype == dtype_of<T>() && p.ms[3] == 1)
+  if (p.mask_kind == MaskKind::additive && p.mask_dtype == dtype_of<T>() && p.mask_strides[3] == 1)
     add = static_cast<const T*>(p.mask) + p.mask_offset(b, h, i, j0);
   T bm = neg_inf;
   if (lo < hi && p.scores_modified()) {
@@ -107,15 +107,15 @@ T scale_mask_row(const Problem& p, const simd::VectorKernels<T>& vk, T* row, std
 template <class T>
 void write_output_row(const Problem& p, const simd::VectorKernels<T>& vk, T* acc, T l, T* dst) {
   if (l == T(0)) {
-    for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = T(0);
+    for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = T(0);
     return;
   }
-  if (p.os[3] == 1) {
+  if (p.o_strides[3] == 1) {
     vk.scale_to(acc, dst, p.Dv, T(1) / l);
     return;
   }
   vk.scale(acc, p.Dv, T(1) / l);
-  for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.os[3]] = acc[d];
+  for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = acc[d];
 }
 
 }  // namespace simdattn::detail

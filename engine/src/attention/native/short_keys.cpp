@@ -85,27 +85,27 @@ class ShortKeys {
     const std::int64_t qb = it % q_blocks_, h = (it / q_blocks_) % p_.H, b = it / (q_blocks_ * p_.H);
     const std::int64_t hk = h / (p_.H / p_.Hkv), L = p_.key_len(b);
     const std::int64_t i0 = qb * q_rows_, nq = std::min(q_rows_, p_.Sq - i0);
-    S* o = static_cast<S*>(p_.o) + b * p_.os[0] + h * p_.os[1] + i0 * p_.os[2];
+    S* o = static_cast<S*>(p_.o) + b * p_.o_strides[0] + h * p_.o_strides[1] + i0 * p_.o_strides[2];
     if (L == 0) {  // no visible key: zero rows
-      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p_.os[2], o + r * p_.os[2] + p_.Dv, S{});
+      for (std::int64_t r = 0; r < nq; ++r) std::fill(o + r * p_.o_strides[2], o + r * p_.o_strides[2] + p_.Dv, S{});
       return;
     }
-    const S* v = static_cast<const S*>(p_.v) + b * p_.vs[0] + hk * p_.vs[1];
-    const S* ks = static_cast<const S*>(p_.k) + b * p_.ks[0] + hk * p_.ks[1];
+    const S* v = static_cast<const S*>(p_.v) + b * p_.v_strides[0] + hk * p_.v_strides[1];
+    const S* ks = static_cast<const S*>(p_.k) + b * p_.k_strides[0] + hk * p_.k_strides[1];
     if (s.packed_head != b * p_.Hkv + hk) {  // V^T of kv head (b, hk): row d holds V[0:L, d]
       if constexpr (kWiden) {
-        half_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(v), p_.vs[2], L, p_.Dv, s.vt, ldvt_, L);
-        convert_matrix(ks, dtype_of<S>(), p_.ks[2], 1, L, p_.D, s.kw, dtype_of<T>(), p_.D);
+        convert16_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(v), p_.v_strides[2], L, p_.Dv, s.vt, ldvt_, L);
+        convert_matrix(ks, dtype_of<S>(), p_.k_strides[2], 1, L, p_.D, s.kw, dtype_of<T>(), p_.D);
       } else {
-        vk_.pack_transpose(v, p_.vs[2], L, p_.Dv, s.vt, ldvt_, L);
+        vk_.pack_transpose(v, p_.v_strides[2], L, p_.Dv, s.vt, ldvt_, L);
       }
       s.packed_head = b * p_.Hkv + hk;
     }
-    const S* q = static_cast<const S*>(p_.q) + b * p_.qs[0] + h * p_.qs[1] + i0 * p_.qs[2];
+    const S* q = static_cast<const S*>(p_.q) + b * p_.q_strides[0] + h * p_.q_strides[1] + i0 * p_.q_strides[2];
     const T* k;
     std::int64_t ldk;
     if constexpr (kWiden) k = s.kw, ldk = p_.D;
-    else k = ks, ldk = p_.ks[2];
+    else k = ks, ldk = p_.k_strides[2];
     for (std::int64_t c = 0; c * tile_cols_ < nq; ++c) panel(q, k, ldk, o, L, nq, c, s);
   }
 
@@ -119,8 +119,8 @@ class ShortKeys {
     NextRows next;
     if ((c + 1) * tile_cols_ < nq) {
       const std::int64_t qn1 = std::min(tile_cols_, nq - (c + 1) * tile_cols_);
-      next.add(o + (c + 1) * tile_cols_ * p_.os[2], p_.os[2], p_.os[3], qn1, p_.Dv);
-      next.add(q + (c + 1) * tile_cols_ * p_.qs[2], p_.qs[2], p_.qs[3], qn1, p_.D);
+      next.add(o + (c + 1) * tile_cols_ * p_.o_strides[2], p_.o_strides[2], p_.o_strides[3], qn1, p_.Dv);
+      next.add(q + (c + 1) * tile_cols_ * p_.q_strides[2], p_.q_strides[2], p_.q_strides[3], qn1, p_.D);
     }
     const std::int64_t rows_t = nv == 1 ? 2 * tile_rows_ : tile_rows_;  // one-vector tiles are twice as tall
     T* qtc = s.qt + c * p_.D * tile_cols_;
@@ -128,10 +128,10 @@ class ShortKeys {
     T* otc = s.ot + c * p_.Dv * tile_cols_;
     T* l = s.l + c * tile_cols_;
     if constexpr (kWiden) {
-      half_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(q + c * tile_cols_ * p_.qs[2]), p_.qs[2], qn,
+      convert16_kernels().pack_transpose(reinterpret_cast<const std::uint16_t*>(q + c * tile_cols_ * p_.q_strides[2]), p_.q_strides[2], qn,
                                     p_.D, qtc, tile_cols_, nv * lanes_);
     } else {
-      vk_.pack_transpose(q + c * tile_cols_ * p_.qs[2], p_.qs[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
+      vk_.pack_transpose(q + c * tile_cols_ * p_.q_strides[2], p_.q_strides[2], qn, p_.D, qtc, tile_cols_, nv * lanes_);
     }
     for (std::int64_t r0 = 0; r0 < L; r0 += rows_t) {
       const NextRows::Run pf = next.take(p_.D);
@@ -147,21 +147,21 @@ class ShortKeys {
                                                                 pf.at, pf.lines);
     }
     vk_.normalize_cols(otc, tile_cols_, p_.Dv, nv * lanes_, l);
-    S* oc = o + c * tile_cols_ * p_.os[2];
+    S* oc = o + c * tile_cols_ * p_.o_strides[2];
     if constexpr (kWiden) {
       vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, s.tmp, p_.Dv, p_.Dv);
-      convert_matrix(s.tmp, dtype_of<T>(), p_.Dv, 1, qn, p_.Dv, oc, dtype_of<S>(), p_.os[2]);
+      convert_matrix(s.tmp, dtype_of<T>(), p_.Dv, 1, qn, p_.Dv, oc, dtype_of<S>(), p_.o_strides[2]);
     } else {
-      vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.os[2], p_.Dv);
+      vk_.pack_transpose(otc, tile_cols_, p_.Dv, qn, oc, p_.o_strides[2], p_.Dv);
     }
     // A query with no finite score has zero weights, and 0 * an infinite V is NaN: zeros, as
     // the row-major kernel writes for a row with l == 0.
     for (std::int64_t r = 0; r < qn; ++r)
-      if (l[r] == T(0)) std::fill(oc + r * p_.os[2], oc + r * p_.os[2] + p_.Dv, S{});
+      if (l[r] == T(0)) std::fill(oc + r * p_.o_strides[2], oc + r * p_.o_strides[2] + p_.Dv, S{});
   }
 
   // The transposing packs of 16-bit storage (widening as they load).
-  static const simd::HalfConvertKernels& half_kernels() {
+  static const simd::Convert16Kernels& convert16_kernels() {
     return std::is_same_v<S, bfloat16> ? simd::kernels().convert_bf16 : simd::kernels().convert_f16;
   }
 
@@ -180,7 +180,7 @@ bool fits(const Problem& p) {
   const simd::GemmKernels<T>& gk = simd::kernels().gemm<T>();
   const std::int64_t lanes = gk.blocking_a_in_place.lanes;
   return p.Sk >= 1 && p.Sk <= kShortMaxKeys && p.mask_kind == MaskKind::none && p.causal == Causal::none &&
-         !p.has_window && !p.sparse() && p.qs[3] == 1 && p.ks[3] == 1 && p.vs[3] == 1 && p.os[3] == 1 &&
+         !p.has_window && !p.sparse() && p.q_strides[3] == 1 && p.k_strides[3] == 1 && p.v_strides[3] == 1 && p.o_strides[3] == 1 &&
          p.Sq >= gk.blocking_a_in_place.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
 }
 
@@ -191,7 +191,7 @@ void short_keys(const Problem& p) {
   RegionFailure failure;
   parallel_claims(items, p.threads, path.min_items_per_thread(), [&](auto next_item) {
     failure.guard([&] {
-      auto s = path.scratch(thread_buffer<T, Scratch::attention>().get(path.scratch_size()));
+      auto s = path.scratch(thread_buffer<T, scratch::NativeAttention>().get(path.scratch_size()));
       for (std::int64_t it = next_item(); it < items; it = next_item()) path.run(it, s);
     });
   });

@@ -61,6 +61,16 @@
 #include "runtime/workspace.hpp"
 
 namespace simdattn::detail {
+namespace scratch {
+struct OnednnScores : ScratchSlot {};  // scores of one step
+struct OnednnProbs : ScratchSlot {};   // a bf16/f16 step's probabilities, rounded for the PV matmul
+struct OnednnMask : ScratchSlot {};    // the step's mask and empty-row flags
+struct OnednnDenseQ : ScratchSlot {};  // dense copies of inputs whose inner stride is not 1
+struct OnednnDenseK : ScratchSlot {};
+struct OnednnDenseV : ScratchSlot {};
+struct OnednnDenseOut : ScratchSlot {};
+}  // namespace scratch
+
 namespace {
 
 using dnnl::memory;
@@ -221,7 +231,7 @@ struct Operands {
   const E* k;
   const E* v;
   E* o;
-  Shape4 qs, ks, vs, os;
+  Shape4 q_strides, k_strides, v_strides, o_strides;
 };
 
 template <class E>
@@ -323,19 +333,19 @@ class Call {
         qshape_{p.B, p.H, p.Sq, p.D}, kshape_{p.B, p.Hkv, p.Sk, p.D}, vshape_{p.B, p.Hkv, p.Sk, p.Dv},
         oshape_{p.B, p.H, p.Sq, p.Dv},
         op_{static_cast<const E*>(p.q), static_cast<const E*>(p.k), static_cast<const E*>(p.v),
-            static_cast<E*>(p.o), p.qs, p.ks, p.vs, p.os} {
-    dense_q_ = !inner_contiguous(qshape_, p.qs), dense_k_ = !inner_contiguous(kshape_, p.ks);
-    dense_v_ = !inner_contiguous(vshape_, p.vs), dense_o_ = !inner_contiguous(oshape_, p.os);
-    if (dense_q_) op_.qs = contiguous_strides(qshape_);
-    if (dense_k_) op_.ks = contiguous_strides(kshape_);
-    if (dense_v_) op_.vs = contiguous_strides(vshape_);
-    if (dense_o_) op_.os = contiguous_strides(oshape_);
+            static_cast<E*>(p.o), p.q_strides, p.k_strides, p.v_strides, p.o_strides} {
+    dense_q_ = !inner_contiguous(qshape_, p.q_strides), dense_k_ = !inner_contiguous(kshape_, p.k_strides);
+    dense_v_ = !inner_contiguous(vshape_, p.v_strides), dense_o_ = !inner_contiguous(oshape_, p.o_strides);
+    if (dense_q_) op_.q_strides = contiguous_strides(qshape_);
+    if (dense_k_) op_.k_strides = contiguous_strides(kshape_);
+    if (dense_v_) op_.v_strides = contiguous_strides(vshape_);
+    if (dense_o_) op_.o_strides = contiguous_strides(oshape_);
     const bool user_mask = p.mask_kind != MaskKind::none;
     // ALiBi and T5's bias are folded into the mask: per head and per row
     const bool bias = p.alibi != nullptr || p.t5_table != nullptr;
     user_mask_ = user_mask || bias;
-    mask_by_head_ = ((user_mask && p.ms[1] != 0) || bias) && p.H > 1;
-    mask_by_row_ = ((user_mask && p.ms[2] != 0) || bias) && p.Sq > 1;
+    mask_by_head_ = ((user_mask && p.mask_strides[1] != 0) || bias) && p.H > 1;
+    mask_by_row_ = ((user_mask && p.mask_strides[2] != 0) || bias) && p.Sq > 1;
   }
   ~Call() { blocks().clear(); }  // drop the primitive references
   Call(const Call&) = delete;
@@ -357,22 +367,22 @@ class Call {
 
   // The calling thread's buffers, and dense copies of inputs whose inner stride is not 1.
   void prepare() {
-    scores_ = thread_buffer<float, Scratch::onednn_scores>().get(static_cast<std::size_t>(score_elems_));
+    scores_ = thread_buffer<float, scratch::OnednnScores>().get(static_cast<std::size_t>(score_elems_));
     if constexpr (!std::is_same_v<E, float>)
-      probs_ = thread_buffer<E, Scratch::onednn_probs>().get(static_cast<std::size_t>(score_elems_));
-    mask_ = thread_buffer<float, Scratch::onednn_mask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
+      probs_ = thread_buffer<E, scratch::OnednnProbs>().get(static_cast<std::size_t>(score_elems_));
+    mask_ = thread_buffer<float, scratch::OnednnMask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
     flags_ = reinterpret_cast<std::uint8_t*>(mask_ + mask_elems_);
-    scratch_ = thread_buffer<std::uint8_t, Scratch::onednn_scratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
+    scratch_ = thread_buffer<std::uint8_t, scratch::OnednnScratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
     auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
-    E* q_copy = dense_q_ ? thread_buffer<E, Scratch::onednn_dense_q>().get(numel(qshape_)) : nullptr;
-    E* k_copy = dense_k_ ? thread_buffer<E, Scratch::onednn_dense_k>().get(numel(kshape_)) : nullptr;
-    E* v_copy = dense_v_ ? thread_buffer<E, Scratch::onednn_dense_v>().get(numel(vshape_)) : nullptr;
-    o_copy_ = dense_o_ ? thread_buffer<E, Scratch::onednn_dense_out>().get(numel(oshape_)) : nullptr;
+    E* q_copy = dense_q_ ? thread_buffer<E, scratch::OnednnDenseQ>().get(numel(qshape_)) : nullptr;
+    E* k_copy = dense_k_ ? thread_buffer<E, scratch::OnednnDenseK>().get(numel(kshape_)) : nullptr;
+    E* v_copy = dense_v_ ? thread_buffer<E, scratch::OnednnDenseV>().get(numel(vshape_)) : nullptr;
+    o_copy_ = dense_o_ ? thread_buffer<E, scratch::OnednnDenseOut>().get(numel(oshape_)) : nullptr;
     const auto all_rows = [&](std::int64_t) { return p_.Sq; };
     const auto key_rows = [&](std::int64_t b) { return p_.key_len(b); };
-    if (dense_q_) copy_rows(op_.q, p_.qs, q_copy, op_.qs, qshape_, all_rows), op_.q = q_copy;
-    if (dense_k_) copy_rows(op_.k, p_.ks, k_copy, op_.ks, kshape_, key_rows), op_.k = k_copy;
-    if (dense_v_) copy_rows(op_.v, p_.vs, v_copy, op_.vs, vshape_, key_rows), op_.v = v_copy;
+    if (dense_q_) copy_rows(op_.q, p_.q_strides, q_copy, op_.q_strides, qshape_, all_rows), op_.q = q_copy;
+    if (dense_k_) copy_rows(op_.k, p_.k_strides, k_copy, op_.k_strides, kshape_, key_rows), op_.k = k_copy;
+    if (dense_v_) copy_rows(op_.v, p_.v_strides, v_copy, op_.v_strides, vshape_, key_rows), op_.v = v_copy;
     if (dense_o_) op_.o = o_copy_;
   }
 
@@ -387,7 +397,7 @@ class Call {
 
   void finish() {
     if (dense_o_)
-      copy_rows(o_copy_, op_.os, static_cast<E*>(p_.o), p_.os, oshape_, [&](std::int64_t) { return p_.Sq; });
+      copy_rows(o_copy_, op_.o_strides, static_cast<E*>(p_.o), p_.o_strides, oshape_, [&](std::int64_t) { return p_.Sq; });
   }
 
  private:
@@ -411,10 +421,10 @@ class Call {
     const float scale = static_cast<float>(p_.scale);
     StepKey key;
     key.heads = heads_, key.kv_heads = kv_heads_, key.rows = rows, key.keys = W, key.D = p_.D, key.Dv = p_.Dv;
-    key.q = {op_.qs[1], op_.qs[2], op_.qs[3]};
-    key.k = {op_.ks[1], op_.ks[2], op_.ks[3]};
-    key.v = {op_.vs[1], op_.vs[2], op_.vs[3]};
-    key.out = {op_.os[1], op_.os[2], op_.os[3]};
+    key.q = {op_.q_strides[1], op_.q_strides[2], op_.q_strides[3]};
+    key.k = {op_.k_strides[1], op_.k_strides[2], op_.k_strides[3]};
+    key.v = {op_.v_strides[1], op_.v_strides[2], op_.v_strides[3]};
+    key.out = {op_.o_strides[1], op_.o_strides[2], op_.o_strides[3]};
     key.mask_heads = blk.mask_heads == 0 ? 0 : (mask_by_head_ ? heads_ : 1);
     key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
     std::memcpy(&key.scale_bits, &scale, sizeof scale);
@@ -433,21 +443,21 @@ class Call {
 
   void run_block(const Block& blk, dnnl::stream& stream) {
     const std::int64_t rows = blk.i1 - blk.i0;
-    E* o_blk = op_.o + blk.b * op_.os[0] + blk.i0 * op_.os[2];
+    E* o_blk = op_.o + blk.b * op_.o_strides[0] + blk.i0 * op_.o_strides[2];
     if (blk.jhi == blk.jlo) {  // no row of the block sees a key: zeros, lse the sink's alone (or -inf)
       for (std::int64_t h = 0; h < p_.H; ++h)
         for (std::int64_t r = 0; r < rows; ++r) {
-          zero_row(o_blk + h * op_.os[1] + r * op_.os[2], op_.os, p_.Dv);
+          zero_row(o_blk + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
           if (p_.lse != nullptr)
-            p_.lse[blk.b * p_.lse_s[0] + h * p_.lse_s[1] + (blk.i0 + r) * p_.lse_s[2]] =
+            p_.lse[blk.b * p_.lse_strides[0] + h * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] =
                 p_.sinks != nullptr ? p_.sinks[h] : -std::numeric_limits<float>::infinity();
         }
       return;
     }
     if (blk.mask_heads > 0) build_mask(p_, blk, mask_, flags_);
     for (std::int64_t u = 0; u < units_; ++u) {
-      run_unit(blk, u, o_blk + u * heads_ * op_.os[1], stream);
-      if (blk.mask_heads > 0) zero_empty_rows(blk, u, o_blk + u * heads_ * op_.os[1]);
+      run_unit(blk, u, o_blk + u * heads_ * op_.o_strides[1], stream);
+      if (blk.mask_heads > 0) zero_empty_rows(blk, u, o_blk + u * heads_ * op_.o_strides[1]);
     }
   }
 
@@ -456,9 +466,9 @@ class Call {
     const StepPrims& prims = *blk.prims;
     const dnnl::engine& eng = onednn().engine;
     const std::int64_t h0 = u * heads_, hk0 = per_group_ ? u : 0, W = blk.jhi - blk.jlo;
-    const E* q_u = op_.q + blk.b * op_.qs[0] + h0 * op_.qs[1] + blk.i0 * op_.qs[2];
-    const E* k_u = op_.k + blk.b * op_.ks[0] + hk0 * op_.ks[1] + blk.jlo * op_.ks[2];
-    const E* v_u = op_.v + blk.b * op_.vs[0] + hk0 * op_.vs[1] + blk.jlo * op_.vs[2];
+    const E* q_u = op_.q + blk.b * op_.q_strides[0] + h0 * op_.q_strides[1] + blk.i0 * op_.q_strides[2];
+    const E* k_u = op_.k + blk.b * op_.k_strides[0] + hk0 * op_.k_strides[1] + blk.jlo * op_.k_strides[2];
+    const E* v_u = op_.v + blk.b * op_.v_strides[0] + hk0 * op_.v_strides[1] + blk.jlo * op_.v_strides[2];
     memory q_mem(prims.q, eng, const_cast<E*>(q_u));
     memory k_mem(prims.kt, eng, const_cast<E*>(k_u));
     memory s_mem(prims.scores, eng, scores_);
@@ -494,9 +504,9 @@ class Call {
         for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
           const double f = sink_factor_[static_cast<std::size_t>(h * (blk.i1 - blk.i0) + r)];
           if (f == 1.0) continue;
-          E* row = o_u + h * op_.os[1] + r * op_.os[2];
+          E* row = o_u + h * op_.o_strides[1] + r * op_.o_strides[2];
           for (std::int64_t d = 0; d < p_.Dv; ++d)
-            row[d * op_.os[3]] = narrow<E>(widen(row[d * op_.os[3]]) * f);
+            row[d * op_.o_strides[3]] = narrow<E>(widen(row[d * op_.o_strides[3]]) * f);
         }
   }
 
@@ -530,7 +540,7 @@ class Call {
           lse = m + std::log(sum + extra);
         }
         if (p_.lse != nullptr)
-          p_.lse[blk.b * p_.lse_s[0] + (h0 + h) * p_.lse_s[1] + (blk.i0 + r) * p_.lse_s[2]] = static_cast<float>(lse);
+          p_.lse[blk.b * p_.lse_strides[0] + (h0 + h) * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] = static_cast<float>(lse);
       }
   }
 
@@ -540,7 +550,7 @@ class Call {
     for (std::int64_t h = 0; h < heads_; ++h)
       for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
         const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) + (blk.mask_rows > 1 ? r : 0);
-        if (flags_[f]) zero_row(o_u + h * op_.os[1] + r * op_.os[2], op_.os, p_.Dv);
+        if (flags_[f]) zero_row(o_u + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
       }
   }
 

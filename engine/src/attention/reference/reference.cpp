@@ -43,16 +43,16 @@ void reference_impl(const Problem& p) {
       for (std::int64_t i = 0; i < p.Sq; ++i) {
         const RowStats st = reference_row_scores<T>(p, b, h, i, ScoreStage::biased, score.data());
         const double lse = reference_row_weights(p, h, st, score.data(), weight.data());
-        if (p.lse != nullptr) p.lse[b * p.lse_s[0] + h * p.lse_s[1] + i * p.lse_s[2]] = static_cast<float>(lse);
+        if (p.lse != nullptr) p.lse[b * p.lse_strides[0] + h * p.lse_strides[1] + i * p.lse_strides[2]] = static_cast<float>(lse);
         for (auto& a : acc) a = st.any_nan ? nan : 0.0;  // a NaN score: a NaN row; no visible key: zeros
         if (!st.any_nan)
           for (std::int64_t j = 0; j < p.Sk; ++j) {
             if (weight[j] == 0.0) continue;
-            const T* vj = v + b * p.vs[0] + hk * p.vs[1] + j * p.vs[2];
-            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * widen(vj[d * p.vs[3]]);
+            const T* vj = v + b * p.v_strides[0] + hk * p.v_strides[1] + j * p.v_strides[2];
+            for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * widen(vj[d * p.v_strides[3]]);
           }
-        T* oi = o + b * p.os[0] + h * p.os[1] + i * p.os[2];
-        for (std::int64_t d = 0; d < p.Dv; ++d) oi[d * p.os[3]] = narrow<T>(acc[d]);
+        T* oi = o + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
+        for (std::int64_t d = 0; d < p.Dv; ++d) oi[d * p.o_strides[3]] = narrow<T>(acc[d]);
       }
     }
   }

@@ -28,7 +28,7 @@ struct RowStats {
 template <class T>
 RowStats reference_row_scores(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, ScoreStage stage,
                               double* score) {
-  const T* qi = static_cast<const T*>(p.q) + b * p.qs[0] + h * p.qs[1] + i * p.qs[2];
+  const T* qi = static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
   const std::int64_t hk = h / (p.H / p.Hkv);
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const bool visibility = stage == ScoreStage::biased || stage == ScoreStage::softmax;
@@ -41,9 +41,9 @@ RowStats reference_row_scores(const Problem& p, std::int64_t b, std::int64_t h, 
       score[j] = neg_inf;
       continue;
     }
-    const T* kj = static_cast<const T*>(p.k) + b * p.ks[0] + hk * p.ks[1] + j * p.ks[2];
+    const T* kj = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1] + j * p.k_strides[2];
     double dot = 0.0;
-    for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.qs[3]]) * widen(kj[d * p.ks[3]]);
+    for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * widen(kj[d * p.k_strides[3]]);
     double s = p.scale * dot;
     if (stage != ScoreStage::scaled && p.softcap > 0.0) s = p.softcap * std::tanh(s / p.softcap);
     if (visibility) {

@@ -5,7 +5,13 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <omp.h>
 
+#include "runtime/workspace.hpp"
+
 namespace simdattn::detail {
+
+namespace scratch {
+struct OnednnScratchpad : ScratchSlot {};  // oneDNN's scratchpads (bytes)
+}  // namespace scratch
 
 // The process's oneDNN CPU engine.
 const dnnl::engine& onednn_engine();

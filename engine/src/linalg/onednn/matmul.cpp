@@ -76,7 +76,7 @@ void onednn_linear(DType dtype, const void* x, std::int64_t M, std::int64_t K, s
   const auto p = prim_for(Key{static_cast<int>(dt), M, K, N, ldx, ldw, ldy, bias != nullptr, threads});
   const dnnl::engine& eng = onednn_engine();
   dnnl::stream stream(eng);
-  std::byte* scratch = thread_buffer<std::byte, Scratch::onednn_scratchpad>().get(std::max<std::size_t>(1, p->scratch.get_size()));
+  std::byte* scratch = thread_buffer<std::byte, scratch::OnednnScratchpad>().get(std::max<std::size_t>(1, p->scratch.get_size()));
   std::unordered_map<int, memory> args{
       {DNNL_ARG_SRC, memory(p->x, eng, const_cast<void*>(x))},
       {DNNL_ARG_WEIGHTS, memory(p->w, eng, const_cast<void*>(w))},

@@ -187,21 +187,23 @@ struct ProbeKernels {
 
 // Matrix-vector products with B in 16-bit floats (bf16 or f16 bits), widened to f32 as they are
 // loaded; x, y and every sum in f32. beta == 0 never reads y.
-struct HalfGemvKernels {
-  // y[j] = alpha * sum_p x[p] * B[j * ldb + p] + beta * y[j], j < n: B's rows dotted with x.
-  void (*dot_rows)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
-                   std::int64_t ldb, float beta, float* y);
-  // y[j] = alpha * sum_p x[p] * B[p * ldb + j] + beta * y[j], j < n: B's rows weighted by x, summed.
-  void (*sum_rows)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
-                   std::int64_t ldb, float beta, float* y);
+struct Gemv16Kernels {
+  // y[j] = alpha * sum_p x[p] * B[p * ldb + j] + beta * y[j], j < n: B's rows weighted by x,
+  // summed (GemmKernels::gemv_n).
+  void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
+                 std::int64_t ldb, float beta, float* y);
+  // y[j] = alpha * sum_p x[p] * B[j * ldb + p] + beta * y[j], j < n: B's rows dotted with x
+  // (GemmKernels::gemv_t).
+  void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
+                 std::int64_t ldb, float beta, float* y);
 };
 
 // GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
-// once (engine/src/gemm_half.cpp):
+// once (engine/src/gemm16.cpp):
 //
 //   C[0:m, 0:nr] := alpha * (Ap * Bp) + beta * C        (C f32, row-major, leading dim ldc)
 //
-// in one of two layouts (HalfGemmKernels::pairs):
+// in one of two layouts (Gemm16Kernels::pairs):
 //   false: Ap holds kc steps of mr f32 values (column k of the rows, as GemmUkernel's), Bp kc
 //          rows of nr 16-bit values;
 //   true:  k goes in pairs (AVX512-BF16's vdpbf16ps): Ap holds ceil(kc / 2) steps of mr 32-bit
@@ -210,31 +212,31 @@ struct HalfGemvKernels {
 //          missing last k is zero in both.
 // Bp is 64-byte aligned; all nr columns are computed (a narrower edge goes through a scratch
 // tile, the caller's). beta == 0 never reads C.
-using HalfGemmUkernel = void (*)(std::int64_t kc, const void* Ap, const std::uint16_t* Bp, float* C,
+using Gemm16Ukernel = void (*)(std::int64_t kc, const void* Ap, const std::uint16_t* Bp, float* C,
                                  std::int64_t ldc, float alpha, float beta);
 
-// AMX (HalfGemmKernels::amx_block): C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp for m <= 32, any n >= 1 and
+// AMX (Gemm16Kernels::amx_block): C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp for m <= 32, any n >= 1 and
 // one depth block (kb <= kc). A's tile for rows 0-15 of the step of 32 k at s is at A + (s / 32) *
 // a_step, rows 16-31 a_half further, rows a_stride bytes apart: A packed as tiles (a_step 1024,
 // a_half 512, a_stride 64, zeros past kb) or read in place (a_step 32, a_half 16 * lda, a_stride
 // 2 * lda; kb a multiple of 32, as nothing past it may be read); Bp the packed B panels of that
 // block, columns 32 j .. 32 j + 31 in the panel at Bp + j * b_stride (pairs of 32 columns, its
-// rows rounded up to 32 with zeros: PackedHalf::panel in engine/src/gemm_half.hpp). accumulate:
+// rows rounded up to 32 with zeros: Packed16::panel in engine/src/gemm16.hpp). accumulate:
 // C's values are added to, else overwritten (never read). The calling thread's tiles stay
 // configured until amx_done.
-using HalfAmxBlock = void (*)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
+using Gemm16AmxBlock = void (*)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
                               std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n,
                               float* C, std::int64_t ldc, bool accumulate);
 
-struct HalfGemmKernels {
+struct Gemm16Kernels {
   int mr, nr;  // register tile
   int kc;      // depth of one pass (even): a kc x nr panel of B stays in L1 across an mc-row block
   int mc;      // rows of A packed per block (a multiple of mr; the mc x kc block stays in L2)
   bool pairs;  // the layout above
   // ukernel[m]: the first m rows of the tile (m = 1..mr); entry 0 is null.
-  std::array<HalfGemmUkernel, kMaxMr + 1> ukernel;
+  std::array<Gemm16Ukernel, kMaxMr + 1> ukernel;
   int k_align = 1;  // packed B's depth blocks are rounded up to this many rows (pairs: 2; AMX: 32)
-  HalfAmxBlock amx_block = nullptr;  // AMX tables' bf16 only: blocks of C on tiles
+  Gemm16AmxBlock amx_block = nullptr;  // AMX tables' bf16 only: blocks of C on tiles
   void (*amx_done)() = nullptr;      // releases the calling thread's tiles
   // A[0:m, 0:kb] (m <= 32, row stride lda) as amx_block's packed A: the step of 32 k at s holds
   // row r's A[r, s .. s + 31] at ap + s * 32 + r * 32 (64 bytes, zeros past kb); rows past m are
@@ -245,7 +247,7 @@ struct HalfGemmKernels {
 // Rows between 16-bit floats (bf16 or f16 bits) and f32, bit for bit as simdattn/half.hpp:
 // widen is exact (a signalling f16 NaN may come out quiet); narrow rounds to nearest even,
 // overflows to Inf (f16) and keeps NaN quiet.
-struct HalfConvertKernels {
+struct Convert16Kernels {
   void (*widen)(const std::uint16_t* src, float* dst, std::int64_t n);
   void (*narrow)(const float* src, std::uint16_t* dst, std::int64_t n);
   // VectorKernels<float>::pack_transpose from 16-bit rows, each value widened.
@@ -275,17 +277,17 @@ struct KernelTable {
   GemmKernels<double> gemm_f64;
   VectorKernels<float> vec_f32;
   VectorKernels<double> vec_f64;
-  HalfGemvKernels gemv_bf16;
-  HalfGemvKernels gemv_f16;
-  HalfGemmKernels gemm_bf16;
-  HalfGemmKernels gemm_f16;
+  Gemv16Kernels gemv_bf16;
+  Gemv16Kernels gemv_f16;
+  Gemm16Kernels gemm_bf16;
+  Gemm16Kernels gemm_f16;
   // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). Not what the
   // engine dispatches to: measured on an Emerald Rapids core, vdpbf16ps retires 61 GMAC/s where
   // f32 FMAs retire 122 (half the rate), and gemm_bf16's conversions win (mha/native/gpt-layer.bf16
   // 39 ms against 53 at 2 threads). Kept, and tested, for the pair layout AMX tiles also take.
-  HalfGemmKernels gemm_bf16_pairs;
-  HalfConvertKernels convert_bf16;
-  HalfConvertKernels convert_f16;
+  Gemm16Kernels gemm_bf16_pairs;
+  Convert16Kernels convert_bf16;
+  Convert16Kernels convert_f16;
   AmxAttentionKernels amx_attention;
 
   template <class T> const GemmKernels<T>& gemm() const;

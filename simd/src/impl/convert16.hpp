@@ -1,4 +1,4 @@
-// Rows of 16-bit floats widened to f32 and f32 rounded to them (HalfConvertKernels): the native
+// Rows of 16-bit floats widened to f32 and f32 rounded to them (Convert16Kernels): the native
 // backend's copies of bf16/f16 operands and the 16-bit GEMM's packing run on these, not on a
 // scalar loop through double (3x the f32 time of bert's attention; guarded by
 // attention/native/bert.bf16 and .f16). Bit for bit what simdattn/half.hpp's scalar conversions
@@ -12,14 +12,14 @@
 #include <immintrin.h>
 
 #include "batch.hpp"
-#include "gemv_half.hpp"
+#include "gemv16.hpp"
 #include "pack.hpp"
 
 namespace simdattn::simd::impl {
 
 // f32 to bf16 or f16 (nearest even), one value: half.hpp's rules, compiled per ISA.
 template <class Arch, bool kBf16>
-inline std::uint16_t float_to_half(float f) {
+inline std::uint16_t narrow16(float f) {
   std::uint32_t u;
   std::memcpy(&u, &f, sizeof u);
   if constexpr (kBf16) {
@@ -46,12 +46,12 @@ inline std::uint16_t float_to_half(float f) {
 }
 
 template <class Arch, bool kBf16>
-void widen_half_row(const std::uint16_t* src, float* dst, std::int64_t n) {
+void widen16_row(const std::uint16_t* src, float* dst, std::int64_t n) {
   using B = batch<float, Arch>;
   constexpr std::int64_t W = B::size;
   std::int64_t i = 0;
   if constexpr (kBf16 || B::size > 4)  // SSE2 has no f16 conversion
-    for (; i + W <= n; i += W) load_half<Arch, kBf16>(src + i).store_unaligned(dst + i);
+    for (; i + W <= n; i += W) load16<Arch, kBf16>(src + i).store_unaligned(dst + i);
   if constexpr (kHasAvx512<Arch>) {
     // the last n - i < 16 values: masked load and store (rows of 40 or 72 are common head sizes)
     if (i < n) {
@@ -62,7 +62,7 @@ void widen_half_row(const std::uint16_t* src, float* dst, std::int64_t n) {
     }
     return;
   }
-  for (; i < n; ++i) dst[i] = half_to_float<Arch, kBf16>(src[i]);
+  for (; i < n; ++i) dst[i] = widen16<Arch, kBf16>(src[i]);
 }
 
 // The f16 bits of NaN f32 lanes u: sign | 0x7e00 | the top 10 payload bits (half.hpp's rule).
@@ -79,7 +79,7 @@ __attribute__((always_inline)) inline V f16_nan_bits(V u) {
 }
 
 template <class Arch, bool kBf16>
-void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
+void narrow16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
   if constexpr (kHasAvx512<Arch>) {
     // 16 values a step; the last n % 16 with a masked load and store (m)
@@ -137,7 +137,7 @@ void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
     }
   }
-  for (; i < n; ++i) dst[i] = float_to_half<Arch, kBf16>(src[i]);
+  for (; i < n; ++i) dst[i] = narrow16<Arch, kBf16>(src[i]);
 }
 
 // pack_transpose (pack.hpp) from 16-bit rows: dst[c * dst_ld + r] = src[r * ld + c] widened, rows
@@ -145,7 +145,7 @@ void narrow_half_row(const float* src, std::uint16_t* dst, std::int64_t n) {
 // then the f32 register transpose (one pass over a bf16 K panel instead of widening it to a copy
 // first: attention/native/bert.bf16).
 template <class Arch, bool kBf16>
-void pack_transpose_half(const std::uint16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* dst,
+void pack_transpose16(const std::uint16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* dst,
                          std::int64_t dst_ld, std::int64_t width) {
 #if defined(__AVX512F__)
   if constexpr (kHasAvx512<Arch>) {
@@ -161,7 +161,7 @@ void pack_transpose_half(const std::uint16_t* src, std::int64_t ld, std::int64_t
 #endif
   for (std::int64_t c = 0; c < cols; ++c) {
     float* d = dst + c * dst_ld;
-    for (std::int64_t r = 0; r < rows; ++r) d[r] = half_to_float<Arch, kBf16>(src[r * ld + c]);
+    for (std::int64_t r = 0; r < rows; ++r) d[r] = widen16<Arch, kBf16>(src[r * ld + c]);
     for (std::int64_t r = rows; r < width; ++r) d[r] = 0.0f;
   }
 }

@@ -1,4 +1,4 @@
-// GEMM micro-kernels with B in 16-bit floats (HalfGemmUkernel in kernels.hpp), the conversion
+// GEMM micro-kernels with B in 16-bit floats (Gemm16Ukernel in kernels.hpp), the conversion
 // layout: each row of the B panel is widened to f32 as it is loaded (bf16 by a shift, f16 by
 // F16C's vcvtph2ps; SSE2 converts f16 in scalar code), then MR x NV FMAs with broadcasts of the
 // packed f32 A. Half the bytes of an f32 B panel for the same FMAs: what a decode step, which
@@ -9,12 +9,12 @@
 #include <cstdint>
 
 #include "batch.hpp"
-#include "gemv_half.hpp"
+#include "gemv16.hpp"
 
 namespace simdattn::simd::impl {
 
 template <class Arch, bool kBf16, int M, int MR, int NV>
-void half_gemm_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp, float* C, std::int64_t ldc,
+void gemm16_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp, float* C, std::int64_t ldc,
                        float alpha, float beta) {
   using B = batch<float, Arch>;
   constexpr int W = static_cast<int>(B::size);
@@ -35,12 +35,12 @@ void half_gemm_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp
       for (int u = 0; u < 4; ++u) {
         const B a(Ap[(k + u) * MR]);
 #pragma GCC unroll 4
-        for (int j = 0; j < NV; ++j) part[u][j] = xsimd::fma(a, load_half<Arch, kBf16>(Bp + (k + u) * NR + j * W), part[u][j]);
+        for (int j = 0; j < NV; ++j) part[u][j] = xsimd::fma(a, load16<Arch, kBf16>(Bp + (k + u) * NR + j * W), part[u][j]);
       }
     for (; k < kc; ++k) {
       const B a(Ap[k * MR]);
 #pragma GCC unroll 4
-      for (int j = 0; j < NV; ++j) part[0][j] = xsimd::fma(a, load_half<Arch, kBf16>(Bp + k * NR + j * W), part[0][j]);
+      for (int j = 0; j < NV; ++j) part[0][j] = xsimd::fma(a, load16<Arch, kBf16>(Bp + k * NR + j * W), part[0][j]);
     }
 #pragma GCC unroll 4
     for (int j = 0; j < NV; ++j) {
@@ -58,7 +58,7 @@ void half_gemm_ukernel(std::int64_t kc, const void* Ap_, const std::uint16_t* Bp
   for (std::int64_t k = 0; k < kc; ++k) {
     B b[NV];
 #pragma GCC unroll 4
-    for (int j = 0; j < NV; ++j) b[j] = load_half<Arch, kBf16>(Bp + k * NR + j * W);
+    for (int j = 0; j < NV; ++j) b[j] = load16<Arch, kBf16>(Bp + k * NR + j * W);
 #pragma GCC unroll 16
     for (int i = 0; i < M; ++i) {
       const B a(Ap[k * MR + i]);

@@ -1,4 +1,4 @@
-// Matrix-vector products with B in 16-bit floats (HalfGemvKernels): bf16 or f16 elements are
+// Matrix-vector products with B in 16-bit floats (Gemv16Kernels): bf16 or f16 elements are
 // widened to f32 as they are loaded, and x, y and the sums stay in f32. Decode reads K and V this
 // way: half the bytes of f32, which a step bound by reading them turns into time (guarded by
 // attention/native/decode.bf16 and decode.f16). Short rows are fetched ahead as gemv.hpp fetches
@@ -18,7 +18,7 @@ namespace simdattn::simd::impl {
 // One 16-bit float widened to f32 (exact). A template on Arch like everything in impl/ (half.hpp's
 // inline conversions are not: compiled here, an AVX-512 body could be the one the linker keeps).
 template <class Arch, bool kBf16>
-inline float half_to_float(std::uint16_t h) {
+inline float widen16(std::uint16_t h) {
   std::uint32_t u = std::uint32_t{h} << 16;
   if constexpr (!kBf16) {
     const std::uint32_t sign = std::uint32_t{h & 0x8000u} << 16, exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
@@ -35,7 +35,7 @@ inline float half_to_float(std::uint16_t h) {
 
 // W consecutive 16-bit floats at p, widened to an f32 batch.
 template <class Arch, bool kBf16>
-__attribute__((always_inline)) inline batch<float, Arch> load_half(const std::uint16_t* p) {
+__attribute__((always_inline)) inline batch<float, Arch> load16(const std::uint16_t* p) {
   using B = batch<float, Arch>;
   if constexpr (kHasAvx512<Arch>) {
     const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
@@ -50,7 +50,7 @@ __attribute__((always_inline)) inline batch<float, Arch> load_half(const std::ui
     return B(_mm_castsi128_ps(_mm_unpacklo_epi16(_mm_setzero_si128(), v)));
   } else {  // SSE2 has no f16 conversion
     alignas(16) float f[4];
-    for (int i = 0; i < 4; ++i) f[i] = half_to_float<Arch, false>(p[i]);
+    for (int i = 0; i < 4; ++i) f[i] = widen16<Arch, false>(p[i]);
     return B::load_aligned(f);
   }
 }
@@ -58,7 +58,7 @@ __attribute__((always_inline)) inline batch<float, Arch> load_half(const std::ui
 // y[j] = alpha * sum_p x[p] * B[j * ldb + p] + beta * y[j] for j < n: each row of B dotted with
 // x (decode's scores, K's rows against q). Four rows at a time; beta == 0 never reads y.
 template <class Arch, bool kBf16>
-void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* Bm,
+void gemv16_t(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* Bm,
                    std::int64_t ldb, float beta, float* y) {
   using B = batch<float, Arch>;
   constexpr std::int64_t W = B::size;
@@ -66,7 +66,7 @@ void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
   auto finish = [&](std::int64_t j, float s) { y[j] = beta == 0.0f ? alpha * s : alpha * s + beta * y[j]; };
   auto tail = [&](const std::uint16_t* row) {
     float s = 0.0f;
-    for (std::int64_t p = kv; p < k; ++p) s += x[p] * half_to_float<Arch, kBf16>(row[p]);
+    for (std::int64_t p = kv; p < k; ++p) s += x[p] * widen16<Arch, kBf16>(row[p]);
     return s;
   };
   const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(std::uint16_t));
@@ -78,10 +78,10 @@ void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
     B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
     for (std::int64_t p = 0; p < kv; p += W) {
       const B xv = B::load_unaligned(x + p);
-      a0 = xsimd::fma(xv, load_half<Arch, kBf16>(r0 + p), a0);
-      a1 = xsimd::fma(xv, load_half<Arch, kBf16>(r1 + p), a1);
-      a2 = xsimd::fma(xv, load_half<Arch, kBf16>(r2 + p), a2);
-      a3 = xsimd::fma(xv, load_half<Arch, kBf16>(r3 + p), a3);
+      a0 = xsimd::fma(xv, load16<Arch, kBf16>(r0 + p), a0);
+      a1 = xsimd::fma(xv, load16<Arch, kBf16>(r1 + p), a1);
+      a2 = xsimd::fma(xv, load16<Arch, kBf16>(r2 + p), a2);
+      a3 = xsimd::fma(xv, load16<Arch, kBf16>(r3 + p), a3);
     }
     finish(j, xsimd::hadd(a0) + tail(r0));
     finish(j + 1, xsimd::hadd(a1) + tail(r1));
@@ -91,7 +91,7 @@ void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
   for (; j < n; ++j) {
     const std::uint16_t* r = Bm + j * ldb;
     B a(0.0f);
-    for (std::int64_t p = 0; p < kv; p += W) a = xsimd::fma(B::load_unaligned(x + p), load_half<Arch, kBf16>(r + p), a);
+    for (std::int64_t p = 0; p < kv; p += W) a = xsimd::fma(B::load_unaligned(x + p), load16<Arch, kBf16>(r + p), a);
     finish(j, xsimd::hadd(a) + tail(r));
   }
 }
@@ -100,7 +100,7 @@ void half_dot_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
 // summed (decode's P V). Columns in chunks of 4 vectors, 4 accumulators across the k loop;
 // beta == 0 never reads y.
 template <class Arch, bool kBf16>
-void half_sum_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* Bm,
+void gemv16_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* Bm,
                    std::int64_t ldb, float beta, float* y) {
   using B = batch<float, Arch>;
   constexpr std::int64_t W = B::size;
@@ -115,22 +115,22 @@ void half_sum_rows(std::int64_t n, std::int64_t k, float alpha, const float* x, 
     for (std::int64_t p = 0; p < k; ++p, row += ldb) {
       prefetch_row(row, kGemvPrefetchRows, ldb, 4 * W * static_cast<std::int64_t>(sizeof(std::uint16_t)));
       const B xv(x[p]);
-      a0 = xsimd::fma(xv, load_half<Arch, kBf16>(row), a0);
-      a1 = xsimd::fma(xv, load_half<Arch, kBf16>(row + W), a1);
-      a2 = xsimd::fma(xv, load_half<Arch, kBf16>(row + 2 * W), a2);
-      a3 = xsimd::fma(xv, load_half<Arch, kBf16>(row + 3 * W), a3);
+      a0 = xsimd::fma(xv, load16<Arch, kBf16>(row), a0);
+      a1 = xsimd::fma(xv, load16<Arch, kBf16>(row + W), a1);
+      a2 = xsimd::fma(xv, load16<Arch, kBf16>(row + 2 * W), a2);
+      a3 = xsimd::fma(xv, load16<Arch, kBf16>(row + 3 * W), a3);
     }
     store(y + j, a0), store(y + j + W, a1), store(y + j + 2 * W, a2), store(y + j + 3 * W, a3);
   }
   for (; j + W <= n; j += W) {
     B a(0.0f);
     const std::uint16_t* row = Bm + j;
-    for (std::int64_t p = 0; p < k; ++p, row += ldb) a = xsimd::fma(B(x[p]), load_half<Arch, kBf16>(row), a);
+    for (std::int64_t p = 0; p < k; ++p, row += ldb) a = xsimd::fma(B(x[p]), load16<Arch, kBf16>(row), a);
     store(y + j, a);
   }
   for (; j < n; ++j) {
     float s = 0.0f;
-    for (std::int64_t p = 0; p < k; ++p) s += x[p] * half_to_float<Arch, kBf16>(Bm[p * ldb + j]);
+    for (std::int64_t p = 0; p < k; ++p) s += x[p] * widen16<Arch, kBf16>(Bm[p * ldb + j]);
     y[j] = beta == 0.0f ? alpha * s : alpha * s + beta * y[j];
   }
 }
