@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/backends.hpp"
 #include "test_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN

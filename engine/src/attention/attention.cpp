@@ -1,5 +1,7 @@
 #include "simdattn/attention.hpp"
 
+#include "core/backends.hpp"
+#include "core/validate.hpp"
 #include "runtime/team.hpp"
 
 #include <string>

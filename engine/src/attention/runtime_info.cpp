@@ -7,9 +7,10 @@
 
 #include <omp.h>
 
-#include "simdattn/attention.hpp"
 #include "core/problem.hpp"
+#include "core/validate.hpp"
 #include "runtime/team.hpp"
+#include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
 #include "simdattn/version.hpp"
@@ -19,14 +20,6 @@
 #endif
 
 namespace simdattn {
-
-void detail::check_isa() {
-  try {
-    simd::selected_isa();
-  } catch (const std::runtime_error& e) {
-    throw Error("SIMDATTN_ISA", e.what());
-  }
-}
 
 RuntimeInfo runtime_info() {
   RuntimeInfo info;

@@ -4,9 +4,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "attention/reference/rows.hpp"
+#include "core/backends.hpp"
 #include "core/element.hpp"
 #include "core/problem.hpp"
-#include "attention/reference/rows.hpp"
 
 namespace simdattn::detail {
 namespace {

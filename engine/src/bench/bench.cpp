@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include "core/problem.hpp"
+#include "core/validate.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/kernels.hpp"
 

@@ -4,12 +4,15 @@
 #include <cmath>
 #include <cstdint>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <utility>
 
 #include "core/problem.hpp"
-#include "simdattn/error.hpp"
 #include "core/text.hpp"
+#include "core/validate.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/simd/isa.hpp"
 
 namespace simdattn::detail {
 namespace {
@@ -398,6 +401,14 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
     throw Error("options.threads", "must be >= 0 (0 = default), got " + std::to_string(opt.threads));
   p.threads = opt.threads;
   return p;
+}
+
+void check_isa() {
+  try {
+    simd::selected_isa();
+  } catch (const std::runtime_error& e) {
+    throw Error("SIMDATTN_ISA", e.what());
+  }
 }
 
 }  // namespace simdattn::detail

@@ -12,10 +12,10 @@
 #include <utility>
 
 #include "core/element.hpp"
+#include "core/text.hpp"
 #include "io/file_io.hpp"
 #include "io/json.hpp"
 #include "simdattn/error.hpp"
-#include "core/text.hpp"
 
 namespace simdattn {
 namespace {

@@ -15,16 +15,18 @@
 #include <utility>
 
 #include "core/element.hpp"
+#include "core/problem.hpp"
+#include "core/text.hpp"
+#include "core/validate.hpp"
+#include "layer/rope_table.hpp"
+#include "linalg/convert.hpp"
 #include "linalg/gemm.hpp"
 #include "linalg/gemm16.hpp"
 #include "linalg/onednn/matmul.hpp"
-#include "core/problem.hpp"
-#include "layer/rope_table.hpp"
-#include "simdattn/error.hpp"
-#include "core/text.hpp"
 #include "runtime/threading.hpp"
-#include "simdattn/safetensors.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/safetensors.hpp"
 
 namespace simdattn {
 namespace {

@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "core/element.hpp"
+#include "core/text.hpp"
 #include "layer/rope_table.hpp"
 #include "simdattn/error.hpp"
-#include "core/text.hpp"
 
 namespace simdattn {
 

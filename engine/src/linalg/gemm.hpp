@@ -15,8 +15,8 @@
 #include <new>
 #include <vector>
 
-#include "simdattn/simd/kernels.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
 

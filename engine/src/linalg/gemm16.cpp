@@ -5,9 +5,9 @@
 #include <cstring>
 #include <stdexcept>
 
-#include "simdattn/half.hpp"
 #include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/half.hpp"
 
 namespace simdattn::detail {
 namespace {

@@ -11,13 +11,15 @@
 #include <vector>
 
 #include "core/element.hpp"
+#include "core/problem.hpp"
+#include "core/validate.hpp"
+#include "linalg/convert.hpp"
 #include "linalg/panels.hpp"
 #include "runtime/prefetch.hpp"
-#include "core/problem.hpp"
-#include "simdattn/simd/kernels.hpp"
-#include "simdattn/error.hpp"
 #include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn {
 

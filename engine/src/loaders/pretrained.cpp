@@ -12,12 +12,12 @@
 #include <vector>
 
 
-#include "loaders/checkpoint.hpp"
+#include "core/text.hpp"
 #include "io/file_io.hpp"
 #include "io/json.hpp"
+#include "loaders/checkpoint.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
-#include "core/text.hpp"
 
 namespace simdattn {
 namespace {

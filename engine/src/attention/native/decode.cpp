@@ -12,14 +12,14 @@
 #include <cstring>
 #include <type_traits>
 
-#include "core/element.hpp"
-#include "linalg/gemm.hpp"
 #include "attention/native/paths.hpp"
 #include "attention/native/rows.hpp"
-#include "simdattn/simd/kernels.hpp"
-#include "runtime/threading.hpp"
+#include "core/element.hpp"
 #include "core/position_rule.hpp"
+#include "linalg/gemm.hpp"
+#include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
 namespace {

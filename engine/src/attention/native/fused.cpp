@@ -31,16 +31,17 @@
 #include <type_traits>
 #include <vector>
 
-#include "core/element.hpp"
-#include "core/fp_env.hpp"
 #include "attention/native/paths.hpp"
 #include "attention/native/rows.hpp"
+#include "core/element.hpp"
+#include "core/fp_env.hpp"
+#include "core/position_rule.hpp"
+#include "linalg/convert.hpp"
 #include "linalg/panels.hpp"
 #include "runtime/prefetch.hpp"
-#include "simdattn/simd/kernels.hpp"
 #include "runtime/threading.hpp"
-#include "core/position_rule.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
 namespace {

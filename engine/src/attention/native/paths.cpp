@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "core/element.hpp"
+#include "linalg/convert.hpp"
 #include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
 

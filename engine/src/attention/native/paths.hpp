@@ -8,6 +8,7 @@
 //               f16 widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
 #pragma once
 
+#include "core/backends.hpp"
 #include "core/problem.hpp"
 #include "runtime/workspace.hpp"
 

@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "core/modifiers.hpp"
+#include "core/position_rule.hpp"
 #include "core/problem.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "core/position_rule.hpp"
 
 namespace simdattn::detail {
 

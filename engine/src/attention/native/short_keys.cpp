@@ -17,12 +17,13 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "core/element.hpp"
 #include "attention/native/paths.hpp"
+#include "core/element.hpp"
+#include "linalg/convert.hpp"
 #include "runtime/prefetch.hpp"
-#include "simdattn/simd/kernels.hpp"
 #include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
 namespace {

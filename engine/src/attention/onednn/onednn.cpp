@@ -51,14 +51,15 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/backends.hpp"
 #include "core/modifiers.hpp"
-#include "linalg/onednn/common.hpp"
-#include "core/problem.hpp"
-#include "simdattn/half.hpp"
-#include "simdattn/error.hpp"
-#include "runtime/threading.hpp"
 #include "core/position_rule.hpp"
+#include "core/problem.hpp"
+#include "linalg/onednn/common.hpp"
+#include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/half.hpp"
 
 namespace simdattn::detail {
 namespace scratch {

@@ -16,9 +16,10 @@
 #include <limits>
 #include <vector>
 
+#include "attention/reference/rows.hpp"
+#include "core/backends.hpp"
 #include "core/element.hpp"
 #include "core/problem.hpp"
-#include "attention/reference/rows.hpp"
 
 namespace simdattn::detail {
 namespace {

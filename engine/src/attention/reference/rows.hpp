@@ -10,8 +10,8 @@
 
 #include "core/element.hpp"
 #include "core/modifiers.hpp"
-#include "core/problem.hpp"
 #include "core/position_rule.hpp"
+#include "core/problem.hpp"
 
 namespace simdattn::detail {
 

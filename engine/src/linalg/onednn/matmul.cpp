@@ -10,8 +10,8 @@
 #include <algorithm>
 
 #include "linalg/onednn/common.hpp"
-#include "simdattn/error.hpp"
 #include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
 
 namespace simdattn::detail {
 namespace {
