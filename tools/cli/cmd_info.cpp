@@ -1,5 +1,5 @@
 // `simdattn info`: version, ISA in use and available, threads, backends, oneDNN version, the
-// dtypes each backend takes here.
+// native backend's paths in the order it tries them, the dtypes each backend takes here.
 #include <iostream>
 
 #include "args.hpp"
@@ -30,6 +30,7 @@ Command add_info_command(CLI::App& app) {
     for (const auto& s : info.backends) std::cout << ' ' << s;
     std::cout << '\n';
     std::cout << "onednn: " << (info.onednn_version.empty() ? "not built" : info.onednn_version) << '\n';
+    for (const auto& path : info.native_paths) std::cout << "native path: " << path << '\n';
     // which dtypes each backend takes here (backend_takes)
     for (Backend b : {Backend::reference, Backend::native, Backend::onednn}) {
       if (!backend_available(b)) continue;

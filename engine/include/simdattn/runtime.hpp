@@ -18,6 +18,9 @@ struct RuntimeInfo {
   int thread_budget = 1;             // set_thread_budget()
   std::vector<std::string> backends; // backends built in
   std::string onednn_version;        // empty if the oneDNN backend is not built
+  // The native backend's paths in the order it tries them, each "name: what it is for"; a
+  // call runs the first that takes its problem.
+  std::vector<std::string> native_paths;
 };
 
 // Throws Error("SIMDATTN_ISA", ...) if the environment forces an unknown or unavailable ISA.

@@ -1,13 +1,13 @@
+// runtime_info(): what this build and this machine run (ISA, threads, backends, the native
+// paths), and the public thread-budget calls.
 #include "simdattn/runtime.hpp"
 
 #include <algorithm>
-#include <exception>
 #include <string>
-#include <stdexcept>
 
 #include <omp.h>
 
-#include "core/problem.hpp"
+#include "attention/native/native.hpp"
 #include "core/validate.hpp"
 #include "runtime/team.hpp"
 #include "simdattn/attention.hpp"
@@ -33,6 +33,8 @@ RuntimeInfo runtime_info() {
   info.default_threads = std::max(1, std::min(omp_get_max_threads(), info.thread_budget));
   for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
     if (backend_available(b)) info.backends.emplace_back(backend_name(b));
+  for (const detail::NativePath& path : detail::native_paths())
+    info.native_paths.push_back(std::string(path.name) + ": " + std::string(path.what));
 #ifdef SIMDATTN_HAVE_ONEDNN
   const dnnl_version_t* v = dnnl_version();
   info.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." +

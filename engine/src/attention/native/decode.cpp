@@ -142,9 +142,25 @@ void decode16(const Problem& p) {
 
 }  // namespace
 
-bool decode16_fits(const Problem& p) {
-  return (p.dtype == DType::bf16 || p.dtype == DType::f16) && p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows &&
-         p.k_strides[3] == 1 && p.v_strides[3] == 1;
+namespace {
+
+// The checks both decode paths make: the plain softmax, at least one key, few rows per kv head.
+Refusal decode_shape_why_not(const Problem& p) {
+  if (Refusal r = needs_more_than_softmax(p)) return r;
+  if (p.Sk == 0) return {"no keys"};
+  const std::int64_t rows = (p.H / p.Hkv) * p.Sq;
+  if (rows > kDecodeMaxRows) return {"{} query rows per kv head > {}", rows, kDecodeMaxRows};
+  return {};
+}
+
+}  // namespace
+
+Refusal decode16_why_not(const Problem& p) {
+  if (!is_16bit(p.dtype)) return {"dtype {w} (bf16 and f16 only)", dtype_name(p.dtype)};
+  if (Refusal r = decode_shape_why_not(p)) return r;
+  if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
+    return {"K or V strided along D (inner strides {} and {})", p.k_strides[3], p.v_strides[3]};
+  return {};
 }
 
 void decode16_attention(const Problem& p) {
@@ -152,8 +168,12 @@ void decode16_attention(const Problem& p) {
   else decode16<float16>(p);
 }
 
-bool decode_fits(const Problem& p) {
-  return p.Sk > 0 && (p.H / p.Hkv) * p.Sq <= kDecodeMaxRows && p.q_strides[3] == 1 && p.k_strides[3] == 1 && p.v_strides[3] == 1;
+Refusal decode_why_not(const Problem& p) {
+  if (is_16bit(p.dtype)) return {"dtype {w} (the 16-bit decode paths take it)", dtype_name(p.dtype)};
+  if (Refusal r = decode_shape_why_not(p)) return r;
+  if (p.q_strides[3] != 1 || p.k_strides[3] != 1 || p.v_strides[3] != 1)
+    return {"q, K or V strided along D"};
+  return {};
 }
 
 void decode_attention(const Problem& p) {

@@ -680,10 +680,13 @@ void fused(const Problem& p) {
 
 }  // namespace
 
-bool fused_on_tiles(const Problem& p) {
+Refusal fused_tiles_why_not(const Problem& p) {
   const simd::KernelTable& table = simd::kernels();
-  return p.dtype == DType::bf16 && table.gemm_bf16.amx_block != nullptr && table.amx_attention.softmax_rows != nullptr &&
-         p.D <= 256;
+  if (p.dtype != DType::bf16) return {"dtype {w} (bf16 only)", dtype_name(p.dtype)};
+  if (table.gemm_bf16.amx_block == nullptr || table.amx_attention.softmax_rows == nullptr)
+    return {"ISA {w} has no AMX tiles", simd::isa_name(table.isa)};
+  if (p.D > 256) return {"D = {} > 256", p.D};
+  return {};
 }
 
 void fused_attention(const Problem& p) {

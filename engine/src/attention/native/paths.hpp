@@ -1,14 +1,17 @@
-// The native backend's paths. attention_native (native.cpp) takes the first that fits:
-//   decode      few query rows per kv head: streams K and V once (native_decode.cpp), in bf16
-//               and f16 as they are
-//   widened     bf16/f16 decode with strided K or V: dense f32 copies on the f32 decode path
-//   short keys  up to 96 keys, no mask: queries on the vector lanes (native_short_keys.cpp),
-//               bf16 and f16 widened as K and V^T are packed and Q panels transposed
-//   fused       everything else: flash attention on key blocks (native_fused.cpp), bf16 and
-//               f16 widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
+// The native backend's paths (native.hpp lists them in order): each one's why_not and runner.
+//   decode16        few query rows per kv head, bf16/f16 K and V read as they are (decode.cpp)
+//   decode.widened  bf16/f16 decode with K or V strided along D: dense f32 copies on the f32
+//                   decode path (widened.cpp)
+//   decode          few query rows per kv head: streams K and V once (decode.cpp)
+//   fused.tiles     flash attention on AMX tiles (bf16, D <= 256; fused.cpp): it also takes the
+//                   problems the short-key path would (their few keys are one tile block)
+//   short_keys      up to 96 keys, no mask: queries on the vector lanes (short_keys.cpp), bf16
+//                   and f16 widened as K and V^T are packed and Q panels transposed
+//   fused           everything else: flash attention on key blocks (fused.cpp), bf16 and f16
+//                   widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
 #pragma once
 
-#include "core/backends.hpp"
+#include "attention/native/native.hpp"
 #include "core/problem.hpp"
 #include "runtime/workspace.hpp"
 
@@ -18,18 +21,31 @@ namespace scratch {
 struct NativeAttention : ScratchSlot {};  // the native paths' blocks, packed K^T / V, decode rows
 }  // namespace scratch
 
-bool decode_fits(const Problem& p);
-void decode_attention(const Problem& p);
-// The decode path on bf16/f16 K and V as they are (16-bit GEMV kernels).
-bool decode16_fits(const Problem& p);
+// Score modifiers, sinks and lse: only the fused paths apply them (the others compute the plain
+// online softmax).
+inline Refusal needs_more_than_softmax(const Problem& p) {
+  if (p.online_softmax_only()) return {};
+  return {"score modifiers, sinks or lse (the fused paths apply them)"};
+}
+
+inline bool is_16bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+Refusal decode16_why_not(const Problem& p);
 void decode16_attention(const Problem& p);
 
-bool short_keys_fit(const Problem& p);
+Refusal widened_why_not(const Problem& p);
+void widened_attention(const Problem& p);
+
+Refusal decode_why_not(const Problem& p);
+void decode_attention(const Problem& p);
+
+Refusal fused_tiles_why_not(const Problem& p);
+// Whether the fused path runs p on AMX tiles.
+inline bool fused_on_tiles(const Problem& p) { return !fused_tiles_why_not(p); }
+
+Refusal short_keys_why_not(const Problem& p);
 void short_keys_attention(const Problem& p);
 
 void fused_attention(const Problem& p);
-// The fused path runs p on AMX tiles (bf16, D <= 256, on the amx kernel table): it then also
-// takes the problems the short-key path would (their few keys are one tile block).
-bool fused_on_tiles(const Problem& p);
 
 }  // namespace simdattn::detail

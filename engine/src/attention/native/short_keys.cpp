@@ -177,12 +177,19 @@ class ShortKeys {
 };
 
 template <class T>
-bool fits(const Problem& p) {
+Refusal why_not(const Problem& p) {
   const simd::GemmKernels<T>& gk = simd::kernels().gemm<T>();
-  const std::int64_t lanes = gk.blocking_a_in_place.lanes;
-  return p.Sk >= 1 && p.Sk <= kShortMaxKeys && p.mask_kind == MaskKind::none && p.causal == Causal::none &&
-         !p.has_window && !p.sparse() && p.q_strides[3] == 1 && p.k_strides[3] == 1 && p.v_strides[3] == 1 && p.o_strides[3] == 1 &&
-         p.Sq >= gk.blocking_a_in_place.nr && (p.Sk % lanes != 0 || p.Dv % lanes != 0);
+  const std::int64_t lanes = gk.blocking_a_in_place.lanes, panel = gk.blocking_a_in_place.nr;
+  if (Refusal r = needs_more_than_softmax(p)) return r;
+  if (p.Sk < 1 || p.Sk > kShortMaxKeys) return {"{} keys (1 to {} only)", p.Sk, kShortMaxKeys};
+  if (p.mask_kind != MaskKind::none || p.causal != Causal::none || p.has_window || p.sparse())
+    return {"a mask, causal, a window or a sparse pattern"};
+  if (p.q_strides[3] != 1 || p.k_strides[3] != 1 || p.v_strides[3] != 1 || p.o_strides[3] != 1)
+    return {"an operand strided along its last dimension"};
+  if (p.Sq < panel) return {"Sq = {} < one panel of {} queries", p.Sq, panel};
+  if (p.Sk % lanes == 0 && p.Dv % lanes == 0)
+    return {"Sk = {} and Dv = {} are whole vectors (the row-major fused path has no idle lanes)", p.Sk, p.Dv};
+  return {};
 }
 
 template <class T, class S>
@@ -201,7 +208,7 @@ void short_keys(const Problem& p) {
 
 }  // namespace
 
-bool short_keys_fit(const Problem& p) { return p.dtype == DType::f64 ? fits<double>(p) : fits<float>(p); }
+Refusal short_keys_why_not(const Problem& p) { return p.dtype == DType::f64 ? why_not<double>(p) : why_not<float>(p); }
 
 void short_keys_attention(const Problem& p) {
   switch (p.dtype) {

@@ -1,9 +1,10 @@
-// The native backend: picks one of its paths (native.hpp) for a validated problem.
-#include "attention/native/paths.hpp"
-
+// The native backend's decode.widened path: bf16/f16 operands whose K or V is strided along D
+// (which the 16-bit decode path does not read) as dense f32 copies on the f32 decode path.
 #include <algorithm>
 #include <cstdint>
 
+#include "attention/native/paths.hpp"
+#include "core/backends.hpp"
 #include "core/element.hpp"
 #include "linalg/convert.hpp"
 #include "runtime/threading.hpp"
@@ -11,7 +12,7 @@
 
 namespace simdattn::detail {
 namespace scratch {
-struct WidenedQ : ScratchSlot {};  // bf16/f16 operands of the f32 decode path: f32 copies of q, k, v and out
+struct WidenedQ : ScratchSlot {};  // f32 copies of q, k, v and out
 struct WidenedK : ScratchSlot {};
 struct WidenedV : ScratchSlot {};
 struct WidenedOut : ScratchSlot {};
@@ -46,10 +47,9 @@ Problem as_f32_copies(const Problem& p) {
   return f;
 }
 
-// bf16/f16 operands on the f32 decode path (K or V strided, which the 16-bit one does not take): q, k and v widened to dense f32
-// copies (K and V rows at or past a batch's key length are not read: zeros), attention computed
-// in f32, and the f32 output narrowed (to nearest even) into out. (The short-key and fused paths
-// read 16-bit operands themselves.)
+// q, k and v widened to dense f32 copies (K and V rows at or past a batch's key length are not
+// read: zeros), attention computed in f32, and the f32 output narrowed (to nearest even) into
+// out. (The short-key and fused paths read 16-bit operands themselves.)
 template <class H>
 void widened(const Problem& p) {
   const Shape4 qshape{p.B, p.H, p.Sq, p.D}, kshape{p.B, p.Hkv, p.Sk, p.D}, vshape{p.B, p.Hkv, p.Sk, p.Dv};
@@ -72,17 +72,14 @@ void widened(const Problem& p) {
 
 }  // namespace
 
-void attention_native(const Problem& p) {
-  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
-  // Score modifiers, sinks and lse: the fused path (the others do not apply them).
-  if (!p.online_softmax_only()) fused_attention(p);
-  else if (decode16_fits(p)) decode16_attention(p);
-  else if (half && decode_fits(as_f32_copies(p))) {
-    if (p.dtype == DType::bf16) widened<bfloat16>(p);
-    else widened<float16>(p);
-  } else if (!half && decode_fits(p)) decode_attention(p);
-  else if (short_keys_fit(p) && !fused_on_tiles(p)) short_keys_attention(p);
-  else fused_attention(p);
+Refusal widened_why_not(const Problem& p) {
+  if (!is_16bit(p.dtype)) return {"dtype {w} (bf16 and f16 only)", dtype_name(p.dtype)};
+  return decode_why_not(as_f32_copies(p));
+}
+
+void widened_attention(const Problem& p) {
+  if (p.dtype == DType::bf16) widened<bfloat16>(p);
+  else widened<float16>(p);
 }
 
 }  // namespace simdattn::detail

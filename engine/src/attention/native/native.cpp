@@ -1,0 +1,72 @@
+// The native backend: its path table (native.hpp) and the entry point that runs the first path
+// taking a validated problem.
+#include "attention/native/native.hpp"
+
+#include <array>
+#include <string>
+
+#include "attention/native/paths.hpp"
+#include "core/backends.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+Refusal takes_all(const Problem&) { return {}; }
+
+// In order: the decode paths first (a few query rows, bound by reading K and V), then the tile
+// path before the short-key one (its tile blocks take sdcross's 77 keys too), the fused path
+// last (every problem).
+constexpr std::array<NativePath, 6> kPaths{{
+    {"decode16", "few query rows per kv head; bf16/f16 K and V read as they are (16-bit GEMV)",
+     &decode16_why_not, &decode16_attention},
+    {"decode.widened", "decode in bf16/f16 with K or V strided along D, on dense f32 copies",
+     &widened_why_not, &widened_attention},
+    {"decode", "few query rows per kv head (a new token against a KV cache): K and V streamed once",
+     &decode_why_not, &decode_attention},
+    {"fused.tiles", "flash attention on AMX tiles (bf16, D <= 256)", &fused_tiles_why_not, &fused_attention},
+    {"short_keys", "up to 96 keys, no mask or causal: queries on the vector lanes", &short_keys_why_not,
+     &short_keys_attention},
+    {"fused", "flash attention over key blocks: every other problem", &takes_all, &fused_attention},
+}};
+
+}  // namespace
+
+std::string Refusal::text() const {
+  std::string s;
+  if (format == nullptr) return s;
+  std::size_t n = 0;
+  for (const char* c = format; *c != '\0'; ++c) {
+    if (c[0] == '{' && c[1] == '}') {
+      s += std::to_string(numbers[n < 2 ? n++ : 1]);
+      ++c;
+    } else if (c[0] == '{' && c[1] == 'w' && c[2] == '}') {
+      s += word;
+      c += 2;
+    } else {
+      s += *c;
+    }
+  }
+  return s;
+}
+
+std::span<const NativePath> native_paths() noexcept { return kPaths; }
+
+NativeChoice choose_native_path(const Problem& p) {
+  NativeChoice choice;
+  for (const NativePath& path : kPaths) {
+    const Refusal r = path.why_not(p);
+    if (!r) {
+      choice.path = &path;
+      break;
+    }
+    choice.passed_over.emplace_back(&path, r);
+  }
+  return choice;
+}
+
+void attention_native(const Problem& p) {
+  for (const NativePath& path : kPaths)
+    if (!path.why_not(p)) return path.run(p);
+}
+
+}  // namespace simdattn::detail

@@ -1,0 +1,47 @@
+// The native backend: its paths as a table, in the order they are tried. attention_native runs
+// the first path whose why_not says nothing against the problem; the last (fused) takes every
+// problem. The table is what `simdattn info` lists, and choose_native_path says which path a
+// problem takes and why each one before it did not.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/problem.hpp"
+
+namespace simdattn::detail {
+
+// Why a path does not take a problem: a message with its numbers, formatted only when asked, so
+// the hot path tests it without building a string. Empty (format null): the path applies.
+struct Refusal {
+  constexpr Refusal() = default;
+  constexpr Refusal(const char* f, std::int64_t a = 0, std::int64_t b = 0) : format(f), numbers{a, b} {}
+  constexpr Refusal(const char* f, std::string_view w) : format(f), word(w) {}
+  const char* format = nullptr;  // "{}" stands for the next of `numbers`, "{w}" for `word`
+  std::int64_t numbers[2] = {0, 0};
+  std::string_view word;
+  explicit operator bool() const noexcept { return format != nullptr; }
+  std::string text() const;  // e.g. "16 query rows per kv head > 8"
+};
+
+struct NativePath {
+  std::string_view name;                 // e.g. "decode", "fused.tiles"
+  std::string_view what;                 // what it is for, one line
+  Refusal (*why_not)(const Problem& p);  // empty: the path takes p
+  void (*run)(const Problem& p);
+};
+
+// Every path, in the order attention_native tries them.
+std::span<const NativePath> native_paths() noexcept;
+
+// The path attention_native runs for p, and each path tried before it with its reason.
+struct NativeChoice {
+  const NativePath* path = nullptr;
+  std::vector<std::pair<const NativePath*, Refusal>> passed_over;
+};
+NativeChoice choose_native_path(const Problem& p);
+
+}  // namespace simdattn::detail
