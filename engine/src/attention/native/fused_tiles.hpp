@@ -1,0 +1,107 @@
+// The fused path's steps on AMX tiles (FusedWorker, fused_worker.hpp; FusedPlan::amx, S is
+// bfloat16): K and V packed as bf16 pairs, the Q block as tiles, and a step's S products,
+// softmax and PV products phase by phase.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <type_traits>
+
+#include "attention/native/fused_worker.hpp"
+
+namespace simdattn::detail {
+// Part of fused.cpp, the one file that includes it: internal linkage, as if written there.
+namespace {
+
+template <class T, class S>
+inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
+  const std::int64_t D = prob_.D, dp = plan_.dp, kk = plan_.k_keys, j00 = jb * kk;
+  const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
+  // Pairs of D are 32-bit words: K's rows (as words) transposed by the f32 transposing pack
+  // when they are (even D, unit inner stride, even row stride, 4-byte aligned).
+  const bool words = D % 2 == 0 && prob_.k_strides[3] == 1 && prob_.k_strides[2] % 2 == 0 &&
+                     reinterpret_cast<std::uintptr_t>(k_) % 4 == 0;
+  for (std::int64_t c = 0; c < kk / 32; ++c) {
+    std::uint16_t* dst = k16_panel(jb, c);
+    const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
+    if (words) {
+      // rows past n are zero; words past D / 2 (up to dp / 2) are zeroed after
+      plan_.vk.pack_transpose(reinterpret_cast<const T*>(k_ + (j00 + c * 32) * prob_.k_strides[2]), prob_.k_strides[2] / 2, n, D / 2,
+                              reinterpret_cast<T*>(dst), 32, 32);
+      std::fill(dst + (D / 2) * 64, dst + dp * 32, std::uint16_t{0});
+      continue;
+    }
+    std::fill(dst, dst + dp * 32, std::uint16_t{0});
+    for (std::int64_t q = 0; q < n; ++q) {
+      const S* src = k_ + (j00 + c * 32 + q) * prob_.k_strides[2];
+      for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.k_strides[3]);
+    }
+  }
+  const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
+  for (std::int64_t c = 0; c < vpanels; ++c) {
+    std::uint16_t* dst = v16_panel(jb, c);
+    std::fill(dst, dst + kk * 32, std::uint16_t{0});
+    const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
+    if (prob_.v_strides[3] == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
+      for (std::int64_t r = 0; r < rows; r += 2) {
+        const auto* s0 = reinterpret_cast<const std::uint16_t*>(v_ + (j00 + r) * prob_.v_strides[2] + c * 32);
+        const auto* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
+        auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
+        if (s1 != nullptr)
+          for (std::int64_t x = 0; x < nc; ++x) out[x] = std::uint32_t{s0[x]} | std::uint32_t{s1[x]} << 16;
+        else
+          for (std::int64_t x = 0; x < nc; ++x) out[x] = s0[x];
+      }
+      continue;
+    }
+    for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
+      const S* s0 = v_ + (j00 + r) * prob_.v_strides[2] + c * 32 * prob_.v_strides[3];
+      const S* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
+      auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
+      for (std::int64_t x = 0; x < nc; ++x)
+        out[x] = bits_at(s0 + x * prob_.v_strides[3]) | (s1 ? std::uint32_t{bits_at(s1 + x * prob_.v_strides[3])} << 16 : 0u);
+    }
+  }
+  packed_[jb] = T(1);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+  const S* q = static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i0 * prob_.q_strides[2];
+  const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
+  if (prob_.q_strides[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+      amx().amx_pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.q_strides[2]), prob_.q_strides[2],
+                       static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
+    return;
+  }
+  std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
+  for (std::int64_t r = 0; r < br; ++r) {
+    std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
+    for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.q_strides[2] + d * prob_.q_strides[3]);
+  }
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::step_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t jb,
+                                 std::int64_t a, std::int64_t n, Cover cover, bool first) {
+  if constexpr (std::is_same_v<T, float>) {
+    const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
+    auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+      amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
+                      static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+      const StepRows sr = step_rows(b, h, i0, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
+      plan_.kt.amx_attention.softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
+                                          alpha_ + r0, p16_ + r0 * kk + a32 * 32, a - a32);
+    }
+    if (!first) rescale_out(0, br);
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+      amx().amx_block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
+                      kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first);
+  }
+}
+
+}  // namespace
+}  // namespace simdattn::detail

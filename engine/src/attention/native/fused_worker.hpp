@@ -1,0 +1,369 @@
+// The fused path's per-thread worker (attention/native/fused.cpp): the class, its key/value
+// block state, prefetches, softmax step rows and output; its vector-unit steps are in
+// fused_vector.hpp, its AMX tile steps in fused_tiles.hpp.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+
+#include "attention/native/fused_plan.hpp"
+#include "attention/native/rows.hpp"
+#include "core/modifiers.hpp"
+#include "core/position_rule.hpp"
+#include "linalg/convert.hpp"
+#include "runtime/prefetch.hpp"
+#include "simdattn/simd/kernels.hpp"
+
+namespace simdattn::detail {
+// Part of fused.cpp, the one file that includes it: internal linkage, as if written there.
+namespace {
+
+template <class T, class S>
+class FusedWorker {
+  static constexpr bool kWiden = !std::is_same_v<S, T>;
+
+ public:
+  FusedWorker(const FusedPlan<T, S>& plan, T* scratch_base);
+
+  // Computes item (b, h, query block qb).
+  void run(std::int64_t b, std::int64_t h, std::int64_t qb);
+
+ private:
+  // K^T of kv head (b, hk) as B panels of tile_cols keys: block jb, panel c, row d holds keys
+  // j0 + c*nr .. + nr - 1 at dimension d. V as B panels of tile_cols columns: block jb, panel c,
+  // row j holds V[j0 + j, c*tile_cols .. + tile_cols - 1]. Zero past the key length L[b] and Dv. A block is
+  // packed when a query block first computes it (blocks past L[b] are hidden, never visited:
+  // K/V past L[b] are never read, and a large, mostly empty KV cache costs only its used part),
+  // its rows prefetched while the block before it is computed.
+  void start_kv(std::int64_t b, std::int64_t hk);
+  void pack_block(std::int64_t jb);
+  // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
+  // next prefetches of the micro-kernels.
+  void prefetch_block(std::int64_t jb);
+  // K and V rows j0 .. j0 + rows - 1 of the kv head whose rows start at k and v become the next
+  // prefetches.
+  void prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows);
+  // Query head h's kv head, and the first K and V rows of kv head (b, hk).
+  std::int64_t kv_head(std::int64_t h) const { return h / (prob_.H / prob_.Hkv); }
+  const S* k_head(std::int64_t b, std::int64_t hk) const {
+    return static_cast<const S*>(prob_.k) + b * prob_.k_strides[0] + hk * prob_.k_strides[1];
+  }
+  const S* v_head(std::int64_t b, std::int64_t hk) const {
+    return static_cast<const S*>(prob_.v) + b * prob_.v_strides[0] + hk * prob_.v_strides[1];
+  }
+
+  // The Q rows the next query block of head (b, h) reads in place and the output rows it
+  // writes (from row i1 on), after any K/V rows: prefetched while the current block's first
+  // key block is computed.
+  void prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1);
+
+  // K and V of the first key block of the kv head that the item after head (b, h)'s last query
+  // block starts, if another: prefetched while that last block is computed, so that a call whose
+  // operands are not in cache (a service's request, after other requests ran) does not wait on
+  // memory at the start of each head. (Its Q and O rows too, or the K/V of the next head already
+  // from the first query block on, were slower: the micro-kernels' prefetch budget is spent on
+  // lines needed later.)
+  void prefetch_next_head(std::int64_t b, std::int64_t h);
+
+  // Q rows i0 .. i0 + br - 1 of head (b, h), as a pointer and row stride the micro-kernel can
+  // read in place: Q itself when its rows are contiguous in D, else a copy.
+  void prepare_q(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br);
+
+  // S[0:br, a:a + round_up(n, lanes)] = Q_blk K^T for keys a .. a + n - 1 of key block jb
+  // (unscaled; a is a multiple of the vector width). Each panel runs only the vectors it has
+  // keys for: the first from vector offset o (aligned: the panel's rows are), the last up to
+  // its last key.
+  void scores(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br);
+
+  // Scale and mask S, then the online softmax step for the block's rows (VectorKernels::
+  // softmax_rows): P = exp(S - m_new) in place, l and O rescaled where the row max grew.
+  // Keys j0 .. j0 + nk - 1 sit at column a of S. Fully visible blocks are scaled inside that
+  // step; the others are scaled and masked row by row first.
+  void softmax_update(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t j0,
+                      std::int64_t a, std::int64_t nk, Cover cover, bool first);
+
+  // How the softmax step sees rows r0 .. r0 + rows - 1 of the block for keys j0 .. j0 + nk - 1
+  // (at column a of S): all keys at the call's scale, or (key lengths, causal and windows
+  // only) one visible interval per row, which the softmax step itself keeps to, or (masks,
+  // sparse patterns and score modifiers) scaled, modified and masked here, row by row. A soft
+  // cap alone (no ALiBi, T5 bias, mask or sparse pattern) is the step's own where it takes one
+  // (step_cap: the f32 and f64 step; the AMX step does not).
+  struct StepRows {
+    T scale;
+    T cap;
+    const std::int64_t* lo;
+    const std::int64_t* hi;
+  };
+  StepRows step_rows(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t r0, std::int64_t rows, std::int64_t j0,
+                     std::int64_t a, std::int64_t nk, Cover cover, bool step_cap);
+
+  // O rows r0 .. r0 + rows - 1 rescaled by the softmax step's alpha where it is not 1.
+  void rescale_out(std::int64_t r0, std::int64_t rows);
+
+  // O[0:br, :] = P[0:br, a:a + n] V_blk[a:a + n, :] + beta * O
+  void accumulate(std::int64_t jb, std::int64_t a, std::int64_t n, std::int64_t br, T beta);
+
+  void write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br);
+
+  // ---- AMX (FusedPlan::amx; S is bfloat16) ----
+  static std::uint16_t bits_at(const S* p) {
+    std::uint16_t u;
+    std::memcpy(&u, p, 2);
+    return u;
+  }
+  const simd::Gemm16Kernels& amx() const { return plan_.kt.gemm_bf16; }
+  std::uint16_t* k16_panel(std::int64_t jb, std::int64_t c) const {
+    return k16_ + (jb * (plan_.k_keys / 32) + c) * plan_.dp * 32;
+  }
+  std::uint16_t* v16_panel(std::int64_t jb, std::int64_t c) const {
+    return v16_ + (jb * round_up(prob_.Dv, 32) / 32 + c) * plan_.k_keys * 32;
+  }
+  // K of block jb: per panel of 32 keys, pair-row r holds (K[j, 2r], K[j, 2r + 1]) of its 32 keys;
+  // V: per panel of 32 columns, pair-row r holds (V[2r, c], V[2r + 1, c]) of its 32 columns. Zero
+  // past the key length, D and Dv.
+  void pack_block_amx(std::int64_t jb);
+  // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
+  void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br);
+  // One step (keys a .. a + n - 1 of key block jb) on tiles, in three phases over the block's
+  // groups of 32 query rows: S = Q K^T over the panels of 32 keys covering the keys (unscaled);
+  // the softmax step writing P as bf16 tiles over those panels (zeros outside the keys), and O's
+  // rows rescaled; O (+)= P V. Phase by phase rather than group by group: the tile stores of S
+  // and the vector stores of P have drained by the time the other unit reads them (guarded by
+  // attention/native/sdcross.bf16 and vit.bf16).
+  void step_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t jb, std::int64_t a,
+                std::int64_t n, Cover cover, bool first);
+
+  // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld).
+  static void widen_rows(const S* src, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols, T* dst,
+                         std::int64_t ld) {
+    convert_matrix(src, dtype_of<S>(), rs, cs, rows, cols, dst, dtype_of<T>(), ld);
+  }
+
+  const FusedPlan<T, S>& plan_;
+  const Problem& prob_;
+  T *kp_, *vp_, *qp_, *sb_, *ob_, *m_, *l_, *alpha_;
+  T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
+  T* conv_;    // 16-bit storage: widened K rows of one panel
+  std::uint16_t *k16_ = nullptr, *v16_ = nullptr, *q16_ = nullptr, *p16_ = nullptr;  // AMX (FusedPlan::amx)
+  const S *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
+  std::int64_t key_len_ = 0;
+  NextRows next_;
+  std::array<std::int64_t, kMaxBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
+  std::array<T, kMaxBlockK + kMaxBlockQ> bias_line_{};  // ALiBi and T5 along a step's relative positions
+  T* t5_by_rel_ = nullptr;                              // T5's bias of head t5_head_ by relative position
+  std::int64_t t5_head_ = -1;
+  const T* q_ = nullptr;   // the current Q block's rows, ldq_ apart
+  // Causal, window, key lengths or a sparse pattern: mixed blocks may have hidden key panels.
+  const bool structured_ = prob_.causal != Causal::none || prob_.has_window || prob_.key_lengths != nullptr || prob_.sparse();
+  std::int64_t ldq_ = 0;
+  std::int64_t packed_b_ = -1, packed_hk_ = -1;
+};
+
+template <class T, class S>
+inline FusedWorker<T, S>::FusedWorker(const FusedPlan<T, S>& plan, T* scratch_base) : plan_(plan), prob_(plan.p) {
+  T* s = scratch_base;
+  kp_ = s, s += plan.k_size;
+  vp_ = s, s += plan.v_size;
+  qp_ = s, s += plan.q_size;
+  sb_ = s, s += plan.s_size;
+  ob_ = s, s += plan.o_size;
+  m_ = s, s += plan.row_size;
+  l_ = s, s += plan.row_size;
+  alpha_ = s, s += plan.row_size;
+  packed_ = s, s += plan.flag_size;
+  conv_ = s, s += plan.conv_size;
+  t5_by_rel_ = s, s += plan.t5_size;
+  k16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.k16_size;
+  v16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.v16_size;
+  q16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.q16_size;
+  p16_ = reinterpret_cast<std::uint16_t*>(s);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::run(std::int64_t b, std::int64_t h, std::int64_t qb) {
+  const std::int64_t hk = kv_head(h);
+  if (b != packed_b_ || hk != packed_hk_) start_kv(b, hk);
+  const std::int64_t i0 = qb * plan_.q_rows, br = std::min(plan_.q_rows, prob_.Sq - i0);
+  prepare_q(b, h, i0, br);
+  const T neg_inf = -std::numeric_limits<T>::infinity();
+  for (std::int64_t r = 0; r < br; ++r) m_[r] = neg_inf, l_[r] = T(0);
+
+  // O is not cleared: the first computed block writes it (beta = 0); until then every row
+  // max is -inf, so no rescale reads it. A query block with no visible key never reads it.
+  bool first = true;
+  // Keys [j0 + a, j0 + a + n) of key block jb (a a multiple of the vector width).
+  auto step = [&](std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover) {
+    const std::int64_t j0 = jb * plan_.k_keys;
+    if (packed_[jb] == T(0)) pack_block(jb);
+    prefetch_block(jb + 1);
+    if (first) prefetch_next_rows(b, h, i0 + br);
+    if (jb + 1 == plan_.k_blocks && qb + 1 == plan_.q_blocks) prefetch_next_head(b, h);
+    if (plan_.amx) {
+      step_amx(b, h, i0, br, jb, a, n, cover, first);
+    } else {
+      scores(jb, a, n, br);
+      softmax_update(b, h, i0, br, j0 + a, a, n, cover, first);
+      accumulate(jb, a, n, br, first ? T(0) : T(1));
+    }
+    first = false;
+  };
+  for (std::int64_t jb = 0; jb < plan_.k_blocks; ++jb) {
+    const std::int64_t j0 = jb * plan_.k_keys, nk = std::min(plan_.k_keys, prob_.Sk - j0);
+    const Cover cover = classify(prob_, b, i0, i0 + br, j0, j0 + nk);
+    if (cover == Cover::hidden) continue;
+    if (cover == Cover::mixed && structured_) {
+      // A block at the edge of the visible region (causal diagonal, window edge, key length,
+      // block mask): its runs of one vector's width of keys that no row of the query block sees
+      // are skipped; runs of the others go as one step. (Whole 64-key panels would compute
+      // ~10% more keys than visible on long with window 512: sparse/native/long-window512.)
+      const std::int64_t w = plan_.lanes;
+      for (std::int64_t a = 0; a < nk;) {
+        std::int64_t e = a;
+        bool all_full = true;
+        while (e < nk) {
+          const std::int64_t n = std::min(w, nk - e);
+          const Cover sub = classify(prob_, b, i0, i0 + br, j0 + e, j0 + e + n);
+          if (sub == Cover::hidden) break;
+          all_full = all_full && sub == Cover::full;
+          e += n;
+        }
+        if (e > a) step(jb, a, e - a, all_full ? Cover::full : Cover::mixed);
+        a = e < nk ? e + std::min(w, nk - e) : e;  // past the hidden run
+      }
+      continue;
+    }
+    step(jb, 0, nk, cover);
+  }
+  write_out(b, h, i0, br);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::start_kv(std::int64_t b, std::int64_t hk) {
+  k_ = k_head(b, hk);
+  v_ = v_head(b, hk);
+  key_len_ = prob_.key_len(b);
+  std::fill(packed_, packed_ + plan_.k_blocks, T(0));
+  packed_b_ = b;
+  packed_hk_ = hk;
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::prefetch_block(std::int64_t jb) {
+  next_.clear();
+  const std::int64_t j0 = jb * plan_.k_keys;
+  if (jb >= plan_.k_blocks || j0 >= key_len_ || packed_[jb] != T(0)) return;
+  prefetch_kv(k_, v_, j0, std::min(plan_.k_keys, key_len_ - j0));
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows) {
+  next_.add(k + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], rows, prob_.D);
+  next_.add(v + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], rows, prob_.Dv);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::prefetch_next_rows(std::int64_t b, std::int64_t h, std::int64_t i1) {
+  if (i1 >= prob_.Sq) return;
+  const std::int64_t rows = std::min(plan_.q_rows, prob_.Sq - i1);
+  next_.add(static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i1 * prob_.q_strides[2], prob_.q_strides[2], prob_.q_strides[3], rows,
+            prob_.D);
+  next_.add(static_cast<const S*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1] + i1 * prob_.o_strides[2], prob_.o_strides[2], prob_.o_strides[3], rows,
+            prob_.Dv);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::prefetch_next_head(std::int64_t b, std::int64_t h) {
+  std::int64_t nb = b, nh = h + 1;
+  if (nh == prob_.H) nb = b + 1, nh = 0;
+  if (nb >= prob_.B) return;
+  const std::int64_t nhk = kv_head(nh);
+  if (nb == packed_b_ && nhk == packed_hk_) return;
+  const std::int64_t rows = std::min(plan_.k_keys, prob_.key_len(nb));
+  if (rows > 0) prefetch_kv(k_head(nb, nhk), v_head(nb, nhk), 0, rows);
+}
+
+template <class T, class S>
+inline auto FusedWorker<T, S>::step_rows(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t r0, std::int64_t rows,
+                                  std::int64_t j0, std::int64_t a, std::int64_t nk, Cover cover, bool step_cap)
+    -> StepRows {
+  StepRows sr{static_cast<T>(prob_.scale), T(0), nullptr, nullptr};
+  const bool cap_in_step = step_cap && prob_.softcap > 0.0 && prob_.alibi == nullptr && prob_.t5_table == nullptr &&
+                           !prob_.sparse() && prob_.mask_kind == MaskKind::none;
+  const bool modified = prob_.scores_modified() && !cap_in_step;
+  if (cap_in_step) sr.cap = static_cast<T>(prob_.softcap);
+  if (cover == Cover::full && !modified) return sr;
+  if (!prob_.sparse() && prob_.mask_kind == MaskKind::none && !modified) {
+    for (std::int64_t r = r0; r < r0 + rows; ++r) {
+      const KeyRange keys = row_keys_in(prob_, b, i0 + r, j0, nk);
+      lo_[r] = keys.lo, hi_[r] = keys.hi;
+    }
+    sr.lo = lo_.data() + r0, sr.hi = hi_.data() + r0;
+    return sr;
+  }
+  // ALiBi and T5: one line for these rows (row r reads it from r0 + rows - 1 - r on)
+  const T* line = nullptr;
+  if (prob_.alibi != nullptr || prob_.t5_table != nullptr) {
+    if (prob_.t5_table != nullptr && t5_head_ != h) {  // T5's bias by relative position, per head
+      fill_t5_by_rel(prob_, h, plan_.t5_reach, t5_by_rel_);
+      t5_head_ = h;
+    }
+    fill_bias_line(prob_, h, j0 - (i0 + r0 + rows - 1 + prob_.query_offset(b)), nk + rows - 1, bias_line_.data(),
+                   prob_.t5_table != nullptr ? t5_by_rel_ : nullptr);
+    line = bias_line_.data();
+  }
+  // Without a mask or sparse pattern, an edge block's rows keep to their visible interval in
+  // the step too (not its -inf around it: half of a causal diagonal block)
+  const bool intervals = cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none;
+  for (std::int64_t r = r0; r < r0 + rows; ++r) {
+    scale_mask_row(prob_, plan_.vk, sb_ + r * plan_.k_keys + a, b, h, i0 + r, j0, nk, false,
+                   line != nullptr ? line + (r0 + rows - 1 - r) : nullptr);
+    if (intervals) {
+      const KeyRange keys = row_keys_in(prob_, b, i0 + r, j0, nk);
+      lo_[r] = keys.lo, hi_[r] = keys.hi;
+    }
+  }
+  if (intervals) sr.lo = lo_.data() + r0, sr.hi = hi_.data() + r0;
+  sr.scale = T(1);
+  return sr;
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::rescale_out(std::int64_t r0, std::int64_t rows) {
+  for (std::int64_t r = r0; r < r0 + rows; ++r) {
+    if (alpha_[r] == T(1)) continue;
+    T* o = ob_ + r * plan_.dv_padded;
+    // alpha = -1: the row's first visible key. What earlier blocks left in its O row is
+    // 0 * V of keys it cannot see, which is NaN where such V is Inf or NaN: start from zeros.
+    if (alpha_[r] < T(0)) std::fill(o, o + plan_.dv_computed, T(0));
+    else plan_.vk.scale(o, plan_.dv_computed, alpha_[r]);
+  }
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::write_out(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
+  if (!prob_.online_softmax_only())  // sinks join l, lse written
+    for (std::int64_t r = 0; r < br; ++r) finish_row(prob_, b, h, i0 + r, m_[r], l_[r]);
+  if constexpr (kWiden) {
+    // normalised in place, its rows packed Dv apart (rows with l == 0 become zeros), then
+    // narrowed to nearest even: one conversion call where out's rows are dense too (sdcross's
+    // 40-wide rows: a call per row took 13% of sdcross.bf16)
+    S* o = static_cast<S*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1] + i0 * prob_.o_strides[2];
+    plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, ob_, prob_.Dv);
+    convert_matrix(ob_, dtype_of<T>(), prob_.Dv, 1, br, prob_.Dv, o, dtype_of<S>(), prob_.o_strides[2], prob_.o_strides[3]);
+  } else {
+    T* o = static_cast<T*>(prob_.o) + b * prob_.o_strides[0] + h * prob_.o_strides[1];
+    if (prob_.o_strides[3] == 1) {
+      plan_.vk.normalize_rows(ob_, plan_.dv_padded, br, prob_.Dv, l_, o + i0 * prob_.o_strides[2], prob_.o_strides[2]);
+      return;
+    }
+    for (std::int64_t r = 0; r < br; ++r)
+      write_output_row(prob_, plan_.vk, ob_ + r * plan_.dv_padded, l_[r], o + (i0 + r) * prob_.o_strides[2]);
+  }
+}
+
+}  // namespace
+}  // namespace simdattn::detail
