@@ -3,11 +3,11 @@
 //   decode.widened  bf16/f16 decode with K or V strided along D: dense f32 copies on the f32
 //                   decode path (widened.cpp)
 //   decode          few query rows per kv head: streams K and V once (decode.cpp)
-//   fused.tiles     flash attention on AMX tiles (bf16, D <= 256; fused.cpp): it also takes the
+//   fused.tiles     flash attention on AMX tiles (bf16, D <= 256; fused/): it also takes the
 //                   problems the short-key path would (their few keys are one tile block)
 //   short_keys      up to 96 keys, no mask: queries on the vector lanes (short_keys.cpp), bf16
 //                   and f16 widened as K and V^T are packed and Q panels transposed
-//   fused           everything else: flash attention on key blocks (fused.cpp), bf16 and f16
+//   fused           everything else: flash attention on key blocks (fused/), bf16 and f16
 //                   widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
 #pragma once
 

@@ -1,5 +1,5 @@
 // The fused path's block sizes and its plan of a call: everything one call needs to know,
-// shared by its threads (attention/native/fused.cpp).
+// shared by its threads (attention/native/fused/fused.cpp).
 #pragma once
 
 #include <algorithm>

@@ -1,6 +1,6 @@
-// The fused path's per-thread worker (attention/native/fused.cpp): the class, its key/value
+// The fused path's per-thread worker (attention/native/fused/fused.cpp): the class, its key/value
 // block state, prefetches, softmax step rows and output; its vector-unit steps are in
-// fused_vector.hpp, its AMX tile steps in fused_tiles.hpp.
+// vector_steps.hpp, its AMX tile steps in tile_steps.hpp.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +10,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "attention/native/fused_plan.hpp"
+#include "attention/native/fused/plan.hpp"
 #include "attention/native/rows.hpp"
 #include "core/modifiers.hpp"
 #include "core/position_rule.hpp"

@@ -24,10 +24,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "attention/native/fused_plan.hpp"
-#include "attention/native/fused_tiles.hpp"
-#include "attention/native/fused_vector.hpp"
-#include "attention/native/fused_worker.hpp"
+#include "attention/native/fused/plan.hpp"
+#include "attention/native/fused/tile_steps.hpp"
+#include "attention/native/fused/vector_steps.hpp"
+#include "attention/native/fused/worker.hpp"
 #include "attention/native/paths.hpp"
 #include "core/fp_env.hpp"
 #include "core/position_rule.hpp"

@@ -1,4 +1,4 @@
-// The fused path's steps on AMX tiles (FusedWorker, fused_worker.hpp; FusedPlan::amx, S is
+// The fused path's steps on AMX tiles (FusedWorker, worker.hpp; FusedPlan::amx, S is
 // bfloat16): K and V packed as bf16 pairs, the Q block as tiles, and a step's S products,
 // softmax and PV products phase by phase.
 #pragma once
@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/native/fused_worker.hpp"
+#include "attention/native/fused/worker.hpp"
 
 namespace simdattn::detail {
 // Part of fused.cpp, the one file that includes it: internal linkage, as if written there.

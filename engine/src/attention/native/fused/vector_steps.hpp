@@ -1,4 +1,4 @@
-// The fused path's steps on the vector unit (FusedWorker, fused_worker.hpp): K^T and V packed as
+// The fused path's steps on the vector unit (FusedWorker, worker.hpp): K^T and V packed as
 // panels, the Q block, S = Q K^T and O += P V on the in-place-A micro-kernel, the online softmax.
 #pragma once
 
@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "attention/native/fused_worker.hpp"
+#include "attention/native/fused/worker.hpp"
 #include "linalg/panels.hpp"
 
 namespace simdattn::detail {
