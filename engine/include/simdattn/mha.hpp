@@ -225,8 +225,8 @@ class SIMDATTN_API MultiHeadAttention {
 
 
  private:
-  struct Impl;
-  std::unique_ptr<Impl> impl_;
+  struct Storage;  // the built layer (engine/src/layer/storage.hpp)
+  std::unique_ptr<Storage> storage_;
 };
 
 // Keys and values of one layer for a batch of sequences, each with its own length.
@@ -254,7 +254,6 @@ class SIMDATTN_API KvCache {
   ConstTensorView values() const noexcept;
 
  private:
-  friend class MultiHeadAttention;
   friend struct detail::CacheAccess;
   DType dtype_;
   std::int64_t batch_, kv_heads_, head_dim_, capacity_;

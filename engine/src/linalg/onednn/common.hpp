@@ -1,4 +1,4 @@
-// What the oneDNN code shares (onednn.cpp, onednn_linear.cpp): the CPU engine and the OpenMP
+// What the oneDNN code shares (attention/onednn/, linalg/onednn/matmul.cpp): the CPU engine and the OpenMP
 // thread count of a call.
 #pragma once
 

@@ -65,7 +65,7 @@ std::shared_ptr<const Prim> prim_for(const Key& k) {
 
 }  // namespace
 
-void onednn_linear(DType dtype, const void* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const void* w,
+void onednn_matmul(DType dtype, const void* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const void* w,
                    std::int64_t ldw, std::int64_t N, const float* bias, void* y, std::int64_t ldy, int threads) {
   if (M == 0 || N == 0) return;
   if (dtype != DType::f32 && dtype != DType::bf16)

@@ -13,7 +13,7 @@ namespace simdattn::detail {
 // null). dtype f32 or bf16 for x, W and y (bf16: products and bias summed in f32, y rounded to
 // nearest even). Primitives are cached per shape; scratchpads are the calling thread's. Throws
 // Error("options.backend") where oneDNN has no such matmul.
-void onednn_linear(DType dtype, const void* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const void* w,
+void onednn_matmul(DType dtype, const void* x, std::int64_t M, std::int64_t K, std::int64_t ldx, const void* w,
                    std::int64_t ldw, std::int64_t N, const float* bias, void* y, std::int64_t ldy, int threads);
 
 }  // namespace simdattn::detail

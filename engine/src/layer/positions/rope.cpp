@@ -8,7 +8,7 @@
 
 #include "core/element.hpp"
 #include "core/text.hpp"
-#include "layer/rope_table.hpp"
+#include "layer/positions/rope_table.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn {

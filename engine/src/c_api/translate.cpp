@@ -1,0 +1,100 @@
+// The C API's conversions (translate.hpp) and this thread's last error.
+#include "c_api/translate.hpp"
+
+#include <cstring>
+#include <string>
+#include <utility>
+
+#include "simdattn/error.hpp"
+#include "simdattn/simdattn.h"
+
+namespace simdattn::c_api {
+namespace {
+
+thread_local std::string t_error, t_argument;
+
+}  // namespace
+
+simdattn_status fail(simdattn_status status, std::string argument, std::string message) {
+  t_argument = std::move(argument);
+  t_error = std::move(message);
+  return status;
+}
+
+// A caller's struct of `size` bytes at p, this library's being `ours`: smaller is refused, larger
+// only when every byte past ours is zero (fields of a newer version left unset).
+void check_size(const void* p, std::size_t size, std::size_t ours, const char* name) {
+  if (size < ours)
+    throw VersionError{name, "struct_size " + std::to_string(size) + " is smaller than this library's " +
+                                 std::to_string(ours) + " (set it with its _init function or sizeof)"};
+  const auto* bytes = static_cast<const unsigned char*>(p);
+  for (std::size_t i = ours; i < size; ++i)
+    if (bytes[i] != 0)
+      throw VersionError{name, "struct_size " + std::to_string(size) + " carries fields this library (C API " +
+                                   std::to_string(SIMDATTN_C_API_VERSION) + ", " + std::to_string(ours) +
+                                   " bytes) does not know, and one is set"};
+}
+
+DType dtype_of_c(simdattn_dtype t, const std::string& name) {
+  switch (t) {
+    case SIMDATTN_F32: return DType::f32;
+    case SIMDATTN_F64: return DType::f64;
+    case SIMDATTN_U8: return DType::u8;
+    case SIMDATTN_I32: return DType::i32;
+    case SIMDATTN_I64: return DType::i64;
+    case SIMDATTN_BF16: return DType::bf16;
+    case SIMDATTN_F16: return DType::f16;
+  }
+  throw Error(name, "expected a simdattn_dtype (0 .. 6), got " + std::to_string(static_cast<long long>(t)));
+}
+
+simdattn_dtype dtype_to_c(DType t) {
+  switch (t) {
+    case DType::f32: return SIMDATTN_F32;
+    case DType::f64: return SIMDATTN_F64;
+    case DType::u8: return SIMDATTN_U8;
+    case DType::i32: return SIMDATTN_I32;
+    case DType::i64: return SIMDATTN_I64;
+    case DType::bf16: return SIMDATTN_BF16;
+    case DType::f16: return SIMDATTN_F16;
+  }
+  return SIMDATTN_F32;
+}
+
+Causal causal_of_c(simdattn_causal c, const char* name) {
+  switch (c) {
+    case SIMDATTN_CAUSAL_NONE: return Causal::none;
+    case SIMDATTN_CAUSAL_TOP_LEFT: return Causal::top_left;
+    case SIMDATTN_CAUSAL_BOTTOM_RIGHT: return Causal::bottom_right;
+  }
+  throw Error(name, "expected SIMDATTN_CAUSAL_NONE, _TOP_LEFT or _BOTTOM_RIGHT, got " +
+                        std::to_string(static_cast<long long>(c)));
+}
+
+Backend backend_of_c(simdattn_backend b, const char* name) {
+  switch (b) {
+    case SIMDATTN_BACKEND_REFERENCE: return Backend::reference;
+    case SIMDATTN_BACKEND_NATIVE: return Backend::native;
+    case SIMDATTN_BACKEND_ONEDNN: return Backend::onednn;
+  }
+  throw Error(name, "expected SIMDATTN_BACKEND_REFERENCE, _NATIVE or _ONEDNN, got " +
+                        std::to_string(static_cast<long long>(b)));
+}
+
+std::optional<double> optional_double(int has, double value) { return has ? std::optional<double>(value) : std::nullopt; }
+
+simdattn_tensor empty_tensor() {
+  simdattn_tensor t;
+  std::memset(&t, 0, sizeof t);
+  t.struct_size = sizeof t;
+  return t;
+}
+
+}  // namespace simdattn::c_api
+
+extern "C" {
+
+const char* simdattn_last_error(void) { return simdattn::c_api::t_error.c_str(); }
+const char* simdattn_last_error_argument(void) { return simdattn::c_api::t_argument.c_str(); }
+
+}  // extern "C"

@@ -1,0 +1,172 @@
+// The KV cache: the public KvCache, and the layer's access to it (kv_cache.hpp).
+#include "layer/cache/kv_cache.hpp"
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "core/element.hpp"
+#include "layer/call_options.hpp"
+#include "layer/positions/positions.hpp"
+#include "linalg/convert.hpp"
+#include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+
+namespace simdattn {
+namespace detail {
+
+// The layer's access to a cache's storage.
+struct CacheAccess {
+  static CacheRef ref(KvCache& c) { return {c.dtype_, c.k_, c.v_, c.lengths_, c.next_lengths_, c.capacity_}; }
+  static std::int64_t kv_heads(const KvCache& c) { return c.kv_heads_; }
+  static std::int64_t head_dim(const KvCache& c) { return c.head_dim_; }
+};
+
+CacheRef cache_ref(const MhaConfig& c, KvCache& cache) {
+  const std::int64_t kv_heads = CacheAccess::kv_heads(cache), head_dim = CacheAccess::head_dim(cache);
+  if (kv_heads != c.kv_heads || head_dim != c.head_dim)
+    throw Error("cache", "was made for another layer (kv_heads " + std::to_string(kv_heads) + ", head_dim " +
+                             std::to_string(head_dim) + "; this layer has " + std::to_string(c.kv_heads) + " and " +
+                             std::to_string(c.head_dim) + ")");
+  return CacheAccess::ref(cache);
+}
+
+template <class T>
+void check_cached_step(const LayerStorage<T>& layer, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                       const MhaOptions& opt, std::span<const std::int64_t> positions) {
+  const MhaConfig& c = layer.cfg;
+  if (!layer.fused_qkv)
+    throw Error("cache", "incremental decoding is self-attention: it needs kdim == vdim == d_model");
+  check_seq("query", query, dtype_of<T>(), static_cast<std::int64_t>(cache.lengths.size()), c.d_model);
+  check_rows("query", query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
+  const std::int64_t B = query.B, tokens = query.S;
+  check_out(out, dtype_of<T>(), B, tokens, c.d_model);
+  if (opt.causal == Causal::top_left)
+    throw Error("options.causal", "incremental decoding attends with bottom-right alignment; top-left is not "
+                                  "meaningful over a cache (use none or bottom_right)");
+  if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
+    throw Error("options", "masks are not supported with a KV cache (truncate the cache instead)");
+  if (c.rope || !c.q_norm.empty()) check_positions(positions, B, tokens);
+  for (std::int64_t b = 0; b < B; ++b) {
+    if (tokens > cache.capacity - cache.lengths[b])
+      throw Error("cache", "sequence " + std::to_string(b) + " holds " + std::to_string(cache.lengths[b]) +
+                               " tokens; " + std::to_string(tokens) + " more exceed the capacity " +
+                               std::to_string(cache.capacity));
+    cache.next[b] = cache.lengths[b] + tokens;
+  }
+}
+
+template <class T>
+void append_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, std::int64_t B, std::int64_t tokens, const CacheRef& cache) {
+  const std::int64_t Hkv = layer.cfg.kv_heads, hd = layer.cfg.head_dim, capacity = cache.capacity;
+  const DType cd = cache.dtype;
+  const std::int64_t esize = static_cast<std::int64_t>(dtype_size(cd));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t hk = 0; hk < Hkv; ++hk)
+      for (std::int64_t t = 0; t < tokens; ++t) {
+        const T* src = p + (b * tokens + t) * N + hk * hd;
+        const std::int64_t row = ((b * Hkv + hk) * capacity + cache.lengths[b] + t) * hd * esize;
+        convert_elements(src + layer.k0, dtype_of<T>(), cache.k.data() + row, cd, hd);
+        convert_elements(src + layer.v0, dtype_of<T>(), cache.v.data() + row, cd, hd);
+      }
+}
+
+template <class T>
+void cached_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, std::int64_t B, std::int64_t tokens,
+                      const CacheRef& cache, T* o, AttentionOptions a) {
+  const std::int64_t H = layer.cfg.heads, Hkv = layer.cfg.kv_heads, hd = layer.cfg.head_dim, capacity = cache.capacity;
+  const DType cd = cache.dtype;
+  a.causal = Causal::bottom_right;
+  a.key_lengths = cache.next;
+  // K/V views span the whole capacity (key lengths say how much is filled), so the attention
+  // kernels size their scratch by the capacity once and decode steps allocate nothing.
+  const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
+  const ConstTensorView kc(cache.k.data(), cd, {B, Hkv, capacity, hd}, kvs);
+  const ConstTensorView vc(cache.v.data(), cd, {B, Hkv, capacity, hd}, kvs);
+  if (cd == dtype_of<T>()) {
+    attention(ConstTensorView(p, {B, H, tokens, hd}, {tokens * N, hd, N, 1}), kc, vc,
+              TensorView(o, {B, H, tokens, hd}, {tokens * layer.nq, hd, layer.nq, 1}), a);
+    return;
+  }
+  // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
+  // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
+  const std::int64_t M = B * tokens, n = M * layer.nq, esize = static_cast<std::int64_t>(dtype_size(cd));
+  std::byte* qc = thread_buffer<std::byte, scratch::MhaCacheQ>().get(static_cast<std::size_t>(n * esize));
+  std::byte* oc = thread_buffer<std::byte, scratch::MhaCacheOut>().get(static_cast<std::size_t>(n * esize));
+  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * layer.nq * esize, cd, layer.nq);
+  const Shape4 dense{tokens * layer.nq, hd, layer.nq, 1};
+  attention(ConstTensorView(qc, cd, {B, H, tokens, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, tokens, hd}, dense), a);
+  convert_elements(oc, cd, o, dtype_of<T>(), n);
+}
+
+template void check_cached_step<float>(const LayerStorage<float>&, const ConstSeqView&, const CacheRef&, const SeqView&,
+                                       const MhaOptions&, std::span<const std::int64_t>);
+template void append_kv<float>(const LayerStorage<float>&, const float*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
+template void cached_attention<float>(const LayerStorage<float>&, const float*, std::int64_t, std::int64_t, std::int64_t,
+                                      const CacheRef&, float*, AttentionOptions);
+template void check_cached_step<double>(const LayerStorage<double>&, const ConstSeqView&, const CacheRef&, const SeqView&,
+                                       const MhaOptions&, std::span<const std::int64_t>);
+template void append_kv<double>(const LayerStorage<double>&, const double*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
+template void cached_attention<double>(const LayerStorage<double>&, const double*, std::int64_t, std::int64_t, std::int64_t,
+                                      const CacheRef&, double*, AttentionOptions);
+template void check_cached_step<bfloat16>(const LayerStorage<bfloat16>&, const ConstSeqView&, const CacheRef&, const SeqView&,
+                                       const MhaOptions&, std::span<const std::int64_t>);
+template void append_kv<bfloat16>(const LayerStorage<bfloat16>&, const bfloat16*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
+template void cached_attention<bfloat16>(const LayerStorage<bfloat16>&, const bfloat16*, std::int64_t, std::int64_t, std::int64_t,
+                                      const CacheRef&, bfloat16*, AttentionOptions);
+template void check_cached_step<float16>(const LayerStorage<float16>&, const ConstSeqView&, const CacheRef&, const SeqView&,
+                                       const MhaOptions&, std::span<const std::int64_t>);
+template void append_kv<float16>(const LayerStorage<float16>&, const float16*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
+template void cached_attention<float16>(const LayerStorage<float16>&, const float16*, std::int64_t, std::int64_t, std::int64_t,
+                                      const CacheRef&, float16*, AttentionOptions);
+
+}  // namespace detail
+
+KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity)
+    : KvCache(layer, batch, capacity, layer.dtype()) {}
+
+KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, DType dtype)
+    : dtype_(dtype),
+      batch_(batch),
+      kv_heads_(layer.config().kv_heads),
+      head_dim_(layer.config().head_dim),
+      capacity_(capacity) {
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
+  if (batch < 1) throw Error("batch", "expected >= 1, got " + std::to_string(batch));
+  if (capacity < 1) throw Error("capacity", "expected >= 1, got " + std::to_string(capacity));
+  std::int64_t elems = 0, bytes64 = 0;
+  if (__builtin_mul_overflow(batch, kv_heads_, &elems) || __builtin_mul_overflow(elems, capacity, &elems) ||
+      __builtin_mul_overflow(elems, head_dim_, &elems) ||
+      __builtin_mul_overflow(elems, static_cast<std::int64_t>(dtype_size(dtype_)), &bytes64))
+    throw Error("capacity", "batch " + std::to_string(batch) + " x kv_heads " + std::to_string(kv_heads_) +
+                                " x capacity " + std::to_string(capacity) + " x head_dim " + std::to_string(head_dim_) +
+                                " overflows the size of a cache");
+  const auto bytes = static_cast<std::size_t>(bytes64);
+  lengths_.assign(static_cast<std::size_t>(batch), 0);
+  next_lengths_.assign(static_cast<std::size_t>(batch), 0);
+  k_.resize(bytes);
+  v_.resize(bytes);
+}
+
+void KvCache::reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), 0); }
+
+void KvCache::truncate(std::int64_t sequence, std::int64_t length) {
+  if (sequence < 0 || sequence >= batch_)
+    throw Error("sequence", "expected 0 <= sequence < " + std::to_string(batch_) + ", got " + std::to_string(sequence));
+  const std::int64_t cur = lengths_[static_cast<std::size_t>(sequence)];
+  if (length < 0 || length > cur)
+    throw Error("length", "expected 0 <= length <= " + std::to_string(cur) + " (the sequence's length), got " +
+                              std::to_string(length));
+  lengths_[static_cast<std::size_t>(sequence)] = length;
+}
+
+ConstTensorView KvCache::keys() const noexcept {
+  return ConstTensorView(k_.data(), dtype_, {batch_, kv_heads_, capacity_, head_dim_});
+}
+ConstTensorView KvCache::values() const noexcept {
+  return ConstTensorView(v_.data(), dtype_, {batch_, kv_heads_, capacity_, head_dim_});
+}
+
+}  // namespace simdattn

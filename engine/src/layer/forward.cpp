@@ -1,0 +1,305 @@
+// The layer's forwards (forward.hpp): their checks, then one pipeline over the call's data.
+#include "layer/forward.hpp"
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "layer/cache/kv_cache.hpp"
+#include "layer/call_options.hpp"
+#include "layer/positions/positions.hpp"
+#include "layer/projection.hpp"
+#include "layer/storage.hpp"
+#include "runtime/threading.hpp"
+#include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+
+namespace simdattn::detail {
+namespace {
+
+// One batch of sequences of a call: the whole call, or one step of forward_batch.
+template <class T>
+struct Segment {
+  const T* query = nullptr;  // B * S rows of d_model
+  T* out = nullptr;          // B * S rows of d_model
+  std::int64_t B = 0, S = 0;
+  std::span<const std::int64_t> positions;
+  const CacheRef* cache = nullptr;  // K and V appended to it and attended from it
+};
+
+// What a forward gives the pipeline.
+template <class T>
+struct ForwardCall {
+  std::span<const Segment<T>> segments;
+  // Cross-attention: the key and value inputs, B * Sk rows each. Null: K and V are projected
+  // from the queries, with them (one GEMM over Wq|Wk|Wv).
+  const T* key = nullptr;
+  const T* value = nullptr;
+  std::int64_t Sk = 0;
+  bool positions = false;  // QK-norm and RoPE on q and k (self-attention, cached steps)
+  // The attention core's options; a cached segment adds its cache's lengths and causality.
+  AttentionOptions attention;
+  // Several steps: their attention cores side by side, one thread each (on onednn, oneDNN's
+  // own threads: one step at a time).
+  bool steps_side_by_side = false;
+  WeightsOut weights;
+};
+
+// A call's projected rows: q, and k and v beside it (fused QKV: columns k0 and v0 of q's rows)
+// or in a buffer of their own (cross-attention).
+template <class T>
+struct Projected {
+  T* q = nullptr;
+  std::int64_t ldq = 0;
+  T* k = nullptr;
+  T* v = nullptr;
+  std::int64_t ldkv = 0;
+};
+
+template <class T>
+std::size_t elements(std::int64_t n) {
+  return static_cast<std::size_t>(std::max<std::int64_t>(1, n));
+}
+
+// The input projections of M query rows x (and the key and value rows of cross-attention) into
+// this thread's projection buffers; o, the attention output's buffer, is taken with them.
+template <class T>
+Projected<T> project_inputs(const LayerStorage<T>& layer, const ForwardCall<T>& call, const T* x, std::int64_t M,
+                            T*& o, const MhaOptions& opt) {
+  const MhaConfig& c = layer.cfg;
+  if (call.key == nullptr) {
+    const std::int64_t N = layer.n_in;
+    T* p = thread_buffer<T, scratch::MhaProjection>().get(elements<T>(M * N));
+    o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements<T>(M * layer.nq));
+    project(x, M, c.d_model, c.d_model, layer.w_in, 0, N, layer.bq(), p, N, opt.threads,
+            onednn_weights(layer, opt, layer.w_in));
+    return {p, N, p + layer.k0, p + layer.v0, N};
+  }
+  // k and v side by side in one [B*Sk, 2*nkv] buffer
+  const std::int64_t rows_kv = call.segments[0].B * call.Sk, ldkv = 2 * layer.nkv;
+  T* pq = thread_buffer<T, scratch::MhaProjection>().get(elements<T>(M * layer.nq));
+  T* pkv = thread_buffer<T, scratch::MhaProjectionKv>().get(elements<T>(rows_kv * ldkv));
+  o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements<T>(M * layer.nq));
+  project(x, M, c.d_model, c.d_model, layer.w_in, 0, layer.nq, layer.bq(), pq, layer.nq, opt.threads,
+          onednn_weights(layer, opt, layer.w_in));
+  project(call.key, rows_kv, c.kdim, c.kdim, layer.wk(), layer.k_col(), layer.nkv, layer.bk(), pkv, ldkv, opt.threads,
+          onednn_weights(layer, opt, layer.wk()));
+  project(call.value, rows_kv, c.vdim, c.vdim, layer.wv(), layer.v_col(), layer.nkv, layer.bv(), pkv + layer.nkv, ldkv,
+          opt.threads, onednn_weights(layer, opt, layer.wv()));
+  return {pq, layer.nq, pkv, pkv + layer.nkv, ldkv};
+}
+
+// The attention core of one segment whose rows start at row r0 of the projections and of o.
+template <class T>
+void attend(const LayerStorage<T>& layer, const ForwardCall<T>& call, const Projected<T>& pr, const Segment<T>& s,
+            std::int64_t r0, T* o, const AttentionOptions& a) {
+  const std::int64_t H = layer.cfg.heads, Hkv = layer.cfg.kv_heads, hd = layer.cfg.head_dim, nq = layer.nq;
+  if (s.cache != nullptr) {
+    cached_attention(layer, pr.q + r0 * pr.ldq, pr.ldq, s.B, s.S, *s.cache, o + r0 * nq, a);
+    return;
+  }
+  const std::int64_t Sq = s.S, Sk = call.key != nullptr ? call.Sk : s.S;
+  const ConstTensorView q(pr.q, {s.B, H, Sq, hd}, {Sq * pr.ldq, hd, pr.ldq, 1});
+  const ConstTensorView k(pr.k, {s.B, Hkv, Sk, hd}, {Sk * pr.ldkv, hd, pr.ldkv, 1});
+  const ConstTensorView v(pr.v, {s.B, Hkv, Sk, hd}, {Sk * pr.ldkv, hd, pr.ldkv, 1});
+  attention(q, k, v, TensorView(o, {s.B, H, Sq, hd}, {Sq * nq, hd, nq, 1}), a);
+}
+
+// The pipeline. One segment reads its query rows and writes its output rows where they are;
+// several are gathered into one matrix for the projections (the weights read once for all)
+// and scattered back.
+template <class T>
+void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOptions& opt) {
+  const MhaConfig& c = layer.cfg;
+  const std::span<const Segment<T>> segs = call.segments;
+  const std::int64_t d = c.d_model;
+  const std::int64_t M = [&] {
+    std::int64_t m = 0;
+    for (const Segment<T>& s : segs) m += s.B * s.S;
+    return m;
+  }();
+  // each segment's first row (a reference: the workers of the side-by-side cores read this
+  // thread's copy)
+  thread_local std::vector<std::int64_t> row0_of_thread;
+  std::vector<std::int64_t>& row0 = row0_of_thread;
+  row0.assign(segs.size(), 0);
+  for (std::size_t i = 1; i < segs.size(); ++i) row0[i] = row0[i - 1] + segs[i - 1].B * segs[i - 1].S;
+  const bool gathered = segs.size() > 1;
+  const T* x = segs[0].query;
+  T* y = segs[0].out;
+  if (gathered) {
+    T* rows = thread_buffer<T, scratch::MhaBatchRows>().get(elements<T>(M * d));
+    for (std::size_t i = 0; i < segs.size(); ++i)
+      std::copy_n(segs[i].query, segs[i].B * segs[i].S * d, rows + row0[i] * d);
+    x = y = rows;
+  }
+  T* o = nullptr;
+  const Projected<T> pr = project_inputs(layer, call, x, M, o, opt);
+  // a cached step without tokens adds nothing and attends to nothing
+  auto active = [](const Segment<T>& s) { return s.cache == nullptr || s.S > 0; };
+  for (std::size_t i = 0; i < segs.size() && call.positions; ++i) {
+    const Segment<T>& s = segs[i];
+    if (!active(s)) continue;
+    T* rows = pr.q + row0[i] * pr.ldq;
+    position_qk(layer, rows, pr.ldq, layer.k0, s.B, s.S, s.positions,
+                s.cache != nullptr ? s.cache->lengths.data() : nullptr, opt.threads);
+    if (s.cache != nullptr) append_kv(layer, rows, pr.ldq, s.B, s.S, *s.cache);  // K appended rotated
+  }
+  if (!call.steps_side_by_side || opt.backend == Backend::onednn) {
+    for (std::size_t i = 0; i < segs.size(); ++i)
+      if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, call.attention);
+  } else {
+    AttentionOptions one = call.attention;
+    one.threads = 1;
+    const auto n = static_cast<std::int64_t>(segs.size());
+    parallel_for_each_claimed(n, opt.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+      for (std::int64_t i = i0; i < i1; ++i)
+        if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, one);
+    });
+  }
+  average_weights(call.weights, opt.attn_weights);
+  project(o, M, layer.nq, layer.nq, layer.wo, 0, d, layer.bo_or_null(), y, d, opt.threads,
+          onednn_weights(layer, opt, layer.wo));
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const Segment<T>& s = segs[i];
+    if (gathered) std::copy_n(y + row0[i] * d, s.B * s.S * d, s.out);
+    // spans from lengths() stay valid
+    if (s.cache != nullptr) std::copy(s.cache->next.begin(), s.cache->next.end(), s.cache->lengths.begin());
+  }
+}
+
+// Error e of step i, its argument prefixed with "steps[i]."
+Error step_error(std::size_t i, const Error& e) {
+  const std::string what = e.what(), arg = e.argument();
+  const std::string message = what.rfind(arg + ": ", 0) == 0 ? what.substr(arg.size() + 2) : what;
+  return Error("steps[" + std::to_string(i) + "]." + arg, message);
+}
+
+}  // namespace
+
+template <class T>
+void self_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const SeqView& out, const MhaOptions& opt) {
+  const MhaConfig& c = layer.cfg;
+  if (!layer.fused_qkv)
+    throw Error("key", "self-attention needs kdim == vdim == d_model (this layer has kdim " + std::to_string(c.kdim) +
+                           ", vdim " + std::to_string(c.vdim) + "); pass key and value");
+  check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  check_rows("query", query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
+  const std::int64_t B = query.B, S = query.S;
+  check_out(out, dtype_of<T>(), B, S, c.d_model);
+  ForwardCall<T> call;
+  call.attention = attention_options(opt, dtype_of<T>(), B, c.heads, S, S);
+  add_config_options(c, call.attention);
+  if (c.causal && call.attention.causal == Causal::none) call.attention.causal = Causal::top_left;
+  call.weights = weights_output(opt, B, c.heads, S, S, call.attention);
+  call.positions = true;
+  const Segment<T> whole{static_cast<const T*>(query.data), static_cast<T*>(out.data), B, S, opt.positions, nullptr};
+  call.segments = {&whole, 1};
+  run(layer, call, opt);
+}
+
+template <class T>
+void cross_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const ConstSeqView& key,
+                   const ConstSeqView& value, const SeqView& out, const MhaOptions& opt) {
+  const MhaConfig& c = layer.cfg;
+  check_seq("query", query, dtype_of<T>(), -1, c.d_model);
+  check_rows("query", query, std::max(c.d_model, layer.nq), sizeof(T));
+  const std::int64_t B = query.B, Sq = query.S;
+  check_seq("key", key, dtype_of<T>(), B, c.kdim);
+  check_seq("value", value, dtype_of<T>(), B, c.vdim);
+  check_rows("key", key, std::max(c.kdim, 2 * layer.nkv), sizeof(T));
+  check_rows("value", value, std::max(c.vdim, 2 * layer.nkv), sizeof(T));
+  if (value.S != key.S)
+    throw Error("value", "has " + std::to_string(value.S) + " positions, key has " + std::to_string(key.S));
+  const std::int64_t Sk = key.S;
+  check_out(out, dtype_of<T>(), B, Sq, c.d_model);
+  ForwardCall<T> call;
+  call.attention = attention_options(opt, dtype_of<T>(), B, c.heads, Sq, Sk);
+  add_config_options(c, call.attention);
+  if (!opt.positions.empty()) throw Error("options.positions", "cross-attention applies no rotary embedding");
+  call.weights = weights_output(opt, B, c.heads, Sq, Sk, call.attention);
+  call.key = static_cast<const T*>(key.data);
+  call.value = static_cast<const T*>(value.data);
+  call.Sk = Sk;
+  const Segment<T> whole{static_cast<const T*>(query.data), static_cast<T*>(out.data), B, Sq, {}, nullptr};
+  call.segments = {&whole, 1};
+  run(layer, call, opt);
+}
+
+template <class T>
+void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                    const MhaOptions& opt) {
+  check_cached_step(layer, query, cache, out, opt, opt.positions);
+  const std::int64_t B = query.B, tokens = query.S;
+  if (tokens == 0) return;
+  ForwardCall<T> call;
+  add_config_options(layer.cfg, call.attention);
+  call.weights = weights_output(opt, B, layer.cfg.heads, tokens, cache.capacity, call.attention);
+  call.attention.threads = opt.threads;
+  call.attention.backend = opt.backend;
+  call.positions = true;
+  const Segment<T> whole{static_cast<const T*>(query.data), static_cast<T*>(out.data), B, tokens, opt.positions,
+                         &cache};
+  call.segments = {&whole, 1};
+  run(layer, call, opt);
+}
+
+template <class T>
+void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> steps, const MhaOptions& opt) {
+  std::vector<CacheRef> refs;
+  refs.reserve(steps.size());
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i].cache == nullptr) throw Error("steps[" + std::to_string(i) + "].cache", "null");
+    for (std::size_t j = 0; j < i; ++j)
+      if (steps[j].cache == steps[i].cache)
+        throw Error("steps[" + std::to_string(i) + "].cache",
+                    "the cache of steps[" + std::to_string(j) + "] too: each step needs a cache of its own");
+    try {
+      refs.push_back(cache_ref(layer.cfg, *steps[i].cache));
+    } catch (const Error& e) {
+      throw step_error(i, e);
+    }
+  }
+  if (!opt.positions.empty())
+    throw Error("options.positions", "forward_batch takes positions per step (DecodeStep::positions)");
+  if (opt.attn_weights.data != nullptr)
+    throw Error("options.attn_weights", "forward_batch does not output attention weights");
+  std::vector<Segment<T>> segments(steps.size());
+  std::int64_t M = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const DecodeStep& s = steps[i];
+    try {
+      check_cached_step(layer, s.query, refs[i], s.out, opt, s.positions);
+    } catch (const Error& e) {
+      throw step_error(i, e);
+    }
+    segments[i] = {static_cast<const T*>(s.query.data), static_cast<T*>(s.out.data), s.query.B, s.query.S, s.positions,
+                   &refs[i]};
+    M += s.query.B * s.query.S;
+  }
+  if (M == 0) return;
+  ForwardCall<T> call;
+  add_config_options(layer.cfg, call.attention);
+  call.attention.threads = opt.threads;
+  call.attention.backend = opt.backend;
+  call.positions = true;
+  call.steps_side_by_side = true;
+  call.segments = segments;
+  run(layer, call, opt);
+}
+
+#define SIMDATTN_FORWARDS(T)                                                                                       \
+  template void self_forward(const LayerStorage<T>&, const ConstSeqView&, const SeqView&, const MhaOptions&);      \
+  template void cross_forward(const LayerStorage<T>&, const ConstSeqView&, const ConstSeqView&, const ConstSeqView&, \
+                              const SeqView&, const MhaOptions&);                                                  \
+  template void cached_forward(const LayerStorage<T>&, const ConstSeqView&, const CacheRef&, const SeqView&,        \
+                               const MhaOptions&);                                                                 \
+  template void batched_forward(const LayerStorage<T>&, std::span<const DecodeStep>, const MhaOptions&);
+SIMDATTN_FORWARDS(float)
+SIMDATTN_FORWARDS(double)
+SIMDATTN_FORWARDS(bfloat16)
+SIMDATTN_FORWARDS(float16)
+#undef SIMDATTN_FORWARDS
+
+}  // namespace simdattn::detail

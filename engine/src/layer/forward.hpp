@@ -1,0 +1,33 @@
+// The layer's four forwards (simdattn/mha.hpp: self-attention, cross-attention, a cached step,
+// a batch of cached steps), each checking its arguments and then running one pipeline
+// (forward.cpp):
+//   the input projections -> QK-norm and RoPE -> K and V appended to a cache -> the attention
+//   core -> the attention weights' mean -> the output projection -> the caches' new lengths
+// They differ only in the data they give it: where the queries, keys and values come from, the
+// positions, the caches, the attention core's options.
+#pragma once
+
+#include <span>
+
+#include "layer/cache/kv_cache.hpp"
+#include "layer/storage.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn::detail {
+
+template <class T>
+void self_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const SeqView& out, const MhaOptions& opt);
+
+template <class T>
+void cross_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const ConstSeqView& key,
+                   const ConstSeqView& value, const SeqView& out, const MhaOptions& opt);
+
+template <class T>
+void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+                    const MhaOptions& opt);
+
+// Every step is checked first (nothing changes if one is bad: Error naming "steps[i].<argument>").
+template <class T>
+void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> steps, const MhaOptions& opt);
+
+}  // namespace simdattn::detail
