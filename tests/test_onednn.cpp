@@ -16,7 +16,6 @@
 #include "test_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
-#include "core/problem.hpp"  // detail::onednn_primitives_created
 
 using namespace simdattn;
 using test::Buffer;
