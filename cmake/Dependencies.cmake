@@ -1,7 +1,7 @@
 # Every package simdattn's build finds, each with the Debian 12 package that provides it.
 # A missing one does not stop at the first find_package: all are looked up, then configuration
 # stops with one message naming every Debian package to install. tools/setup.sh installs the
-# same list (tools/debian-packages.txt); tools/fresh-machine-check.sh proves it on a bare root.
+# same list (tools/debian-packages.txt); scripts/fresh-machine-check.sh proves it on a bare root.
 
 set(_simdattn_missing "")
 file(STRINGS ${PROJECT_SOURCE_DIR}/tools/debian-packages.txt _simdattn_listed REGEX "^[a-z0-9]")
@@ -86,7 +86,7 @@ if(SIMDATTN_BUILD_TESTS)
   simdattn_find(doctest doctest-dev)
   if(SIMDATTN_BUILD_TOOLS)
     simdattn_find_python_module(numpy python3-numpy)
-    if(SIMDATTN_BUILD_PERF)  # the perf_report test draws a chart with tools/perf_report.py plot
+    if(SIMDATTN_BUILD_PERF)  # the perf_report test draws a chart with scripts/perf_report.py plot
       simdattn_find_python_module(matplotlib python3-matplotlib)
     endif()
   endif()

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""tools/perf_report.py on a JSON run of the perf suite built in this checkout.
+"""scripts/perf_report.py on a JSON run of the perf suite built in this checkout.
 
 Usage: test_perf_report.py PATH_TO_SIMDATTN_PERF PATH_TO_PERF_REPORT_PY
 """

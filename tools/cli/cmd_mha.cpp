@@ -9,19 +9,20 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "score_options.hpp"
 
 namespace simdattn::cli {
 namespace {
 
-struct MhaArgs {
-  std::string weights, heads, kv_heads, query, key, value, out, causal = "none", key_padding_mask, prefix,
-      backend = "native", threads, dtype;
+// The score options (--causal, --window, --softcap, --scale, --alibi, --sinks) are ScoreArgs'.
+struct MhaArgs : ScoreArgs {
+  std::string weights, heads, kv_heads, query, key, value, out, key_padding_mask, prefix, backend = "native",
+      threads, dtype;
   // a published checkpoint's layer: --model DIR --layer N, or --weights W --family diffusers
   std::string model, layer, stack, attention, family;
-  // the layer's position and score options
+  // the layer's position options
   std::string rope_theta, rotary_dim, rope_style, rope_scaling, rope_factor, rope_low_freq_factor,
-      rope_high_freq_factor, rope_original_max_positions, window, softcap, scale, sinks, positions;
-  bool alibi = false;
+      rope_high_freq_factor, rope_original_max_positions, positions;
 };
 
 // The layer options given by hand (their flags), which a published checkpoint's config sets.
@@ -331,7 +332,7 @@ void add_options(CLI::App& sub, MhaArgs& a) {
   sub.add_option("--key", a.key, "cross-attention keys [B, Sk, kdim]");
   sub.add_option("--value", a.value, "cross-attention values [B, Sk, vdim]");
   sub.add_option("--out", a.out, "output Y [B, Sq, d_model] (.npy, the query's dtype)")->required();
-  sub.add_option("--causal", a.causal, "none | top-left | bottom-right (default none)");
+  add_score_options(sub, a, {ScoreOption::causal});
   sub.add_option("--key-padding-mask", a.key_padding_mask, "[B, Sk] bool/uint8, true = padding (ignored)");
   sub.add_option("--prefix", a.prefix, "name prefix of the layer in the file, e.g. model.layers.3.self_attn.");
   sub.add_option("--dtype", a.dtype,
@@ -348,11 +349,9 @@ void add_options(CLI::App& sub, MhaArgs& a) {
   sub.add_option("--rope-original-max-positions", a.rope_original_max_positions,
                  "llama3's original_max_position_embeddings (default 8192)");
   sub.add_option("--positions", a.positions, "each query token's position [B, Sq] (<i4 or <i8; default 0..Sq-1)");
-  sub.add_option("--window", a.window, "sliding window LEFT,RIGHT (-1 = unbounded side)");
-  sub.add_option("--softcap", a.softcap, "cap the scaled scores: s = C * tanh(s / C)");
-  sub.add_option("--scale", a.scale, "score scale (default 1/sqrt(head_dim))");
-  sub.add_flag("--alibi", a.alibi, "ALiBi with the standard slopes");
-  sub.add_option("--sinks", a.sinks, "a sink logit per head: float [heads]");
+  add_score_options(sub, a,
+                    {ScoreOption::window, ScoreOption::softcap, ScoreOption::scale, ScoreOption::alibi,
+                     ScoreOption::sinks});
   add_backend_threads_options(sub, a.backend, a.threads,
                               "reference | native | onednn: the attention core (default native)");
 }

@@ -4,16 +4,17 @@
 
 #include "args.hpp"
 #include "commands.hpp"
+#include "score_options.hpp"
 
 namespace simdattn::cli {
 namespace {
 
-struct RunArgs {
-  std::string q, k, v, out, mask, causal = "none", scale, key_lengths, window, backend = "native",
-      threads, global_tokens, block_mask, block_size, dtype;
-  // score modifiers and the extra outputs
-  std::string softcap, alibi_slopes, t5_bias, t5_max_distance, sinks, query_offset, lse_out, scores_out, scores_stage;
-  bool alibi = false, t5_unidirectional = false;
+// The score options (--causal, --scale, --window, the modifiers) are ScoreArgs'.
+struct RunArgs : ScoreArgs {
+  std::string q, k, v, out, mask, key_lengths, backend = "native", threads, global_tokens, block_mask, block_size,
+      dtype;
+  // the extra outputs
+  std::string lse_out, scores_out, scores_stage;
 };
 
 ScoreStage parse_stage(const std::string& text) {
@@ -143,24 +144,19 @@ void add_options(CLI::App& sub, RunArgs& a) {
   sub.add_option("--mask", a.mask,
                  "bool/uint8 (nonzero = attend) or float (added to the scaled scores) mask, "
                  "broadcastable to [B, H, Sq, Sk]");
-  sub.add_option("--causal", a.causal, "none | top-left | bottom-right (default none)");
-  sub.add_option("--scale", a.scale, "score scale (default 1/sqrt(D))");
+  // the score options among the others, where --help has always listed them
+  add_score_options(sub, a, {ScoreOption::causal, ScoreOption::scale});
   sub.add_option("--key-lengths", a.key_lengths, "per-batch key lengths L [B] (<i4 or <i8)");
-  sub.add_option("--window", a.window, "sliding window LEFT,RIGHT (-1 = unbounded side)");
+  add_score_options(sub, a, {ScoreOption::window});
   sub.add_option("--global-tokens", a.global_tokens,
                  "G: the first G positions are global (see and are seen by every position)");
   sub.add_option("--block-mask", a.block_mask,
                  "block-sparse layout: bool/uint8 [ceil(Sq/BS), ceil(Sk/BS)], nonzero = block computed");
   sub.add_option("--block-size", a.block_size, "BS, the block mask's block size (default 64)");
-  sub.add_option("--softcap", a.softcap, "cap the scaled scores: s = C * tanh(s / C), C > 0 (Gemma 2: 50)");
-  sub.add_flag("--alibi", a.alibi, "ALiBi with the standard slopes for H heads");
-  sub.add_option("--alibi-slopes", a.alibi_slopes, "ALiBi with these slopes: float [H]");
-  sub.add_option("--t5-bias", a.t5_bias, "T5's relative position bias table: float [num_buckets, H]");
-  sub.add_option("--t5-max-distance", a.t5_max_distance, "T5's max distance (default 128)");
-  sub.add_flag("--t5-unidirectional", a.t5_unidirectional, "T5's one-way buckets (its decoder; default bidirectional)");
-  sub.add_option("--sinks", a.sinks, "a sink logit per query head, in the softmax's denominator: float [H]");
-  sub.add_option("--query-offset", a.query_offset,
-                 "query i of batch b at key position i + O[b]: int [B] (<i4 or <i8), instead of the causal alignment");
+  add_score_options(sub, a,
+                    {ScoreOption::softcap, ScoreOption::alibi, ScoreOption::alibi_slopes, ScoreOption::t5_bias,
+                     ScoreOption::t5_max_distance, ScoreOption::t5_unidirectional, ScoreOption::sinks,
+                     ScoreOption::query_offset});
   sub.add_option("--lse-out", a.lse_out, "write each row's log-sum-exp: f32 [B, H, Sq]");
   sub.add_option("--scores-out", a.scores_out, "write the scores [B, H, Sq, Sk] at --scores-stage (Q's dtype)");
   sub.add_option("--scores-stage", a.scores_stage, "scaled | capped | biased | softmax (default softmax)");

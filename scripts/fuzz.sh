@@ -6,11 +6,11 @@
 # libfuzzer-14-dev. A crash leaves its input in build-fuzz/ and the script fails; every crash
 # found becomes a regression test (tests/test_npy.cpp, tests/test_safetensors.cpp, ...).
 #
-#   bash tools/fuzz.sh                    # the bounded run: each target a fixed number of runs
+#   bash scripts/fuzz.sh                  # the bounded run: each target a fixed number of runs
 #                                         # (kBounded below; about a minute in all)
-#   SIMDATTN_FUZZ_RUNS=10000000 bash tools/fuzz.sh       # the long run, by executions
-#   SIMDATTN_FUZZ_SECONDS=3600 bash tools/fuzz.sh        # ... or by time, per target
-#   SIMDATTN_FUZZ_TARGETS="safetensors cli" bash tools/fuzz.sh     # some targets only
+#   SIMDATTN_FUZZ_RUNS=10000000 bash scripts/fuzz.sh     # the long run, by executions
+#   SIMDATTN_FUZZ_SECONDS=3600 bash scripts/fuzz.sh      # ... or by time, per target
+#   SIMDATTN_FUZZ_TARGETS="safetensors cli" bash scripts/fuzz.sh   # some targets only
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${SIMDATTN_FUZZ_BUILD:-$ROOT/build-fuzz}"

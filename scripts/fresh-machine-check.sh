@@ -6,7 +6,7 @@
 # first command that fails. Needs root, debootstrap and a Debian mirror; takes a few minutes
 # (debootstrap, package installs, build, the test suite). Not part of the ctest run.
 #
-#   bash tools/fresh-machine-check.sh [WORKDIR]
+#   bash scripts/fresh-machine-check.sh [WORKDIR]
 #
 # WORKDIR (default: a new directory under /tmp) receives the root file system and is removed at
 # the end unless SIMDATTN_FRESH_KEEP=1. SIMDATTN_FRESH_MIRROR picks the mirror (default

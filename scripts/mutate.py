@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Mutation run: plants each bug of tools/mutants.txt, one at a time, rebuilds, runs the whole
+"""Mutation run: plants each bug of scripts/mutants.txt, one at a time, rebuilds, runs the whole
 test suite, and reports which the suite caught (killed) and which it missed (survived).
 
-    python3 tools/mutate.py                    # every mutant (about 1-3 minutes each on 2 cores)
-    python3 tools/mutate.py --only ID [ID ...] # some of them
-    python3 tools/mutate.py --list             # the list, checked (each snippet found exactly once)
+    python3 scripts/mutate.py                    # every mutant (about 1-3 minutes each on 2 cores)
+    python3 scripts/mutate.py --only ID [ID ...] # some of them
+    python3 scripts/mutate.py --list             # the list, checked (each snippet found exactly once)
 
 Builds in build-mutation/ (configured like the default build, without the perf suite). The
 suite runs once on the unmutated tree first (it must pass); it is ctest's, in two stages so that a killed mutant is known early: every test but the
@@ -84,7 +84,7 @@ def first_failure(log):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--mutants", default=os.path.join(ROOT, "tools", "mutants.txt"))
+    ap.add_argument("--mutants", default=os.path.join(ROOT, "scripts", "mutants.txt"))
     ap.add_argument("--build", default=os.path.join(ROOT, "build-mutation"))
     ap.add_argument("--only", nargs="*", default=None, help="mutant ids to run")
     ap.add_argument("--list", action="store_true", help="check and print the list, run nothing")

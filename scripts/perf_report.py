@@ -3,9 +3,9 @@
 
     build/perf/simdattn_perf --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true \
         --benchmark_format=json > run.json
-    python3 tools/perf_report.py table run.json
-    python3 tools/perf_report.py diff before.json after.json
-    python3 tools/perf_report.py plot run.json --out docs/perf-attention.png [--threads 2] [--op attention]
+    python3 scripts/perf_report.py table run.json
+    python3 scripts/perf_report.py diff before.json after.json
+    python3 scripts/perf_report.py plot run.json --out docs/perf-attention.png [--threads 2] [--op attention]
 
 Benchmark names are <op>/<backend>/<workload>/t<threads>; every run also holds peak/fma/t<N> and
 bandwidth/read/t<N>, the machine's limits measured in the same process. Of several repetitions

@@ -5,7 +5,7 @@
 # thread, alternating. Prints every run's native median and the worst default-threads median
 # over the median of the 1-thread medians. No OpenMP environment variable is set.
 #
-#   bash tools/neighbour-check.sh [SIMDATTN_BINARY] [N]     # default: build/tools/simdattn, 6
+#   bash scripts/neighbour-check.sh [SIMDATTN_BINARY] [N]   # default: build/tools/simdattn, 6
 set -euo pipefail
 BIN="${1:-build/tools/simdattn}"
 N="${2:-6}"

@@ -6,7 +6,7 @@
 # library's own threads are the team, std::thread and std::atomic, which it sees in full).
 # Exits non-zero on the first race or failed check. Several minutes on 2 cores.
 #
-#   bash tools/tsan-check.sh          # build-tsan/ (or $SIMDATTN_TSAN_BUILD_DIR)
+#   bash scripts/tsan-check.sh        # build-tsan/ (or $SIMDATTN_TSAN_BUILD_DIR)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${SIMDATTN_TSAN_BUILD_DIR:-$ROOT/build-tsan}"
