@@ -37,23 +37,18 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <array>
-#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <memory>
-#include <mutex>
-#include <new>
 #include <string>
 #include <type_traits>
 #include <unordered_map>
 #include <vector>
 
+#include "attention/onednn/blocks.hpp"
+#include "attention/onednn/primitives.hpp"
 #include "core/backends.hpp"
-#include "core/modifiers.hpp"
-#include "core/position_rule.hpp"
 #include "core/problem.hpp"
 #include "linalg/onednn/common.hpp"
 #include "runtime/threading.hpp"
@@ -74,157 +69,11 @@ struct OnednnDenseOut : ScratchSlot {};
 
 namespace {
 
-using dnnl::memory;
-using Dims = memory::dims;
+using namespace onednn_attention;
 
 // Scores held at once per step: bounds the memory of long sequences (e.g. 128 query rows of the
 // `long` workload) while keeping each matmul large enough for oneDNN to run at speed.
 constexpr std::int64_t kScoreBudget = std::int64_t{32} << 20;
-constexpr std::size_t kCacheCapacity = 512;  // step geometries kept; the cache is cleared beyond
-
-// Strides of a [heads, rows, inner] view of one batch (elements).
-struct ViewStrides {
-  std::int64_t head = 0, row = 0, inner = 0;
-  bool operator==(const ViewStrides&) const = default;
-};
-
-// Everything one step's primitives depend on.
-struct StepKey {
-  std::int64_t heads = 0, kv_heads = 0;  // query heads of the step, K/V heads it reads (1 or heads)
-  std::int64_t rows = 0, keys = 0;       // query rows, keys handed to oneDNN
-  std::int64_t D = 0, Dv = 0;
-  ViewStrides q, k, v, out;
-  std::int64_t mask_heads = 0, mask_rows = 0;  // the mask's [heads, rows, keys]; 0: no mask
-  std::uint32_t scale_bits = 0;                // the f32 scale
-  std::uint32_t softcap_bits = 0;              // the f32 softcap (0: none)
-  int threads = 0;
-  memory::data_type dt = memory::data_type::f32;  // q, k, v and out
-  bool operator==(const StepKey&) const = default;
-};
-
-struct StepKeyHash {
-  static void mix(std::uint64_t& h, std::int64_t x) {  // FNV-1a, a field at a time
-    h = (h ^ static_cast<std::uint64_t>(x)) * 1099511628211ull;
-  }
-  std::size_t operator()(const StepKey& k) const noexcept {
-    std::uint64_t h = 1469598103934665603ull;
-    for (std::int64_t x : {k.heads, k.kv_heads, k.rows, k.keys, k.D, k.Dv, k.mask_heads, k.mask_rows,
-                           std::int64_t{k.scale_bits}, std::int64_t{k.softcap_bits}, std::int64_t{k.threads},
-                           static_cast<std::int64_t>(k.dt)})
-      mix(h, x);
-    for (const ViewStrides& v : {k.q, k.k, k.v, k.out})
-      for (std::int64_t x : {v.head, v.row, v.inner}) mix(h, x);
-    return static_cast<std::size_t>(h);
-  }
-};
-
-struct StepPrims {
-  memory::desc q, kt, v, o, scores, mask;
-  int mask_post_op = 0;  // the mask's index among the QK matmul's post-ops (after a softcap's two)
-  memory::desc probs;  // 16-bit operands: the probabilities in their dtype, and the reorder to it
-  dnnl::reorder round_probs;
-  // Scratchpads are the caller's (scratchpad_mode::user): oneDNN's own is one buffer shared by
-  // every primitive of the process unless the library is built for concurrent execution, and
-  // Debian's is not, so two calls running at once would overwrite each other's.
-  memory::desc qk_scratch, softmax_scratch, pv_scratch;
-  dnnl::matmul qk;
-  dnnl::softmax_forward softmax;
-  dnnl::matmul pv;
-};
-
-struct Onednn {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  std::mutex mutex;
-  std::unordered_map<StepKey, std::shared_ptr<const StepPrims>, StepKeyHash> cache;
-  std::atomic<std::uint64_t> created{0};
-};
-
-Onednn& onednn() {
-  static Onednn instance;
-  return instance;
-}
-
-// A 4-D view [1, d1, d2, d3] with strides s1, s2, s3. Size-1 dimensions get a stride past the
-// view's extent, so oneDNN sees an ordinary outer dimension.
-memory::desc view_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3, std::int64_t s1,
-                       std::int64_t s2, std::int64_t s3, memory::data_type dt) {
-  const std::int64_t extent = 1 + (d1 - 1) * s1 + (d2 - 1) * s2 + (d3 - 1) * s3;
-  if (d1 == 1) s1 = extent;
-  if (d2 == 1) s2 = extent;
-  if (d3 == 1) s3 = extent;
-  return memory::desc(Dims{1, d1, d2, d3}, dt, Dims{extent, s1, s2, s3});
-}
-
-memory::desc dense_desc(std::int64_t d1, std::int64_t d2, std::int64_t d3,
-                        memory::data_type dt = memory::data_type::f32) {
-  return memory::desc(Dims{1, d1, d2, d3}, dt, memory::format_tag::abcd);
-}
-
-std::shared_ptr<const StepPrims> create_prims(const StepKey& k, const dnnl::engine& eng) {
-  const std::int64_t W = k.keys;
-  auto p = std::make_shared<StepPrims>();
-  p->q = view_desc(k.heads, k.rows, k.D, k.q.head, k.q.row, k.q.inner, k.dt);
-  p->kt = view_desc(k.kv_heads, k.D, W, k.k.head, k.k.inner, k.k.row, k.dt);  // K^T: row and inner swap
-  p->v = view_desc(k.kv_heads, W, k.Dv, k.v.head, k.v.row, k.v.inner, k.dt);
-  p->o = view_desc(k.heads, k.rows, k.Dv, k.out.head, k.out.row, k.out.inner, k.dt);
-  p->scores = dense_desc(k.heads, k.rows, W);
-  const bool half = k.dt != memory::data_type::f32;
-  p->probs = half ? dense_desc(k.heads, k.rows, W, k.dt) : p->scores;
-  float scale = 0.f, cap = 0.f;
-  std::memcpy(&scale, &k.scale_bits, sizeof scale);
-  std::memcpy(&cap, &k.softcap_bits, sizeof cap);
-
-  dnnl::primitive_attr attr, plain;
-  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  plain.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-  // scores = scale q.k (softcap: cap tanh(q.k scale / cap)), then + mask
-  attr.set_output_scales(0, {cap > 0.f ? scale / cap : scale});
-  dnnl::post_ops po;
-  if (cap > 0.f) {
-    po.append_eltwise(1.f, dnnl::algorithm::eltwise_tanh, 0.f, 0.f);
-    po.append_eltwise(1.f, dnnl::algorithm::eltwise_linear, cap, 0.f);
-  }
-  if (k.mask_heads > 0) {
-    p->mask = dense_desc(k.mask_heads, k.mask_rows, W);
-    p->mask_post_op = po.len();
-    po.append_binary(dnnl::algorithm::binary_add, p->mask);
-  }
-  if (po.len() > 0) attr.set_post_ops(po);
-  const dnnl::matmul::primitive_desc qk_pd(dnnl::matmul::desc(p->q, p->kt, p->scores), attr, eng);
-  const dnnl::softmax_forward::primitive_desc sm_pd(
-      dnnl::softmax_forward::desc(dnnl::prop_kind::forward_inference, p->scores, 3), plain, eng);
-  const dnnl::matmul::primitive_desc pv_pd(dnnl::matmul::desc(p->probs, p->v, p->o), plain, eng);
-  if (half) p->round_probs = dnnl::reorder(dnnl::reorder::primitive_desc(eng, p->scores, eng, p->probs, plain));
-  p->qk_scratch = qk_pd.scratchpad_desc();
-  p->softmax_scratch = sm_pd.scratchpad_desc();
-  p->pv_scratch = pv_pd.scratchpad_desc();
-  p->qk = dnnl::matmul(qk_pd);
-  p->softmax = dnnl::softmax_forward(sm_pd);
-  p->pv = dnnl::matmul(pv_pd);
-  return p;
-}
-
-std::shared_ptr<const StepPrims> get_prims(const StepKey& key) {
-  Onednn& o = onednn();
-  std::lock_guard<std::mutex> lock(o.mutex);
-  auto it = o.cache.find(key);
-  if (it != o.cache.end()) return it->second;
-  if (o.cache.size() >= kCacheCapacity) o.cache.clear();
-  auto prims = create_prims(key, o.engine);
-  o.created.fetch_add(3, std::memory_order_relaxed);
-  o.cache.emplace(key, prims);
-  return prims;
-}
-
-// One (batch, row block) of the call.
-struct Block {
-  std::int64_t b = 0, i0 = 0, i1 = 0;
-  std::int64_t jlo = 0, jhi = 0;    // keys handed to oneDNN; empty: every row is zero
-  std::int64_t mask_heads = 0;      // 0: no mask; else 1 or H
-  std::int64_t mask_rows = 0;       // 1 or i1 - i0
-  std::shared_ptr<const StepPrims> prims;
-};
-
 
 template <class E>
 struct Operands {
@@ -256,66 +105,6 @@ void copy_rows(const E* src, const Shape4& ss, E* dst, const Shape4& ds, const S
           dst[b * ds[0] + h * ds[1] + i * ds[2] + d * ds[3]] = src[b * ss[0] + h * ss[1] + i * ss[2] + d * ss[3]];
 }
 
-// Keys [jlo, jhi) some row of the block can see, and whether any key in that range is hidden from
-// some row by the structure (key length, causal, window) or a sparse pattern.
-void key_range(const Problem& p, Block& blk, bool& structure_hides) {
-  if (p.sparse()) {  // global tokens and block masks: every key below L may be visible
-    blk.jlo = 0;
-    blk.jhi = p.key_len(blk.b);
-    structure_hides = blk.jhi > 0;
-    return;
-  }
-  const KeyRange some = block_keys_union(p, blk.b, blk.i0, blk.i1);
-  const KeyRange all = block_keys_intersection(p, blk.b, blk.i0, blk.i1);
-  // 16-bit operands: the keys from 0, not from the block's first visible one. oneDNN 2.6's bf16
-  // matmuls on K and V views starting at a later key gave wrong rows (a window of (31, 2) over 83
-  // keys: errors up to 0.59 on the rows nearest the start; guarded by tests/test_half.cpp).
-  blk.jlo = p.dtype == DType::f32 ? some.lo : 0;
-  blk.jhi = std::max(some.lo, some.hi);
-  structure_hides = blk.jhi > blk.jlo && (blk.jhi > all.hi || blk.jlo < all.lo);
-}
-
-// Fills the block's mask [mask_heads, mask_rows, W] and flags[mask_heads * mask_rows] (1 for a
-// row with no visible key).
-void build_mask(const Problem& p, const Block& blk, float* mask, std::uint8_t* flags) {
-  const float neg_inf = -std::numeric_limits<float>::infinity();
-  const std::int64_t W = blk.jhi - blk.jlo;
-  for (std::int64_t hh = 0; hh < blk.mask_heads; ++hh) {
-    for (std::int64_t r = 0; r < blk.mask_rows; ++r) {
-      const std::int64_t i = blk.i0 + r;
-      // The structure leaves row i one interval of keys (a mask shared by every row of the
-      // block is one the structure hides nothing from: the block's keys below the key length).
-      const KeyRange keys = blk.mask_rows > 1 || blk.i1 - blk.i0 == 1 ? row_keys(p, blk.b, i)
-                                                                       : KeyRange{0, p.key_len(blk.b)};
-      float* row = mask + (hh * blk.mask_rows + r) * W;
-      bool any = false;
-      for (std::int64_t c = 0; c < W; ++c) {
-        const std::int64_t j = blk.jlo + c;
-        float x = neg_inf;
-        if (p.sparse() ? position_visible(p, blk.b, i, j) : (j >= keys.lo && j < keys.hi)) {
-          if (p.mask_kind == MaskKind::boolean) {
-            if (p.mask_allows(blk.b, hh, i, j)) x = 0.f;
-          } else if (p.mask_kind == MaskKind::additive) {
-            x = static_cast<float>(p.mask_add(blk.b, hh, i, j));
-          } else {
-            x = 0.f;
-          }
-          if (x != neg_inf && (p.alibi != nullptr || p.t5_table != nullptr)) {  // (hh is the head: see mask_by_head_)
-            const std::int64_t rel = j - (i + p.query_offset(blk.b));
-            double add = 0.0;
-            if (p.alibi != nullptr) add += static_cast<double>(p.alibi[hh]) * static_cast<double>(rel);
-            if (p.t5_table != nullptr) add += t5_bias(p, hh, rel);
-            x = static_cast<float>(static_cast<double>(x) + add);
-          }
-        }
-        row[c] = x;
-        any = any || x != neg_inf;
-      }
-      flags[hh * blk.mask_rows + r] = any ? 0 : 1;
-    }
-  }
-}
-
 template <class E>
 void zero_row(E* o, const Shape4& os, std::int64_t Dv) {
   for (std::int64_t d = 0; d < Dv; ++d) o[d * os[3]] = E{};  // +0 in every dtype
@@ -325,9 +114,9 @@ void zero_row(E* o, const Shape4& os, std::int64_t Dv) {
 // block and create its primitives; allocate and make dense copies; execute block by block;
 // copy a dense output back. E: the element type of q, k, v and out.
 template <class E>
-class Call {
+class OnednnCall {
  public:
-  explicit Call(const Problem& p)
+  explicit OnednnCall(const Problem& p)
       : p_(p), threads_(resolve_threads(p.threads)),
         per_group_(p.H / p.Hkv > 1 && p.Hkv > 1),
         heads_(per_group_ ? p.H / p.Hkv : p.H), kv_heads_(per_group_ ? 1 : p.Hkv), units_(per_group_ ? p.Hkv : 1),
@@ -348,212 +137,34 @@ class Call {
     mask_by_head_ = ((user_mask && p.mask_strides[1] != 0) || bias) && p.H > 1;
     mask_by_row_ = ((user_mask && p.mask_strides[2] != 0) || bias) && p.Sq > 1;
   }
-  ~Call() { blocks().clear(); }  // drop the primitive references
-  Call(const Call&) = delete;
-  Call& operator=(const Call&) = delete;
+  ~OnednnCall() { blocks().clear(); }  // drop the primitive references
+  OnednnCall(const OnednnCall&) = delete;
+  OnednnCall& operator=(const OnednnCall&) = delete;
 
   // Every block, its primitives and the buffer sizes, before anything runs.
-  void plan() {
-    const std::int64_t rows_per_block =
-        std::clamp<std::int64_t>(kScoreBudget / 4 / (heads_ * std::max<std::int64_t>(p_.Sk, 1)), 1, p_.Sq);
-    blocks().clear();
-    try {
-      for (std::int64_t b = 0; b < p_.B; ++b)
-        for (std::int64_t i0 = 0; i0 < p_.Sq; i0 += rows_per_block)
-          blocks().push_back(plan_block(b, i0, std::min(p_.Sq, i0 + rows_per_block)));
-    } catch (const dnnl::error& e) {
-      throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
-    }
-  }
+  void plan();
 
   // The calling thread's buffers, and dense copies of inputs whose inner stride is not 1.
-  void prepare() {
-    scores_ = thread_buffer<float, scratch::OnednnScores>().get(static_cast<std::size_t>(score_elems_));
-    if constexpr (!std::is_same_v<E, float>)
-      probs_ = thread_buffer<E, scratch::OnednnProbs>().get(static_cast<std::size_t>(score_elems_));
-    mask_ = thread_buffer<float, scratch::OnednnMask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
-    flags_ = reinterpret_cast<std::uint8_t*>(mask_ + mask_elems_);
-    scratch_ = thread_buffer<std::uint8_t, scratch::OnednnScratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
-    auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
-    E* q_copy = dense_q_ ? thread_buffer<E, scratch::OnednnDenseQ>().get(numel(qshape_)) : nullptr;
-    E* k_copy = dense_k_ ? thread_buffer<E, scratch::OnednnDenseK>().get(numel(kshape_)) : nullptr;
-    E* v_copy = dense_v_ ? thread_buffer<E, scratch::OnednnDenseV>().get(numel(vshape_)) : nullptr;
-    o_copy_ = dense_o_ ? thread_buffer<E, scratch::OnednnDenseOut>().get(numel(oshape_)) : nullptr;
-    const auto all_rows = [&](std::int64_t) { return p_.Sq; };
-    const auto key_rows = [&](std::int64_t b) { return p_.key_len(b); };
-    if (dense_q_) copy_rows(op_.q, p_.q_strides, q_copy, op_.q_strides, qshape_, all_rows), op_.q = q_copy;
-    if (dense_k_) copy_rows(op_.k, p_.k_strides, k_copy, op_.k_strides, kshape_, key_rows), op_.k = k_copy;
-    if (dense_v_) copy_rows(op_.v, p_.v_strides, v_copy, op_.v_strides, vshape_, key_rows), op_.v = v_copy;
-    if (dense_o_) op_.o = o_copy_;
-  }
-
-  void execute() {
-    thread_local dnnl::stream stream(onednn().engine);
-    try {
-      for (const Block& blk : blocks()) run_block(blk, stream);
-    } catch (const dnnl::error& e) {
-      throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
-    }
-  }
-
-  void finish() {
-    if (dense_o_)
-      copy_rows(o_copy_, op_.o_strides, static_cast<E*>(p_.o), p_.o_strides, oshape_, [&](std::int64_t) { return p_.Sq; });
-  }
+  void prepare();
+  void execute();  // block by block
+  void finish();   // a dense output copied back
 
  private:
   // The calling thread's block list, reused across calls.
-  static std::vector<Block>& blocks() {
-    thread_local std::vector<Block> list;
-    return list;
-  }
-
-  Block plan_block(std::int64_t b, std::int64_t i0, std::int64_t i1) {
-    Block blk;
-    blk.b = b, blk.i0 = i0, blk.i1 = i1;
-    bool structure_hides = false;
-    key_range(p_, blk, structure_hides);
-    const std::int64_t rows = i1 - i0, W = blk.jhi - blk.jlo;
-    if (W <= 0) return blk;
-    if (structure_hides || user_mask_) {
-      blk.mask_heads = mask_by_head_ ? p_.H : 1;
-      blk.mask_rows = structure_hides || mask_by_row_ || mask_by_head_ ? rows : 1;
-    }
-    const float scale = static_cast<float>(p_.scale);
-    StepKey key;
-    key.heads = heads_, key.kv_heads = kv_heads_, key.rows = rows, key.keys = W, key.D = p_.D, key.Dv = p_.Dv;
-    key.q = {op_.q_strides[1], op_.q_strides[2], op_.q_strides[3]};
-    key.k = {op_.k_strides[1], op_.k_strides[2], op_.k_strides[3]};
-    key.v = {op_.v_strides[1], op_.v_strides[2], op_.v_strides[3]};
-    key.out = {op_.o_strides[1], op_.o_strides[2], op_.o_strides[3]};
-    key.mask_heads = blk.mask_heads == 0 ? 0 : (mask_by_head_ ? heads_ : 1);
-    key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
-    std::memcpy(&key.scale_bits, &scale, sizeof scale);
-    const auto cap = static_cast<float>(p_.softcap);
-    std::memcpy(&key.softcap_bits, &cap, sizeof cap);
-    key.threads = threads_;
-    key.dt = data_type_of<E>();
-    blk.prims = get_prims(key);
-    score_elems_ = std::max(score_elems_, heads_ * rows * W);
-    for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
-      scratch_bytes_ = std::max(scratch_bytes_, static_cast<std::int64_t>(sd->get_size()));
-    mask_elems_ = std::max(mask_elems_, blk.mask_heads * blk.mask_rows * W);
-    flag_elems_ = std::max(flag_elems_, blk.mask_heads * blk.mask_rows);
-    return blk;
-  }
-
-  void run_block(const Block& blk, dnnl::stream& stream) {
-    const std::int64_t rows = blk.i1 - blk.i0;
-    E* o_blk = op_.o + blk.b * op_.o_strides[0] + blk.i0 * op_.o_strides[2];
-    if (blk.jhi == blk.jlo) {  // no row of the block sees a key: zeros, lse the sink's alone (or -inf)
-      for (std::int64_t h = 0; h < p_.H; ++h)
-        for (std::int64_t r = 0; r < rows; ++r) {
-          zero_row(o_blk + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
-          if (p_.lse != nullptr)
-            p_.lse[blk.b * p_.lse_strides[0] + h * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] =
-                p_.sinks != nullptr ? p_.sinks[h] : -std::numeric_limits<float>::infinity();
-        }
-      return;
-    }
-    if (blk.mask_heads > 0) build_mask(p_, blk, mask_, flags_);
-    for (std::int64_t u = 0; u < units_; ++u) {
-      run_unit(blk, u, o_blk + u * heads_ * op_.o_strides[1], stream);
-      if (blk.mask_heads > 0) zero_empty_rows(blk, u, o_blk + u * heads_ * op_.o_strides[1]);
-    }
-  }
+  static std::vector<Block>& blocks();
+  Block plan_block(std::int64_t b, std::int64_t i0, std::int64_t i1);
+  void run_block(const Block& blk, dnnl::stream& stream);
 
   // The three primitives on heads [u * heads_, (u + 1) * heads_) of the block.
-  void run_unit(const Block& blk, std::int64_t u, E* o_u, dnnl::stream& stream) {
-    const StepPrims& prims = *blk.prims;
-    const dnnl::engine& eng = onednn().engine;
-    const std::int64_t h0 = u * heads_, hk0 = per_group_ ? u : 0, W = blk.jhi - blk.jlo;
-    const E* q_u = op_.q + blk.b * op_.q_strides[0] + h0 * op_.q_strides[1] + blk.i0 * op_.q_strides[2];
-    const E* k_u = op_.k + blk.b * op_.k_strides[0] + hk0 * op_.k_strides[1] + blk.jlo * op_.k_strides[2];
-    const E* v_u = op_.v + blk.b * op_.v_strides[0] + hk0 * op_.v_strides[1] + blk.jlo * op_.v_strides[2];
-    memory q_mem(prims.q, eng, const_cast<E*>(q_u));
-    memory k_mem(prims.kt, eng, const_cast<E*>(k_u));
-    memory s_mem(prims.scores, eng, scores_);
-    std::unordered_map<int, memory> qk_args{{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
-    if (blk.mask_heads > 0) {
-      float* m_u = mask_ + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
-      qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(prims.mask_post_op) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
-    }
-    qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch_));
-    prims.qk.execute(stream, qk_args);
-    const bool sums = p_.sinks != nullptr || p_.lse != nullptr;
-    if (sums) {
-      stream.wait();
-      row_sums(blk, h0, W);
-    }
-    prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
-                                   {DNNL_ARG_DST, s_mem},
-                                   {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch_)}});
-    memory p_mem = s_mem;
-    if constexpr (!std::is_same_v<E, float>) {
-      p_mem = memory(prims.probs, eng, probs_);
-      prims.round_probs.execute(stream, s_mem, p_mem);
-    }
-    memory v_mem(prims.v, eng, const_cast<E*>(v_u));
-    memory o_mem(prims.o, eng, o_u);
-    prims.pv.execute(stream, {{DNNL_ARG_SRC, p_mem},
-                              {DNNL_ARG_WEIGHTS, v_mem},
-                              {DNNL_ARG_DST, o_mem},
-                              {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch_)}});
-    stream.wait();
-    if (p_.sinks != nullptr)  // the softmax's weights without the sink's term: each row rescaled
-      for (std::int64_t h = 0; h < heads_; ++h)
-        for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
-          const double f = sink_factor_[static_cast<std::size_t>(h * (blk.i1 - blk.i0) + r)];
-          if (f == 1.0) continue;
-          E* row = o_u + h * op_.o_strides[1] + r * op_.o_strides[2];
-          for (std::int64_t d = 0; d < p_.Dv; ++d)
-            row[d * op_.o_strides[3]] = narrow<E>(widen(row[d * op_.o_strides[3]]) * f);
-        }
-  }
+  void run_unit(const Block& blk, std::int64_t u, E* o_u, dnnl::stream& stream);
 
   // Before the softmax: each row's max m and sum S = sum exp(s - m) of the block's scores (f32,
   // -inf where hidden), summed in double: lse = m + log(S + exp(sink - m)) written, and the
   // factor S / (S + exp(sink - m)) the output row is rescaled by (the sink's share).
-  void row_sums(const Block& blk, std::int64_t h0, std::int64_t W) {
-    const std::int64_t rows = blk.i1 - blk.i0;
-    sink_factor_.assign(static_cast<std::size_t>(heads_ * rows), 1.0);
-    const double neg_inf = -std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
-    for (std::int64_t h = 0; h < heads_; ++h)
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const float* s = scores_ + (h * rows + r) * W;
-        double m = neg_inf;
-        bool any_nan = false;
-        for (std::int64_t j = 0; j < W; ++j) {
-          if (std::isnan(s[j])) any_nan = true;
-          else m = std::max(m, static_cast<double>(s[j]));
-        }
-        const double sink = p_.sinks != nullptr ? static_cast<double>(p_.sinks[h0 + h]) : neg_inf;
-        double lse;
-        if (any_nan) {
-          lse = nan;
-        } else if (m == neg_inf) {
-          lse = sink;  // no visible key: zeros (set later), and the sink alone
-        } else {
-          double sum = 0.0;
-          for (std::int64_t j = 0; j < W; ++j) sum += std::exp(static_cast<double>(s[j]) - m);
-          const double extra = p_.sinks != nullptr ? std::exp(sink - m) : 0.0;
-          sink_factor_[static_cast<std::size_t>(h * rows + r)] = sum / (sum + extra);
-          lse = m + std::log(sum + extra);
-        }
-        if (p_.lse != nullptr)
-          p_.lse[blk.b * p_.lse_strides[0] + (h0 + h) * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] = static_cast<float>(lse);
-      }
-  }
+  void row_sums(const Block& blk, std::int64_t h0, std::int64_t W);
 
   // Rows with no visible key (flagged by build_mask) get zeros instead of softmax's NaN.
-  void zero_empty_rows(const Block& blk, std::int64_t u, E* o_u) const {
-    const std::int64_t h0 = u * heads_;
-    for (std::int64_t h = 0; h < heads_; ++h)
-      for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
-        const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) + (blk.mask_rows > 1 ? r : 0);
-        if (flags_[f]) zero_row(o_u + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
-      }
-  }
+  void zero_empty_rows(const Block& blk, std::int64_t u, E* o_u) const;
 
   const Problem& p_;
   const int threads_;
@@ -574,10 +185,215 @@ class Call {
 };
 
 template <class E>
+inline void OnednnCall<E>::plan() {
+  const std::int64_t rows_per_block =
+      std::clamp<std::int64_t>(kScoreBudget / 4 / (heads_ * std::max<std::int64_t>(p_.Sk, 1)), 1, p_.Sq);
+  blocks().clear();
+  try {
+    for (std::int64_t b = 0; b < p_.B; ++b)
+      for (std::int64_t i0 = 0; i0 < p_.Sq; i0 += rows_per_block)
+        blocks().push_back(plan_block(b, i0, std::min(p_.Sq, i0 + rows_per_block)));
+  } catch (const dnnl::error& e) {
+    throw Error("options.backend", std::string("oneDNN could not create the attention primitives: ") + e.what());
+  }
+}
+
+template <class E>
+inline void OnednnCall<E>::prepare() {
+  scores_ = thread_buffer<float, scratch::OnednnScores>().get(static_cast<std::size_t>(score_elems_));
+  if constexpr (!std::is_same_v<E, float>)
+    probs_ = thread_buffer<E, scratch::OnednnProbs>().get(static_cast<std::size_t>(score_elems_));
+  mask_ = thread_buffer<float, scratch::OnednnMask>().get(static_cast<std::size_t>(mask_elems_ + flag_elems_));
+  flags_ = reinterpret_cast<std::uint8_t*>(mask_ + mask_elems_);
+  scratch_ = thread_buffer<std::uint8_t, scratch::OnednnScratchpad>().get(static_cast<std::size_t>(scratch_bytes_));
+  auto numel = [](const Shape4& s) { return static_cast<std::size_t>(s[0] * s[1] * s[2] * s[3]); };
+  E* q_copy = dense_q_ ? thread_buffer<E, scratch::OnednnDenseQ>().get(numel(qshape_)) : nullptr;
+  E* k_copy = dense_k_ ? thread_buffer<E, scratch::OnednnDenseK>().get(numel(kshape_)) : nullptr;
+  E* v_copy = dense_v_ ? thread_buffer<E, scratch::OnednnDenseV>().get(numel(vshape_)) : nullptr;
+  o_copy_ = dense_o_ ? thread_buffer<E, scratch::OnednnDenseOut>().get(numel(oshape_)) : nullptr;
+  const auto all_rows = [&](std::int64_t) { return p_.Sq; };
+  const auto key_rows = [&](std::int64_t b) { return p_.key_len(b); };
+  if (dense_q_) copy_rows(op_.q, p_.q_strides, q_copy, op_.q_strides, qshape_, all_rows), op_.q = q_copy;
+  if (dense_k_) copy_rows(op_.k, p_.k_strides, k_copy, op_.k_strides, kshape_, key_rows), op_.k = k_copy;
+  if (dense_v_) copy_rows(op_.v, p_.v_strides, v_copy, op_.v_strides, vshape_, key_rows), op_.v = v_copy;
+  if (dense_o_) op_.o = o_copy_;
+}
+
+template <class E>
+inline void OnednnCall<E>::execute() {
+  thread_local dnnl::stream stream(onednn_engine());
+  try {
+    for (const Block& blk : blocks()) run_block(blk, stream);
+  } catch (const dnnl::error& e) {
+    throw Error("options.backend", std::string("oneDNN failed while running attention: ") + e.what());
+  }
+}
+
+template <class E>
+inline void OnednnCall<E>::finish() {
+  if (dense_o_)
+    copy_rows(o_copy_, op_.o_strides, static_cast<E*>(p_.o), p_.o_strides, oshape_, [&](std::int64_t) { return p_.Sq; });
+}
+
+template <class E>
+inline std::vector<Block>& OnednnCall<E>::blocks() {
+  thread_local std::vector<Block> list;
+  return list;
+}
+
+template <class E>
+inline Block OnednnCall<E>::plan_block(std::int64_t b, std::int64_t i0, std::int64_t i1) {
+  Block blk;
+  blk.b = b, blk.i0 = i0, blk.i1 = i1;
+  bool structure_hides = false;
+  key_range(p_, blk, structure_hides);
+  const std::int64_t rows = i1 - i0, W = blk.jhi - blk.jlo;
+  if (W <= 0) return blk;
+  if (structure_hides || user_mask_) {
+    blk.mask_heads = mask_by_head_ ? p_.H : 1;
+    blk.mask_rows = structure_hides || mask_by_row_ || mask_by_head_ ? rows : 1;
+  }
+  const float scale = static_cast<float>(p_.scale);
+  StepKey key;
+  key.heads = heads_, key.kv_heads = kv_heads_, key.rows = rows, key.keys = W, key.D = p_.D, key.Dv = p_.Dv;
+  key.q = {op_.q_strides[1], op_.q_strides[2], op_.q_strides[3]};
+  key.k = {op_.k_strides[1], op_.k_strides[2], op_.k_strides[3]};
+  key.v = {op_.v_strides[1], op_.v_strides[2], op_.v_strides[3]};
+  key.out = {op_.o_strides[1], op_.o_strides[2], op_.o_strides[3]};
+  key.mask_heads = blk.mask_heads == 0 ? 0 : (mask_by_head_ ? heads_ : 1);
+  key.mask_rows = key.mask_heads ? blk.mask_rows : 0;
+  std::memcpy(&key.scale_bits, &scale, sizeof scale);
+  const auto cap = static_cast<float>(p_.softcap);
+  std::memcpy(&key.softcap_bits, &cap, sizeof cap);
+  key.threads = threads_;
+  key.dt = data_type_of<E>();
+  blk.prims = get_prims(key);
+  score_elems_ = std::max(score_elems_, heads_ * rows * W);
+  for (const memory::desc* sd : {&blk.prims->qk_scratch, &blk.prims->softmax_scratch, &blk.prims->pv_scratch})
+    scratch_bytes_ = std::max(scratch_bytes_, static_cast<std::int64_t>(sd->get_size()));
+  mask_elems_ = std::max(mask_elems_, blk.mask_heads * blk.mask_rows * W);
+  flag_elems_ = std::max(flag_elems_, blk.mask_heads * blk.mask_rows);
+  return blk;
+}
+
+template <class E>
+inline void OnednnCall<E>::run_block(const Block& blk, dnnl::stream& stream) {
+  const std::int64_t rows = blk.i1 - blk.i0;
+  E* o_blk = op_.o + blk.b * op_.o_strides[0] + blk.i0 * op_.o_strides[2];
+  if (blk.jhi == blk.jlo) {  // no row of the block sees a key: zeros, lse the sink's alone (or -inf)
+    for (std::int64_t h = 0; h < p_.H; ++h)
+      for (std::int64_t r = 0; r < rows; ++r) {
+        zero_row(o_blk + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
+        if (p_.lse != nullptr)
+          p_.lse[blk.b * p_.lse_strides[0] + h * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] =
+              p_.sinks != nullptr ? p_.sinks[h] : -std::numeric_limits<float>::infinity();
+      }
+    return;
+  }
+  if (blk.mask_heads > 0) build_mask(p_, blk, mask_, flags_);
+  for (std::int64_t u = 0; u < units_; ++u) {
+    run_unit(blk, u, o_blk + u * heads_ * op_.o_strides[1], stream);
+    if (blk.mask_heads > 0) zero_empty_rows(blk, u, o_blk + u * heads_ * op_.o_strides[1]);
+  }
+}
+
+template <class E>
+inline void OnednnCall<E>::run_unit(const Block& blk, std::int64_t u, E* o_u, dnnl::stream& stream) {
+  const StepPrims& prims = *blk.prims;
+  const dnnl::engine& eng = onednn_engine();
+  const std::int64_t h0 = u * heads_, hk0 = per_group_ ? u : 0, W = blk.jhi - blk.jlo;
+  const E* q_u = op_.q + blk.b * op_.q_strides[0] + h0 * op_.q_strides[1] + blk.i0 * op_.q_strides[2];
+  const E* k_u = op_.k + blk.b * op_.k_strides[0] + hk0 * op_.k_strides[1] + blk.jlo * op_.k_strides[2];
+  const E* v_u = op_.v + blk.b * op_.v_strides[0] + hk0 * op_.v_strides[1] + blk.jlo * op_.v_strides[2];
+  memory q_mem(prims.q, eng, const_cast<E*>(q_u));
+  memory k_mem(prims.kt, eng, const_cast<E*>(k_u));
+  memory s_mem(prims.scores, eng, scores_);
+  std::unordered_map<int, memory> qk_args{{DNNL_ARG_SRC, q_mem}, {DNNL_ARG_WEIGHTS, k_mem}, {DNNL_ARG_DST, s_mem}};
+  if (blk.mask_heads > 0) {
+    float* m_u = mask_ + (blk.mask_heads > 1 ? h0 * blk.mask_rows * W : 0);
+    qk_args.emplace(DNNL_ARG_ATTR_MULTIPLE_POST_OP(prims.mask_post_op) | DNNL_ARG_SRC_1, memory(prims.mask, eng, m_u));
+  }
+  qk_args.emplace(DNNL_ARG_SCRATCHPAD, memory(prims.qk_scratch, eng, scratch_));
+  prims.qk.execute(stream, qk_args);
+  const bool sums = p_.sinks != nullptr || p_.lse != nullptr;
+  if (sums) {
+    stream.wait();
+    row_sums(blk, h0, W);
+  }
+  prims.softmax.execute(stream, {{DNNL_ARG_SRC, s_mem},
+                                 {DNNL_ARG_DST, s_mem},
+                                 {DNNL_ARG_SCRATCHPAD, memory(prims.softmax_scratch, eng, scratch_)}});
+  memory p_mem = s_mem;
+  if constexpr (!std::is_same_v<E, float>) {
+    p_mem = memory(prims.probs, eng, probs_);
+    prims.round_probs.execute(stream, s_mem, p_mem);
+  }
+  memory v_mem(prims.v, eng, const_cast<E*>(v_u));
+  memory o_mem(prims.o, eng, o_u);
+  prims.pv.execute(stream, {{DNNL_ARG_SRC, p_mem},
+                            {DNNL_ARG_WEIGHTS, v_mem},
+                            {DNNL_ARG_DST, o_mem},
+                            {DNNL_ARG_SCRATCHPAD, memory(prims.pv_scratch, eng, scratch_)}});
+  stream.wait();
+  if (p_.sinks != nullptr)  // the softmax's weights without the sink's term: each row rescaled
+    for (std::int64_t h = 0; h < heads_; ++h)
+      for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
+        const double f = sink_factor_[static_cast<std::size_t>(h * (blk.i1 - blk.i0) + r)];
+        if (f == 1.0) continue;
+        E* row = o_u + h * op_.o_strides[1] + r * op_.o_strides[2];
+        for (std::int64_t d = 0; d < p_.Dv; ++d)
+          row[d * op_.o_strides[3]] = narrow<E>(widen(row[d * op_.o_strides[3]]) * f);
+      }
+}
+
+template <class E>
+inline void OnednnCall<E>::row_sums(const Block& blk, std::int64_t h0, std::int64_t W) {
+  const std::int64_t rows = blk.i1 - blk.i0;
+  sink_factor_.assign(static_cast<std::size_t>(heads_ * rows), 1.0);
+  const double neg_inf = -std::numeric_limits<double>::infinity(), nan = std::numeric_limits<double>::quiet_NaN();
+  for (std::int64_t h = 0; h < heads_; ++h)
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* s = scores_ + (h * rows + r) * W;
+      double m = neg_inf;
+      bool any_nan = false;
+      for (std::int64_t j = 0; j < W; ++j) {
+        if (std::isnan(s[j])) any_nan = true;
+        else m = std::max(m, static_cast<double>(s[j]));
+      }
+      const double sink = p_.sinks != nullptr ? static_cast<double>(p_.sinks[h0 + h]) : neg_inf;
+      double lse;
+      if (any_nan) {
+        lse = nan;
+      } else if (m == neg_inf) {
+        lse = sink;  // no visible key: zeros (set later), and the sink alone
+      } else {
+        double sum = 0.0;
+        for (std::int64_t j = 0; j < W; ++j) sum += std::exp(static_cast<double>(s[j]) - m);
+        const double extra = p_.sinks != nullptr ? std::exp(sink - m) : 0.0;
+        sink_factor_[static_cast<std::size_t>(h * rows + r)] = sum / (sum + extra);
+        lse = m + std::log(sum + extra);
+      }
+      if (p_.lse != nullptr)
+        p_.lse[blk.b * p_.lse_strides[0] + (h0 + h) * p_.lse_strides[1] + (blk.i0 + r) * p_.lse_strides[2]] = static_cast<float>(lse);
+    }
+}
+
+template <class E>
+inline void OnednnCall<E>::zero_empty_rows(const Block& blk, std::int64_t u, E* o_u) const {
+  const std::int64_t h0 = u * heads_;
+  for (std::int64_t h = 0; h < heads_; ++h)
+    for (std::int64_t r = 0; r < blk.i1 - blk.i0; ++r) {
+      const std::int64_t f = (blk.mask_heads > 1 ? (h0 + h) * blk.mask_rows : 0) + (blk.mask_rows > 1 ? r : 0);
+      if (flags_[f]) zero_row(o_u + h * op_.o_strides[1] + r * op_.o_strides[2], op_.o_strides, p_.Dv);
+    }
+}
+
+
+template <class E>
 void run(const Problem& p) {
   if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
   const OnednnThreads scope(p.threads);
-  Call<E> call(p);
+  OnednnCall<E> call(p);
   call.plan();
   call.prepare();
   call.execute();
@@ -602,32 +418,6 @@ void attention_onednn(const Problem& p) {
     case DType::f16: run<float16>(p); break;
     default: run<float>(p);
   }
-}
-
-bool onednn_takes(DType dtype) noexcept {
-  // A matmul of two 2 x 2 operands of the dtype into f32: created only if oneDNN has a kernel.
-  auto probe = [](memory::data_type dt) {
-    try {
-      const memory::desc a(Dims{2, 2}, dt, memory::format_tag::ab), c(Dims{2, 2}, memory::data_type::f32, memory::format_tag::ab);
-      const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, a, c), onednn().engine);
-      return true;
-    } catch (...) {
-      return false;
-    }
-  };
-  static const bool bf16 = probe(memory::data_type::bf16), f16 = probe(memory::data_type::f16);
-  switch (dtype) {
-    case DType::f32: return true;
-    case DType::bf16: return bf16;
-    case DType::f16: return f16;
-    default: return false;
-  }
-}
-
-const dnnl::engine& onednn_engine() { return onednn().engine; }
-
-std::uint64_t onednn_primitives_created() noexcept {
-  return onednn().created.load(std::memory_order_relaxed);
 }
 
 }  // namespace simdattn::detail

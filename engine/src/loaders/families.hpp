@@ -1,0 +1,61 @@
+// The published families' layouts (families.cpp): each family's entry reads config.json into a
+// LayerPlan, the layer's MhaConfig and where each of its weights is in the checkpoint
+// (dtype-free); loaders/pretrained.cpp then reads the weights in the layer's dtype.
+// docs/models.md lists what each family's sub-layer includes.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+
+#include "loaders/checkpoint.hpp"
+#include "loaders/config_json.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn::detail {
+
+// One of the layer's weights from a checkpoint tensor.
+struct Part {
+  enum class Take : std::uint8_t {
+    whole,        // the tensor as it is: nn.Linear's [out, in], or a bias [out]
+    conv1d,       // GPT-2's Conv1D: weight [in, blocks * out] (x W + b), bias [blocks * out];
+                  // block `index` of the columns (c_attn: q | k | v; c_proj: one)
+    fused_heads,  // BLOOM's query_key_value: [H * 3 * hd, in], per head q, k, v; `index` of them
+  };
+  std::string tensor;  // empty: absent (a bias the family does not have)
+  Take take = Take::whole;
+  int index = 0;
+  int blocks = 3;  // conv1d
+};
+
+// A layer as a family lays it out: its configuration and where its weights are.
+struct LayerPlan {
+  MhaConfig cfg;
+  Part wq, wk, wv, wo, bq, bk, bv, bo;
+  std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
+  std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
+  std::string t5_max_distance_key;  // the config that set its max distance (for errors)
+  bool cross = false;          // kdim / vdim from the key and value weights' widths
+};
+
+inline Part whole(std::string name) { return Part{std::move(name), Part::Take::whole, 0}; }
+
+// What a family reads a layer from.
+struct FamilyContext {
+  const ConfigJson& c;
+  const Checkpoint& ck;
+  const std::string& dir;
+  std::int64_t layer;
+  const PretrainedOptions& opt;
+};
+
+struct Family {
+  const char* model_type;
+  LayerPlan (*plan)(const FamilyContext&);
+};
+
+// Every family, by config.json's model_type.
+std::span<const Family> families();
+
+}  // namespace simdattn::detail
