@@ -1,214 +1,26 @@
-// Serving benchmarks (docs/performance.md, "Serving"):
-//
-//   simdattn_serve_bench decode [--streams 8] [--kv 256] [--steps 64] [--reps 5] [--json FILE]
-//     Decode throughput of `streams` concurrent gpt-layer sequences (d_model 1024, 16 heads, f32),
-//     each with `kv` cached tokens: every stream on its own thread calling
-//     MultiHeadAttention::forward(query, cache, out) ("alone"), against the same streams through
-//     one DecodeScheduler ("scheduler"). Repetitions alternate the two; tokens/s of each, best and
-//     median, and the ratio of the bests. Every scheduler output is checked against the alone
-//     run's (the same tokens into the same caches).
-//
-//   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
-//                        [--loads 30,50,70] [--seconds 2] [--slices 4] [--json FILE]
-//     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
-//     (rate: the load's share of the stand-in's saturation rate, split evenly over the clients);
-//     a request's latency runs from its scheduled arrival to its completion, so a client that
-//     falls behind counts its queueing. The request: bert-sized attention() at default options
-//     (bert), or one gpt-layer decode step of the client's own sequence with `kv` cached tokens
-//     (decode: the layer alone, and through a DecodeScheduler). The stand-in, driven by the same
-//     generator, burns one request's single-thread time (measured in this run) in a plain loop:
-//     what the machine gives a perfectly parallel single-thread workload. For each: saturation
-//     throughput (every client calling back to back) and, at each load, p50/p99/p999 latency and
-//     the achieved rate. Each of these measurements runs in `slices` slices of `seconds` / slices,
-//     the servers taking turns slice by slice.
+// simdattn_serve_bench load (main.cpp has the mode's description).
 #include <algorithm>
-#include <condition_variable>
-#include <mutex>
 #include <atomic>
-#include <functional>
-#include <sstream>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
+#include <mutex>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "serve/serve.hpp"
 #include "simdattn/simdattn.hpp"
 
-using namespace simdattn;
-using Clock = std::chrono::steady_clock;
-
+namespace serve {
 namespace {
-
-struct Args {
-  std::string mode;
-  int streams = 8;
-  std::int64_t kv = 256, steps = 64;
-  int reps = 5;
-  std::string json;
-  std::string workload = "bert";
-  int clients = 8;
-  std::vector<int> loads{30, 50, 70};
-  double seconds = 2.0;
-  int slices = 4;   // load: each measurement's slices, the servers taking turns
-  int threads = 0;  // load: each library request's threads
-};
-
-[[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr,
-               "simdattn_serve_bench: %s\n"
-               "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
-               "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
-               "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
-               why.c_str());
-  std::exit(2);
-}
-
-Args parse(int argc, char** argv) {
-  Args a;
-  if (argc < 2) usage("expected a mode");
-  a.mode = argv[1];
-  if (a.mode != "decode" && a.mode != "load") usage("unknown mode '" + a.mode + "'");
-  for (int i = 2; i < argc; ++i) {
-    const std::string f = argv[i];
-    if (i + 1 >= argc) usage(f + ": expected a value");
-    const std::string v = argv[++i];
-    auto num = [&](long lo) {
-      char* end = nullptr;
-      const long n = std::strtol(v.c_str(), &end, 10);
-      if (end == v.c_str() || *end != '\0' || n < lo) usage(f + ": expected an integer >= " + std::to_string(lo));
-      return n;
-    };
-    if (f == "--streams") a.streams = static_cast<int>(num(1));
-    else if (f == "--kv") a.kv = num(1);
-    else if (f == "--steps") a.steps = num(1);
-    else if (f == "--reps") a.reps = static_cast<int>(num(1));
-    else if (f == "--json") a.json = v;
-    else if (f == "--workload") {
-      if (v != "bert" && v != "decode") usage("--workload: expected bert or decode, got '" + v + "'");
-      a.workload = v;
-    } else if (f == "--clients") a.clients = static_cast<int>(num(1));
-    else if (f == "--threads") a.threads = static_cast<int>(num(0));
-    else if (f == "--slices") {
-      a.slices = static_cast<int>(num(1));
-      if (a.slices > 100) usage("--slices: expected an integer 1..100");
-    }
-    else if (f == "--seconds") {
-      char* end = nullptr;
-      a.seconds = std::strtod(v.c_str(), &end);
-      if (end == v.c_str() || *end != '\0' || !(a.seconds > 0 && a.seconds <= 600)) usage("--seconds: expected 0 < S <= 600");
-    } else if (f == "--loads") {
-      a.loads.clear();
-      std::stringstream ss(v);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        char* end = nullptr;
-        const long p = std::strtol(item.c_str(), &end, 10);
-        if (end == item.c_str() || *end != '\0' || p < 1 || p > 100) usage("--loads: expected percentages 1..100, got '" + v + "'");
-        a.loads.push_back(static_cast<int>(p));
-      }
-      if (a.loads.empty()) usage("--loads: expected at least one percentage");
-    } else usage("unknown flag " + f);
-  }
-  return a;
-}
-
-constexpr std::int64_t kD = 1024, kHeads = 16;
-
-MultiHeadAttention gpt_layer() {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> n(0.f, 1.f / 32.f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (auto& e : x) e = n(rng);
-    return x;
-  };
-  return MultiHeadAttention(MhaConfig{.d_model = kD, .heads = kHeads},
-                            MhaWeights<float>{v(kD * kD), v(kD * kD), v(kD * kD), v(kD * kD), v(kD), v(kD), v(kD), v(kD)});
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
-}
-
-int decode(const Args& a) {
-  const MultiHeadAttention layer = gpt_layer();
-  const int S = a.streams;
-  const std::int64_t G = a.steps;
-  std::mt19937 rng(7);
-  std::normal_distribution<float> n(0.f, 1.f);
-  // Each stream: its cache prefilled with kv tokens once (kept across repetitions by truncating
-  // back), the tokens of its steps, and the outputs of both modes.
-  std::vector<KvCache> caches;
-  std::vector<std::vector<float>> x(S), y_alone(S), y_sched(S);
-  for (int s = 0; s < S; ++s) {
-    caches.emplace_back(layer, 1, a.kv + G);
-    std::vector<float> prompt(static_cast<std::size_t>(a.kv * kD)), out(prompt.size());
-    for (auto& e : prompt) e = n(rng);
-    layer.forward(ConstSeqView(prompt.data(), 1, a.kv, kD), caches.back(), SeqView(out.data(), 1, a.kv, kD));
-    x[s].resize(static_cast<std::size_t>(G * kD));
-    for (auto& e : x[s]) e = n(rng);
-    y_alone[s].assign(x[s].size(), 0.f);
-    y_sched[s].assign(x[s].size(), 0.f);
-  }
-  DecodeScheduler scheduler(layer);
-  auto run = [&](bool batched) {
-    for (auto& c : caches) c.truncate(0, a.kv);
-    std::vector<std::thread> threads;
-    const auto t0 = Clock::now();
-    for (int s = 0; s < S; ++s)
-      threads.emplace_back([&, s] {
-        for (std::int64_t g = 0; g < G; ++g) {
-          const ConstSeqView q(x[s].data() + g * kD, 1, 1, kD);
-          auto& y = batched ? y_sched[s] : y_alone[s];
-          const SeqView o(y.data() + g * kD, 1, 1, kD);
-          if (batched) scheduler.step({q, &caches[s], o});
-          else layer.forward(q, caches[s], o);
-        }
-      });
-    for (auto& t : threads) t.join();
-    return static_cast<double>(S * G) / std::chrono::duration<double>(Clock::now() - t0).count();
-  };
-  run(false);  // warm-up: buffers, worker teams
-  run(true);
-  std::vector<double> alone, sched;
-  for (int r = 0; r < a.reps; ++r) {
-    if (r % 2 == 0) alone.push_back(run(false)), sched.push_back(run(true));
-    else sched.push_back(run(true)), alone.push_back(run(false));
-  }
-  double worst = 0;
-  for (int s = 0; s < S; ++s)
-    for (std::size_t i = 0; i < x[s].size(); ++i)
-      worst = std::max(worst, static_cast<double>(std::abs(y_sched[s][i] - y_alone[s][i])) /
-                                  std::max(1.0, static_cast<double>(std::abs(y_alone[s][i]))));
-  const double ba = *std::max_element(alone.begin(), alone.end()), bs = *std::max_element(sched.begin(), sched.end());
-  std::printf("decode: %d streams, gpt-layer (d_model %lld, %lld heads, f32), %lld cached tokens, %lld steps each, %d reps\n",
-              S, static_cast<long long>(kD), static_cast<long long>(kHeads), static_cast<long long>(a.kv),
-              static_cast<long long>(G), a.reps);
-  std::printf("  alone      tokens/s best %9.1f  median %9.1f\n", ba, median(alone));
-  std::printf("  scheduler  tokens/s best %9.1f  median %9.1f  (%zu steps in %zu batches)\n", bs, median(sched),
-              scheduler.steps_run(), scheduler.batches());
-  std::printf("  scheduler / alone: %.2fx (best), %.2fx (median); max relative difference of the outputs %.2e\n",
-              bs / ba, median(sched) / median(alone), worst);
-  if (!a.json.empty()) {
-    std::ofstream f(a.json);
-    f << "{\"mode\": \"decode\", \"streams\": " << S << ", \"kv\": " << a.kv << ", \"steps\": " << G
-      << ", \"reps\": " << a.reps << ", \"alone_best\": " << ba << ", \"alone_median\": " << median(alone)
-      << ", \"scheduler_best\": " << bs << ", \"scheduler_median\": " << median(sched)
-      << ", \"batches\": " << scheduler.batches() << ", \"steps_run\": " << scheduler.steps_run()
-      << ", \"max_relative_difference\": " << worst << "}\n";
-  }
-  return worst <= 1e-4 ? 0 : 1;
-}
-
-
-// ---- load -----------------------------------------------------------------------------------
 
 // A request kind: run(client) performs one request on that client's state.
 struct Server {
@@ -375,10 +187,12 @@ void open_loop(Clients& clients, const Server& s, double rate, double seconds, s
   for (auto& l : svc) out.svc.insert(out.svc.end(), l.begin(), l.end());
 }
 
-int load(const Args& a) {
-  const int C = a.clients;
+// The servers of a load run and what their requests read and write: the library (and, for
+// decode, the scheduler) on `clients` clients' inputs, plus one more client's for `single`, one
+// request at one thread (the stand-in's calibration). Not movable: the servers refer to it.
+struct LoadServers {
   std::vector<Server> servers;
-  std::function<void()> single;  // one request at 1 thread, for the stand-in's calibration
+  std::function<void()> single;
   // bert: q, k, v [1, 12, 128, 64] per client (f32), default options.
   std::vector<std::vector<float>> q, k, v, o;
   // decode: the layer, each client's cache and token.
@@ -386,6 +200,14 @@ int load(const Args& a) {
   std::vector<KvCache> caches;
   std::vector<std::vector<float>> tok, out;
   std::unique_ptr<DecodeScheduler> scheduler;
+
+  explicit LoadServers(const Args& a);
+  LoadServers(const LoadServers&) = delete;
+  LoadServers& operator=(const LoadServers&) = delete;
+};
+
+LoadServers::LoadServers(const Args& a) {
+  const int C = a.clients;
   std::mt19937 rng(11);
   std::normal_distribution<float> n(0.f, 1.f);
   if (a.workload == "bert") {
@@ -398,7 +220,7 @@ int load(const Args& a) {
       };
       q.push_back(fill()), k.push_back(fill()), v.push_back(fill()), o.emplace_back(static_cast<std::size_t>(E));
     }
-    auto call = [&, B, H, S, D](int c, int threads) {
+    auto call = [this, B, H, S, D](int c, int threads) {
       AttentionOptions opt;
       opt.threads = threads;
       attention(ConstTensorView(q[c].data(), {B, H, S, D}), ConstTensorView(k[c].data(), {B, H, S, D}),
@@ -421,9 +243,9 @@ int load(const Args& a) {
     scheduler = std::make_unique<DecodeScheduler>(*layer);
     // A step appends a token; after `room` steps the cache goes back to kv tokens, so every
     // step attends over kv .. kv + room tokens.
-    auto step = [&, room](int c, int threads, bool batched) {
+    auto step = [this, kv = a.kv, room](int c, int threads, bool batched) {
       KvCache& cache = caches[static_cast<std::size_t>(c)];
-      if (cache.lengths()[0] >= a.kv + room) cache.truncate(0, a.kv);
+      if (cache.lengths()[0] >= kv + room) cache.truncate(0, kv);
       const ConstSeqView x(tok[c].data(), 1, 1, kD);
       const SeqView y(out[c].data(), 1, 1, kD);
       if (batched) scheduler->step({x, &cache, y});
@@ -437,7 +259,12 @@ int load(const Args& a) {
     servers.push_back({"scheduler", [step](int c) { step(c, 0, true); }});
     single = [step, C] { step(C, 1, false); };
   }
-  // The stand-in: one request's single-thread time (the median of 31 calls) as a plain loop.
+}
+
+// The stand-in's burn loop: iterations as long as one request at one thread (`work`, the median
+// of 31 calls), refined against the call itself, interleaved (a drift of the machine's speed
+// falls on both): twice, scaled by the ratio of the medians of 15 calls and 15 burns.
+std::int64_t stand_in_iterations(const std::function<void()>& single, double& work) {
   for (int i = 0; i < 5; ++i) single();
   std::vector<double> t1;
   for (int i = 0; i < 31; ++i) {
@@ -445,10 +272,8 @@ int load(const Args& a) {
     single();
     t1.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
   }
-  const double work = median(t1);
+  work = median(t1);
   auto iters = static_cast<std::int64_t>(work * burn_rate());
-  // Refined against the call itself, interleaved (a drift of the machine's speed falls on both):
-  // twice, the burn scaled by the ratio of the medians of 15 calls and 15 burns.
   for (int round = 0; round < 2; ++round) {
     std::vector<double> tc, tb;
     for (int i = 0; i < 15; ++i) {
@@ -461,6 +286,40 @@ int load(const Args& a) {
     }
     iters = static_cast<std::int64_t>(static_cast<double>(iters) * median(tc) / median(tb));
   }
+  return iters;
+}
+
+// The run as JSON (docs/serving.md's chart reads it).
+std::string load_json(const Args& a, const std::vector<Server>& servers, const std::vector<double>& sat,
+                      const std::vector<std::vector<LoadResult>>& res, double work) {
+  const int C = a.clients;
+  std::ostringstream out_json;
+  out_json << "{\"mode\": \"load\", \"workload\": \"" << a.workload << "\", \"kv\": " << a.kv << ", \"clients\": " << C
+           << ", \"seconds\": " << a.seconds << ", \"slices\": " << a.slices << ", \"single_thread_ms\": " << work * 1e3 << ", \"servers\": [";
+  for (std::size_t i = 0; i < servers.size(); ++i) {
+    out_json << (i ? ", " : "") << "{\"name\": \"" << servers[i].name << "\", \"saturation\": " << sat[i]
+             << ", \"points\": [";
+    for (std::size_t j = 0; j < res[i].size(); ++j) {
+      const LoadResult& r = res[i][j];
+      out_json << (j ? ", " : "") << "{\"load_percent\": " << a.loads[j] << ", \"offered\": " << r.offered
+               << ", \"achieved\": " << r.achieved << ", \"p50_ms\": " << r.p50 << ", \"p99_ms\": " << r.p99
+               << ", \"p999_ms\": " << r.p999 << ", \"service_p50_ms\": " << r.svc_p50
+               << ", \"service_p99_ms\": " << r.svc_p99 << ", \"requests\": " << r.requests << "}";
+    }
+    out_json << "]}";
+  }
+  out_json << "]}\n";
+  return out_json.str();
+}
+
+}  // namespace
+
+int load(const Args& a) {
+  const int C = a.clients;
+  LoadServers setup(a);
+  std::vector<Server>& servers = setup.servers;
+  double work = 0;
+  const std::int64_t iters = stand_in_iterations(setup.single, work);
   servers.push_back({"stand-in", [iters](int) { burn(iters); }});
 
   std::printf("load: %s%s, %d clients, open-loop Poisson arrivals, %.1f s per point in %d slices; one request at 1 thread: %.3f ms\n",
@@ -505,38 +364,12 @@ int load(const Args& a) {
                   servers[i].name.c_str(), pct, r.achieved, r.p50, r.p99, r.p999, r.requests, r.svc_p50, r.svc_p99);
     }
   }
-  std::ostringstream out_json;
-  out_json << "{\"mode\": \"load\", \"workload\": \"" << a.workload << "\", \"kv\": " << a.kv << ", \"clients\": " << C
-           << ", \"seconds\": " << a.seconds << ", \"slices\": " << a.slices << ", \"single_thread_ms\": " << work * 1e3 << ", \"servers\": [";
-  for (std::size_t i = 0; i < servers.size(); ++i) {
-    out_json << (i ? ", " : "") << "{\"name\": \"" << servers[i].name << "\", \"saturation\": " << sat[i]
-             << ", \"points\": [";
-    for (std::size_t j = 0; j < res[i].size(); ++j) {
-      const LoadResult& r = res[i][j];
-      out_json << (j ? ", " : "") << "{\"load_percent\": " << a.loads[j] << ", \"offered\": " << r.offered
-               << ", \"achieved\": " << r.achieved << ", \"p50_ms\": " << r.p50 << ", \"p99_ms\": " << r.p99
-               << ", \"p999_ms\": " << r.p999 << ", \"service_p50_ms\": " << r.svc_p50
-               << ", \"service_p99_ms\": " << r.svc_p99 << ", \"requests\": " << r.requests << "}";
-    }
-    out_json << "]}";
-  }
-  out_json << "]}\n";
   // Library against the stand-in at each load.
   for (std::size_t i = 0; i + 1 < servers.size(); ++i)
     for (std::size_t j = 0; j < a.loads.size(); ++j)
       std::printf("%s / stand-in at %d%%: p50 %.2fx, p99 %.2fx\n", servers[i].name.c_str(), a.loads[j],
                   res[i][j].p50 / res.back()[j].p50, res[i][j].p99 / res.back()[j].p99);
-  if (!a.json.empty()) std::ofstream(a.json) << out_json.str();
+  if (!a.json.empty()) std::ofstream(a.json) << load_json(a, servers, sat, res, work);
   return 0;
 }
-}  // namespace
-
-int main(int argc, char** argv) {
-  const Args a = parse(argc, argv);
-  try {
-    return a.mode == "decode" ? decode(a) : load(a);
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "simdattn_serve_bench: %s\n", e.what());
-    return 2;
-  }
-}
+}  // namespace serve

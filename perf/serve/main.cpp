@@ -1,0 +1,135 @@
+// Serving benchmarks (docs/performance.md, "Serving"):
+//
+//   simdattn_serve_bench decode [--streams 8] [--kv 256] [--steps 64] [--reps 5] [--json FILE]
+//     Decode throughput of `streams` concurrent gpt-layer sequences (d_model 1024, 16 heads, f32),
+//     each with `kv` cached tokens: every stream on its own thread calling
+//     MultiHeadAttention::forward(query, cache, out) ("alone"), against the same streams through
+//     one DecodeScheduler ("scheduler"). Repetitions alternate the two; tokens/s of each, best and
+//     median, and the ratio of the bests. Every scheduler output is checked against the alone
+//     run's (the same tokens into the same caches).
+//
+//   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
+//                        [--loads 30,50,70] [--seconds 2] [--slices 4] [--json FILE]
+//     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
+//     (rate: the load's share of the stand-in's saturation rate, split evenly over the clients);
+//     a request's latency runs from its scheduled arrival to its completion, so a client that
+//     falls behind counts its queueing. The request: bert-sized attention() at default options
+//     (bert), or one gpt-layer decode step of the client's own sequence with `kv` cached tokens
+//     (decode: the layer alone, and through a DecodeScheduler). The stand-in, driven by the same
+//     generator, burns one request's single-thread time (measured in this run) in a plain loop:
+//     what the machine gives a perfectly parallel single-thread workload. For each: saturation
+//     throughput (every client calling back to back) and, at each load, p50/p99/p999 latency and
+//     the achieved rate. Each of these measurements runs in `slices` slices of `seconds` / slices,
+//     the servers taking turns slice by slice.
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "serve/serve.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace serve {
+namespace {
+
+[[noreturn]] void usage(const std::string& why) {
+  std::fprintf(stderr,
+               "simdattn_serve_bench: %s\n"
+               "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
+               "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
+               "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
+               why.c_str());
+  std::exit(2);
+}
+
+Args parse(int argc, char** argv) {
+  Args a;
+  if (argc < 2) usage("expected a mode");
+  a.mode = argv[1];
+  if (a.mode != "decode" && a.mode != "load") usage("unknown mode '" + a.mode + "'");
+  for (int i = 2; i < argc; ++i) {
+    const std::string f = argv[i];
+    if (i + 1 >= argc) usage(f + ": expected a value");
+    const std::string v = argv[++i];
+    auto num = [&](long lo) {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (end == v.c_str() || *end != '\0' || n < lo) usage(f + ": expected an integer >= " + std::to_string(lo));
+      return n;
+    };
+    if (f == "--streams") a.streams = static_cast<int>(num(1));
+    else if (f == "--kv") a.kv = num(1);
+    else if (f == "--steps") a.steps = num(1);
+    else if (f == "--reps") a.reps = static_cast<int>(num(1));
+    else if (f == "--json") a.json = v;
+    else if (f == "--workload") {
+      if (v != "bert" && v != "decode") usage("--workload: expected bert or decode, got '" + v + "'");
+      a.workload = v;
+    } else if (f == "--clients") a.clients = static_cast<int>(num(1));
+    else if (f == "--threads") a.threads = static_cast<int>(num(0));
+    else if (f == "--slices") {
+      a.slices = static_cast<int>(num(1));
+      if (a.slices > 100) usage("--slices: expected an integer 1..100");
+    }
+    else if (f == "--seconds") {
+      char* end = nullptr;
+      a.seconds = std::strtod(v.c_str(), &end);
+      if (end == v.c_str() || *end != '\0' || !(a.seconds > 0 && a.seconds <= 600)) usage("--seconds: expected 0 < S <= 600");
+    } else if (f == "--loads") {
+      a.loads.clear();
+      std::stringstream ss(v);
+      std::string item;
+      while (std::getline(ss, item, ',')) {
+        char* end = nullptr;
+        const long p = std::strtol(item.c_str(), &end, 10);
+        if (end == item.c_str() || *end != '\0' || p < 1 || p > 100) usage("--loads: expected percentages 1..100, got '" + v + "'");
+        a.loads.push_back(static_cast<int>(p));
+      }
+      if (a.loads.empty()) usage("--loads: expected at least one percentage");
+    } else usage("unknown flag " + f);
+  }
+  return a;
+}
+
+}  // namespace
+
+MultiHeadAttention gpt_layer() {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.f, 1.f / 32.f);
+  auto v = [&](std::int64_t k) {
+    std::vector<float> x(static_cast<std::size_t>(k));
+    for (auto& e : x) e = n(rng);
+    return x;
+  };
+  return MultiHeadAttention(MhaConfig{.d_model = kD, .heads = kHeads},
+                            MhaWeights<float>{v(kD * kD), v(kD * kD), v(kD * kD), v(kD * kD), v(kD), v(kD), v(kD), v(kD)});
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 ? v[v.size() / 2] : 0.5 * (v[v.size() / 2 - 1] + v[v.size() / 2]);
+}
+
+}  // namespace serve
+
+int main(int argc, char** argv) {
+  const serve::Args a = serve::parse(argc, argv);
+  try {
+    return a.mode == "decode" ? serve::decode(a) : serve::load(a);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "simdattn_serve_bench: %s\n", e.what());
+    return 2;
+  }
+}

@@ -1,0 +1,244 @@
+// The Python module's attention, linear attention and runtime functions (module.cpp binds them).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "convert.hpp"
+#include "module.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace simdattn::python {
+namespace {
+
+// Everything attention() takes but q, k, v and out, and the storage the options' spans point to.
+struct AttentionCall {
+  AttentionOptions o;
+  std::vector<std::int64_t> key_lengths, query_offsets;
+  std::vector<float> slopes, sinks;
+  Bf16Copy q16, k16, v16;
+};
+
+py::object attention_py(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
+                        const py::object& causal, const py::object& scale, const py::object& window,
+                        const py::object& key_lengths, std::int64_t global_tokens, const py::object& block_mask,
+                        std::int64_t block_size, const py::object& softcap, const py::object& alibi_slopes,
+                        const py::object& relative_bias, bool relative_bias_bidirectional,
+                        std::int64_t relative_bias_max_distance, const py::object& sinks,
+                        const py::object& query_offsets, const py::object& lse, bool return_lse,
+                        const py::object& scores, const std::string& scores_stage, const std::string& backend,
+                        int threads, const py::object& out, const py::object& dtype) {
+  AttentionCall c;
+  AttentionOptions& o = c.o;
+  if (!scale.is_none()) o.scale = scale.cast<double>();
+  o.causal = causal_of(causal);
+  if (!mask.is_none()) o.mask = view_of<ConstTensorView>(mask.cast<py::array>(), "mask", 2);
+  c.key_lengths = vector_of<std::int64_t>(key_lengths, "key_lengths");
+  if (!key_lengths.is_none()) o.key_lengths = c.key_lengths;
+  o.window = window_of(window);
+  o.global_tokens = global_tokens;
+  if (!block_mask.is_none()) o.block_mask = view_of<ConstTensorView>(block_mask.cast<py::array>(), "block_mask", 2);
+  o.block_size = block_size;
+  if (!softcap.is_none()) o.softcap = softcap.cast<double>();
+  c.slopes = vector_of<float>(alibi_slopes, "alibi_slopes");
+  if (!alibi_slopes.is_none()) o.alibi_slopes = c.slopes;
+  if (!relative_bias.is_none())
+    o.relative_bias = RelativePositionBias{view_of<ConstTensorView>(relative_bias.cast<py::array>(), "relative_bias", 2),
+                                           relative_bias_bidirectional, relative_bias_max_distance};
+  c.sinks = vector_of<float>(sinks, "sinks");
+  if (!sinks.is_none()) o.sinks = c.sinks;
+  c.query_offsets = vector_of<std::int64_t>(query_offsets, "query_offsets");
+  if (!query_offsets.is_none()) o.query_offsets = c.query_offsets;
+  bool stage_found = false;
+  for (ScoreStage s : {ScoreStage::scaled, ScoreStage::capped, ScoreStage::biased, ScoreStage::softmax})
+    if (scores_stage == score_stage_name(s)) o.scores_stage = s, stage_found = true;
+  if (!stage_found)
+    throw Error("scores_stage", "expected 'scaled', 'capped', 'biased' or 'softmax', got '" + scores_stage + "'");
+  if (!scores.is_none()) o.scores = view_of<TensorView>(scores.cast<py::array>(), "scores");
+  o.threads = threads;
+  o.backend = backend_of(backend);
+
+  const std::optional<DType> as = optional_dtype(dtype, "dtype");
+  const bool bf16 = as == DType::bf16;
+  if (as && !bf16 && *as != dtype_of_array(q, "q"))
+    throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own (q is " +
+                             std::string(dtype_name(dtype_of_array(q, "q"))) + ")");
+  ConstTensorView qv, kv, vv;
+  if (bf16) {
+    c.q16 = to_bf16(q, "q"), c.k16 = to_bf16(k, "k"), c.v16 = to_bf16(v, "v");
+    qv = c.q16.view, kv = c.k16.view, vv = c.v16.view;
+  } else {
+    qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"), vv = view_of<ConstTensorView>(v, "v");
+  }
+  const Shape4 shape = attention_output_shape(qv, kv, vv);
+  const std::vector<py::ssize_t> dims(shape.begin(), shape.end());
+
+  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();
+  py::object lse_array = lse;
+  if (lse.is_none() && return_lse)
+    lse_array = py::array(py::dtype("float32"), std::vector<py::ssize_t>{shape[0], shape[1], shape[2], 1});
+  if (!lse_array.is_none()) o.lse = view_of<TensorView>(lse_array.cast<py::array>(), "lse");
+
+  std::vector<bfloat16> out16;
+  TensorView ov;
+  if (bf16) {
+    TensorView caller = view_of<TensorView>(result, "out");
+    if (caller.dtype != DType::f32) throw Error("out", "with dtype='bf16' the output is float32");
+    if (caller.shape != shape) throw Error("out", "expected the output's shape");
+    out16.resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
+    ov = TensorView(out16.data(), shape);
+  } else {
+    ov = view_of<TensorView>(result, "out");
+  }
+  {
+    py::gil_scoped_release release;
+    attention(qv, kv, vv, ov, o);
+  }
+  if (bf16) {
+    const TensorView caller = view_of<TensorView>(result, "out");
+    auto* dst = static_cast<float*>(caller.data);
+    std::size_t n = 0;
+    for (std::int64_t a = 0; a < shape[0]; ++a)
+      for (std::int64_t b = 0; b < shape[1]; ++b)
+        for (std::int64_t i = 0; i < shape[2]; ++i)
+          for (std::int64_t d = 0; d < shape[3]; ++d)
+            dst[a * caller.strides[0] + b * caller.strides[1] + i * caller.strides[2] + d * caller.strides[3]] =
+                to_float(out16[n++]);
+  }
+  if (return_lse) return py::make_tuple(result, lse_array);
+  return result;
+}
+
+py::array linear_attention_py(const py::array& q, const py::array& k, const py::array& v, bool causal,
+                              const std::string& feature_map, double eps, std::int64_t chunk,
+                              const std::string& backend, int threads, const py::object& out) {
+  LinearAttentionOptions o;
+  o.causal = causal;
+  bool found = false;
+  for (FeatureMap f : {FeatureMap::elu1, FeatureMap::relu, FeatureMap::identity})
+    if (feature_map == feature_map_name(f)) o.feature_map = f, found = true;
+  if (!found) throw Error("feature_map", "expected 'elu1', 'relu' or 'identity', got '" + feature_map + "'");
+  o.eps = eps;
+  o.chunk = chunk;
+  o.threads = threads;
+  o.backend = backend_of(backend);
+  const ConstTensorView qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"),
+                        vv = view_of<ConstTensorView>(v, "v");
+  const Shape4 shape = attention_output_shape(qv, kv, vv);
+  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()))
+                                   : out.cast<py::array>();
+  const TensorView ov = view_of<TensorView>(result, "out");
+  {
+    py::gil_scoped_release release;
+    linear_attention(qv, kv, vv, ov, o);
+  }
+  return result;
+}
+
+// Per-call seconds of `reps` attention() calls made from C++ on the same arrays (the calling
+// overhead benchmark's baseline; perf/python_overhead.py).
+std::vector<double> time_attention_cpp(const py::array& q, const py::array& k, const py::array& v, py::array& out,
+                                       int reps, int threads) {
+  const ConstTensorView qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"),
+                        vv = view_of<ConstTensorView>(v, "v");
+  const TensorView ov = view_of<TensorView>(out, "out");
+  AttentionOptions o;
+  o.threads = threads;
+  std::vector<double> t;
+  py::gil_scoped_release release;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    attention(qv, kv, vv, ov, o);
+    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  }
+  return t;
+}
+
+}  // namespace
+
+void bind_attention(py::module_& m) {
+  m.def("attention", &attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(),
+        py::arg("mask") = py::none(), py::arg("causal") = py::none(), py::arg("scale") = py::none(),
+        py::arg("window") = py::none(), py::arg("key_lengths") = py::none(), py::arg("global_tokens") = 0,
+        py::arg("block_mask") = py::none(), py::arg("block_size") = 64, py::arg("softcap") = py::none(),
+        py::arg("alibi_slopes") = py::none(), py::arg("relative_bias") = py::none(),
+        py::arg("relative_bias_bidirectional") = true, py::arg("relative_bias_max_distance") = 128,
+        py::arg("sinks") = py::none(), py::arg("query_offsets") = py::none(), py::arg("lse") = py::none(),
+        py::arg("return_lse") = false, py::arg("scores") = py::none(), py::arg("scores_stage") = "softmax",
+        py::arg("backend") = "native", py::arg("threads") = 0, py::arg("out") = py::none(),
+        py::arg("dtype") = py::none(),
+        R"doc(Scaled dot-product attention: out = softmax(q k^T * scale + mask) v.
+
+Shapes (4-D arrays of any non-negative strides, read in place, never copied):
+  q [B, H, Sq, D], k [B, Hkv, Sk, D], v [B, Hkv, Sk, Dv] -> out [B, H, Sq, Dv]
+  one dtype for all: float32, float64 or float16. H % Hkv == 0 (grouped-query:
+  query head h reads key/value head h // (H // Hkv)).
+
+Keyword arguments:
+  mask          boolean (bool/uint8: nonzero = attend) or additive float array,
+                broadcastable to [B, H, Sq, Sk]; 2-D and 3-D arrays get leading axes of 1.
+  causal        None/False, True or 'top_left', 'bottom_right'.
+  scale         multiplies q k^T (default 1/sqrt(D)).
+  window        (left, right): keys p-left .. p+right are visible (-1: unbounded).
+  key_lengths   B ints: keys j >= key_lengths[b] are hidden.
+  global_tokens the first G positions are global (see docs/design.md).
+  block_mask    bool/uint8 [ceil(Sq/bs), ceil(Sk/bs)]; block_size bs (default 64).
+  softcap       s = cap * tanh(s / cap).
+  alibi_slopes  H floats: s += slope[h] * (j - p).
+  relative_bias T5's table [num_buckets, H]; relative_bias_bidirectional,
+                relative_bias_max_distance as T5's.
+  sinks         H floats: one sink logit per head in the softmax's denominator.
+  query_offsets B ints: query i of batch b sits at position i + offset.
+  lse           float32 array [B, H, Sq, 1] to receive each row's log-sum-exp;
+  return_lse    True: return (out, lse), lse allocated when not given.
+  scores        array [B, H, Sq, Sk] to receive the scores at scores_stage
+                ('scaled', 'capped', 'biased' or 'softmax').
+  backend       'native' (default), 'reference' (float64 loops) or 'onednn'.
+  threads       0: OpenMP's default; 1: the calling thread only.
+  out           array [B, H, Sq, Dv] to write (any strides); default: a new array.
+  dtype         'bf16': round the float inputs to bfloat16, compute, return float32.
+
+Returns out (or (out, lse) with return_lse). Raises simdattn.Error naming the argument
+on invalid input, before anything is written.)doc");
+
+  m.def("linear_attention", &linear_attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(),
+        py::arg("causal") = false, py::arg("feature_map") = "elu1", py::arg("eps") = 1e-6, py::arg("chunk") = 64,
+        py::arg("backend") = "native", py::arg("threads") = 0, py::arg("out") = py::none(),
+        R"doc(Linear attention (Katharopoulos et al. 2020): softmax replaced by a feature map phi.
+
+  out_i = phi(q_i)^T sum_j phi(k_j) v_j^T / (phi(q_i)^T sum_j phi(k_j) + eps)
+  (causal: sums over j <= i; needs Sq == Sk)
+
+Shapes and dtypes as attention(). feature_map: 'elu1' (default), 'relu' or 'identity'.
+backend: 'native' or 'reference'. Returns out.)doc");
+
+  m.def("info", [] {
+    const RuntimeInfo r = runtime_info();
+    py::dict d;
+    d["version"] = r.version, d["isa"] = r.isa, d["isa_forced"] = r.isa_forced, d["isas"] = r.isas;
+    d["isa_notes"] = r.isa_notes, d["default_threads"] = r.default_threads, d["thread_budget"] = r.thread_budget;
+    d["backends"] = r.backends, d["onednn_version"] = r.onednn_version;
+    return d;
+  }, "What this build and machine offer: version, the ISA the kernels use, backends, threads (a dict).");
+
+  m.def("set_thread_budget", &set_thread_budget, py::arg("threads"),
+        "The most threads all concurrent calls of the library use together (0: the CPUs of the process).");
+
+  m.def("standard_alibi_slopes", [](std::int64_t heads) {
+    const std::vector<float> s = standard_alibi_slopes(heads);
+    py::array_t<float> a(static_cast<py::ssize_t>(s.size()));
+    std::copy(s.begin(), s.end(), a.mutable_data());
+    return a;
+  }, py::arg("heads"), "ALiBi's usual slopes for `heads` heads (as BLOOM and MPT build them), float32.");
+
+  m.def("_time_attention_cpp", &time_attention_cpp, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("out"),
+        py::arg("reps"), py::arg("threads") = 0,
+        "Seconds of each of `reps` attention() calls made from C++ (the calling-overhead baseline).");
+}
+
+}  // namespace simdattn::python

@@ -1,0 +1,175 @@
+// The Python module's conversions: NumPy arrays to the library's views (dtype, strides in
+// elements), bf16 copies, and the keyword arguments' Python values to the C++ options. Shared by
+// attention.cpp and layer.cpp.
+#pragma once
+
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "simdattn/simdattn.hpp"
+
+namespace simdattn::python {
+
+namespace py = pybind11;
+
+// The dtype of a NumPy array as the library names it; Error(name) for any other.
+inline DType dtype_of_array(const py::array& a, const std::string& name) {
+  const py::dtype d = a.dtype();
+  const char kind = d.kind();
+  const auto size = d.itemsize();
+  if (kind == 'f' && size == 4) return DType::f32;
+  if (kind == 'f' && size == 8) return DType::f64;
+  if (kind == 'f' && size == 2) return DType::f16;
+  if ((kind == 'b' || kind == 'u') && size == 1) return DType::u8;
+  if (kind == 'i' && size == 4) return DType::i32;
+  if (kind == 'i' && size == 8) return DType::i64;
+  throw Error(name, "expected an array of float32, float64, float16 or bool/uint8, got dtype " +
+                        d.attr("name").cast<std::string>());
+}
+
+// Element strides of `a` (its byte strides divided by the item size): Error(name) for a negative
+// or unaligned stride, which a view cannot express without a copy.
+inline std::vector<std::int64_t> element_strides(const py::array& a, const std::string& name) {
+  std::vector<std::int64_t> s(static_cast<std::size_t>(a.ndim()));
+  const auto item = static_cast<std::int64_t>(a.itemsize());
+  for (py::ssize_t i = 0; i < a.ndim(); ++i) {
+    const auto b = static_cast<std::int64_t>(a.strides(i));
+    if (b < 0 || b % item != 0)
+      throw Error(name, "stride " + std::to_string(b) + " bytes of axis " + std::to_string(i) +
+                            " is negative or not a multiple of the item size " + std::to_string(item) +
+                            " (a view cannot express it; pass a copy, e.g. numpy.ascontiguousarray)");
+    s[static_cast<std::size_t>(i)] = b / item;
+  }
+  return s;
+}
+
+// A 4-D view of `a`; arrays of fewer dimensions (at least min_ndim) are read with leading axes of
+// size 1 (broadcast masks: [Sq, Sk] is [1, 1, Sq, Sk]).
+template <class View>
+View view_of(const py::array& a, const std::string& name, int min_ndim = 4) {
+  if (a.ndim() < min_ndim || a.ndim() > 4)
+    throw Error(name, "expected a " + (min_ndim == 4 ? std::string("4-D") : std::to_string(min_ndim) + "-D to 4-D") +
+                          " array, got " + std::to_string(a.ndim()) + "-D");
+  const std::vector<std::int64_t> st = element_strides(a, name);
+  View v;
+  if constexpr (std::is_same_v<View, TensorView>) {
+    if (!a.writeable()) throw Error(name, "expected a writeable array");
+    v.data = const_cast<void*>(a.data());
+  } else {
+    v.data = a.data();
+  }
+  v.dtype = dtype_of_array(a, name);
+  const int pad = 4 - static_cast<int>(a.ndim());
+  for (int i = 0; i < 4; ++i) {
+    v.shape[i] = i < pad ? 1 : static_cast<std::int64_t>(a.shape(i - pad));
+    v.strides[i] = i < pad ? 0 : st[static_cast<std::size_t>(i - pad)];
+  }
+  if (v.data == nullptr) v.data = reinterpret_cast<decltype(v.data)>(&v);  // an empty array: never read
+  return v;
+}
+
+// bf16 arrays: NumPy has no bfloat16, so `dtype="bf16"` rounds float inputs to a bf16 copy
+// (nearest even) and the results come back as float32.
+struct Bf16Copy {
+  std::vector<bfloat16> data;
+  ConstTensorView view;
+};
+
+inline Bf16Copy to_bf16(const py::array& a, const std::string& name) {
+  if (a.ndim() != 4) throw Error(name, "expected a 4-D array, got " + std::to_string(a.ndim()) + "-D");
+  const DType t = dtype_of_array(a, name);
+  if (t != DType::f32 && t != DType::f64 && t != DType::f16)
+    throw Error(name, "dtype='bf16' converts float arrays; got " + std::string(dtype_name(t)));
+  const py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
+  Bf16Copy c;
+  c.data.resize(static_cast<std::size_t>(f.size()));
+  const float* src = f.data();
+  for (std::size_t i = 0; i < c.data.size(); ++i) c.data[i] = to_bfloat16(src[i]);
+  const Shape4 shape{a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
+  c.view = ConstTensorView(c.data.data(), shape);
+  return c;
+}
+
+inline std::string string_arg(const py::handle& h, const std::string& name) {
+  if (!py::isinstance<py::str>(h)) throw Error(name, "expected a string");
+  return h.cast<std::string>();
+}
+
+inline Backend backend_of(const std::string& s) {
+  for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
+    if (s == backend_name(b)) return b;
+  throw Error("backend", "expected 'reference', 'native' or 'onednn', got '" + s + "'");
+}
+
+// causal: None/False (none), True or "top_left", "bottom_right", "none".
+inline Causal causal_of(const py::object& c) {
+  if (c.is_none()) return Causal::none;
+  if (py::isinstance<py::bool_>(c)) return c.cast<bool>() ? Causal::top_left : Causal::none;
+  const std::string s = string_arg(c, "causal");
+  if (s == "none") return Causal::none;
+  if (s == "top_left" || s == "top-left") return Causal::top_left;
+  if (s == "bottom_right" || s == "bottom-right") return Causal::bottom_right;
+  throw Error("causal", "expected None, a bool, 'none', 'top_left' or 'bottom_right', got '" + s + "'");
+}
+
+template <class T>
+std::vector<T> vector_of(const py::object& o, const std::string& name) {
+  if (o.is_none()) return {};
+  try {
+    const py::array_t<T, py::array::c_style | py::array::forcecast> a(o);
+    if (a.ndim() != 1) throw Error(name, "expected a sequence (1-D), got " + std::to_string(a.ndim()) + "-D");
+    return std::vector<T>(a.data(), a.data() + a.size());
+  } catch (const py::error_already_set&) {
+    throw Error(name, "expected a sequence of numbers");
+  }
+}
+
+inline std::optional<Window> window_of(const py::object& w) {
+  if (w.is_none()) return std::nullopt;
+  std::vector<std::int64_t> v;
+  try {
+    v = w.cast<std::vector<std::int64_t>>();
+  } catch (const py::cast_error&) {
+    throw Error("window", "expected (left, right), -1 for an unbounded side");
+  }
+  if (v.size() != 2) throw Error("window", "expected (left, right), got " + std::to_string(v.size()) + " values");
+  return Window{v[0], v[1]};
+}
+
+inline DType dtype_named(const std::string& s, const std::string& name) {
+  for (DType t : {DType::f32, DType::f64, DType::bf16, DType::f16})
+    if (s == dtype_name(t)) return t;
+  if (s == "float32") return DType::f32;
+  if (s == "float64") return DType::f64;
+  if (s == "float16") return DType::f16;
+  if (s == "bfloat16") return DType::bf16;
+  throw Error(name, "expected 'f32', 'f64', 'bf16' or 'f16', got '" + s + "'");
+}
+
+inline std::optional<DType> optional_dtype(const py::object& o, const std::string& name) {
+  if (o.is_none()) return std::nullopt;
+  if (py::isinstance<py::str>(o)) return dtype_named(o.cast<std::string>(), name);
+  return dtype_named(py::dtype::from_args(o).attr("name").cast<std::string>(), name);
+}
+
+inline py::dtype numpy_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return py::dtype("float32");
+    case DType::f64: return py::dtype("float64");
+    case DType::f16: return py::dtype("float16");
+    case DType::u8: return py::dtype("uint8");
+    case DType::i32: return py::dtype("int32");
+    case DType::i64: return py::dtype("int64");
+    case DType::bf16: return py::dtype("float32");  // returned converted
+  }
+  return py::dtype("float32");
+}
+
+}  // namespace simdattn::python

@@ -1,0 +1,334 @@
+// The Python module's MultiHeadAttention and KvCache classes (module.cpp binds them).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "convert.hpp"
+#include "module.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace simdattn::python {
+namespace {
+
+// A layer of dtype t from float arrays in torch's layout.
+template <class T>
+MultiHeadAttention make_layer(const MhaConfig& c, const py::dict& w) {
+  const auto get = [&](const char* key, bool required) -> std::vector<T> {
+    const std::string name = std::string(key);
+    if (!w.contains(key) || w[key].is_none()) {
+      if (required) throw Error(name, "expected an array");
+      return {};
+    }
+    const py::array a = w[key].cast<py::array>();
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      const py::array_t<T, py::array::c_style | py::array::forcecast> x(a);
+      return std::vector<T>(x.data(), x.data() + x.size());
+    } else {
+      const py::array_t<float, py::array::c_style | py::array::forcecast> x(a);
+      std::vector<T> r(static_cast<std::size_t>(x.size()));
+      for (std::size_t i = 0; i < r.size(); ++i) {
+        if constexpr (std::is_same_v<T, bfloat16>) r[i] = to_bfloat16(x.data()[i]);
+        else r[i] = to_float16(x.data()[i]);
+      }
+      return r;
+    }
+  };
+  MhaWeights<T> m{get("wq", true), get("wk", true), get("wv", true), get("wo", true),
+                  get("bq", false), get("bk", false), get("bv", false), get("bo", false)};
+  return MultiHeadAttention(c, std::move(m));
+}
+
+std::int64_t dim_of(const py::array& a, int axis, const char* name) {
+  if (a.ndim() != 2) throw Error(name, "expected a 2-D weight [out_features, in_features], got " +
+                                           std::to_string(a.ndim()) + "-D");
+  return static_cast<std::int64_t>(a.shape(axis));
+}
+
+std::optional<RopeConfig> rope_of(const py::object& r) {
+  if (r.is_none()) return std::nullopt;
+  if (!py::isinstance<py::dict>(r)) throw Error("rope", "expected a dict (theta, rotary_dim, style, scaling, ...)");
+  RopeConfig c;
+  for (const auto& [key, value] : r.cast<py::dict>()) {
+    const std::string k = key.cast<std::string>();
+    if (k == "theta") c.theta = value.cast<double>();
+    else if (k == "rotary_dim") c.rotary_dim = value.cast<std::int64_t>();
+    else if (k == "style") {
+      const std::string s = value.cast<std::string>();
+      if (s == "half") c.style = RopeStyle::half;
+      else if (s == "interleaved") c.style = RopeStyle::interleaved;
+      else throw Error("rope.style", "expected 'half' or 'interleaved', got '" + s + "'");
+    } else if (k == "scaling") {
+      const std::string s = value.cast<std::string>();
+      if (s == "none") c.scaling = RopeScaling::none;
+      else if (s == "linear") c.scaling = RopeScaling::linear;
+      else if (s == "llama3") c.scaling = RopeScaling::llama3;
+      else throw Error("rope.scaling", "expected 'none', 'linear' or 'llama3', got '" + s + "'");
+    } else if (k == "factor") c.factor = value.cast<double>();
+    else if (k == "low_freq_factor") c.low_freq_factor = value.cast<double>();
+    else if (k == "high_freq_factor") c.high_freq_factor = value.cast<double>();
+    else if (k == "original_max_positions") c.original_max_positions = value.cast<std::int64_t>();
+    else throw Error("rope", "unknown key '" + k + "'");
+  }
+  return c;
+}
+
+MultiHeadAttention layer_from_arrays(const py::array& wq, const py::array& wk, const py::array& wv,
+                                     const py::array& wo, std::int64_t heads, const py::object& bq,
+                                     const py::object& bk, const py::object& bv, const py::object& bo,
+                                     std::int64_t kv_heads, std::int64_t head_dim, const py::object& rope,
+                                     const py::object& q_norm, const py::object& k_norm, double qk_norm_eps,
+                                     const py::object& scale, const py::object& softcap, const py::object& window,
+                                     const py::object& alibi_slopes, const py::object& sinks,
+                                     const py::object& t5_table, bool t5_bidirectional, std::int64_t t5_max_distance,
+                                     bool causal, const py::object& dtype) {
+  MhaConfig c;
+  c.d_model = dim_of(wq, 1, "wq");
+  c.heads = heads;
+  c.kv_heads = kv_heads;
+  c.head_dim = head_dim;
+  c.kdim = dim_of(wk, 1, "wk");
+  c.vdim = dim_of(wv, 1, "wv");
+  if (c.head_dim == 0 && heads > 0) c.head_dim = dim_of(wq, 0, "wq") / heads;
+  c.rope = rope_of(rope);
+  c.q_norm = vector_of<float>(q_norm, "q_norm");
+  c.k_norm = vector_of<float>(k_norm, "k_norm");
+  c.qk_norm_eps = qk_norm_eps;
+  if (!scale.is_none()) c.scale = scale.cast<double>();
+  if (!softcap.is_none()) c.softcap = softcap.cast<double>();
+  c.window = window_of(window);
+  c.alibi_slopes = vector_of<float>(alibi_slopes, "alibi_slopes");
+  c.sinks = vector_of<float>(sinks, "sinks");
+  if (!t5_table.is_none()) {
+    const py::array_t<float, py::array::c_style | py::array::forcecast> t(t5_table);
+    c.t5_table.assign(t.data(), t.data() + t.size());
+  }
+  c.t5_bidirectional = t5_bidirectional;
+  c.t5_max_distance = t5_max_distance;
+  c.causal = causal;
+  py::dict w;
+  w["wq"] = wq, w["wk"] = wk, w["wv"] = wv, w["wo"] = wo, w["bq"] = bq, w["bk"] = bk, w["bv"] = bv, w["bo"] = bo;
+  const DType t = optional_dtype(dtype, "dtype").value_or(dtype_of_array(wq, "wq"));
+  switch (t) {
+    case DType::f32: return make_layer<float>(c, w);
+    case DType::f64: return make_layer<double>(c, w);
+    case DType::bf16: return make_layer<bfloat16>(c, w);
+    case DType::f16: return make_layer<float16>(c, w);
+    default: throw Error("dtype", "expected f32, f64, bf16 or f16");
+  }
+}
+
+// A [B, S, E] sequence batch of the layer's dtype: the array itself when it already is one (C
+// order), else a copy (bf16 layers: float arrays rounded to bf16). `keep` holds any copy.
+struct SeqInput {
+  py::array array;
+  std::vector<bfloat16> bf16;
+  ConstSeqView view;
+};
+
+SeqInput seq_input(const py::array& a, DType t, const char* name) {
+  if (a.ndim() != 3) throw Error(name, "expected a 3-D array [B, S, E], got " + std::to_string(a.ndim()) + "-D");
+  SeqInput s;
+  const auto B = a.shape(0), S = a.shape(1), E = a.shape(2);
+  if (t == DType::bf16) {
+    const py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
+    s.bf16.resize(static_cast<std::size_t>(f.size()));
+    for (std::size_t i = 0; i < s.bf16.size(); ++i) s.bf16[i] = to_bfloat16(f.data()[i]);
+    s.view = ConstSeqView(s.bf16.data(), B, S, E);
+    return s;
+  }
+  if (dtype_of_array(a, name) != t)
+    throw Error(name, "expected the layer's dtype " + std::string(dtype_name(t)) + ", got " +
+                          std::string(dtype_name(dtype_of_array(a, name))));
+  s.array = py::array::ensure(a, py::array::c_style);
+  s.view.data = s.array.data(), s.view.dtype = t, s.view.B = B, s.view.S = S, s.view.E = E;
+  if (s.view.data == nullptr) s.view.data = &s;
+  return s;
+}
+
+py::object forward_py(const MultiHeadAttention& layer, const py::array& query, const py::object& key,
+                      const py::object& value, KvCache* cache, const py::object& causal,
+                      const py::object& key_padding_mask, const py::object& attn_mask, const py::object& positions,
+                      bool need_weights, bool average_attn_weights, int threads, const std::string& backend,
+                      const py::object& out) {
+  const DType t = layer.dtype();
+  const MhaConfig& c = layer.config();
+  MhaOptions o;
+  o.causal = causal_of(causal);
+  std::vector<std::uint8_t> kpm;
+  if (!key_padding_mask.is_none()) {
+    kpm = vector_of<std::uint8_t>(py::array(key_padding_mask).attr("reshape")(-1), "key_padding_mask");
+    o.key_padding_mask = kpm;
+  }
+  if (!attn_mask.is_none()) o.attn_mask = view_of<ConstTensorView>(attn_mask.cast<py::array>(), "attn_mask", 2);
+  std::vector<std::int64_t> pos;
+  if (!positions.is_none()) {
+    pos = vector_of<std::int64_t>(py::array(positions).attr("reshape")(-1), "positions");
+    o.positions = pos;
+  }
+  o.threads = threads;
+  o.backend = backend_of(backend);
+  if (key.is_none() != value.is_none()) throw Error(key.is_none() ? "key" : "value", "key and value go together");
+  if (cache != nullptr && !key.is_none()) throw Error("cache", "a KV cache is for self-attention (no key/value)");
+
+  const SeqInput q = seq_input(query, t, "query");
+  SeqInput k, v;
+  if (!key.is_none()) k = seq_input(key.cast<py::array>(), t, "key"), v = seq_input(value.cast<py::array>(), t, "value");
+  const std::int64_t B = q.view.B, Sq = q.view.S;
+  const std::int64_t Sk = cache != nullptr ? cache->capacity() : (key.is_none() ? Sq : k.view.S);
+  const std::vector<py::ssize_t> out_dims{B, Sq, c.d_model};
+  const DType out_t = t == DType::bf16 ? DType::f32 : t;
+  py::array result = out.is_none() ? py::array(numpy_dtype(out_t), out_dims) : out.cast<py::array>();
+  if (!out.is_none()) {
+    if (result.ndim() != 3 || !(result.flags() & py::array::c_style) || !result.writeable())
+      throw Error("out", "expected a writeable C-contiguous 3-D array");
+    if (dtype_of_array(result, "out") != out_t) throw Error("out", "expected dtype " + std::string(dtype_name(out_t)));
+  }
+  std::vector<bfloat16> out16;
+  SeqView ov;
+  if (t == DType::bf16) {
+    out16.resize(static_cast<std::size_t>(B * Sq * c.d_model));
+    ov = SeqView(out16.data(), B, Sq, c.d_model);
+  } else {
+    ov.data = result.mutable_data(), ov.dtype = t, ov.B = B, ov.S = Sq, ov.E = c.d_model;
+    if (ov.data == nullptr) ov.data = &ov;
+    if (result.shape(0) != B || result.shape(1) != Sq || result.shape(2) != c.d_model)
+      throw Error("out", "expected shape [" + std::to_string(B) + ", " + std::to_string(Sq) + ", " +
+                             std::to_string(c.d_model) + "]");
+  }
+  py::object weights = py::none();
+  if (need_weights) {
+    const DType wt = t == DType::f64 ? DType::f64 : DType::f32;
+    weights = py::array(numpy_dtype(wt), std::vector<py::ssize_t>{B, average_attn_weights ? 1 : c.heads, Sq, Sk});
+    o.attn_weights = view_of<TensorView>(weights.cast<py::array>(), "attn_weights");
+  }
+  {
+    py::gil_scoped_release release;
+    if (cache != nullptr) layer.forward(q.view, *cache, ov, o);
+    else if (key.is_none()) layer.forward(q.view, ov, o);
+    else layer.forward(q.view, k.view, v.view, ov, o);
+  }
+  if (t == DType::bf16) {
+    auto* dst = static_cast<float*>(result.mutable_data());
+    for (std::size_t i = 0; i < out16.size(); ++i) dst[i] = to_float(out16[i]);
+  }
+  if (need_weights) return py::make_tuple(result, average_attn_weights ? weights.attr("reshape")(B, Sq, Sk) : weights);
+  return result;
+}
+
+PretrainedOptions pretrained_options(const std::string& stack, const std::string& attention_kind,
+                                     const py::object& dtype) {
+  PretrainedOptions p;
+  p.stack = stack;
+  p.attention = attention_kind;
+  p.dtype = optional_dtype(dtype, "dtype");
+  return p;
+}
+
+}  // namespace
+
+void bind_layer(py::module_& m) {
+  py::class_<MultiHeadAttention>(m, "MultiHeadAttention", R"doc(A multi-head attention layer (torch.nn.MultiheadAttention, batch_first).
+
+  q = x_q Wq^T + bq, k = x_k Wk^T + bk, v = x_v Wv^T + bv; heads attend; y = o Wo^T + bo
+Weights in torch's layout: W [out_features, in_features]. Immutable; forward() may run
+from many threads at once.)doc")
+      .def(py::init(&layer_from_arrays), py::arg("wq"), py::arg("wk"), py::arg("wv"), py::arg("wo"), py::kw_only(),
+           py::arg("heads"), py::arg("bq") = py::none(), py::arg("bk") = py::none(), py::arg("bv") = py::none(),
+           py::arg("bo") = py::none(), py::arg("kv_heads") = 0, py::arg("head_dim") = 0,
+           py::arg("rope") = py::none(), py::arg("q_norm") = py::none(), py::arg("k_norm") = py::none(),
+           py::arg("qk_norm_eps") = 1e-6, py::arg("scale") = py::none(), py::arg("softcap") = py::none(),
+           py::arg("window") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+           py::arg("t5_table") = py::none(), py::arg("t5_bidirectional") = true, py::arg("t5_max_distance") = 128,
+           py::arg("causal") = false, py::arg("dtype") = py::none(),
+           R"doc(A layer from weight arrays (copied).
+
+wq [H*hd, d_model], wk [Hkv*hd, kdim], wv [Hkv*hd, vdim], wo [d_model, H*hd]; biases
+optional. heads: H; kv_heads: Hkv (0: H); head_dim (0: wq rows / heads). dtype: the
+layer's ('f32', 'f64', 'bf16', 'f16'; default: wq's). rope: a dict of RoPE's settings
+(theta, rotary_dim, style 'half'/'interleaved', scaling 'none'/'linear'/'llama3', factor,
+low_freq_factor, high_freq_factor, original_max_positions). q_norm/k_norm: [head_dim]
+RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's table
+[num_buckets, heads] as attention(). causal: a decoder's self-attention.)doc")
+      .def_static("from_safetensors",
+                  [](const std::string& path, std::int64_t heads, std::int64_t kv_heads, const std::string& prefix,
+                     const std::string& dtype) {
+                    return MultiHeadAttention::from_safetensors(path, heads, kv_heads, prefix, dtype_named(dtype, "dtype"));
+                  },
+                  py::arg("path"), py::arg("heads"), py::arg("kv_heads") = 0, py::arg("prefix") = "",
+                  py::arg("dtype") = "f32",
+                  "A layer from a safetensors file: torch's in_proj_weight/out_proj names or Hugging Face's\n"
+                  "q_proj/k_proj/v_proj/o_proj, looked up under `prefix`.")
+      .def_static("from_pretrained",
+                  [](const std::string& dir, std::int64_t layer, const std::string& stack,
+                     const std::string& attention_kind, const py::object& dtype) {
+                    return MultiHeadAttention::from_pretrained(dir, layer, pretrained_options(stack, attention_kind, dtype));
+                  },
+                  py::arg("dir"), py::arg("layer"), py::arg("stack") = "", py::arg("attention") = "self",
+                  py::arg("dtype") = py::none(),
+                  "One attention sub-layer of a Hugging Face model directory (config.json + model.safetensors\n"
+                  "or its sharded index): bert, roberta, vit, deit, gpt2, t5 (stack 'encoder'/'decoder',\n"
+                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2 (docs/models.md).")
+      .def_static("from_diffusers",
+                  [](const std::string& path, const std::string& prefix, std::int64_t heads,
+                     const std::string& attention_kind, const py::object& dtype) {
+                    return MultiHeadAttention::from_diffusers(path, prefix, heads,
+                                                              pretrained_options("", attention_kind, dtype));
+                  },
+                  py::arg("path"), py::arg("prefix"), py::arg("heads"), py::arg("attention") = "self",
+                  py::arg("dtype") = py::none(),
+                  "A diffusers transformer block's attn1 ('self') or attn2 ('cross') under `prefix`.")
+      .def("forward", &forward_py, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
+           py::kw_only(), py::arg("cache") = nullptr, py::arg("causal") = py::none(),
+           py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),
+           py::arg("positions") = py::none(), py::arg("need_weights") = false,
+           py::arg("average_attn_weights") = true, py::arg("threads") = 0, py::arg("backend") = "native",
+           py::arg("out") = py::none(),
+           R"doc(The layer on query [B, Sq, d_model] (key [B, Sk, kdim], value [B, Sk, vdim] for
+cross-attention; omitted: self-attention), arrays of the layer's dtype (bf16 layers take
+float arrays and return float32). Non-contiguous inputs are copied.
+
+cache         a KvCache: append the new tokens' keys/values and attend over the cache
+              (incremental decoding; causal None or 'bottom_right').
+causal        None, True/'top_left', 'bottom_right'.
+key_padding_mask  [B, Sk] bool: True = padding (ignored), as torch's.
+attn_mask     additive float mask broadcastable to [B, H, Sq, Sk].
+positions     [B, S] token positions for RoPE.
+need_weights  also return the attention weights: [B, Sq, Sk] averaged over heads
+              (average_attn_weights, default) or [B, H, Sq, Sk].
+out           C-contiguous array to write. Returns out (or (out, weights)).)doc")
+      .def_property_readonly("d_model", [](const MultiHeadAttention& l) { return l.config().d_model; })
+      .def_property_readonly("heads", [](const MultiHeadAttention& l) { return l.config().heads; })
+      .def_property_readonly("kv_heads", [](const MultiHeadAttention& l) { return l.config().kv_heads; })
+      .def_property_readonly("head_dim", [](const MultiHeadAttention& l) { return l.config().head_dim; })
+      .def_property_readonly("kdim", [](const MultiHeadAttention& l) { return l.config().kdim; })
+      .def_property_readonly("vdim", [](const MultiHeadAttention& l) { return l.config().vdim; })
+      .def_property_readonly("causal", [](const MultiHeadAttention& l) { return l.config().causal; })
+      .def_property_readonly("dtype", [](const MultiHeadAttention& l) { return std::string(dtype_name(l.dtype())); });
+
+  py::class_<KvCache>(m, "KvCache", "Keys and values of one layer for a batch of sequences, each with its own length.")
+      .def(py::init([](const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity,
+                       const py::object& dtype) {
+             const std::optional<DType> t = optional_dtype(dtype, "dtype");
+             return t ? KvCache(layer, batch, capacity, *t) : KvCache(layer, batch, capacity);
+           }),
+           py::arg("layer"), py::arg("batch"), py::arg("capacity"), py::arg("dtype") = py::none(),
+           py::keep_alive<1, 2>(),
+           "A cache of `capacity` tokens for `batch` sequences, in the layer's dtype or `dtype`.")
+      .def("reset", &KvCache::reset, "Every sequence back to length 0.")
+      .def("truncate", &KvCache::truncate, py::arg("sequence"), py::arg("length"),
+           "Keep the first `length` tokens of sequence `sequence`.")
+      .def_property_readonly("lengths", [](const KvCache& c) {
+        return std::vector<std::int64_t>(c.lengths().begin(), c.lengths().end());
+      })
+      .def_property_readonly("batch", &KvCache::batch)
+      .def_property_readonly("capacity", &KvCache::capacity)
+      .def_property_readonly("dtype", [](const KvCache& c) { return std::string(dtype_name(c.dtype())); });
+}
+
+}  // namespace simdattn::python

@@ -1,0 +1,11 @@
+// The Python module's parts (module.cpp defines the module and calls each).
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace simdattn::python {
+
+void bind_attention(pybind11::module_& m);  // attention.cpp
+void bind_layer(pybind11::module_& m);      // layer.cpp
+
+}  // namespace simdattn::python
