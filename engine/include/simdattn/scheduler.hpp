@@ -6,9 +6,9 @@
 // (the same as forward(query, cache, out) alone, within the dtype's rounding of a GEMM of other
 // shape). The scheduler runs every batch on a thread of its own, started by the constructor and
 // joined by the destructor: every batch uses the same team of workers and the same scratch,
-// warm, and the request threads only wait. (When request threads took turns running batches,
-// each batch ran on another thread's cold buffers and sleeping team: a gpt-layer batch of 8
-// steps at 256 cached tokens took 0.93-1.10 ms inside the scheduler against 0.87-0.90 ms now.)
+// warm, and the request threads only wait (request threads taking turns to run batches would
+// run each batch on another thread's cold buffers and sleeping team; guarded by
+// simdattn_serve_bench decode, docs/serving.md).
 //
 // Forming a batch: when no batch is running, a pending step starts one at once if the previous
 // batch had no more steps than are pending now (a lone stream is never held back); otherwise it

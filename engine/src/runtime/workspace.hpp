@@ -16,8 +16,7 @@ namespace simdattn::detail {
 // mode, Debian's default; only advice, so a kernel without THP changes nothing). A layer's
 // pre-packed weights, the GEMM's packed A and the projections span tens of MiB, and with 4 KiB
 // pages their panels, thousands of bytes apart, cost more TLB misses than the caches hide
-// (1024 x 3072 x 2048 over pre-packed B, one thread: 160-162 GFLOP/s on huge pages against
-// 147-153).
+// (guarded by mha/native/llama-layer, whose q|k|v projection is 1024 x 3072 x 2048 over pre-packed B).
 inline constexpr std::size_t kHugePage = std::size_t{2} << 20;
 
 inline bool on_huge_pages(std::size_t bytes, bool huge) noexcept { return huge && bytes >= kHugePage; }

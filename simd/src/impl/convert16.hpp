@@ -78,6 +78,19 @@ __attribute__((always_inline)) inline V f16_nan_bits(V u) {
                            _mm256_and_si256(_mm256_srli_epi32(u, 13), _mm256_set1_epi32(0x3ff)));
 }
 
+// The bf16 bits of each f32 value, in the low 16 bits of its 32-bit lane: rounded to nearest even
+// (the bits below the top 16 plus 0x7fff plus the lowest kept bit, carried up), a NaN kept quiet
+// with its sign and top payload bits (as half.hpp's narrowing).
+template <class Arch>
+batch<std::uint32_t, Arch> bf16_bits(const batch<float, Arch>& x) {
+  using U = batch<std::uint32_t, Arch>;
+  using F = batch<float, Arch>;
+  const U u = xsimd::bitwise_cast<U>(x);
+  const U r = (u + U(0x7fff) + ((u >> 16) & U(1))) >> 16;
+  const U q = (u >> 16) | U(0x40);
+  return xsimd::bitwise_cast<U>(xsimd::select(xsimd::isnan(x), xsimd::bitwise_cast<F>(q), xsimd::bitwise_cast<F>(r)));
+}
+
 template <class Arch, bool kBf16>
 void narrow16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   std::int64_t i = 0;
@@ -89,14 +102,7 @@ void narrow16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
       const __m512 x = full ? _mm512_loadu_ps(src + i) : _mm512_maskz_loadu_ps(m, src + i);
       __m256i h;
       if constexpr (kBf16) {
-        const __m512i u = _mm512_castps_si512(x);
-        const __m512i r = _mm512_srli_epi32(
-            _mm512_add_epi32(_mm512_add_epi32(u, _mm512_set1_epi32(0x7fff)),
-                             _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1))),
-            16);
-        const __mmask16 nan = _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q);
-        const __m512i q = _mm512_or_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-        h = _mm512_cvtepi32_epi16(_mm512_mask_blend_epi32(nan, r, q));
+        h = _mm512_cvtepi32_epi16(bf16_bits<Arch>(batch<float, Arch>(x)));
       } else {
         // vcvtps2ph rounds as half.hpp does; a NaN's payload is half.hpp's (sign, quiet bit, the
         // top 10 bits of the f32 payload) rather than the instruction's.
@@ -115,14 +121,7 @@ void narrow16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
       const __m256 x = _mm256_loadu_ps(src + i);
       __m128i h;
       if constexpr (kBf16) {
-        const __m256i u = _mm256_castps_si256(x);
-        const __m256i r = _mm256_srli_epi32(
-            _mm256_add_epi32(_mm256_add_epi32(u, _mm256_set1_epi32(0x7fff)),
-                             _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1))),
-            16);
-        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q));
-        const __m256i q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x40));
-        const __m256i v = _mm256_blendv_epi8(r, q, nan);  // each 32-bit value < 2^16
+        const __m256i v = bf16_bits<Arch>(batch<float, Arch>(x));  // each 32-bit value < 2^16
         h = _mm_packus_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
       } else {
         h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -282,9 +282,9 @@ struct KernelTable {
   Gemm16Kernels gemm_bf16;
   Gemm16Kernels gemm_f16;
   // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). Not what the
-  // engine dispatches to: measured on an Emerald Rapids core, vdpbf16ps retires 61 GMAC/s where
-  // f32 FMAs retire 122 (half the rate), and gemm_bf16's conversions win (mha/native/gpt-layer.bf16
-  // 39 ms against 53 at 2 threads). Kept, and tested, for the pair layout AMX tiles also take.
+  // engine dispatches to: vdpbf16ps retires half the multiply-adds per cycle of f32 FMAs, so
+  // gemm_bf16's conversions to f32 win (guarded by mha/native/gpt-layer.bf16). Kept, and
+  // tested, for the pair layout AMX tiles also take.
   Gemm16Kernels gemm_bf16_pairs;
   Convert16Kernels convert_bf16;
   Convert16Kernels convert_f16;
