@@ -7,7 +7,7 @@ public headers (simdattn/...), never a layer of its own rank or above. Subfolder
 their own (attention/native) unless LAYERS says otherwise; a file in a subfolder that LAYERS does
 not name belongs to the nearest folder it does name (layer/cache is part of layer).
 
-tests/, perf/, python/, tools/ and fuzz/ use the public headers, their own headers, and only the
+tests/, perf/, python/ and tools/ use the public headers, their own headers, and only the
 named internal set INTERNAL_FOR_TESTS of engine/src.
 
   python3 scripts/check_layers.py [--root DIR]   # exit 0: clean; 1: each bad include printed
@@ -51,7 +51,7 @@ INTERNAL_FOR_TESTS = {
     "runtime/threading.hpp",
 }
 
-OUTSIDE = ["tests", "perf", "python", "tools", "fuzz"]
+OUTSIDE = ["tests", "perf", "python", "tools"]
 SOURCE = re.compile(r"\.(c|cc|cpp|h|hpp|in)$")
 INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 

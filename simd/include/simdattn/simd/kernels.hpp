@@ -199,7 +199,7 @@ struct Gemv16Kernels {
 };
 
 // GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
-// once (engine/src/gemm16.cpp):
+// once (engine/src/linalg/gemm16.cpp):
 //
 //   C[0:m, 0:nr] := alpha * (Ap * Bp) + beta * C        (C f32, row-major, leading dim ldc)
 //
@@ -221,7 +221,7 @@ using Gemm16Ukernel = void (*)(std::int64_t kc, const void* Ap, const std::uint1
 // a_half 512, a_stride 64, zeros past kb) or read in place (a_step 32, a_half 16 * lda, a_stride
 // 2 * lda; kb a multiple of 32, as nothing past it may be read); Bp the packed B panels of that
 // block, columns 32 j .. 32 j + 31 in the panel at Bp + j * b_stride (pairs of 32 columns, its
-// rows rounded up to 32 with zeros: Packed16::panel in engine/src/gemm16.hpp). accumulate:
+// rows rounded up to 32 with zeros: Packed16::panel in engine/src/linalg/gemm16.hpp). accumulate:
 // C's values are added to, else overwritten (never read). The calling thread's tiles stay
 // configured until amx_done.
 using Gemm16AmxBlock = void (*)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
@@ -256,7 +256,7 @@ struct Convert16Kernels {
 };
 
 // AMX tables only (else null): the fused attention path's softmax step, written straight into
-// the bf16 P tiles of its PV tile product (engine/src/native_fused.cpp).
+// the bf16 P tiles of its PV tile product (engine/src/attention/native/fused/tile_steps.hpp).
 struct AmxAttentionKernels {
   // The online-softmax step of VectorKernels::softmax_rows (the same m, l, alpha and lo / hi
   // contract) on rows r < rows <= 32 of f32 scores x (ld apart, keys 0 .. n - 1), except that x

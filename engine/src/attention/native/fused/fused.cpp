@@ -20,7 +20,8 @@
 // own equal shares of the flattened (batch, head, query block) items by the number of key blocks
 // each computes (so causal work splits evenly) and steal when theirs is done (parallel_shares).
 // Every row is computed the same way whatever the thread count or schedule: results are bitwise
-// identical for any count.#include <algorithm>
+// identical for any count.
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
