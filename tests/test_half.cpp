@@ -11,8 +11,8 @@
 
 #include "simdattn/half.hpp"
 #include "linalg/gemm16.hpp"
-#include "simd_test_util.hpp"
-#include "test_util.hpp"
+#include "support/simd_test_util.hpp"
+#include "support/test_util.hpp"
 
 using simdattn::bfloat16;
 using simdattn::float16;

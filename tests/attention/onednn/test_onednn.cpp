@@ -1,7 +1,7 @@
 // oneDNN-specific behaviour: its primitive cache (a second call with the same shapes creates
 // nothing), concurrent calls while primitives are created, views it cannot take directly (copied
 // through dense buffers) and its refusal of f64. Its results against the reference on random and
-// edge-case configurations are in test_backends_*.cpp with every other backend.
+// edge-case configurations are in attention/test_backends_*.cpp with every other backend.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/backends.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
 

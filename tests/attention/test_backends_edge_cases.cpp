@@ -7,7 +7,7 @@
 #include <limits>
 #include <random>
 
-#include "backend_config.hpp"
+#include "support/backend_config.hpp"
 
 using namespace simdattn;
 using test::Buffer;

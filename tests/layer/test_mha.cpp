@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

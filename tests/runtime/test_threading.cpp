@@ -7,7 +7,7 @@
 #include <random>
 #include <thread>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 #include "runtime/threading.hpp"
 
 using namespace simdattn;

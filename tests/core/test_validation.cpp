@@ -6,7 +6,7 @@
 #include <limits>
 #include <string>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

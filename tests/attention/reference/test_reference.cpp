@@ -7,7 +7,7 @@
 #include <limits>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using test::Buffer;
