@@ -4,7 +4,7 @@
 # from its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # build-fuzz/corpus/<target>/, not into the repository). Needs Debian's clang and
 # libfuzzer-14-dev. A crash leaves its input in build-fuzz/ and the script fails; every crash
-# found becomes a regression test (tests/test_npy.cpp, tests/test_safetensors.cpp, ...).
+# found becomes a regression test (tests/io/test_npy.cpp, tests/io/test_safetensors.cpp, ...).
 #
 #   bash scripts/fuzz.sh                  # the bounded run: each target a fixed number of runs
 #                                         # (kBounded below; about a minute in all)

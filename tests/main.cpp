@@ -3,7 +3,7 @@
 
 #include <cstdio>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 int main(int argc, char** argv) {
   doctest::Context ctx(argc, argv);

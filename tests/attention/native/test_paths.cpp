@@ -10,7 +10,7 @@
 #include "core/validate.hpp"
 #include "simdattn/bench.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 namespace simdattn {
 namespace {

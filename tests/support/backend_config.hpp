@@ -1,6 +1,6 @@
 // One attention configuration (sizes, layout and every option) and the check that runs it on every
 // fast backend against the reference, within docs/design.md's tolerances. Shared by the random
-// sweep (test_backends_random.cpp) and the edge cases (test_backends_edge_cases.cpp).
+// sweep (attention/test_backends_random.cpp) and the edge cases (attention/test_backends_edge_cases.cpp).
 #pragma once
 
 #include <algorithm>
@@ -15,14 +15,14 @@
 
 #include <doctest/doctest.h>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 namespace simdattn::test {
 
 // The mask a configuration draws: its dtype makes it boolean (u8) or additive (f32).
 enum class MaskType { none, boolean, additive };
 
-// One attention configuration; random_config (test_backends_random.cpp) draws every option.
+// One attention configuration; random_config (attention/test_backends_random.cpp) draws every option.
 struct Config {
   std::int64_t B = 1, H = 1, Hkv = 1, Sq = 1, Sk = 1, D = 1, Dv = 1;
   bool bshd = false;          // [B,S,H,D] storage for q, k, v and out

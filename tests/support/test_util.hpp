@@ -1,6 +1,6 @@
 // Shared helpers for the tests: the backends to run, random tensors, owning 4-D buffers with any
 // layout, random Q/K/V, one attention call into a new buffer, and an error measure with
-// docs/design.md's tolerances.
+// docs/design.md's tolerances; random float vectors and their largest difference.
 #pragma once
 
 #include <algorithm>
@@ -175,6 +175,21 @@ double tolerance(double max_abs_v) {
   else if constexpr (std::is_same_v<T, bfloat16>) t = 1e-2;
   else if constexpr (std::is_same_v<T, float16>) t = 2e-3;
   return t * std::max(1.0, max_abs_v);
+}
+
+// n floats drawn from N(0, sd^2).
+inline std::vector<float> normal(std::mt19937_64& rng, std::size_t n, float sd) {
+  std::normal_distribution<float> d(0.f, sd);
+  std::vector<float> x(n);
+  for (auto& e : x) e = d(rng);
+  return x;
+}
+
+// The largest |a - b| over two equal-sized buffers.
+inline double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
 }
 
 // A path in /tmp for a test's file, unique to this process.

@@ -12,8 +12,8 @@
 #include <utility>
 #include <vector>
 
-#include "simd_test_util.hpp"
-#include "test_util.hpp"
+#include "support/simd_test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn::simd;
 using simdattn::test::kernel_tables;

@@ -1,13 +1,18 @@
-// Threading contract: results do not depend on the thread count, concurrent calls are safe, and
-// calls from inside a parallel region run on the calling thread.
+// Threading contract: results do not depend on the thread count, concurrent calls are safe and
+// keep to the thread budget, and calls from inside a parallel region run on the calling thread
+// (the last two seen through the workers each calling thread's team started, team.hpp).
 #include <doctest/doctest.h>
 
 #include <omp.h>
 
+#include <chrono>
 #include <random>
 #include <thread>
+#include <vector>
 
-#include "test_util.hpp"
+#include "simdattn/runtime.hpp"
+#include "support/test_util.hpp"
+#include "runtime/team.hpp"
 #include "runtime/threading.hpp"
 
 using namespace simdattn;
@@ -52,41 +57,123 @@ TEST_CASE("native output is bitwise identical for 1, 2, 3 and 7 threads" * docte
   }
 }
 
+namespace {
+
+// The two cases below: one call of attention() on 2 threads over these sizes is 4 B H Sq Sk D =
+// 67 MFLOP, 8 times kMinFlopsPerThread on each thread, so a call that nothing holds to its own
+// thread takes a worker (checked at the start of each case). Smaller, the calls run on their
+// thread anyway and the cases could not see a call take a worker it should not.
+constexpr std::int64_t kB = 1, kH = 4, kS = 256, kD = 64;
+static_assert(4.0 * kB * kH * kS * kS * kD / 2 >= 8 * detail::kMinFlopsPerThread);
+
+AttentionOptions two_threads() {
+  AttentionOptions opt;
+  opt.threads = 2;
+  return opt;
+}
+
+// Workers a thread's team has started (team.hpp): a thread's team is its own and starts its
+// workers on first use, so a new thread that has made calls has started none if and only if
+// every share of every one of its calls' parallel loops ran on it.
+using detail::team_workers_started;
+
+// After a call that began while another was running, calls take no workers for
+// kOverlapWindowMicros (team.hpp): waits that out, so that a call here that gets its caller
+// alone does so for the rule under test, not because of an earlier case's calls.
+void past_any_overlap() {
+  std::this_thread::sleep_for(std::chrono::microseconds(detail::kOverlapWindowMicros) + std::chrono::milliseconds(5));
+}
+
+// Workers started by a new thread making one call (on 2 threads) alone.
+int workers_of_a_lone_call(const test::Qkv<float>& in) {
+  int started = -1;
+  std::thread([&] {
+    Buffer<float> out({kB, kH, kS, kD});
+    attention(in.q.cview(), in.k.cview(), in.v.cview(), out.view(), two_threads());
+    started = team_workers_started();
+  }).join();
+  return started;
+}
+
+}  // namespace
+
 TEST_CASE("concurrent calls from many threads") {
   std::mt19937_64 rng(test::base_seed() + 21);
-  const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
   // A named struct, not a structured binding: its members are used in lambdas.
-  const test::Qkv<float> in = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);
+  const test::Qkv<float> in = test::random_qkv<float>(rng, kB, kH, kH, kS, kS, kD);
   const Buffer<float> expect = test::run_attention(Backend::native, in.q, in.k, in.v);
+  past_any_overlap();
+  REQUIRE(workers_of_a_lone_call(in) >= 1);  // alone, a call takes a worker
 
-  std::vector<Buffer<float>> outs(4, Buffer<float>({B, H, Sq, D}));
-  std::vector<std::thread> pool;
-  for (int t = 0; t < 4; ++t)
-    pool.emplace_back([&, t] {
-      AttentionOptions opt;
-      opt.threads = 2;
-      for (int rep = 0; rep < 20; ++rep) attention(in.q.cview(), in.k.cview(), in.v.cview(), outs[t].view(), opt);
-    });
-  for (auto& th : pool) th.join();
+  // Four new threads calling at once, 20 calls each, into outs[t]; returns the workers each
+  // thread's team started.
+  auto calls_from_four_threads = [&](std::vector<Buffer<float>>& outs) {
+    std::vector<int> started(4, -1);
+    std::vector<std::thread> pool;
+    for (int t = 0; t < 4; ++t)
+      pool.emplace_back([&, t] {
+        for (int rep = 0; rep < 20; ++rep)
+          attention(in.q.cview(), in.k.cview(), in.v.cview(), outs[t].view(), two_threads());
+        started[t] = team_workers_started();
+      });
+    for (auto& th : pool) th.join();
+    return started;
+  };
+  // The tests' budget (64 threads, main.cpp): calls take workers as the budget and the overlap
+  // rule allow, and each gets the same result.
+  std::vector<Buffer<float>> outs(4, Buffer<float>({kB, kH, kS, kD}));
+  calls_from_four_threads(outs);
   for (const auto& o : outs) CHECK(o.data == expect.data);
+  // A budget of one thread (set_thread_budget: the most threads all concurrent calls use
+  // together, each call's own thread included): no call takes a worker, alone (which nothing
+  // else would stop) or however many run at once, so no calling thread's team starts one; the
+  // results are the same.
+  const int saved = thread_budget();
+  set_thread_budget(1);
+  past_any_overlap();
+  const int alone = workers_of_a_lone_call(in);
+  std::vector<Buffer<float>> outs1(4, Buffer<float>({kB, kH, kS, kD}));
+  const std::vector<int> started1 = calls_from_four_threads(outs1);
+  set_thread_budget(saved);
+  CHECK(alone == 0);
+  for (int t = 0; t < 4; ++t) {
+    CAPTURE(t);
+    CHECK(outs1[t].data == expect.data);
+    CHECK(started1[t] == 0);
+  }
 }
 
 TEST_CASE("calls inside an OpenMP parallel region run on the calling thread") {
   std::mt19937_64 rng(test::base_seed() + 21);
-  const std::int64_t B = 1, H = 4, Sq = 16, Sk = 16, D = 8;
-  const test::Qkv<float> in = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);
+  const test::Qkv<float> in = test::random_qkv<float>(rng, kB, kH, kH, kS, kS, kD);
   const Buffer<float> expect = test::run_attention(Backend::native, in.q, in.k, in.v);
-  std::vector<Buffer<float>> nested(3, Buffer<float>({B, H, Sq, D}));
+  past_any_overlap();
+  REQUIRE(workers_of_a_lone_call(in) >= 1);  // outside a region, a call takes a worker
+
+  // The region on a new thread, so that its threads (that thread and the OpenMP threads of its
+  // region) have started no worker before. Inside, one call at a time (omp critical), so that no call overlaps
+  // another: neither the thread budget nor the overlap rule holds a call to its thread, only the
+  // rule under test (no nesting) does. Each thread's team must then have started no worker.
+  std::vector<Buffer<float>> nested(3, Buffer<float>({kB, kH, kS, kD}));
+  std::vector<int> started(3, -1);
   int in_parallel_threads = 0;
+  std::thread([&] {
 #pragma omp parallel num_threads(3)
-  {
+    {
 #pragma omp single
-    in_parallel_threads = omp_get_num_threads();
-    AttentionOptions opt;
-    opt.threads = 2;  // must not nest: runs on this thread
-    attention(in.q.cview(), in.k.cview(), in.v.cview(), nested[omp_get_thread_num()].view(), opt);
+      in_parallel_threads = omp_get_num_threads();
+      const int t = omp_get_thread_num();
+#pragma omp critical
+      attention(in.q.cview(), in.k.cview(), in.v.cview(), nested[t].view(), two_threads());  // must not nest
+      started[t] = team_workers_started();
+    }
+  }).join();
+  REQUIRE(in_parallel_threads > 1);  // an active region (a region of one thread is no nesting)
+  for (int t = 0; t < in_parallel_threads; ++t) {
+    CAPTURE(t);
+    CHECK(nested[t].data == expect.data);
+    CHECK(started[t] == 0);  // every share of its call ran on the calling thread
   }
-  for (int t = 0; t < in_parallel_threads; ++t) CHECK(nested[t].data == expect.data);
 }
 
 TEST_CASE("concurrent forward and decode steps of one MHA layer from many threads") {

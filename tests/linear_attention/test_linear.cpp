@@ -9,7 +9,7 @@
 #include <tuple>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using test::Buffer;

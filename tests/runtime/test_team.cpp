@@ -1,4 +1,4 @@
-// The team of worker threads the engine's parallel loops run on (engine/src/team.hpp): every
+// The team of worker threads the engine's parallel loops run on (engine/src/runtime/team.hpp): every
 // share runs exactly once, the caller takes share 0 and any share whose worker has not started
 // when the caller is done, nothing nests, sleeping workers wake, concurrent callers each get
 // their own team, and a thread's team ends with it.

@@ -1,13 +1,15 @@
 // Hand-computed cases: the expected numbers are derived in the comments, with scale = ln 2 so
 // that every softmax weight is a power of two over a small integer. Each case runs on every
-// backend built, so the reference and the native kernels are held to the same numbers.
+// backend built, so the reference and the native kernels are held to the same numbers. The
+// default scale 1/sqrt(D) checked the same way (a regression).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 
@@ -143,5 +145,24 @@ TEST_CASE("hand-computed masks, key lengths and windows") {
       opt.mask = ConstTensorView(m, {1, 1, 3, 3});
       check_close(run(be, Q3, K3, V3, 3, 3, 1, 2, opt), {7, 21, 0, 0, 3, 36}, be);
     }
+  }
+}
+
+// A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
+TEST_CASE("regression: the default scale is 1/sqrt(D), computed independently of the engine's reference") {
+  // q = e0, k0 = 2 e0, k1 = 0: scores 2/sqrt(D) and 0, so with D = 4 the weights are
+  // (e, 1) / (e + 1); v0 = 1, v1 = 0 makes the output e / (e + 1) in every column.
+  const std::int64_t D = 4;
+  std::vector<float> q(D, 0.f), k(2 * D, 0.f), v(2 * D, 0.f), out(D);
+  q[0] = 1.f, k[0] = 2.f;
+  for (std::int64_t d = 0; d < D; ++d) v[std::size_t(d)] = 1.f;
+  const double e = std::exp(2.0 / std::sqrt(double(D)));
+  for (Backend b : test::backends()) {
+    CAPTURE(backend_name(b));
+    AttentionOptions o;
+    o.backend = b;
+    attention(ConstTensorView(q.data(), {1, 1, 1, D}), ConstTensorView(k.data(), {1, 1, 2, D}),
+              ConstTensorView(v.data(), {1, 1, 2, D}), TensorView(out.data(), {1, 1, 1, D}), o);
+    for (float x : out) CHECK(std::abs(x - e / (e + 1)) <= 1e-6);
   }
 }

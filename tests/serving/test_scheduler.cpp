@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "simdattn/simdattn.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

@@ -1,5 +1,5 @@
 // The JSON tree the readers of safetensors headers, config.json and shard indexes use
-// (engine/src/json.hpp): values, the order and uniqueness of keys, the nesting limit, error
+// (engine/src/io/json.hpp): values, the order and uniqueness of keys, the nesting limit, error
 // text, and quoting for the writer.
 #include <doctest/doctest.h>
 

@@ -5,7 +5,7 @@
 #include <numeric>
 #include <random>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using test::Buffer;

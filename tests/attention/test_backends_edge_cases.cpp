@@ -1,13 +1,16 @@
 // Every backend against the reference on edge-case shapes and options: sizes of one, head sizes
 // past every panel, sizes around the native kernel's blocks, the short-key-row (transposed) form,
-// bands that hide whole key blocks and windows far beyond the sequence.
+// bands that hide whole key blocks and windows far beyond the sequence; and, as regressions, a
+// large logit late in a long row (the online softmax's rescaling) and no keys at all (Sk = 0).
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <vector>
 
-#include "backend_config.hpp"
+#include "support/backend_config.hpp"
 
 using namespace simdattn;
 using test::Buffer;
@@ -100,5 +103,73 @@ TEST_CASE("window sides far beyond the sequence behave as unbounded") {
     c.causal = Causal::bottom_right;
     c.key_lengths = true;
     test::check_config<float>(c, rng);
+  }
+}
+
+// A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
+TEST_CASE("regression: a large logit late in a long row rescales what earlier key blocks accumulated (online softmax)" *
+          doctest::test_suite(test::every_isa)) {
+  // Rows over ~8 key blocks; the scaled logits are N(0, ~0.1) except at the keys planted
+  // below, 20 and then 45 above the rest: far past the online softmax's slack, so a kernel that
+  // moved its running max without rescaling the output it had accumulated would keep the early
+  // blocks' values at full weight.
+  std::mt19937_64 rng(test::base_seed() + 71);
+  const std::int64_t H = 2, Sq = 40, Sk = 1000, D = 16;  // Sq: past the decode path (few rows), on the fused kernel
+  for (const std::vector<std::int64_t>& planted : {std::vector<std::int64_t>{999}, {300, 900}, {130, 520}}) {
+    CAPTURE(planted.front());
+    std::vector<float> q = test::normal(rng, std::size_t(H * Sq * D), 0.3f), k = test::normal(rng, std::size_t(H * Sk * D), 0.3f),
+                       v = test::normal(rng, std::size_t(H * Sk * D), 1.f);
+    for (std::int64_t h = 0; h < H; ++h)
+      for (std::int64_t i = 0; i < Sq; ++i) {
+        float* qi = &q[std::size_t((h * Sq + i) * D)];
+        for (std::int64_t d = 0; d < D; ++d) qi[d] = d == 0 ? 1.f : 0.f;  // score = k[j][0] / sqrt(D)
+      }
+    for (std::size_t n = 0; n < planted.size(); ++n)
+      for (std::int64_t h = 0; h < H; ++h)
+        k[std::size_t((h * Sk + planted[n]) * D)] = static_cast<float>((n == 0 ? 20.0 : 45.0) * std::sqrt(double(D)));
+    std::vector<float> want(static_cast<std::size_t>(H * Sq * D)), got(want.size());
+    const ConstTensorView qv(q.data(), {1, H, Sq, D}), kv(k.data(), {1, H, Sk, D}), vv(v.data(), {1, H, Sk, D});
+    AttentionOptions ref;
+    ref.backend = Backend::reference;
+    attention(qv, kv, vv, TensorView(want.data(), {1, H, Sq, D}), ref);
+    for (Backend b : test::fast_backends()) {
+      CAPTURE(backend_name(b));
+      AttentionOptions o;
+      o.backend = b;
+      attention(qv, kv, vv, TensorView(got.data(), {1, H, Sq, D}), o);
+      CHECK(test::max_diff(got, want) <= 1e-5);
+    }
+    // The rows' weight sits on the last planted key: the output is (nearly) its value row.
+    for (std::int64_t d = 0; d < D; ++d)
+      CHECK(std::abs(want[std::size_t(d)] - v[std::size_t(planted.back() * D + d)]) <= 1e-5);
+  }
+}
+
+// A regression: the input fuzz_attention found (tests/fuzz/).
+TEST_CASE("regression: no keys at all (Sk = 0) in every dtype: zeros, no crash (found by fuzz_attention: a division by zero on AMX)") {
+  const std::int64_t B = 1, H = 2, Sq = 20, D = 8;
+  const std::vector<float> qf(static_cast<std::size_t>(B * H * Sq * D), 0.5f);
+  const std::vector<bfloat16> qb(qf.size(), to_bfloat16(0.5f));
+  const std::vector<float16> qh(qf.size(), to_float16(0.5f));
+  const float no_key = 0.f;
+  for (Backend b : test::backends()) {
+    CAPTURE(backend_name(b));
+    AttentionOptions o;
+    o.backend = b;
+    std::vector<float> of(qf.size(), -7.f);
+    attention(ConstTensorView(qf.data(), {B, H, Sq, D}), ConstTensorView(&no_key, {B, H, 0, D}),
+              ConstTensorView(&no_key, {B, H, 0, D}), TensorView(of.data(), {B, H, Sq, D}), o);
+    for (float x : of) CHECK(x == 0.f);
+    auto half = [&](const auto& q, auto sentinel) {  // bf16 or f16, where the backend takes it
+      using H16 = decltype(sentinel);
+      if (!backend_takes(b, dtype_of<H16>())) return;
+      std::vector<H16> out(q.size(), sentinel);
+      const H16 nk{};
+      attention(ConstTensorView(q.data(), {B, H, Sq, D}), ConstTensorView(&nk, {B, H, 0, D}),
+                ConstTensorView(&nk, {B, H, 0, D}), TensorView(out.data(), {B, H, Sq, D}), o);
+      for (H16 x : out) CHECK(to_float(x) == 0.f);
+    };
+    half(qb, to_bfloat16(-7.f));
+    half(qh, to_float16(-7.f));
   }
 }

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "linalg/gemm.hpp"
-#include "simd_test_util.hpp"
-#include "test_util.hpp"
+#include "support/simd_test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using detail::GemmArgs;

@@ -4,16 +4,18 @@
 //     (j < G or 0 <= p < G)                              global key or global query, or
 //     (block [i/bs, j/bs] listed, causal and window allow it)
 //   with p = i + offset, offset = 0 for top_left, L[b] - Sq otherwise.
+// And (a regression) bottom-right alignment with key lengths, no sparse pattern, against the same rule.
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using test::Buffer;
@@ -182,4 +184,38 @@ TEST_CASE("sparse options are validated") {
   opt.block_mask = ConstTensorView(fm.data(), {1, 1, 3, 5});
   CHECK_THROWS_WITH_AS(attention(q.cview(), k.cview(), v.cview(), o.view(), opt),
                        doctest::Contains("dtype u8"), Error);
+}
+
+// A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
+TEST_CASE("regression: bottom-right alignment with key lengths: row i sees keys j < L[b] and j <= i + L[b] - Sq" *
+          doctest::test_suite(test::every_isa)) {
+  // The same call given as an explicit boolean mask built from the rule, on every backend.
+  std::mt19937_64 rng(test::base_seed() + 73);
+  const std::int64_t B = 3, H = 2, Sq = 4, Sk = 9, D = 8;
+  const std::vector<std::int64_t> L = {9, 6, 3};  // full, shorter, shorter than Sq: row 0 sees none
+  const std::vector<float> q = test::normal(rng, std::size_t(B * H * Sq * D), 1.f),
+                           k = test::normal(rng, std::size_t(B * H * Sk * D), 1.f),
+                           v = test::normal(rng, std::size_t(B * H * Sk * D), 1.f);
+  std::vector<std::uint8_t> mask(std::size_t(B * Sq * Sk));
+  for (std::int64_t b = 0; b < B; ++b)
+    for (std::int64_t i = 0; i < Sq; ++i)
+      for (std::int64_t j = 0; j < Sk; ++j) mask[std::size_t((b * Sq + i) * Sk + j)] = j < L[b] && j <= i + L[b] - Sq;
+  const ConstTensorView qv(q.data(), {B, H, Sq, D}), kv(k.data(), {B, H, Sk, D}), vv(v.data(), {B, H, Sk, D});
+  std::vector<float> want(static_cast<std::size_t>(B * H * Sq * D)), got(want.size());
+  AttentionOptions explicit_mask;
+  explicit_mask.backend = Backend::reference;
+  explicit_mask.mask = ConstTensorView(mask.data(), {B, 1, Sq, Sk});
+  attention(qv, kv, vv, TensorView(want.data(), {B, H, Sq, D}), explicit_mask);
+  for (Backend b : test::backends()) {
+    CAPTURE(backend_name(b));
+    AttentionOptions o;
+    o.backend = b;
+    o.causal = Causal::bottom_right;
+    o.key_lengths = L;
+    attention(qv, kv, vv, TensorView(got.data(), {B, H, Sq, D}), o);
+    CHECK(test::max_diff(got, want) <= 1e-5);
+  }
+  // Batch 2, row 0 (position 0 + 3 - 4 = -1) sees no key: zeros.
+  for (std::int64_t h = 0; h < H; ++h)
+    for (std::int64_t d = 0; d < D; ++d) CHECK(want[std::size_t(((2 * H + h) * Sq + 0) * D + d)] == 0.f);
 }

@@ -1,12 +1,15 @@
 // Bad arguments to attention(): each throws simdattn::Error naming the argument, and nothing is
-// written to the output.
+// written to the output; an output adjacent to q is accepted (a regression).
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <random>
 #include <string>
+#include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 
@@ -170,4 +173,23 @@ TEST_CASE("empty problems are valid and write nothing") {
   attention(ConstTensorView(q.data(), {1, 1, 1, 8}), ConstTensorView(&kdummy, {1, 1, 0, 8}),
             ConstTensorView(&kdummy, {1, 1, 0, 6}), TensorView(o.data(), {1, 1, 1, 6}));
   for (float x : o) CHECK(x == 0.f);
+}
+
+// A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
+TEST_CASE("regression: out may touch q (adjacent in one buffer); sharing one element is an overlap") {
+  const std::int64_t H = 2, S = 3, D = 4;
+  const std::int64_t n = H * S * D;
+  std::mt19937_64 rng(test::base_seed() + 72);
+  std::vector<float> buf = test::normal(rng, std::size_t(2 * n + 1), 1.f);
+  const std::vector<float> k = test::normal(rng, std::size_t(n), 1.f), v = test::normal(rng, std::size_t(n), 1.f);
+  const ConstTensorView kv(k.data(), {1, H, S, D}), vv(v.data(), {1, H, S, D});
+  std::vector<float> separate(static_cast<std::size_t>(n));
+  attention(ConstTensorView(buf.data(), {1, H, S, D}), kv, vv, TensorView(separate.data(), {1, H, S, D}));
+  // out starts right after q's last element: accepted, and the same result.
+  CHECK_NOTHROW(attention(ConstTensorView(buf.data(), {1, H, S, D}), kv, vv, TensorView(buf.data() + n, {1, H, S, D})));
+  CHECK(std::vector<float>(buf.begin() + n, buf.begin() + 2 * n) == separate);
+  // out starts on q's last element: refused, naming out.
+  CHECK_THROWS_WITH_AS(
+      attention(ConstTensorView(buf.data(), {1, H, S, D}), kv, vv, TensorView(buf.data() + n - 1, {1, H, S, D})),
+      doctest::Contains("overlaps q"), Error);
 }

@@ -1,7 +1,8 @@
 // oneDNN-specific behaviour: its primitive cache (a second call with the same shapes creates
 // nothing), concurrent calls while primitives are created, views it cannot take directly (copied
 // through dense buffers) and its refusal of f64. Its results against the reference on random and
-// edge-case configurations are in test_backends_*.cpp with every other backend.
+// edge-case configurations are in attention/test_backends_*.cpp with every other backend. And, in
+// every build (not run, saying so, where onednn does not take bf16), bf16 with sliding windows.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -10,10 +11,11 @@
 #include <random>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "core/backends.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 #ifdef SIMDATTN_HAVE_ONEDNN
 
@@ -125,3 +127,25 @@ TEST_CASE("onednn: f64 inputs are refused with a clear error and nothing written
   for (double x : out.data) CHECK(x == 7.0);
 }
 #endif
+
+// Outside the #ifdef: a build without oneDNN says it was not run.
+TEST_CASE("bf16 on onednn with sliding windows: rows at the start of a block's key range (a regression: K and V views "
+          "starting past key 0 gave wrong rows)") {
+  using namespace simdattn;
+  if (!backend_takes(Backend::onednn, DType::bf16)) {
+    MESSAGE("onednn does not take bf16 here: not run");
+    return;
+  }
+  std::mt19937_64 rng(test::base_seed() + 49);
+  for (auto [Sq, Sk, left] : {std::tuple{std::int64_t{27}, std::int64_t{83}, std::int64_t{31}}, {27, 83, 30}, {16, 83, 31},
+                              {100, 160, 60}}) {
+    CAPTURE(Sq);
+    CAPTURE(left);
+    auto t = test::random_qkv<bfloat16>(rng, 1, 1, 1, Sq, Sk, 64);
+    AttentionOptions opt;
+    opt.window = Window{left, 2};
+    const test::Buffer<bfloat16> ref = test::run_attention(Backend::reference, t.q, t.k, t.v, opt);
+    const test::Buffer<bfloat16> dnn = test::run_attention(Backend::onednn, t.q, t.k, t.v, opt);
+    CHECK(test::max_abs_diff(dnn, ref) <= test::tolerance<bfloat16>(test::max_abs(t.v)));
+  }
+}

@@ -13,7 +13,7 @@
 
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

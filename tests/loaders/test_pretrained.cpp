@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 namespace fs = std::filesystem;

@@ -7,7 +7,7 @@
 #include <limits>
 #include <random>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 using test::Buffer;

@@ -1,7 +1,7 @@
 // The multi-head attention layer against a float64 computation from first principles
 // (projections, heads, softmax, output projection), incremental decoding with the KV cache
-// against the full causal forward, and loading weights from safetensors in both naming
-// conventions.
+// against the full causal forward, the cache's exact capacity (a regression), and loading weights
+// from safetensors in both naming conventions.
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 
@@ -541,4 +541,40 @@ TEST_CASE("the layer's attention weights: per head (rows sum to 1, zeros above t
   std::vector<double> y(x.size());
   CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), B, S, d), SeqView(y.data(), B, S, d), bad),
                        doctest::Contains("options.attn_weights"), Error);
+}
+
+// A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
+TEST_CASE("regression: KV cache: a step that exactly fills the capacity succeeds; one token more is refused") {
+  std::mt19937_64 rng(test::base_seed() + 74);
+  const std::int64_t d = 8;
+  MhaWeights<float> w;
+  w.wq = test::normal(rng, std::size_t(d * d), 0.3f), w.wk = test::normal(rng, std::size_t(d * d), 0.3f);
+  w.wv = test::normal(rng, std::size_t(d * d), 0.3f), w.wo = test::normal(rng, std::size_t(d * d), 0.3f);
+  const MultiHeadAttention layer(MhaConfig{.d_model = d, .heads = 2}, w);
+  const std::vector<float> x = test::normal(rng, std::size_t(4 * d), 1.f);
+  std::vector<float> y(x.size());
+  // First, two sequences, the first full and the second not: a step is refused for the first.
+  // (Were the bound off by one, the first sequence's extra row would land inside the cache, in
+  // the next head's first row: this REQUIRE then ends the case with a failed assertion before
+  // the single-sequence steps below would write past the buffer.)
+  KvCache two(layer, 2, 4);
+  std::vector<float> x2(static_cast<std::size_t>(2 * 4 * d)), y2(x2.size());
+  for (std::size_t i = 0; i < x2.size(); ++i) x2[i] = x[i % x.size()];
+  layer.forward(ConstSeqView(x2.data(), 2, 4, d), two, SeqView(y2.data(), 2, 4, d));
+  two.truncate(1, 2);
+  REQUIRE_THROWS_WITH_AS(layer.forward(ConstSeqView(x2.data(), 2, 1, d), two, SeqView(y2.data(), 2, 1, d)),
+                         doctest::Contains("capacity"), Error);
+  CHECK(two.lengths()[0] == 4);
+  CHECK(two.lengths()[1] == 2);
+  for (std::int64_t first : {4, 3}) {  // one step of 4 tokens, or 3 then 1
+    CAPTURE(first);
+    KvCache cache(layer, 1, 4);
+    CHECK_NOTHROW(layer.forward(ConstSeqView(x.data(), 1, first, d), cache, SeqView(y.data(), 1, first, d)));
+    if (first < 4)
+      CHECK_NOTHROW(layer.forward(ConstSeqView(x.data(), 1, 4 - first, d), cache, SeqView(y.data(), 1, 4 - first, d)));
+    CHECK(cache.lengths()[0] == 4);
+    CHECK_THROWS_WITH_AS(layer.forward(ConstSeqView(x.data(), 1, 1, d), cache, SeqView(y.data(), 1, 1, d)),
+                         doctest::Contains("capacity"), Error);
+    CHECK(cache.lengths()[0] == 4);
+  }
 }

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <random>
 
-#include "backend_config.hpp"
+#include "support/backend_config.hpp"
 
 using namespace simdattn;
 using test::Config;

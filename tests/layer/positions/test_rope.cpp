@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "simdattn/simdattn.hpp"
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

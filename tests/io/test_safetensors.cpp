@@ -12,7 +12,7 @@
 #include <unistd.h>
 #include <vector>
 
-#include "test_util.hpp"
+#include "support/test_util.hpp"
 
 using namespace simdattn;
 

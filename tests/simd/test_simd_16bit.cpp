@@ -1,0 +1,131 @@
+// The SIMD layer's 16-bit kernels on every ISA this CPU supports, bf16 and f16: the GEMV kernels
+// (gemv_t, gemv_n; sizes around the vector width, beta) against sums in double, and the row
+// conversions (widen, narrow, the widening transpose, every length to 40) bit for bit against the
+// scalar ones of simdattn/half.hpp.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include "simdattn/half.hpp"
+#include "support/simd_test_util.hpp"
+#include "support/test_util.hpp"
+
+using simdattn::bfloat16;
+using simdattn::float16;
+
+TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 42);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    CAPTURE(simd::isa_name(kt->isa));
+    for (bool bf16 : {true, false}) {
+      const simd::Gemv16Kernels& g = bf16 ? kt->gemv_bf16 : kt->gemv_f16;
+      auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
+      for (std::int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 64, 70}) {
+        for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
+          const std::int64_t ldb = std::max(n, k) + 3;
+          std::vector<std::uint16_t> Bm(static_cast<std::size_t>(ldb * std::max(n, k)));
+          for (auto& b : Bm) b = bf16 ? to_bfloat16(nd(rng)).bits : to_float16(nd(rng)).bits;
+          std::vector<float> x(static_cast<std::size_t>(std::max(n, k)));
+          for (auto& v : x) v = static_cast<float>(nd(rng));
+          for (float beta : {0.0f, 0.5f}) {
+            // dot_rows: y[j] = 1.5 * x . B[j, :] + beta y[j]; sum_rows: y[j] = 1.5 * sum_p x[p] B[p, j] + beta y[j]
+            std::vector<float> y1(static_cast<std::size_t>(n), beta == 0.0f ? NAN : 0.25f), y2 = y1;
+            g.gemv_t(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y1.data());
+            g.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y2.data());
+            for (std::int64_t j = 0; j < n; ++j) {
+              double d = 0, s = 0, scale = 0;
+              for (std::int64_t p = 0; p < k; ++p) {
+                d += x[p] * widen(Bm[j * ldb + p]);
+                s += x[p] * widen(Bm[p * ldb + j]);
+                scale += std::fabs(x[p]) * 4.0;
+              }
+              const double prev = beta == 0.0f ? 0.0 : 0.25 * beta;
+              CHECK(std::fabs(y1[j] - (1.5 * d + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
+              CHECK(std::fabs(y2[j] - (1.5 * s + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit (but a NaN's quiet bit): every pattern widened, "
+          "ties, overflow, subnormals, NaN and random f32 narrowed, every length to 40" * doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 44);
+  std::vector<std::uint16_t> all(65536 + 5);
+  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::uint16_t>(i);
+  std::vector<float> f;
+  for (std::uint32_t u : {0x00000000u, 0x80000000u, 0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffa00000u,
+                          0x477fe000u, 0x477ff000u, 0x477fefffu, 0x38800000u, 0x387fffffu, 0x33000000u, 0x33000001u,
+                          0x3f808000u, 0x3f818000u, 0x3f800fffu, 0x3f801000u, 0x3f803000u, 0x7f7fffffu, 0x00000001u})
+    f.push_back(detail::bits_float(u));
+  std::uniform_int_distribution<std::uint32_t> bits;
+  while (f.size() < 200003) f.push_back(detail::bits_float(bits(rng)));
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    CAPTURE(simd::isa_name(kt->isa));
+    for (bool bf16 : {true, false}) {
+      CAPTURE(bf16);
+      const simd::Convert16Kernels& c = bf16 ? kt->convert_bf16 : kt->convert_f16;
+      std::vector<float> w(all.size());
+      c.widen(all.data(), w.data(), static_cast<std::int64_t>(all.size()));
+      std::size_t wrong = 0;
+      for (std::size_t i = 0; i < all.size(); ++i) {
+        const float want = bf16 ? to_float(bfloat16{all[i]}) : to_float(float16{all[i]});
+        // F16C's vcvtph2ps quiets a signalling NaN: NaN stays NaN, its quiet bit may differ.
+        if (std::isnan(want)) wrong += !std::isnan(w[i]);
+        else wrong += detail::float_bits(w[i]) != detail::float_bits(want);
+      }
+      CHECK(wrong == 0);
+      std::vector<std::uint16_t> h(f.size());
+      c.narrow(f.data(), h.data(), static_cast<std::int64_t>(f.size()));
+      wrong = 0;
+      for (std::size_t i = 0; i < f.size(); ++i) wrong += h[i] != (bf16 ? to_bfloat16(f[i]).bits : to_float16(f[i]).bits);
+      CHECK(wrong == 0);
+      // The widening transpose equals widening, then the f32 transpose: panels of every size
+      // around the 16 x 16 block, rows past `rows` zero, nothing past `width` or `cols` written.
+      for (auto [rows, cols, width] : {std::tuple{1, 1, 1}, {16, 16, 16}, {13, 40, 16}, {33, 17, 48}, {0, 5, 12}, {64, 64, 64}}) {
+        const std::int64_t ld = cols + 3, dst_ld = width + 5;
+        std::vector<std::uint16_t> src(static_cast<std::size_t>(std::max(1, rows) * ld));
+        for (std::size_t i = 0; i < src.size(); ++i) src[i] = all[(i * 7919 + 12345) % 65536];
+        std::vector<float> wide(src.size());
+        c.widen(src.data(), wide.data(), static_cast<std::int64_t>(src.size()));
+        std::vector<float> got(static_cast<std::size_t>(cols * dst_ld + 8), -3.0f), want = got;
+        c.pack_transpose(src.data(), ld, rows, cols, got.data(), dst_ld, width);
+        kt->vec<float>().pack_transpose(wide.data(), ld, rows, cols, want.data(), dst_ld, width);
+        std::size_t bad = 0;
+        for (std::size_t i = 0; i < got.size(); ++i)
+          bad += !(detail::float_bits(got[i]) == detail::float_bits(want[i]) || (std::isnan(got[i]) && std::isnan(want[i])));
+        CAPTURE(rows);
+        CAPTURE(cols);
+        CHECK(bad == 0);
+      }
+      // Every length up to 40 from an odd offset: the tail converted, nothing past n written.
+      for (std::int64_t n = 0; n <= 40; ++n) {
+        std::vector<float> wf(64, -7.0f);
+        std::vector<std::uint16_t> nh(64, 0xabcd);
+        c.widen(all.data() + 0x3c01, wf.data() + 1, n);
+        c.narrow(f.data() + 3, nh.data() + 1, n);
+        std::size_t bad = 0;
+        for (std::int64_t i = 0; i < 64; ++i) {
+          const bool in = i >= 1 && i <= n;
+          const auto src = static_cast<std::uint16_t>(0x3c01 + i - 1);
+          const float want_w = in ? (bf16 ? to_float(bfloat16{src}) : to_float(float16{src})) : -7.0f;
+          const std::uint16_t want_h = in ? (bf16 ? to_bfloat16(f[std::size_t(i + 2)]).bits : to_float16(f[std::size_t(i + 2)]).bits) : 0xabcd;
+          bad += detail::float_bits(wf[std::size_t(i)]) != detail::float_bits(want_w) || nh[std::size_t(i)] != want_h;
+        }
+        CAPTURE(n);
+        CHECK(bad == 0);
+      }
+    }
+  }
+}
