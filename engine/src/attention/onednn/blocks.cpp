@@ -23,7 +23,8 @@ void key_range(const Problem& p, Block& blk, bool& structure_hides) {
   const KeyRange all = block_keys_intersection(p, blk.b, blk.i0, blk.i1);
   // 16-bit operands: the keys from 0, not from the block's first visible one. oneDNN 2.6's bf16
   // matmuls on K and V views starting at a later key gave wrong rows (a window of (31, 2) over 83
-  // keys: errors up to 0.59 on the rows nearest the start; guarded by tests/attention/onednn/test_onednn.cpp).
+  // keys: errors up to 0.59 on the rows nearest the start; guarded by
+  // tests/attention/onednn/test_onednn.cpp).
   blk.jlo = p.dtype == DType::f32 ? some.lo : 0;
   blk.jhi = std::max(some.lo, some.hi);
   structure_hides = blk.jhi > blk.jlo && (blk.jhi > all.hi || blk.jlo < all.lo);
