@@ -57,7 +57,7 @@ struct Projected {
   std::int64_t ldkv = 0;
 };
 
-template <class T>
+// A buffer's element count: n, at least 1 (an empty call still gets a valid pointer).
 std::size_t elements(std::int64_t n) {
   return static_cast<std::size_t>(std::max<std::int64_t>(1, n));
 }
@@ -70,17 +70,17 @@ Projected<T> project_inputs(const LayerStorage<T>& layer, const ForwardCall<T>& 
   const MhaConfig& c = layer.cfg;
   if (call.key == nullptr) {
     const std::int64_t N = layer.n_in;
-    T* p = thread_buffer<T, scratch::MhaProjection>().get(elements<T>(M * N));
-    o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements<T>(M * layer.nq));
+    T* p = thread_buffer<T, scratch::MhaProjection>().get(elements(M * N));
+    o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements(M * layer.nq));
     project(x, M, c.d_model, c.d_model, layer.w_in, 0, N, layer.bq(), p, N, opt.threads,
             onednn_weights(layer, opt, layer.w_in));
     return {p, N, p + layer.k0, p + layer.v0, N};
   }
   // k and v side by side in one [B*Sk, 2*nkv] buffer
   const std::int64_t rows_kv = call.segments[0].B * call.Sk, ldkv = 2 * layer.nkv;
-  T* pq = thread_buffer<T, scratch::MhaProjection>().get(elements<T>(M * layer.nq));
-  T* pkv = thread_buffer<T, scratch::MhaProjectionKv>().get(elements<T>(rows_kv * ldkv));
-  o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements<T>(M * layer.nq));
+  T* pq = thread_buffer<T, scratch::MhaProjection>().get(elements(M * layer.nq));
+  T* pkv = thread_buffer<T, scratch::MhaProjectionKv>().get(elements(rows_kv * ldkv));
+  o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements(M * layer.nq));
   project(x, M, c.d_model, c.d_model, layer.w_in, 0, layer.nq, layer.bq(), pq, layer.nq, opt.threads,
           onednn_weights(layer, opt, layer.w_in));
   project(call.key, rows_kv, c.kdim, c.kdim, layer.wk(), layer.k_col(), layer.nkv, layer.bk(), pkv, ldkv, opt.threads,
@@ -129,7 +129,7 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
   const T* x = segs[0].query;
   T* y = segs[0].out;
   if (gathered) {
-    T* rows = thread_buffer<T, scratch::MhaBatchRows>().get(elements<T>(M * d));
+    T* rows = thread_buffer<T, scratch::MhaBatchRows>().get(elements(M * d));
     for (std::size_t i = 0; i < segs.size(); ++i)
       std::copy_n(segs[i].query, segs[i].B * segs[i].S * d, rows + row0[i] * d);
     x = y = rows;
