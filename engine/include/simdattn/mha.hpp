@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "simdattn/attention.hpp"
+#include "simdattn/kv_pool.hpp"
 #include "simdattn/rope.hpp"
 #include "simdattn/tensor.hpp"
 
@@ -142,6 +143,16 @@ struct DecodeStep {
   std::span<const std::int64_t> positions = {};  // as MhaOptions::positions, this step's
 };
 
+// One sequence's step in MultiHeadAttention::forward_pool: its new tokens (query [1, T,
+// d_model]: T = 1 a decode step, T > 1 a prompt or a chunk of one), appended to the sequence in
+// the pool and attended over all its tokens, and its output (out, the query's shape).
+struct PoolStep {
+  ConstSeqView query;
+  KvPool::Sequence sequence = -1;
+  SeqView out;
+  std::span<const std::int64_t> positions = {};  // as MhaOptions::positions, [1, T]
+};
+
 class SIMDATTN_API MultiHeadAttention {
  public:
   // Validates the configuration and the weight sizes; throws Error naming the weight.
@@ -222,6 +233,19 @@ class SIMDATTN_API MultiHeadAttention {
   // "options.positions"), computing nothing: DecodeScheduler sorts out a bad request this way
   // before it joins a batch.
   void check_step(const DecodeStep& step, const MhaOptions& options = {}) const;
+
+  // Steps of many sequences of a pool at layer `layer` of the pool (each sequence once): the
+  // projections of all the steps' tokens as one GEMM (the weights read once), each step's K and
+  // V appended into its sequence's blocks at that layer (rotated and normalized as in
+  // forward(query, cache, out)), the attention of every step in one attention_paged() call
+  // (bottom-right causal over the sequence's tokens, balanced over the threads), the output
+  // projection as one GEMM. The same results as forward(query, cache, out) step by step, within
+  // the rounding of GEMMs of another shape. options: causal (none or bottom_right), threads,
+  // backend (native or reference); positions per step; no masks or attention weights. Checked
+  // before anything changes: Error naming "steps[i].<argument>", "pool" (another layer's pool,
+  // or too few free blocks for the batch's new blocks and copy-on-write copies) or "layer".
+  void forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer = 0,
+                    const MhaOptions& options = {}) const;
 
 
  private:

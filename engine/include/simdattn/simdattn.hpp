@@ -3,10 +3,12 @@
 
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
+#include "simdattn/kv_pool.hpp"
 #include "simdattn/linear.hpp"
 #include "simdattn/mha.hpp"
 #include "simdattn/rope.hpp"
 #include "simdattn/npy.hpp"
+#include "simdattn/paged.hpp"
 #include "simdattn/runtime.hpp"
 #include "simdattn/safetensors.hpp"
 #include "simdattn/scheduler.hpp"

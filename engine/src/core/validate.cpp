@@ -17,13 +17,9 @@
 namespace simdattn::detail {
 namespace {
 
-// Byte span [lo, hi) a view touches; {0, 0} for an empty view. Throws on overflow.
-struct Span {
-  std::uintptr_t lo = 0, hi = 0;
-  bool empty() const { return lo == hi; }
-};
-
 bool any_zero(const Shape4& s) { return s[0] == 0 || s[1] == 0 || s[2] == 0 || s[3] == 0; }
+
+}  // namespace
 
 Span byte_span(const std::string& name, const void* data, DType dtype, const Shape4& shape,
                const Shape4& strides) {
@@ -55,8 +51,6 @@ Span byte_span(const std::string& name, const void* data, DType dtype, const Sha
   return s;
 }
 
-// A sufficient condition for an output view to have no two elements at one address: ordered
-// by stride, each dimension's stride exceeds the extent of all smaller ones.
 void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides) {
   if (any_zero(shape)) return;
   std::array<int, 4> order{0, 1, 2, 3};
@@ -74,6 +68,8 @@ void check_no_self_overlap(const std::string& name, const Shape4& shape, const S
 bool overlaps(const Span& a, const Span& b) {
   return !a.empty() && !b.empty() && a.lo < b.hi && b.lo < a.hi;
 }
+
+namespace {
 
 void check_float(const std::string& name, DType t) {
   if (t != DType::f32 && t != DType::f64 && t != DType::bf16 && t != DType::f16)
@@ -259,7 +255,8 @@ void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
   }
 }
 
-// A span of `n` finite floats (name: what they are, one per `per`).
+}  // namespace
+
 void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
                     const Span& so) {
   if (static_cast<std::int64_t>(values.size()) != want)
@@ -271,6 +268,8 @@ void check_per_head(const std::string& name, std::span<const float> values, std:
   const auto a = reinterpret_cast<std::uintptr_t>(values.data());
   if (overlaps(so, Span{a, a + values.size_bytes()})) throw Error("out", "memory overlaps " + name);
 }
+
+namespace {
 
 // An extra output view (lse, scores): its elements distinct, and its memory clear of every input,
 // out and every other option (the other extra output included).

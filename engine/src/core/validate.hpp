@@ -1,10 +1,35 @@
 // Turning the arguments of attention() into a Problem.
 #pragma once
 
+#include <cstdint>
+#include <span>
+#include <string>
+
 #include "core/problem.hpp"
 #include "simdattn/attention.hpp"
 
 namespace simdattn::detail {
+
+// Byte span [lo, hi) a view touches; {0, 0} for an empty view.
+struct Span {
+  std::uintptr_t lo = 0, hi = 0;
+  bool empty() const { return lo == hi; }
+};
+
+// The bytes a view of these sizes and element strides touches. Throws Error(name) for a negative
+// size or stride, a null pointer under a non-empty shape, or an overflow.
+Span byte_span(const std::string& name, const void* data, DType dtype, const Shape4& shape, const Shape4& strides);
+inline Span byte_span(const std::string& name, const ConstTensorView& v) {
+  return byte_span(name, v.data, v.dtype, v.shape, v.strides);
+}
+// A sufficient condition for an output view to have no two elements at one address: ordered
+// by stride, each dimension's stride exceeds the extent of all smaller ones. Throws Error(name).
+void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides);
+bool overlaps(const Span& a, const Span& b);
+// `values` holds `want` finite floats (name: what they are, one per `per`) clear of the output
+// span `so`. Throws Error(name), or Error("out") on an overlap.
+void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
+                    const Span& so);
 
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a

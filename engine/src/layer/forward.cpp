@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "layer/cache/kv_cache.hpp"
+#include "layer/cache/kv_pool.hpp"
 #include "layer/call_options.hpp"
 #include "layer/positions/positions.hpp"
 #include "layer/projection.hpp"
@@ -26,6 +27,7 @@ struct Segment {
   std::int64_t B = 0, S = 0;
   std::span<const std::int64_t> positions;
   const CacheRef* cache = nullptr;  // K and V appended to it and attended from it
+  PoolWrite* pool_write = nullptr;  // or to the call's pool (one sequence, B = 1)
 };
 
 // What a forward gives the pipeline.
@@ -43,6 +45,10 @@ struct ForwardCall {
   // Several steps: their attention cores side by side, one thread each (on onednn, oneDNN's
   // own threads: one step at a time).
   bool steps_side_by_side = false;
+  // A batch of pool steps: K and V appended to the pool's blocks and every step's attention
+  // core one attention_paged call (balanced over the threads by the work of each).
+  PoolState* pool = nullptr;
+  std::span<const PoolWrite> pool_writes;
   WeightsOut weights;
 };
 
@@ -137,16 +143,20 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
   T* o = nullptr;
   const Projected<T> pr = project_inputs(layer, call, x, M, o, opt);
   // a cached step without tokens adds nothing and attends to nothing
-  auto active = [](const Segment<T>& s) { return s.cache == nullptr || s.S > 0; };
+  auto active = [](const Segment<T>& s) { return (s.cache == nullptr && s.pool_write == nullptr) || s.S > 0; };
   for (std::size_t i = 0; i < segs.size() && call.positions; ++i) {
     const Segment<T>& s = segs[i];
     if (!active(s)) continue;
     T* rows = pr.q + row0[i] * pr.ldq;
-    position_qk(layer, rows, pr.ldq, layer.k0, s.B, s.S, s.positions,
-                s.cache != nullptr ? s.cache->lengths.data() : nullptr, opt.threads);
+    const std::int64_t* start = s.cache != nullptr ? s.cache->lengths.data() : nullptr;
+    if (s.pool_write != nullptr) start = &s.pool_write->start;
+    position_qk(layer, rows, pr.ldq, layer.k0, s.B, s.S, s.positions, start, opt.threads);
     if (s.cache != nullptr) append_kv(layer, rows, pr.ldq, s.B, s.S, *s.cache);  // K appended rotated
+    if (s.pool_write != nullptr) append_pool_kv(layer, rows, pr.ldq, *call.pool, *s.pool_write);
   }
-  if (!call.steps_side_by_side || opt.backend == Backend::onednn) {
+  if (call.pool != nullptr) {
+    pool_attention(layer, pr.q, pr.ldq, *call.pool, call.pool_writes, o, call.attention);
+  } else if (!call.steps_side_by_side || opt.backend == Backend::onednn) {
     for (std::size_t i = 0; i < segs.size(); ++i)
       if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, call.attention);
   } else {
@@ -167,6 +177,7 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
     // spans from lengths() stay valid
     if (s.cache != nullptr) std::copy(s.cache->next.begin(), s.cache->next.end(), s.cache->lengths.begin());
   }
+  if (call.pool != nullptr) commit_pool_writes(*call.pool, call.pool_writes);
 }
 
 // Error e of step i, its argument prefixed with "steps[i]."
@@ -289,13 +300,66 @@ void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> s
   run(layer, call, opt);
 }
 
+template <class T>
+void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
+                  const MhaOptions& opt) {
+  const MhaConfig& c = layer.cfg;
+  if (!layer.fused_qkv) throw Error("pool", "a pool holds self-attention's keys: it needs kdim == vdim == d_model");
+  if (pool.kv_heads != c.kv_heads || pool.head_dim != c.head_dim)
+    throw Error("pool", "was made for another layer (kv_heads " + std::to_string(pool.kv_heads) + ", head_dim " +
+                            std::to_string(pool.head_dim) + "; this layer has " + std::to_string(c.kv_heads) + " and " +
+                            std::to_string(c.head_dim) + ")");
+  if (!c.t5_table.empty()) throw Error("pool", "T5's relative position bias is not supported over a pool");
+  if (opt.causal == Causal::top_left)
+    throw Error("options.causal", "a pool step attends with bottom-right alignment (use none or bottom_right)");
+  if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
+    throw Error("options", "masks are not supported over a pool (truncate the sequence instead)");
+  if (!opt.positions.empty()) throw Error("options.positions", "forward_pool takes positions per step (PoolStep::positions)");
+  if (opt.attn_weights.data != nullptr) throw Error("options.attn_weights", "forward_pool does not output attention weights");
+  if (opt.backend == Backend::onednn)
+    throw Error("options.backend", "forward_pool runs on the native and reference backends (oneDNN has no paged attention)");
+  std::vector<PoolWrite> writes(steps.size());
+  std::vector<Segment<T>> segments(steps.size());
+  std::int64_t M = 0;
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    const PoolStep& s = steps[i];
+    try {
+      check_seq("query", s.query, dtype_of<T>(), 1, c.d_model);
+      check_rows("query", s.query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
+      check_out(s.out, dtype_of<T>(), 1, s.query.S, c.d_model);
+      if (c.rope || !c.q_norm.empty()) check_positions(s.positions, 1, s.query.S);
+    } catch (const Error& e) {
+      throw step_error(i, e);
+    }
+    writes[i] = {s.sequence, layer_index, 0, s.query.S};
+    M += s.query.S;
+  }
+  check_pool_writes(pool, writes);  // sets each write's start; Error("pool") when too few blocks are free
+  if (M == 0) return;
+  prepare_pool_writes(pool, writes);
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    segments[i] = {static_cast<const T*>(steps[i].query.data), static_cast<T*>(steps[i].out.data), 1, steps[i].query.S,
+                   steps[i].positions, nullptr, &writes[i]};
+  ForwardCall<T> call;
+  add_config_options(c, call.attention);
+  call.attention.threads = opt.threads;
+  call.attention.backend = opt.backend;
+  call.positions = true;
+  call.pool = &pool;
+  call.pool_writes = writes;
+  call.segments = segments;
+  run(layer, call, opt);
+}
+
 #define SIMDATTN_FORWARDS(T)                                                                                       \
   template void self_forward(const LayerStorage<T>&, const ConstSeqView&, const SeqView&, const MhaOptions&);      \
   template void cross_forward(const LayerStorage<T>&, const ConstSeqView&, const ConstSeqView&, const ConstSeqView&, \
                               const SeqView&, const MhaOptions&);                                                  \
   template void cached_forward(const LayerStorage<T>&, const ConstSeqView&, const CacheRef&, const SeqView&,        \
                                const MhaOptions&);                                                                 \
-  template void batched_forward(const LayerStorage<T>&, std::span<const DecodeStep>, const MhaOptions&);
+  template void batched_forward(const LayerStorage<T>&, std::span<const DecodeStep>, const MhaOptions&);            \
+  template void pool_forward(const LayerStorage<T>&, std::span<const PoolStep>, PoolState&, std::int64_t,         \
+                             const MhaOptions&);
 SIMDATTN_FORWARDS(float)
 SIMDATTN_FORWARDS(double)
 SIMDATTN_FORWARDS(bfloat16)

@@ -10,6 +10,7 @@
 #include <span>
 
 #include "layer/cache/kv_cache.hpp"
+#include "layer/cache/kv_pool.hpp"
 #include "layer/storage.hpp"
 #include "simdattn/mha.hpp"
 
@@ -29,5 +30,11 @@ void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, con
 // Every step is checked first (nothing changes if one is bad: Error naming "steps[i].<argument>").
 template <class T>
 void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> steps, const MhaOptions& opt);
+
+// Steps over a pool: each checked first (Error naming "steps[i].<argument>", or "pool" when too
+// few blocks are free), then the blocks taken, then one pipeline.
+template <class T>
+void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
+                  const MhaOptions& opt);
 
 }  // namespace simdattn::detail

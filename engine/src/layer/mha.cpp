@@ -9,6 +9,7 @@
 #include <variant>
 
 #include "layer/cache/kv_cache.hpp"
+#include "layer/cache/kv_pool.hpp"
 #include "layer/forward.hpp"
 #include "layer/storage.hpp"
 #include "runtime/team.hpp"
@@ -74,6 +75,13 @@ void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, cons
 
 void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
   in_call(storage_->layer, options, [&](const auto& layer) { detail::batched_forward(layer, steps, options); });
+}
+
+void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer,
+                                      const MhaOptions& options) const {
+  detail::PoolState& state = detail::PoolAccess::state(pool);
+  in_call(storage_->layer, options,
+          [&](const auto& built) { detail::pool_forward(built, steps, state, layer, options); });
 }
 
 void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {

@@ -1,0 +1,100 @@
+// A paged KV cache shared by many sequences (docs/serving.md, "The KV pool").
+//
+// The pool holds the keys and values of `layers` attention layers in `num_blocks` blocks of
+// `block_size` tokens each, allocated once. A sequence is a handle with a list of blocks (its
+// block table): token t of the sequence lies in its block t / block_size, slot t % block_size, in
+// every layer. A block holds, per layer, K then V, each [kv_heads, block_size, head_dim] (each kv
+// head's rows of the block are one contiguous run, the rows a decode step streams; keys(layer)
+// and values(layer) view them as attention_paged() reads caches, [num_blocks, block_size,
+// kv_heads, head_dim] with these strides).
+//
+// Sequences grow through MultiHeadAttention::forward_pool (which appends the K/V of the step's
+// tokens at layer `layer` and attends over them), one block at a time as they need them. fork()
+// makes a sequence that shares every block of its parent: blocks are reference-counted, and a
+// sequence about to write into a block it shares (the partly filled last block after a fork, or
+// any block after truncate) first copies that block to a free one (copy-on-write), so a write
+// to one sequence never changes another. release() returns a sequence's blocks whose count drops
+// to zero. Every call that needs blocks checks that enough are free before anything changes:
+// running out is Error("pool", ...).
+//
+// A pool belongs to one caller at a time (a DecodeScheduler serializes its own).
+#pragma once
+
+#include "simdattn/export.hpp"
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+class MultiHeadAttention;
+namespace detail {
+struct PoolAccess;
+}
+
+// The default block size: 32 tokens. A kv head's block of 32 keys of head_dim 128 is 8 KiB in
+// bf16 (16 KiB in f32), long enough that the per-block calls of a decode step cost little next
+// to streaming it, and two 16-row AMX tiles of keys; the unused tail of each sequence's last
+// block averages 16 tokens (under 1% of a 2000-token sequence).
+inline constexpr std::int64_t kDefaultBlockSize = 32;
+
+class SIMDATTN_API KvPool {
+ public:
+  using Sequence = std::int64_t;
+
+  // A pool for layers of `layer`'s kv_heads and head_dim, in the layer's dtype (f32, bf16 or
+  // f16) or `dtype`. Throws Error naming the argument: num_blocks and block_size >= 1, layers >=
+  // 1, a dtype of f32, bf16 or f16, and a size that fits in memory (std::bad_alloc otherwise).
+  KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size = kDefaultBlockSize,
+         std::int64_t layers = 1);
+  KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
+         DType dtype);
+  KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_blocks, std::int64_t block_size,
+         std::int64_t layers, DType dtype);
+  ~KvPool();
+  KvPool(KvPool&&) noexcept;
+  KvPool& operator=(KvPool&&) noexcept;
+
+  // A new, empty sequence.
+  Sequence add();
+  // A new sequence holding every token of `parent` (sharing its blocks).
+  Sequence fork(Sequence parent);
+  // Keeps the first `length` tokens of every layer (0 <= length <= length(s)); blocks past them
+  // are given back.
+  void truncate(Sequence s, std::int64_t length);
+  // Ends the sequence; its handle is invalid afterwards (and may be reused by add or fork).
+  void release(Sequence s);
+
+  // The tokens sequence s holds in layer `layer` (its layers grow one forward_pool at a time),
+  // and in its longest layer.
+  std::int64_t length(Sequence s, std::int64_t layer) const;
+  std::int64_t length(Sequence s) const;
+  // s's blocks, in token order (valid until the next call that changes the pool).
+  std::span<const std::int32_t> block_table(Sequence s) const;
+  bool contains(Sequence s) const noexcept;
+  std::int64_t sequences() const noexcept;  // live sequences
+
+  std::int64_t num_blocks() const noexcept;
+  std::int64_t free_blocks() const noexcept;
+  std::int64_t block_size() const noexcept;
+  std::int64_t layers() const noexcept;
+  std::int64_t kv_heads() const noexcept;
+  std::int64_t head_dim() const noexcept;
+  DType dtype() const noexcept;
+  std::int64_t bytes() const noexcept;  // the blocks' storage
+
+  // Layer `layer`'s keys and values as [num_blocks, block_size, kv_heads, head_dim] views
+  // (strides {block, head_dim, block_size * head_dim, 1} elements), for attention_paged().
+  ConstTensorView keys(std::int64_t layer) const;
+  ConstTensorView values(std::int64_t layer) const;
+
+ private:
+  friend struct detail::PoolAccess;
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace simdattn

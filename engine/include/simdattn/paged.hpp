@@ -1,0 +1,75 @@
+// Attention of many sequences in one call over keys and values kept in fixed-size blocks (a
+// paged KV cache), with FlashAttention's conventions (flash_attn_with_kvcache's block_table,
+// flash_attn_varlen_func's cu_seqlens):
+//
+//   q        [1, total_q, H, D]    the new query tokens of every sequence, sequence by sequence
+//   k_cache  [num_blocks, block_size, Hkv, D ]   any strides (FlashAttention's layout when
+//   v_cache  [num_blocks, block_size, Hkv, Dv]   contiguous; a KvPool's view is head-major)
+//   out      [1, total_q, H, Dv]
+// f32, bf16 or f16, all the same dtype. H % Hkv == 0; query head h reads kv head h / (H / Hkv).
+//
+// Sequence i has seq_lens[i] keys, its new tokens counted (they are already in the cache): its
+// key t sits in block block_table[i, t / block_size], slot t % block_size. Its query tokens are
+// q[query_start[i] : query_start[i + 1]] (query_start empty: one token per sequence, a decode
+// step), query j at key position p = seq_lens[i] - (query_start[i + 1] - query_start[i]) + j.
+// Visibility and the score modifiers are attention()'s for a batch of one with that alignment:
+// causal bottom_right (the default) shows keys <= p, none every key; a window shows p - left ..
+// p + right; softcap, ALiBi slopes [H], sinks [H] and the scale as in attention.hpp. A query row
+// with no visible key writes zeros.
+//
+// The native backend splits the work into (sequence, kv head, query block, key split) items
+// spread over the threads by their cost, so short sequences do not wait for a long one: the keys
+// of a sequence's step of at most kPagedSplitMaxQueries tokens are split into runs of
+// kPagedSplitKeys keys whose partial results merge by their log-sum-exp in key order. The split
+// depends on the shapes only: the output is bitwise identical at any thread count.
+#pragma once
+
+#include "simdattn/export.hpp"
+
+#include <cstdint>
+#include <optional>
+#include <span>
+
+#include "simdattn/attention.hpp"
+#include "simdattn/tensor.hpp"
+
+namespace simdattn {
+
+// Sequence i's row of block indices: data[i * row_stride + c], c < cols. Only the first
+// ceil(seq_lens[i] / block_size) entries of a row are read; each must be in [0, num_blocks).
+struct BlockTable {
+  const std::int32_t* data = nullptr;
+  std::int64_t rows = 0;        // N, the number of sequences
+  std::int64_t cols = 0;        // max_blocks
+  std::int64_t row_stride = 0;  // elements from one row to the next (0: cols)
+};
+
+// The key splits of the native backend (see the top of this file).
+inline constexpr std::int64_t kPagedSplitKeys = 512;
+inline constexpr std::int64_t kPagedSplitMaxQueries = 16;
+
+struct PagedAttentionOptions {
+  // [N + 1] increasing offsets into q's tokens, query_start[0] = 0, query_start[N] = total_q
+  // (FlashAttention's cu_seqlens_q). Empty: one token per sequence (total_q = N).
+  std::span<const std::int64_t> query_start = {};
+  Causal causal = Causal::bottom_right;  // bottom_right or none
+  std::optional<double> scale = {};      // default 1/sqrt(D); finite
+  std::optional<Window> window = {};
+  std::optional<double> softcap = {};    // > 0, finite
+  std::span<const float> alibi_slopes = {};  // [H], finite
+  std::span<const float> sinks = {};         // [H], finite
+  int threads = 0;                           // as AttentionOptions::threads
+  Backend backend = Backend::native;         // native or reference
+};
+
+// Computes the attention of every sequence's new tokens into `out`. Thread-safe. Throws Error
+// naming the argument ("q", "k_cache", "v_cache", "block_table", "seq_lens", "out",
+// "options.query_start", "options.<option>") before anything is written: a block index out of
+// range, a table row too short for its sequence, query_start not increasing from 0 to total_q,
+// more query tokens than keys, mismatched dtypes or shapes, out overlapping an input.
+SIMDATTN_API void attention_paged(const ConstTensorView& q, const ConstTensorView& k_cache,
+                                  const ConstTensorView& v_cache, const BlockTable& block_table,
+                                  std::span<const std::int64_t> seq_lens, const TensorView& out,
+                                  const PagedAttentionOptions& options = {});
+
+}  // namespace simdattn

@@ -1,0 +1,51 @@
+// The validated form of one attention_paged() call (simdattn/paged.hpp) and its two backends.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "simdattn/paged.hpp"
+
+namespace simdattn::detail {
+
+struct PagedProblem {
+  DType dtype = DType::f32;
+  std::int64_t N = 0, H = 0, Hkv = 0, D = 0, Dv = 0, total_q = 0;
+  std::int64_t num_blocks = 0, block_size = 0;
+  // Element strides: q and out over [1, total_q, H, D], the caches over [num_blocks,
+  // block_size, Hkv, D].
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  Shape4 q_strides{}, k_strides{}, v_strides{}, o_strides{};
+  const std::int32_t* table = nullptr;
+  std::int64_t table_stride = 0;
+  const std::int64_t* seq_lens = nullptr;
+  std::vector<std::int64_t> query_start;  // [N + 1], filled in for decode steps too
+  Causal causal = Causal::bottom_right;
+  bool has_window = false;
+  std::int64_t window_left = -1, window_right = -1;
+  double scale = 1.0, softcap = 0.0;
+  const float* alibi = nullptr;
+  const float* sinks = nullptr;
+  int threads = 0;
+
+  std::int64_t query_len(std::int64_t i) const { return query_start[i + 1] - query_start[i]; }
+  // Block index of sequence i's key t.
+  std::int64_t block_of(std::int64_t i, std::int64_t t) const { return table[i * table_stride + t / block_size]; }
+  // Sequence i as a batch of one for the position rule and the score modifiers (no data).
+  Problem sequence(std::int64_t i) const;
+};
+
+// Validates the arguments and builds the problem. Throws Error.
+PagedProblem make_paged_problem(const ConstTensorView& q, const ConstTensorView& k_cache, const ConstTensorView& v_cache,
+                                const BlockTable& block_table, std::span<const std::int64_t> seq_lens,
+                                const TensorView& out, const PagedAttentionOptions& options);
+
+// Each sequence's keys gathered into dense views, through attention()'s reference backend.
+void paged_reference(const PagedProblem& p);
+void paged_native(const PagedProblem& p);
+
+}  // namespace simdattn::detail

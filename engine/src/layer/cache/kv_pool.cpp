@@ -1,0 +1,334 @@
+// The KV pool: the public KvPool, and the layer's access to it (kv_pool.hpp).
+#include "layer/cache/kv_pool.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "attention/paged/paged.hpp"
+#include "linalg/convert.hpp"
+#include "runtime/workspace.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn {
+
+struct KvPool::State {
+  detail::PoolState s;
+};
+
+namespace detail {
+
+namespace scratch {
+struct PoolQ : ScratchSlot {};  // a pool of another dtype: q and the output in the pool's dtype
+struct PoolOut : ScratchSlot {};
+}  // namespace scratch
+
+namespace {
+
+std::string num(std::int64_t x) { return std::to_string(x); }
+
+std::int64_t blocks_for(const PoolState& pool, std::int64_t tokens) {
+  return (tokens + pool.block_size - 1) / pool.block_size;
+}
+
+// The blocks of seq's table that a write of tokens [start, start + tokens) touches.
+std::pair<std::int64_t, std::int64_t> touched(const PoolState& pool, const PoolWrite& w) {
+  return {w.start / pool.block_size, blocks_for(pool, w.start + w.tokens)};
+}
+
+}  // namespace
+
+PoolState& PoolAccess::state(KvPool& pool) { return pool.state_->s; }
+
+ConstTensorView PoolState::view(std::int64_t layer, int kv) const {
+  return ConstTensorView(data.data() + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
+                         {num_blocks, block_size, kv_heads, head_dim},
+                         {block_elems, head_dim, block_size * head_dim, 1});
+}
+
+const PoolState::Sequence& PoolState::at(KvPool::Sequence s, const char* argument) const {
+  if (s < 0 || s >= static_cast<KvPool::Sequence>(sequences.size()) || !sequences[static_cast<std::size_t>(s)].live)
+    throw Error(argument, "sequence " + num(s) + " is not in the pool (never added, or released)");
+  return sequences[static_cast<std::size_t>(s)];
+}
+
+PoolState::Sequence& PoolState::at(KvPool::Sequence s, const char* argument) {
+  return const_cast<Sequence&>(static_cast<const PoolState&>(*this).at(s, argument));
+}
+
+void check_pool_writes(const PoolState& pool, std::span<PoolWrite> writes) {
+  std::map<std::int32_t, std::int32_t> refs;  // the shared blocks' counts as the writes before leave them
+  std::int64_t need = 0;
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    PoolWrite& w = writes[i];
+    const std::string arg = "steps[" + std::to_string(i) + "].sequence";
+    const PoolState::Sequence& s = pool.at(w.seq, arg.c_str());
+    for (std::size_t j = 0; j < i; ++j)
+      if (writes[j].seq == w.seq)
+        throw Error(arg, "sequence " + num(w.seq) + " is the sequence of steps[" + std::to_string(j) +
+                             "] too: a batch takes one step per sequence");
+    if (w.layer < 0 || w.layer >= pool.layers)
+      throw Error("layer", "expected 0 <= layer < " + num(pool.layers) + " (the pool's layers), got " + num(w.layer));
+    w.start = s.lengths[static_cast<std::size_t>(w.layer)];
+    if (w.tokens == 0) continue;
+    const auto [b0, b1] = touched(pool, w);
+    const auto have = static_cast<std::int64_t>(s.blocks.size());
+    need += std::max<std::int64_t>(0, b1 - have);
+    for (std::int64_t b = b0; b < std::min(b1, have); ++b) {
+      const std::int32_t blk = s.blocks[static_cast<std::size_t>(b)];
+      auto [it, fresh] = refs.try_emplace(blk, pool.refs[static_cast<std::size_t>(blk)]);
+      if (it->second > 1) ++need, --it->second;  // copied: one holder fewer
+    }
+  }
+  if (need > static_cast<std::int64_t>(pool.free_blocks.size()))
+    throw Error("pool", "the batch needs " + num(need) + " free blocks (new ones and copies of shared ones), " +
+                            num(static_cast<std::int64_t>(pool.free_blocks.size())) + " of the pool's " +
+                            num(pool.num_blocks) + " are free");
+}
+
+void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
+  const std::size_t block_bytes = static_cast<std::size_t>(pool.block_elems) * pool.esize();
+  for (const PoolWrite& w : writes) {
+    if (w.tokens == 0) continue;
+    PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
+    const auto [b0, b1] = touched(pool, w);
+    for (std::int64_t b = b0; b < b1; ++b) {
+      if (b < static_cast<std::int64_t>(s.blocks.size())) {
+        std::int32_t& blk = s.blocks[static_cast<std::size_t>(b)];
+        if (pool.refs[static_cast<std::size_t>(blk)] == 1) continue;
+        const std::int32_t copy = pool.free_blocks.back();  // copy-on-write
+        pool.free_blocks.pop_back();
+        std::memcpy(pool.data.data() + static_cast<std::size_t>(copy) * block_bytes,
+                    pool.data.data() + static_cast<std::size_t>(blk) * block_bytes, block_bytes);
+        --pool.refs[static_cast<std::size_t>(blk)];
+        pool.refs[static_cast<std::size_t>(copy)] = 1;
+        blk = copy;
+      } else {
+        const std::int32_t blk = pool.free_blocks.back();
+        pool.free_blocks.pop_back();
+        pool.refs[static_cast<std::size_t>(blk)] = 1;
+        s.blocks.push_back(blk);
+      }
+    }
+  }
+}
+
+void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
+  for (const PoolWrite& w : writes)
+    pool.sequences[static_cast<std::size_t>(w.seq)].lengths[static_cast<std::size_t>(w.layer)] = w.start + w.tokens;
+}
+
+template <class T>
+void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, PoolState& pool, const PoolWrite& w) {
+  const std::int64_t hd = layer.cfg.head_dim;
+  const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
+  for (std::int64_t t = 0; t < w.tokens; ++t) {
+    const std::int64_t pos = w.start + t, slot = pos % pool.block_size;
+    const std::int32_t blk = s.blocks[static_cast<std::size_t>(pos / pool.block_size)];
+    for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk) {
+      const T* src = p + t * N + hk * hd;
+      convert_elements(src + layer.k0, dtype_of<T>(), pool.row(blk, w.layer, 0, hk, slot), pool.dtype, hd);
+      convert_elements(src + layer.v0, dtype_of<T>(), pool.row(blk, w.layer, 1, hk, slot), pool.dtype, hd);
+    }
+  }
+}
+
+template <class T>
+void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool,
+                    std::span<const PoolWrite> writes, T* o, const AttentionOptions& a) {
+  const std::int64_t H = layer.cfg.heads, hd = layer.cfg.head_dim, nq = layer.nq;
+  thread_local std::vector<std::int32_t> table;
+  thread_local std::vector<std::int64_t> lens, starts;
+  std::int64_t max_blocks = 1, M = 0;
+  for (const PoolWrite& w : writes) max_blocks = std::max(max_blocks, blocks_for(pool, w.start + w.tokens));
+  table.assign(writes.size() * static_cast<std::size_t>(max_blocks), 0);
+  lens.clear(), starts.assign(1, 0);
+  for (std::size_t i = 0; i < writes.size(); ++i) {
+    const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(writes[i].seq)];
+    const std::int64_t L = writes[i].start + writes[i].tokens;
+    std::copy_n(s.blocks.begin(), blocks_for(pool, L), table.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
+    lens.push_back(L);
+    M += writes[i].tokens;
+    starts.push_back(M);
+  }
+  PagedAttentionOptions po;
+  po.query_start = starts;
+  po.scale = a.scale, po.window = a.window, po.softcap = a.softcap;
+  po.alibi_slopes = a.alibi_slopes, po.sinks = a.sinks, po.threads = a.threads;
+  po.backend = a.backend == Backend::reference ? Backend::reference : Backend::native;
+  const BlockTable bt{table.data(), static_cast<std::int64_t>(writes.size()), max_blocks, max_blocks};
+  const int layer_index = static_cast<int>(writes.empty() ? 0 : writes[0].layer);
+  const ConstTensorView kc = pool.view(layer_index, 0), vc = pool.view(layer_index, 1);
+  const DType cd = pool.dtype;
+  auto run = [&](const ConstTensorView& q, const TensorView& out) {
+    const PagedProblem pp = make_paged_problem(q, kc, vc, bt, lens, out, po);
+    if (po.backend == Backend::reference) paged_reference(pp);
+    else paged_native(pp);
+  };
+  if (cd == dtype_of<T>()) {
+    run(ConstTensorView(p, {1, M, H, hd}, {M * N, N, hd, 1}), TensorView(o, {1, M, H, hd}, {M * nq, nq, hd, 1}));
+    return;
+  }
+  // A pool of another dtype: the core runs in the pool's, q converted to it and the output back
+  // (as a KvCache of another dtype).
+  const std::int64_t n = M * nq, esize = static_cast<std::int64_t>(dtype_size(cd));
+  std::byte* qc = thread_buffer<std::byte, scratch::PoolQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * esize)));
+  std::byte* oc = thread_buffer<std::byte, scratch::PoolOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * esize)));
+  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * nq * esize, cd, nq);
+  run(ConstTensorView(qc, cd, {1, M, H, hd}, {n, nq, hd, 1}), TensorView(oc, cd, {1, M, H, hd}, {n, nq, hd, 1}));
+  convert_elements(oc, cd, o, dtype_of<T>(), n);
+}
+
+#define SIMDATTN_POOL(T)                                                                                              \
+  template void append_pool_kv(const LayerStorage<T>&, const T*, std::int64_t, PoolState&, const PoolWrite&);      \
+  template void pool_attention(const LayerStorage<T>&, const T*, std::int64_t, const PoolState&,                    \
+                               std::span<const PoolWrite>, T*, const AttentionOptions&);
+SIMDATTN_POOL(float)
+SIMDATTN_POOL(double)
+SIMDATTN_POOL(bfloat16)
+SIMDATTN_POOL(float16)
+#undef SIMDATTN_POOL
+
+}  // namespace detail
+
+KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers)
+    : KvPool(layer, num_blocks, block_size, layers, layer.dtype()) {}
+
+KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
+               DType dtype)
+    : KvPool(layer.config().kv_heads, layer.config().head_dim, num_blocks, block_size, layers, dtype) {}
+
+KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_blocks, std::int64_t block_size,
+               std::int64_t layers, DType dtype)
+    : state_(std::make_unique<State>()) {
+  using detail::num;
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error("dtype", "a pool holds f32, bf16 or f16, got " + std::string(dtype_name(dtype)) +
+                             (dtype == DType::f64 ? " (give an f64 layer's pool dtype f32)" : ""));
+  if (kv_heads < 1) throw Error("kv_heads", "expected >= 1, got " + num(kv_heads));
+  if (head_dim < 1) throw Error("head_dim", "expected >= 1, got " + num(head_dim));
+  if (num_blocks < 1 || num_blocks > INT32_MAX)
+    throw Error("num_blocks", "expected 1 <= num_blocks <= 2^31 - 1, got " + num(num_blocks));
+  if (block_size < 1) throw Error("block_size", "expected >= 1, got " + num(block_size));
+  if (layers < 1) throw Error("layers", "expected >= 1, got " + num(layers));
+  detail::PoolState& s = state_->s;
+  s.dtype = dtype, s.num_blocks = num_blocks, s.block_size = block_size, s.layers = layers;
+  s.kv_heads = kv_heads, s.head_dim = head_dim;
+  std::int64_t elems = 0, total = 0;
+  if (__builtin_mul_overflow(layers * 2, kv_heads, &elems) || __builtin_mul_overflow(elems, block_size, &elems) ||
+      __builtin_mul_overflow(elems, head_dim, &elems) || __builtin_mul_overflow(elems, num_blocks, &total) ||
+      __builtin_mul_overflow(total, static_cast<std::int64_t>(dtype_size(dtype)), &total))
+    throw Error("num_blocks", num(num_blocks) + " blocks of " + num(block_size) + " tokens x " + num(layers) +
+                                  " layers x " + num(kv_heads) + " kv heads x " + num(head_dim) +
+                                  " overflow the size of a pool");
+  s.block_elems = elems;
+  s.data.resize(static_cast<std::size_t>(total));
+  s.refs.assign(static_cast<std::size_t>(num_blocks), 0);
+  s.free_blocks.resize(static_cast<std::size_t>(num_blocks));
+  for (std::int64_t b = 0; b < num_blocks; ++b)  // block 0 handed out first
+    s.free_blocks[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(num_blocks - 1 - b);
+}
+
+KvPool::~KvPool() = default;
+KvPool::KvPool(KvPool&&) noexcept = default;
+KvPool& KvPool::operator=(KvPool&&) noexcept = default;
+
+KvPool::Sequence KvPool::add() {
+  detail::PoolState& s = state_->s;
+  Sequence h = 0;
+  if (!s.free_handles.empty()) {
+    h = s.free_handles.back();
+    s.free_handles.pop_back();
+  } else {
+    s.sequences.emplace_back();
+    h = static_cast<Sequence>(s.sequences.size()) - 1;
+  }
+  detail::PoolState::Sequence& q = s.sequences[static_cast<std::size_t>(h)];
+  q.live = true;
+  q.blocks.clear();
+  q.lengths.assign(static_cast<std::size_t>(s.layers), 0);
+  return h;
+}
+
+KvPool::Sequence KvPool::fork(Sequence parent) {
+  detail::PoolState& s = state_->s;
+  s.at(parent, "parent");
+  const Sequence child = add();  // may move the sequences: look the parent up again
+  detail::PoolState::Sequence& p = s.sequences[static_cast<std::size_t>(parent)];
+  detail::PoolState::Sequence& c = s.sequences[static_cast<std::size_t>(child)];
+  c.blocks = p.blocks;
+  c.lengths = p.lengths;
+  for (std::int32_t b : c.blocks) ++s.refs[static_cast<std::size_t>(b)];
+  return child;
+}
+
+void KvPool::truncate(Sequence seq, std::int64_t length) {
+  detail::PoolState& s = state_->s;
+  detail::PoolState::Sequence& q = s.at(seq, "sequence");
+  const std::int64_t cur = *std::max_element(q.lengths.begin(), q.lengths.end());
+  if (length < 0 || length > cur)
+    throw Error("length", "expected 0 <= length <= " + detail::num(cur) + " (the sequence's length), got " +
+                              detail::num(length));
+  for (std::int64_t& l : q.lengths) l = std::min(l, length);
+  const auto keep = static_cast<std::size_t>(detail::blocks_for(s, length));
+  for (std::size_t b = keep; b < q.blocks.size(); ++b)
+    if (--s.refs[static_cast<std::size_t>(q.blocks[b])] == 0) s.free_blocks.push_back(q.blocks[b]);
+  q.blocks.resize(std::min(keep, q.blocks.size()));
+}
+
+void KvPool::release(Sequence seq) {
+  detail::PoolState& s = state_->s;
+  detail::PoolState::Sequence& q = s.at(seq, "sequence");
+  for (auto b = q.blocks.rbegin(); b != q.blocks.rend(); ++b)  // the first block handed out again first
+    if (--s.refs[static_cast<std::size_t>(*b)] == 0) s.free_blocks.push_back(*b);
+  q.blocks.clear();
+  q.live = false;
+  s.free_handles.push_back(seq);
+}
+
+std::int64_t KvPool::length(Sequence seq, std::int64_t layer) const {
+  const detail::PoolState::Sequence& q = state_->s.at(seq, "sequence");
+  if (layer < 0 || layer >= state_->s.layers)
+    throw Error("layer", "expected 0 <= layer < " + detail::num(state_->s.layers) + ", got " + detail::num(layer));
+  return q.lengths[static_cast<std::size_t>(layer)];
+}
+
+std::int64_t KvPool::length(Sequence seq) const {
+  const detail::PoolState::Sequence& q = state_->s.at(seq, "sequence");
+  return *std::max_element(q.lengths.begin(), q.lengths.end());
+}
+
+std::span<const std::int32_t> KvPool::block_table(Sequence seq) const { return state_->s.at(seq, "sequence").blocks; }
+
+bool KvPool::contains(Sequence seq) const noexcept {
+  const auto& v = state_->s.sequences;
+  return seq >= 0 && seq < static_cast<Sequence>(v.size()) && v[static_cast<std::size_t>(seq)].live;
+}
+
+std::int64_t KvPool::sequences() const noexcept {
+  return static_cast<std::int64_t>(state_->s.sequences.size() - state_->s.free_handles.size());
+}
+std::int64_t KvPool::num_blocks() const noexcept { return state_->s.num_blocks; }
+std::int64_t KvPool::free_blocks() const noexcept { return static_cast<std::int64_t>(state_->s.free_blocks.size()); }
+std::int64_t KvPool::block_size() const noexcept { return state_->s.block_size; }
+std::int64_t KvPool::layers() const noexcept { return state_->s.layers; }
+std::int64_t KvPool::kv_heads() const noexcept { return state_->s.kv_heads; }
+std::int64_t KvPool::head_dim() const noexcept { return state_->s.head_dim; }
+DType KvPool::dtype() const noexcept { return state_->s.dtype; }
+std::int64_t KvPool::bytes() const noexcept { return static_cast<std::int64_t>(state_->s.data.size()); }
+
+ConstTensorView KvPool::keys(std::int64_t layer) const {
+  if (layer < 0 || layer >= state_->s.layers)
+    throw Error("layer", "expected 0 <= layer < " + detail::num(state_->s.layers) + ", got " + detail::num(layer));
+  return state_->s.view(layer, 0);
+}
+
+ConstTensorView KvPool::values(std::int64_t layer) const {
+  if (layer < 0 || layer >= state_->s.layers)
+    throw Error("layer", "expected 0 <= layer < " + detail::num(state_->s.layers) + ", got " + detail::num(layer));
+  return state_->s.view(layer, 1);
+}
+
+}  // namespace simdattn

@@ -1,0 +1,82 @@
+// The KV pool as the layer reads and writes it (the public KvPool: simdattn/kv_pool.hpp, defined
+// in kv_pool.cpp): its blocks and sequences, the checks and block allocation of a batch of
+// writes, the K/V rows of a step appended into the blocks, and the one attention_paged call over
+// every step of a batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "layer/storage.hpp"
+#include "simdattn/attention.hpp"
+#include "simdattn/kv_pool.hpp"
+
+namespace simdattn::detail {
+
+struct PoolState {
+  DType dtype = DType::f32;
+  std::int64_t num_blocks = 0, block_size = 0, layers = 0, kv_heads = 0, head_dim = 0;
+  // Elements of one block: per layer K then V, each [kv_heads, block_size, head_dim].
+  std::int64_t block_elems = 0;
+  std::vector<std::byte> data;
+  std::vector<std::int32_t> refs;         // per block: the sequences holding it
+  std::vector<std::int32_t> free_blocks;  // a stack: the next block to hand out is at the back
+  struct Sequence {
+    bool live = false;
+    std::vector<std::int32_t> blocks;
+    std::vector<std::int64_t> lengths;  // per layer
+  };
+  std::vector<Sequence> sequences;
+  std::vector<KvPool::Sequence> free_handles;
+
+  std::size_t esize() const { return dtype_size(dtype); }
+  // Element offset of (layer, K or V, kv head hk, slot) in a block.
+  std::int64_t offset(std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) const {
+    return ((layer * 2 + kv) * kv_heads + hk) * block_size * head_dim + slot * head_dim;
+  }
+  std::byte* row(std::int32_t block, std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) {
+    return data.data() + static_cast<std::size_t>(block * block_elems + offset(layer, kv, hk, slot)) * esize();
+  }
+  ConstTensorView view(std::int64_t layer, int kv) const;
+  // The live sequence s, or Error(argument) naming it.
+  Sequence& at(KvPool::Sequence s, const char* argument);
+  const Sequence& at(KvPool::Sequence s, const char* argument) const;
+};
+
+struct PoolAccess {
+  static PoolState& state(KvPool& pool);
+};
+
+// One step's write into the pool: `tokens` new tokens of sequence `seq` at layer `layer`,
+// starting at that layer's length.
+struct PoolWrite {
+  KvPool::Sequence seq = -1;
+  std::int64_t layer = 0, start = 0, tokens = 0;
+};
+
+// Checks a batch of writes (each sequence live and in the batch once: Error naming
+// "steps[i].sequence"), sets each write's start, and counts the blocks they take: new blocks
+// past the sequences' tables and copies of shared blocks they write into. Throws Error("pool")
+// if fewer are free. Changes nothing.
+void check_pool_writes(const PoolState& pool, std::span<PoolWrite> writes);
+// Gives each write the blocks it needs (new ones, and private copies of shared blocks it writes
+// into). After check_pool_writes; never throws.
+void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
+// Every write's layer length advanced past its tokens.
+void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
+
+// Appends the rotated K and V of one step's projected rows p (tokens rows, N apart) at the
+// write's positions, converted to the pool's dtype.
+template <class T>
+void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, PoolState& pool, const PoolWrite& w);
+
+// The attention core of every write's step in one attention_paged call: q from the projected
+// rows p (the steps' rows one after another, N apart) over each sequence's keys at the write's
+// layer, bottom-right aligned, into o (rows of nq).
+template <class T>
+void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool,
+                    std::span<const PoolWrite> writes, T* o, const AttentionOptions& a);
+
+}  // namespace simdattn::detail
