@@ -172,4 +172,32 @@ inline py::dtype numpy_dtype(DType t) {
   return py::dtype("float32");
 }
 
+// A [B, S, E] sequence batch of the layer's dtype: the array itself when it already is one (C
+// order), else a copy (bf16 layers: float arrays rounded to bf16). `keep` holds any copy.
+struct SeqInput {
+  py::array array;
+  std::vector<bfloat16> bf16;
+  ConstSeqView view;
+};
+
+inline SeqInput seq_input(const py::array& a, DType t, const char* name) {
+  if (a.ndim() != 3) throw Error(name, "expected a 3-D array [B, S, E], got " + std::to_string(a.ndim()) + "-D");
+  SeqInput s;
+  const auto B = a.shape(0), S = a.shape(1), E = a.shape(2);
+  if (t == DType::bf16) {
+    const py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
+    s.bf16.resize(static_cast<std::size_t>(f.size()));
+    for (std::size_t i = 0; i < s.bf16.size(); ++i) s.bf16[i] = to_bfloat16(f.data()[i]);
+    s.view = ConstSeqView(s.bf16.data(), B, S, E);
+    return s;
+  }
+  if (dtype_of_array(a, name) != t)
+    throw Error(name, "expected the layer's dtype " + std::string(dtype_name(t)) + ", got " +
+                          std::string(dtype_name(dtype_of_array(a, name))));
+  s.array = py::array::ensure(a, py::array::c_style);
+  s.view.data = s.array.data(), s.view.dtype = t, s.view.B = B, s.view.S = S, s.view.E = E;
+  if (s.view.data == nullptr) s.view.data = &s;
+  return s;
+}
+
 }  // namespace simdattn::python

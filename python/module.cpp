@@ -45,4 +45,5 @@ PYBIND11_MODULE(simdattn, m) {
 
   python::bind_attention(m);
   python::bind_layer(m);
+  python::bind_paged(m);
 }

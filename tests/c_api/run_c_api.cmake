@@ -1,5 +1,5 @@
 # ctest driver for the C API: install the build tree into a scratch prefix, check the installed
-# shared library (SONAME, exported symbols), then build and run test_c_api.c twice against it:
+# shared library (SONAME, exported symbols), then build and run test_c_api.c and test_c_api_paged.c twice against it:
 #   (a) with `cc -std=c11 -Wall -Wextra -pedantic -Werror` and `pkg-config --cflags --libs simdattn`;
 #   (b) as the CMake project in SOURCE_DIR with find_package(simdattn) and simdattn::shared.
 # Usage: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... [-DCONFIG=Release] -P run_c_api.cmake
@@ -142,6 +142,9 @@ message(STATUS "pkg-config simdattn ${pc_version}: ${pc_flags}")
 run(${CC_EXE} -std=c11 -Wall -Wextra -pedantic -Werror -O1 -DSIMDATTN_EXPECTED_VERSION=${pc_version}
     ${SOURCE_DIR}/test_c_api.c -o ${WORK_DIR}/test_c_api_pkgconfig ${pc_flags} -lm)
 run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK_DIR}/test_c_api_pkgconfig)
+run(${CC_EXE} -std=c11 -Wall -Wextra -pedantic -Werror -O1 ${SOURCE_DIR}/test_c_api_paged.c
+    -o ${WORK_DIR}/test_c_api_paged_pkgconfig ${pc_flags} -lm)
+run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK_DIR}/test_c_api_paged_pkgconfig)
 
 # ---- (b) the CMake consumer: find_package(simdattn), simdattn::shared -----------------------
 run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/cmake-build -DCMAKE_BUILD_TYPE=${CONFIG}
@@ -153,3 +156,5 @@ if(NOT EXISTS ${exe} AND EXISTS ${WORK_DIR}/cmake-build/${CONFIG}/test_c_api)
 endif()
 # Its rpath, not the environment, finds the installed library.
 run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${exe})
+get_filename_component(exe_dir ${exe} DIRECTORY)
+run(${CMAKE_COMMAND} -E env --unset=LD_LIBRARY_PATH ${exe_dir}/test_c_api_paged)

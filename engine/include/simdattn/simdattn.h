@@ -345,6 +345,73 @@ SIMDATTN_C_API simdattn_status simdattn_kv_cache_truncate(simdattn_kv_cache* cac
 SIMDATTN_C_API simdattn_status simdattn_kv_cache_length(const simdattn_kv_cache* cache, int64_t sequence,
                                                         int64_t* length);
 
+/* ---- paged attention and the KV pool (simdattn/paged.hpp, simdattn/kv_pool.hpp) -------------- */
+
+/* PagedAttentionOptions. */
+typedef struct simdattn_paged_options {
+  size_t struct_size;
+  const int64_t* query_start; /* NULL (one token per sequence) or N + 1 offsets */
+  size_t query_start_count;
+  simdattn_causal causal; /* default SIMDATTN_CAUSAL_BOTTOM_RIGHT; or SIMDATTN_CAUSAL_NONE */
+  int has_scale;
+  double scale;
+  int has_window;
+  int64_t window_left, window_right;
+  int has_softcap;
+  double softcap;
+  const float* alibi_slopes; /* NULL or H slopes */
+  size_t alibi_slopes_count;
+  const float* sinks; /* NULL or H logits */
+  size_t sinks_count;
+  int threads;
+  simdattn_backend backend; /* native (default) or reference */
+} simdattn_paged_options;
+
+SIMDATTN_C_API void simdattn_paged_options_init(simdattn_paged_options* options);
+
+/* attention_paged: q [1, total_q, H, D], k_cache [num_blocks, block_size, Hkv, D], v_cache
+ * [num_blocks, block_size, Hkv, Dv], block_table [num_sequences, max_blocks] int32 row-major,
+ * seq_lens [num_sequences], out [1, total_q, H, Dv]. options may be NULL. */
+SIMDATTN_C_API simdattn_status simdattn_attention_paged(const simdattn_tensor* q, const simdattn_tensor* k_cache,
+                                                        const simdattn_tensor* v_cache, const int32_t* block_table,
+                                                        int64_t num_sequences, int64_t max_blocks,
+                                                        const int64_t* seq_lens, const simdattn_tensor* out,
+                                                        const simdattn_paged_options* options);
+
+typedef struct simdattn_kv_pool simdattn_kv_pool;
+
+/* A pool of num_blocks blocks of block_size tokens (0: kDefaultBlockSize) for `layers` layers like
+ * `layer`, in `dtype` (f32, bf16 or f16). */
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_create(const simdattn_mha* layer, int64_t num_blocks,
+                                                       int64_t block_size, int64_t layers, simdattn_dtype dtype,
+                                                       simdattn_kv_pool** pool);
+SIMDATTN_C_API void simdattn_kv_pool_free(simdattn_kv_pool* pool);
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_add(simdattn_kv_pool* pool, int64_t* sequence);
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_fork(simdattn_kv_pool* pool, int64_t parent, int64_t* sequence);
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_truncate(simdattn_kv_pool* pool, int64_t sequence, int64_t length);
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_release(simdattn_kv_pool* pool, int64_t sequence);
+/* The tokens of `sequence` in its longest layer. */
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_length(const simdattn_kv_pool* pool, int64_t sequence,
+                                                       int64_t* length);
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_free_blocks(const simdattn_kv_pool* pool, int64_t* free_blocks);
+
+/* PoolStep: query [1, T, d_model] of sequence `sequence`, out of the same shape. */
+typedef struct simdattn_pool_step {
+  size_t struct_size;
+  simdattn_seq query;
+  int64_t sequence;
+  simdattn_seq out;
+  const int64_t* positions; /* NULL or T positions */
+  size_t positions_count;
+} simdattn_pool_step;
+
+SIMDATTN_C_API void simdattn_pool_step_init(simdattn_pool_step* step);
+
+/* MultiHeadAttention::forward_pool over steps[0 .. count-1] at layer `layer_index` of `pool`. */
+SIMDATTN_C_API simdattn_status simdattn_mha_forward_pool(const simdattn_mha* layer, const simdattn_pool_step* steps,
+                                                         size_t count, simdattn_kv_pool* pool, int64_t layer_index,
+                                                         const simdattn_mha_options* options);
+
 /* ---- the machine and the build ------------------------------------------------------------- */
 
 /* Strings point into the library and stay valid until this thread's next simdattn_get_info. */

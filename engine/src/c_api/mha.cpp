@@ -11,9 +11,6 @@
 #include "simdattn/mha.hpp"
 #include "simdattn/simdattn.h"
 
-struct simdattn_mha {
-  simdattn::MultiHeadAttention layer;
-};
 struct simdattn_kv_cache {
   simdattn::KvCache cache;
 };
@@ -129,31 +126,6 @@ MultiHeadAttention make_layer(const MhaConfig& c, const simdattn_mha_weights& w)
   m.bv = copy_of<T>(w.bv, nkv, "weights.bv", false);
   m.bo = copy_of<T>(w.bo, d, "weights.bo", false);
   return MultiHeadAttention(c, std::move(m));
-}
-
-template <class View>
-View seq_of(const simdattn_seq* p, const char* name) {
-  const simdattn_seq& s = checked(p, name);
-  if (s.data == nullptr) throw Error(name, "expected data, got NULL");
-  View v;
-  v.data = s.data;
-  v.dtype = dtype_of_c(s.dtype, std::string(name) + ".dtype");
-  v.B = s.batch, v.S = s.seq, v.E = s.width;
-  return v;
-}
-
-MhaOptions mha_options(const simdattn_mha_options* c) {
-  MhaOptions o;
-  if (c == nullptr) return o;
-  const simdattn_mha_options& s = checked(c, "options");
-  o.causal = causal_of_c(s.causal, "options.causal");
-  o.key_padding_mask = span_of(s.key_padding_mask, s.key_padding_mask_count, "options.key_padding_mask");
-  o.attn_mask = optional_view<ConstTensorView>(s.attn_mask, "options.attn_mask");
-  o.positions = span_of(s.positions, s.positions_count, "options.positions");
-  o.attn_weights = optional_view<TensorView>(s.attn_weights, "options.attn_weights");
-  o.threads = s.threads;
-  o.backend = backend_of_c(s.backend, "options.backend");
-  return o;
 }
 
 PretrainedOptions pretrained_options(const simdattn_pretrained_options* c) {

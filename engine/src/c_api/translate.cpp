@@ -90,6 +90,20 @@ simdattn_tensor empty_tensor() {
   return t;
 }
 
+MhaOptions mha_options(const simdattn_mha_options* c) {
+  MhaOptions o;
+  if (c == nullptr) return o;
+  const simdattn_mha_options& s = checked(c, "options");
+  o.causal = causal_of_c(s.causal, "options.causal");
+  o.key_padding_mask = span_of(s.key_padding_mask, s.key_padding_mask_count, "options.key_padding_mask");
+  o.attn_mask = optional_view<ConstTensorView>(s.attn_mask, "options.attn_mask");
+  o.positions = span_of(s.positions, s.positions_count, "options.positions");
+  o.attn_weights = optional_view<TensorView>(s.attn_weights, "options.attn_weights");
+  o.threads = s.threads;
+  o.backend = backend_of_c(s.backend, "options.backend");
+  return o;
+}
+
 }  // namespace simdattn::c_api
 
 extern "C" {

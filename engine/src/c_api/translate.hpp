@@ -14,7 +14,12 @@
 
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
+#include "simdattn/mha.hpp"
 #include "simdattn/simdattn.h"
+
+struct simdattn_mha {
+  simdattn::MultiHeadAttention layer;
+};
 
 namespace simdattn::c_api {
 
@@ -122,5 +127,20 @@ void write_out(S* out, const S& value, const char* name) {
   *out = value;
   out->struct_size = size;
 }
+
+// A sequence batch given by pointer: required, its struct checked.
+template <class View>
+View seq_of(const simdattn_seq* p, const char* name) {
+  const simdattn_seq& s = checked(p, name);
+  if (s.data == nullptr) throw Error(name, "expected data, got NULL");
+  View v;
+  v.data = s.data;
+  v.dtype = dtype_of_c(s.dtype, std::string(name) + ".dtype");
+  v.B = s.batch, v.S = s.seq, v.E = s.width;
+  return v;
+}
+
+// The C++ MhaOptions of an options struct (NULL: the defaults).
+MhaOptions mha_options(const simdattn_mha_options* c);
 
 }  // namespace simdattn::c_api

@@ -1,0 +1,163 @@
+// The C API's paged attention and KV pool (simdattn/simdattn.h) over attention_paged, KvPool and
+// MultiHeadAttention::forward_pool, as c_api.cpp does for attention.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "c_api/translate.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/kv_pool.hpp"
+#include "simdattn/mha.hpp"
+#include "simdattn/paged.hpp"
+#include "simdattn/simdattn.h"
+
+struct simdattn_kv_pool {
+  simdattn::KvPool pool;
+};
+
+namespace {
+
+using namespace simdattn;
+using namespace simdattn::c_api;
+
+PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
+  PagedAttentionOptions o;
+  if (c == nullptr) return o;
+  const simdattn_paged_options& s = checked(c, "options");
+  o.query_start = span_of(s.query_start, s.query_start_count, "options.query_start");
+  o.causal = causal_of_c(s.causal, "options.causal");
+  o.scale = optional_double(s.has_scale, s.scale);
+  if (s.has_window) o.window = Window{s.window_left, s.window_right};
+  o.softcap = optional_double(s.has_softcap, s.softcap);
+  o.alibi_slopes = span_of(s.alibi_slopes, s.alibi_slopes_count, "options.alibi_slopes");
+  o.sinks = span_of(s.sinks, s.sinks_count, "options.sinks");
+  o.threads = s.threads;
+  o.backend = backend_of_c(s.backend, "options.backend");
+  return o;
+}
+
+// An embedded sequence struct of a step.
+template <class View>
+View step_seq(const simdattn_seq& s, const std::string& name) {
+  if (s.struct_size != sizeof(simdattn_seq))
+    throw VersionError{name, "struct_size " + std::to_string(s.struct_size) + ", expected " +
+                                 std::to_string(sizeof(simdattn_seq)) + " (set it with simdattn_seq_make)"};
+  return seq_of<View>(&s, name.c_str());
+}
+
+}  // namespace
+
+extern "C" {
+
+void simdattn_paged_options_init(simdattn_paged_options* o) {
+  if (o == nullptr) return;
+  std::memset(o, 0, sizeof *o);
+  o->struct_size = sizeof *o;
+  o->causal = SIMDATTN_CAUSAL_BOTTOM_RIGHT;
+  o->window_left = o->window_right = -1;
+  o->backend = SIMDATTN_BACKEND_NATIVE;
+}
+
+simdattn_status simdattn_attention_paged(const simdattn_tensor* q, const simdattn_tensor* k_cache,
+                                         const simdattn_tensor* v_cache, const int32_t* block_table,
+                                         int64_t num_sequences, int64_t max_blocks, const int64_t* seq_lens,
+                                         const simdattn_tensor* out, const simdattn_paged_options* options) {
+  return guarded([&] {
+    const PagedAttentionOptions o = paged_options(options);
+    if (num_sequences < 0) throw Error("num_sequences", "expected >= 0, got " + std::to_string(num_sequences));
+    const std::span<const std::int64_t> lens = span_of(seq_lens, static_cast<std::size_t>(num_sequences), "seq_lens");
+    attention_paged(view_of<ConstTensorView>(q, "q"), view_of<ConstTensorView>(k_cache, "k_cache"),
+                    view_of<ConstTensorView>(v_cache, "v_cache"), BlockTable{block_table, num_sequences, max_blocks, max_blocks},
+                    lens, view_of<TensorView>(out, "out"), o);
+  });
+}
+
+simdattn_status simdattn_kv_pool_create(const simdattn_mha* layer, int64_t num_blocks, int64_t block_size,
+                                        int64_t layers, simdattn_dtype dtype, simdattn_kv_pool** pool) {
+  if (pool != nullptr) *pool = nullptr;
+  return guarded([&] {
+    require(pool, "pool");
+    require(layer, "layer");
+    *pool = new simdattn_kv_pool{KvPool(layer->layer, num_blocks, block_size == 0 ? kDefaultBlockSize : block_size,
+                                        layers, dtype_of_c(dtype, "dtype"))};
+  });
+}
+
+void simdattn_kv_pool_free(simdattn_kv_pool* pool) { delete pool; }
+
+simdattn_status simdattn_kv_pool_add(simdattn_kv_pool* pool, int64_t* sequence) {
+  return guarded([&] {
+    require(pool, "pool");
+    require(sequence, "sequence");
+    *sequence = pool->pool.add();
+  });
+}
+
+simdattn_status simdattn_kv_pool_fork(simdattn_kv_pool* pool, int64_t parent, int64_t* sequence) {
+  return guarded([&] {
+    require(pool, "pool");
+    require(sequence, "sequence");
+    *sequence = pool->pool.fork(parent);
+  });
+}
+
+simdattn_status simdattn_kv_pool_truncate(simdattn_kv_pool* pool, int64_t sequence, int64_t length) {
+  return guarded([&] {
+    require(pool, "pool");
+    pool->pool.truncate(sequence, length);
+  });
+}
+
+simdattn_status simdattn_kv_pool_release(simdattn_kv_pool* pool, int64_t sequence) {
+  return guarded([&] {
+    require(pool, "pool");
+    pool->pool.release(sequence);
+  });
+}
+
+simdattn_status simdattn_kv_pool_length(const simdattn_kv_pool* pool, int64_t sequence, int64_t* length) {
+  return guarded([&] {
+    require(pool, "pool");
+    require(length, "length");
+    *length = pool->pool.length(sequence);
+  });
+}
+
+simdattn_status simdattn_kv_pool_free_blocks(const simdattn_kv_pool* pool, int64_t* free_blocks) {
+  return guarded([&] {
+    require(pool, "pool");
+    require(free_blocks, "free_blocks");
+    *free_blocks = pool->pool.free_blocks();
+  });
+}
+
+void simdattn_pool_step_init(simdattn_pool_step* step) {
+  if (step == nullptr) return;
+  std::memset(step, 0, sizeof *step);
+  step->struct_size = sizeof *step;
+  step->query.struct_size = sizeof(simdattn_seq);
+  step->out.struct_size = sizeof(simdattn_seq);
+  step->sequence = -1;
+}
+
+simdattn_status simdattn_mha_forward_pool(const simdattn_mha* layer, const simdattn_pool_step* steps, size_t count,
+                                          simdattn_kv_pool* pool, int64_t layer_index,
+                                          const simdattn_mha_options* options) {
+  return guarded([&] {
+    require(layer, "layer");
+    require(pool, "pool");
+    const std::span<const simdattn_pool_step> in = span_of(steps, count, "steps");
+    std::vector<PoolStep> cpp(in.size());
+    for (std::size_t i = 0; i < in.size(); ++i) {
+      const std::string name = "steps[" + std::to_string(i) + "]";
+      const simdattn_pool_step& s = checked(&in[i], name.c_str());
+      cpp[i].query = step_seq<ConstSeqView>(s.query, name + ".query");
+      cpp[i].out = step_seq<SeqView>(s.out, name + ".out");
+      cpp[i].sequence = s.sequence;
+      cpp[i].positions = span_of(s.positions, s.positions_count, (name + ".positions").c_str());
+    }
+    layer->layer.forward_pool(cpp, pool->pool, layer_index, mha_options(options));
+  });
+}
+
+}  // extern "C"

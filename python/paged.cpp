@@ -1,0 +1,257 @@
+// The Python module's paged attention: attention_paged over caches in blocks, the KvPool class
+// and MultiHeadAttention.forward_pool (module.cpp binds them, after the layer).
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "convert.hpp"
+#include "module.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace simdattn::python {
+namespace {
+
+// A float array as bf16 (NumPy has none): a rounded copy with the same shape, read as 4-D.
+Bf16Copy bf16_of(const py::array& a, const std::string& name, int ndim) {
+  if (a.ndim() != ndim) throw Error(name, "expected a " + std::to_string(ndim) + "-D array, got " + std::to_string(a.ndim()) + "-D");
+  py::array four = a;
+  if (ndim == 3) four = a.attr("reshape")(1, a.shape(0), a.shape(1), a.shape(2));
+  return to_bf16(four, name);
+}
+
+// The block table as int32 rows (int32 or int64 entries that fit).
+std::vector<std::int32_t> table_of(const py::array& t, std::int64_t& rows, std::int64_t& cols) {
+  if (t.ndim() != 2) throw Error("block_table", "expected a 2-D array [N, max_blocks], got " + std::to_string(t.ndim()) + "-D");
+  const DType d = dtype_of_array(t, "block_table");
+  if (d != DType::i32 && d != DType::i64)
+    throw Error("block_table", "expected int32 or int64 entries, got " + std::string(dtype_name(d)));
+  rows = t.shape(0), cols = t.shape(1);
+  const py::array_t<std::int64_t, py::array::c_style | py::array::forcecast> a(t);
+  std::vector<std::int32_t> out(static_cast<std::size_t>(a.size()));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const std::int64_t x = a.data()[i];
+    // out of int32's range: a block index no pool has (the C++ check names the entry)
+    out[i] = x < std::numeric_limits<std::int32_t>::min() || x > std::numeric_limits<std::int32_t>::max()
+                 ? std::numeric_limits<std::int32_t>::min()
+                 : static_cast<std::int32_t>(x);
+  }
+  return out;
+}
+
+// int32 or int64 integers of a 1-D array.
+std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) {
+  if (py::isinstance<py::array>(o)) {
+    const py::array a = o.cast<py::array>();
+    const char kind = a.dtype().kind();
+    if (kind != 'i' && kind != 'u') throw Error(name, "expected integers, got dtype " + a.dtype().attr("name").cast<std::string>());
+  }
+  return vector_of<std::int64_t>(o, name);
+}
+
+py::array attention_paged_py(const py::array& q, const py::array& k_cache, const py::array& v_cache,
+                             const py::array& block_table, const py::object& seq_lens, const py::object& query_start,
+                             const py::object& causal, const py::object& scale, const py::object& window,
+                             const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
+                             int threads, const py::object& out, const std::string& backend, const py::object& dtype) {
+  PagedAttentionOptions o;
+  std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
+  if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
+  if (causal.is_none()) o.causal = Causal::none;
+  else if (py::isinstance<py::bool_>(causal)) o.causal = causal.cast<bool>() ? Causal::bottom_right : Causal::none;
+  else o.causal = causal_of(causal);
+  if (!scale.is_none()) o.scale = scale.cast<double>();
+  o.window = window_of(window);
+  if (!softcap.is_none()) o.softcap = softcap.cast<double>();
+  const std::vector<float> slopes = vector_of<float>(alibi_slopes, "alibi_slopes"), sink = vector_of<float>(sinks, "sinks");
+  if (!alibi_slopes.is_none()) o.alibi_slopes = slopes;
+  if (!sinks.is_none()) o.sinks = sink;
+  o.threads = threads;
+  o.backend = backend_of(backend);
+  std::int64_t rows = 0, cols = 0;
+  const std::vector<std::int32_t> table = table_of(block_table, rows, cols);
+
+  const std::optional<DType> as = optional_dtype(dtype, "dtype");
+  const bool bf16 = as == DType::bf16;
+  if (as && !bf16 && *as != dtype_of_array(q, "q"))
+    throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own");
+  if (q.ndim() != 3) throw Error("q", "expected a 3-D array [total_q, H, D], got " + std::to_string(q.ndim()) + "-D");
+  Bf16Copy q16, k16, v16;
+  ConstTensorView qv, kv, vv;
+  if (bf16) {
+    q16 = bf16_of(q, "q", 3), k16 = bf16_of(k_cache, "k_cache", 4), v16 = bf16_of(v_cache, "v_cache", 4);
+    qv = q16.view, kv = k16.view, vv = v16.view;
+  } else {
+    qv = view_of<ConstTensorView>(q, "q", 3);
+    kv = view_of<ConstTensorView>(k_cache, "k_cache"), vv = view_of<ConstTensorView>(v_cache, "v_cache");
+  }
+  const std::int64_t total_q = qv.shape[1], H = qv.shape[2], Dv = vv.shape[3];
+  const std::vector<py::ssize_t> dims{total_q, H, Dv};
+  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();
+  if (result.ndim() != 3) throw Error("out", "expected a 3-D array [total_q, H, Dv], got " + std::to_string(result.ndim()) + "-D");
+  std::vector<bfloat16> out16;
+  TensorView ov;
+  if (bf16) {
+    if (dtype_of_array(result, "out") != DType::f32) throw Error("out", "with dtype='bf16' the output is float32");
+    out16.resize(static_cast<std::size_t>(total_q * H * Dv));
+    ov = TensorView(out16.data(), {1, total_q, H, Dv});
+  } else {
+    ov = view_of<TensorView>(result, "out", 3);
+  }
+  const BlockTable bt{table.data(), rows, cols, cols};
+  {
+    py::gil_scoped_release release;
+    attention_paged(qv, kv, vv, bt, lens, ov, o);
+  }
+  if (bf16) {
+    const TensorView caller = view_of<TensorView>(result, "out", 3);
+    if (caller.shape != ov.shape) throw Error("out", "expected shape [total_q, H, Dv]");
+    auto* dst = static_cast<float*>(caller.data);
+    std::size_t n = 0;
+    for (std::int64_t i = 0; i < total_q; ++i)
+      for (std::int64_t h = 0; h < H; ++h)
+        for (std::int64_t d = 0; d < Dv; ++d)
+          dst[i * caller.strides[1] + h * caller.strides[2] + d * caller.strides[3]] = to_float(out16[n++]);
+  }
+  return result;
+}
+
+// A layer's pool view as a NumPy array sharing the pool's memory (f32 and f16 pools).
+py::array cache_array(const KvPool& pool, const ConstTensorView& v, const py::object& owner) {
+  if (pool.dtype() == DType::bf16) throw Error("pool", "NumPy has no bfloat16: a bf16 pool's blocks have no array view");
+  const auto item = static_cast<py::ssize_t>(dtype_size(v.dtype));
+  std::vector<py::ssize_t> shape(v.shape.begin(), v.shape.end()), strides;
+  for (auto s : v.strides) strides.push_back(static_cast<py::ssize_t>(s) * item);
+  py::array a(numpy_dtype(v.dtype), shape, strides, v.data, owner);
+  py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  return a;
+}
+
+py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPool::Sequence>& sequences,
+                         const py::list& queries, KvPool& pool, std::int64_t layer_index, const py::object& positions,
+                         int threads, const std::string& backend) {
+  if (static_cast<std::size_t>(py::len(queries)) != sequences.size())
+    throw Error("queries", "expected one query array per sequence (" + std::to_string(sequences.size()) + "), got " +
+                               std::to_string(py::len(queries)));
+  const DType t = layer.dtype(), out_t = t == DType::bf16 ? DType::f32 : t;
+  const std::int64_t d = layer.config().d_model;
+  std::vector<SeqInput> in;
+  std::vector<std::vector<std::int64_t>> pos(sequences.size());
+  std::vector<py::array> outs;
+  std::vector<std::vector<bfloat16>> outs16(sequences.size());
+  std::vector<PoolStep> steps(sequences.size());
+  if (!positions.is_none() && static_cast<std::size_t>(py::len(positions)) != sequences.size())
+    throw Error("positions", "expected one positions array (or None) per sequence");
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    const std::string name = "queries[" + std::to_string(i) + "]";
+    py::array x = queries[i].cast<py::array>();
+    if (x.ndim() != 2) throw Error(name, "expected a 2-D array [T, d_model], got " + std::to_string(x.ndim()) + "-D");
+    in.push_back(seq_input(x.attr("reshape")(1, x.shape(0), x.shape(1)), t, name.c_str()));
+    const std::int64_t T = in.back().view.S;
+    outs.emplace_back(numpy_dtype(out_t), std::vector<py::ssize_t>{T, d});
+    SeqView ov;
+    if (t == DType::bf16) {
+      outs16[i].resize(static_cast<std::size_t>(T * d));
+      ov = SeqView(outs16[i].data(), 1, T, d);
+    } else {
+      ov.data = outs.back().mutable_data(), ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
+      if (ov.data == nullptr) ov.data = &outs.back();
+    }
+    if (!positions.is_none() && !py::object(positions[py::int_(i)]).is_none())
+      pos[i] = ints_of(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
+    steps[i] = {in.back().view, sequences[i], ov, pos[i]};
+  }
+  MhaOptions o;
+  o.threads = threads;
+  o.backend = backend_of(backend);
+  {
+    py::gil_scoped_release release;
+    layer.forward_pool(steps, pool, layer_index, o);
+  }
+  py::list result;
+  for (std::size_t i = 0; i < sequences.size(); ++i) {
+    if (t == DType::bf16) {
+      auto* dst = static_cast<float*>(outs[i].mutable_data());
+      for (std::size_t j = 0; j < outs16[i].size(); ++j) dst[j] = to_float(outs16[i][j]);
+    }
+    result.append(outs[i]);
+  }
+  return result;
+}
+
+}  // namespace
+
+void bind_paged(py::module_& m) {
+  m.def("attention_paged", &attention_paged_py, py::arg("q"), py::arg("k_cache"), py::arg("v_cache"),
+        py::arg("block_table"), py::arg("seq_lens"), py::kw_only(), py::arg("query_start") = py::none(),
+        py::arg("causal") = "bottom_right", py::arg("scale") = py::none(), py::arg("window") = py::none(),
+        py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
+        py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("backend") = "native",
+        py::arg("dtype") = py::none(),
+        R"doc(Attention of many sequences' new tokens over K/V caches in blocks (FlashAttention's
+flash_attn_with_kvcache block_table and flash_attn_varlen_func cu_seqlens conventions).
+
+  q        [total_q, H, D]   the new tokens of every sequence, sequence by sequence
+  k_cache  [num_blocks, block_size, Hkv, D], v_cache [num_blocks, block_size, Hkv, Dv]
+           (any strides, read in place); float32 or float16 (dtype='bf16': bf16 copies)
+  block_table [N, max_blocks] int32/int64: sequence i's token t is in block
+           block_table[i, t // block_size], slot t % block_size
+  seq_lens [N]: sequence i's keys, its new tokens counted (already in the cache)
+  query_start [N+1] offsets into q (cu_seqlens_q); None: one token per sequence
+  causal   'bottom_right' (default: query j of a sequence at position
+           seq_len - query_len + j sees keys <= it) or None/'none' (every key)
+  scale, window=(left, right), softcap, alibi_slopes [H], sinks [H]: as attention()
+Returns out [total_q, H, Dv] (written into `out` when given).)doc");
+
+  py::class_<KvPool>(m, "KvPool", R"doc(A paged KV cache: the keys and values of `layers` layers in `num_blocks` blocks of
+`block_size` tokens, shared by sequences (handles: ints) with copy-on-write after fork().)doc")
+      .def(py::init([](const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size,
+                       std::int64_t layers, const py::object& dtype) {
+             const std::optional<DType> t = optional_dtype(dtype, "dtype");
+             return KvPool(layer, num_blocks, block_size, layers, t ? *t : layer.dtype());
+           }),
+           py::arg("layer"), py::arg("num_blocks"), py::arg("block_size") = kDefaultBlockSize, py::arg("layers") = 1,
+           py::arg("dtype") = py::none())
+      .def("add", &KvPool::add, "A new, empty sequence.")
+      .def("fork", &KvPool::fork, py::arg("parent"), "A new sequence sharing every block of `parent`.")
+      .def("truncate", &KvPool::truncate, py::arg("sequence"), py::arg("length"))
+      .def("release", &KvPool::release, py::arg("sequence"))
+      .def("length", [](const KvPool& p, KvPool::Sequence s, const py::object& layer) {
+             return layer.is_none() ? p.length(s) : p.length(s, layer.cast<std::int64_t>());
+           }, py::arg("sequence"), py::arg("layer") = py::none())
+      .def("block_table", [](const KvPool& p, KvPool::Sequence s) {
+             const auto t = p.block_table(s);
+             return std::vector<std::int32_t>(t.begin(), t.end());
+           }, py::arg("sequence"))
+      .def("keys", [](py::object self, std::int64_t layer) {
+             const KvPool& p = self.cast<const KvPool&>();
+             return cache_array(p, p.keys(layer), self);
+           }, py::arg("layer") = 0, "Layer `layer`'s keys, [num_blocks, block_size, kv_heads, head_dim] (read-only view).")
+      .def("values", [](py::object self, std::int64_t layer) {
+             const KvPool& p = self.cast<const KvPool&>();
+             return cache_array(p, p.values(layer), self);
+           }, py::arg("layer") = 0)
+      .def("__contains__", &KvPool::contains)
+      .def_property_readonly("sequences", &KvPool::sequences)
+      .def_property_readonly("num_blocks", &KvPool::num_blocks)
+      .def_property_readonly("free_blocks", &KvPool::free_blocks)
+      .def_property_readonly("block_size", &KvPool::block_size)
+      .def_property_readonly("layers", &KvPool::layers)
+      .def_property_readonly("bytes", &KvPool::bytes)
+      .def_property_readonly("dtype", [](const KvPool& p) { return std::string(dtype_name(p.dtype())); });
+
+  py::object cls = m.attr("MultiHeadAttention");
+  cls.attr("forward_pool") = py::cpp_function(
+      &forward_pool_py, py::name("forward_pool"), py::is_method(cls), py::arg("sequences"), py::arg("queries"),
+      py::arg("pool"), py::arg("layer") = 0, py::kw_only(), py::arg("positions") = py::none(), py::arg("threads") = 0,
+      py::arg("backend") = "native",
+      R"doc(One step of each sequence (queries[i] [T_i, d_model]: 1 = decode, more = a prompt chunk) over
+the pool at layer `layer`: K/V appended, one batched attention call, outputs [T_i, d_model].)doc");
+}
+
+}  // namespace simdattn::python

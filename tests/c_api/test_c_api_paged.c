@@ -1,0 +1,170 @@
+/* The C API's paged attention and KV pool from C11, against the installed library.
+ *
+ * simdattn_attention_paged on a shuffled block table against simdattn_attention (reference
+ * backend) on each sequence's gathered keys; its errors (status, argument, output untouched); the
+ * pool's sequences and simdattn_mha_forward_pool against simdattn_mha_forward_cached step by step;
+ * running out of blocks. Exits 0 only if every check passes.
+ *
+ * Build: cc -std=c11 -Wall -Wextra -pedantic -Werror test_c_api_paged.c $(pkg-config --cflags
+ * --libs simdattn) -lm
+ */
+#include <simdattn/simdattn.h>
+
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <string.h>
+
+static int g_checks = 0, g_failures = 0;
+
+#define CHECK(cond)                                                                                   \
+  do {                                                                                                \
+    ++g_checks;                                                                                       \
+    if (!(cond)) {                                                                                    \
+      ++g_failures;                                                                                   \
+      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond,         \
+              simdattn_last_error());                                                                 \
+    }                                                                                                 \
+  } while (0)
+
+static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
+static float frand(void) { /* [-1, 1) */
+  g_rng ^= g_rng << 13, g_rng ^= g_rng >> 7, g_rng ^= g_rng << 17;
+  return (float)((double)(g_rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+enum { N = 3, H = 4, HKV = 2, D = 8, BS = 4, NB = 16, MAXB = 5 };
+
+static void test_attention_paged(void) {
+  static const int64_t lens[N] = {9, 1, 17}, qlens[N] = {2, 1, 3};
+  const int64_t qstart[N + 1] = {0, 2, 3, 6};
+  /* sequence i's block c is block (7 * (i * MAXB + c) + 3) % NB: a shuffled table */
+  int32_t table[N * MAXB];
+  for (int i = 0; i < N * MAXB; ++i) table[i] = (int32_t)((7 * i + 3) % NB);
+  static float q[6 * H * D], k[NB * BS * HKV * D], v[NB * BS * HKV * D], out[6 * H * D];
+  for (size_t i = 0; i < sizeof q / sizeof *q; ++i) q[i] = frand();
+  for (size_t i = 0; i < sizeof k / sizeof *k; ++i) k[i] = frand(), v[i] = frand();
+  const simdattn_tensor tq = simdattn_tensor_contiguous(q, SIMDATTN_F32, 1, 6, H, D);
+  const simdattn_tensor tk = simdattn_tensor_contiguous(k, SIMDATTN_F32, NB, BS, HKV, D);
+  const simdattn_tensor tv = simdattn_tensor_contiguous(v, SIMDATTN_F32, NB, BS, HKV, D);
+  const simdattn_tensor to = simdattn_tensor_contiguous(out, SIMDATTN_F32, 1, 6, H, D);
+  simdattn_paged_options po;
+  simdattn_paged_options_init(&po);
+  po.query_start = qstart, po.query_start_count = N + 1;
+  po.has_softcap = 1, po.softcap = 3.0;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to, &po) == SIMDATTN_OK);
+  /* each sequence dense: K, V [1, HKV, L, D], q [1, H, ql, D] from [ql, H, D] by strides */
+  for (int i = 0; i < N; ++i) {
+    static float kd[HKV * 32 * D], vd[HKV * 32 * D], od[H * 3 * D];
+    for (int64_t t = 0; t < lens[i]; ++t)
+      for (int h = 0; h < HKV; ++h)
+        for (int d = 0; d < D; ++d) {
+          const int64_t blk = table[i * MAXB + t / BS], at = ((blk * BS + t % BS) * HKV + h) * D + d;
+          kd[(h * lens[i] + t) * D + d] = k[at];
+          vd[(h * lens[i] + t) * D + d] = v[at];
+        }
+    simdattn_tensor qi = simdattn_tensor_contiguous(q + qstart[i] * H * D, SIMDATTN_F32, 1, H, qlens[i], D);
+    qi.strides[1] = D, qi.strides[2] = H * D;
+    const simdattn_tensor ki = simdattn_tensor_contiguous(kd, SIMDATTN_F32, 1, HKV, lens[i], D);
+    const simdattn_tensor vi = simdattn_tensor_contiguous(vd, SIMDATTN_F32, 1, HKV, lens[i], D);
+    const simdattn_tensor oi = simdattn_tensor_contiguous(od, SIMDATTN_F32, 1, H, qlens[i], D);
+    simdattn_attention_options ao;
+    simdattn_attention_options_init(&ao);
+    ao.causal = SIMDATTN_CAUSAL_BOTTOM_RIGHT;
+    ao.has_softcap = 1, ao.softcap = 3.0;
+    ao.backend = SIMDATTN_BACKEND_REFERENCE;
+    CHECK(simdattn_attention(&qi, &ki, &vi, &oi, &ao) == SIMDATTN_OK);
+    double err = 0;
+    for (int64_t t = 0; t < qlens[i]; ++t)
+      for (int h = 0; h < H; ++h)
+        for (int d = 0; d < D; ++d)
+          err = fmax(err, fabs((double)out[((qstart[i] + t) * H + h) * D + d] - od[(h * qlens[i] + t) * D + d]));
+    CHECK(err <= 1e-5);
+  }
+  /* errors: a block out of range, a row too short, query_start not increasing */
+  for (size_t i = 0; i < sizeof out / sizeof *out; ++i) out[i] = 42.0f;
+  table[1] = NB;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to, &po) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "block_table") == 0);
+  table[1] = 0;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, 2, lens, &to, &po) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "block_table") == 0);
+  const int64_t bad_start[N + 1] = {0, 3, 2, 6};
+  po.query_start = bad_start;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to, &po) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "options.query_start") == 0);
+  int untouched = 1;
+  for (size_t i = 0; i < sizeof out / sizeof *out; ++i) untouched &= out[i] == 42.0f;
+  CHECK(untouched);
+}
+
+static void test_pool(void) {
+  enum { DM = 16, PH = 2, HD = 8 };
+  static float w[4][DM * DM];
+  for (int m = 0; m < 4; ++m)
+    for (int i = 0; i < DM * DM; ++i) w[m][i] = 0.3f * frand();
+  simdattn_mha_config cfg;
+  simdattn_mha_config_init(&cfg);
+  cfg.d_model = DM, cfg.heads = PH;
+  simdattn_mha_weights wt;
+  simdattn_mha_weights_init(&wt);
+  wt.dtype = SIMDATTN_F32;
+  wt.wq = w[0], wt.wk = w[1], wt.wv = w[2], wt.wo = w[3];
+  simdattn_mha* layer = NULL;
+  CHECK(simdattn_mha_create(&cfg, &wt, &layer) == SIMDATTN_OK);
+  simdattn_kv_pool* pool = NULL;
+  CHECK(simdattn_kv_pool_create(layer, 8, 4, 1, SIMDATTN_F32, &pool) == SIMDATTN_OK);
+  simdattn_kv_cache* cache = NULL;
+  CHECK(simdattn_kv_cache_create(layer, 1, 32, &cache) == SIMDATTN_OK);
+  int64_t s = -1, c = -1, len = 0, free_blocks = 0;
+  CHECK(simdattn_kv_pool_add(pool, &s) == SIMDATTN_OK);
+  static float x[6 * DM], y[6 * DM], want[6 * DM];
+  const int64_t steps[3] = {6, 1, 1};
+  for (int r = 0; r < 3; ++r) {
+    for (int i = 0; i < steps[r] * DM; ++i) x[i] = frand();
+    const simdattn_seq xs = simdattn_seq_make(x, SIMDATTN_F32, 1, steps[r], DM);
+    const simdattn_seq ys = simdattn_seq_make(y, SIMDATTN_F32, 1, steps[r], DM);
+    const simdattn_seq ws = simdattn_seq_make(want, SIMDATTN_F32, 1, steps[r], DM);
+    simdattn_pool_step st;
+    simdattn_pool_step_init(&st);
+    st.query = xs, st.out = ys, st.sequence = s;
+    CHECK(simdattn_mha_forward_pool(layer, &st, 1, pool, 0, NULL) == SIMDATTN_OK);
+    CHECK(simdattn_mha_forward_cached(layer, &xs, cache, &ws, NULL) == SIMDATTN_OK);
+    double err = 0;
+    for (int i = 0; i < steps[r] * DM; ++i) err = fmax(err, fabs((double)y[i] - want[i]));
+    CHECK(err <= 2e-5);
+  }
+  CHECK(simdattn_kv_pool_length(pool, s, &len) == SIMDATTN_OK && len == 8);
+  CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 6);
+  CHECK(simdattn_kv_pool_fork(pool, s, &c) == SIMDATTN_OK && c != s);
+  CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 6);
+  /* 25 more tokens of the child need 7 blocks: 6 are free */
+  static float big[25 * DM], big_out[25 * DM];
+  simdattn_pool_step st;
+  simdattn_pool_step_init(&st);
+  st.query = simdattn_seq_make(big, SIMDATTN_F32, 1, 25, DM);
+  st.out = simdattn_seq_make(big_out, SIMDATTN_F32, 1, 25, DM);
+  st.sequence = c;
+  CHECK(simdattn_mha_forward_pool(layer, &st, 1, pool, 0, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "pool") == 0);
+  CHECK(simdattn_kv_pool_length(pool, c, &len) == SIMDATTN_OK && len == 8);
+  CHECK(simdattn_kv_pool_release(pool, c) == SIMDATTN_OK);
+  CHECK(simdattn_kv_pool_release(pool, s) == SIMDATTN_OK);
+  CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 8);
+  CHECK(simdattn_kv_pool_release(pool, s) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "sequence") == 0);
+  simdattn_kv_cache_free(cache);
+  simdattn_kv_pool_free(pool);
+  simdattn_mha_free(layer);
+}
+
+int main(void) {
+  test_attention_paged();
+  test_pool();
+  if (g_failures != 0) {
+    fprintf(stderr, "test_c_api_paged: %d of %d checks FAILED\n", g_failures, g_checks);
+    return 1;
+  }
+  printf("test_c_api_paged: all %d checks passed\n", g_checks);
+  return 0;
+}
