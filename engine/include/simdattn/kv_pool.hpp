@@ -74,6 +74,9 @@ class SIMDATTN_API KvPool {
   std::int64_t length(Sequence s) const;
   // s's blocks, in token order (valid until the next call that changes the pool).
   std::span<const std::int32_t> block_table(Sequence s) const;
+  // The free blocks appending `tokens` tokens to s at `layer` would take: new blocks past its
+  // table and copies of the shared blocks it would write into.
+  std::int64_t blocks_needed(Sequence s, std::int64_t tokens, std::int64_t layer = 0) const;
   bool contains(Sequence s) const noexcept;
   std::int64_t sequences() const noexcept;  // live sequences
 

@@ -246,6 +246,9 @@ class SIMDATTN_API MultiHeadAttention {
   // or too few free blocks for the batch's new blocks and copy-on-write copies) or "layer".
   void forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer = 0,
                     const MhaOptions& options = {}) const;
+  // Checks one pool step as forward_pool does (Error naming "query", "out", "positions",
+  // "sequence", "pool" or an option), computing nothing and changing nothing.
+  void check_step(const PoolStep& step, const KvPool& pool, const MhaOptions& options = {}) const;
 
 
  private:

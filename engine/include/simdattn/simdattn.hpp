@@ -11,6 +11,7 @@
 #include "simdattn/paged.hpp"
 #include "simdattn/runtime.hpp"
 #include "simdattn/safetensors.hpp"
+#include "simdattn/pool_scheduler.hpp"
 #include "simdattn/scheduler.hpp"
 #include "simdattn/tensor.hpp"
 #include "simdattn/version.hpp"

@@ -301,8 +301,7 @@ void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> s
 }
 
 template <class T>
-void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
-                  const MhaOptions& opt) {
+void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const MhaOptions& opt) {
   const MhaConfig& c = layer.cfg;
   if (!layer.fused_qkv) throw Error("pool", "a pool holds self-attention's keys: it needs kdim == vdim == d_model");
   if (pool.kv_heads != c.kv_heads || pool.head_dim != c.head_dim)
@@ -318,21 +317,32 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
   if (opt.attn_weights.data != nullptr) throw Error("options.attn_weights", "forward_pool does not output attention weights");
   if (opt.backend == Backend::onednn)
     throw Error("options.backend", "forward_pool runs on the native and reference backends (oneDNN has no paged attention)");
+}
+
+template <class T>
+void check_pool_step(const LayerStorage<T>& layer, const PoolStep& s) {
+  const MhaConfig& c = layer.cfg;
+  check_seq("query", s.query, dtype_of<T>(), 1, c.d_model);
+  check_rows("query", s.query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
+  check_out(s.out, dtype_of<T>(), 1, s.query.S, c.d_model);
+  if (c.rope || !c.q_norm.empty()) check_positions(s.positions, 1, s.query.S);
+}
+
+template <class T>
+void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
+                  const MhaOptions& opt) {
+  check_pool_call(layer, pool, opt);
   std::vector<PoolWrite> writes(steps.size());
   std::vector<Segment<T>> segments(steps.size());
   std::int64_t M = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
-    const PoolStep& s = steps[i];
     try {
-      check_seq("query", s.query, dtype_of<T>(), 1, c.d_model);
-      check_rows("query", s.query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
-      check_out(s.out, dtype_of<T>(), 1, s.query.S, c.d_model);
-      if (c.rope || !c.q_norm.empty()) check_positions(s.positions, 1, s.query.S);
+      check_pool_step(layer, steps[i]);
     } catch (const Error& e) {
       throw step_error(i, e);
     }
-    writes[i] = {s.sequence, layer_index, 0, s.query.S};
-    M += s.query.S;
+    writes[i] = {steps[i].sequence, layer_index, 0, steps[i].query.S};
+    M += steps[i].query.S;
   }
   check_pool_writes(pool, writes);  // sets each write's start; Error("pool") when too few blocks are free
   if (M == 0) return;
@@ -341,7 +351,7 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
     segments[i] = {static_cast<const T*>(steps[i].query.data), static_cast<T*>(steps[i].out.data), 1, steps[i].query.S,
                    steps[i].positions, nullptr, &writes[i]};
   ForwardCall<T> call;
-  add_config_options(c, call.attention);
+  add_config_options(layer.cfg, call.attention);
   call.attention.threads = opt.threads;
   call.attention.backend = opt.backend;
   call.positions = true;
@@ -359,7 +369,9 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
                                const MhaOptions&);                                                                 \
   template void batched_forward(const LayerStorage<T>&, std::span<const DecodeStep>, const MhaOptions&);            \
   template void pool_forward(const LayerStorage<T>&, std::span<const PoolStep>, PoolState&, std::int64_t,         \
-                             const MhaOptions&);
+                             const MhaOptions&);                                                                  \
+  template void check_pool_call(const LayerStorage<T>&, const PoolState&, const MhaOptions&);                      \
+  template void check_pool_step(const LayerStorage<T>&, const PoolStep&);
 SIMDATTN_FORWARDS(float)
 SIMDATTN_FORWARDS(double)
 SIMDATTN_FORWARDS(bfloat16)

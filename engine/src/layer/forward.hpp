@@ -33,6 +33,13 @@ void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> s
 
 // Steps over a pool: each checked first (Error naming "steps[i].<argument>", or "pool" when too
 // few blocks are free), then the blocks taken, then one pipeline.
+// A pool call's checks: the pool against the layer, the options (Error naming them); and one
+// step's (query, out, positions).
+template <class T>
+void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const MhaOptions& opt);
+template <class T>
+void check_pool_step(const LayerStorage<T>& layer, const PoolStep& step);
+
 template <class T>
 void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
                   const MhaOptions& opt);

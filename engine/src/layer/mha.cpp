@@ -84,6 +84,17 @@ void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& p
           [&](const auto& built) { detail::pool_forward(built, steps, state, layer, options); });
 }
 
+void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, const MhaOptions& options) const {
+  const detail::PoolState& state = detail::PoolAccess::state(pool);
+  (void)state.at(step.sequence, "sequence");
+  std::visit(
+      [&](const auto& layer) {
+        detail::check_pool_call(layer, state, options);
+        detail::check_pool_step(layer, step);
+      },
+      storage_->layer);
+}
+
 void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {
   if (step.cache == nullptr) throw Error("cache", "null");
   const detail::CacheRef ref = detail::cache_ref(config(), *step.cache);

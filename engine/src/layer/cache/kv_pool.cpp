@@ -41,6 +41,7 @@ std::pair<std::int64_t, std::int64_t> touched(const PoolState& pool, const PoolW
 }  // namespace
 
 PoolState& PoolAccess::state(KvPool& pool) { return pool.state_->s; }
+const PoolState& PoolAccess::state(const KvPool& pool) { return pool.state_->s; }
 
 ConstTensorView PoolState::view(std::int64_t layer, int kv) const {
   return ConstTensorView(data.data() + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
@@ -301,6 +302,21 @@ std::int64_t KvPool::length(Sequence seq) const {
 }
 
 std::span<const std::int32_t> KvPool::block_table(Sequence seq) const { return state_->s.at(seq, "sequence").blocks; }
+
+std::int64_t KvPool::blocks_needed(Sequence seq, std::int64_t tokens, std::int64_t layer) const {
+  const detail::PoolState& s = state_->s;
+  const detail::PoolState::Sequence& q = s.at(seq, "sequence");
+  if (layer < 0 || layer >= s.layers)
+    throw Error("layer", "expected 0 <= layer < " + detail::num(s.layers) + ", got " + detail::num(layer));
+  if (tokens < 0) throw Error("tokens", "expected >= 0, got " + detail::num(tokens));
+  if (tokens == 0) return 0;
+  const detail::PoolWrite w{seq, layer, q.lengths[static_cast<std::size_t>(layer)], tokens};
+  const auto [b0, b1] = detail::touched(s, w);
+  const auto have = static_cast<std::int64_t>(q.blocks.size());
+  std::int64_t need = std::max<std::int64_t>(0, b1 - have);
+  for (std::int64_t b = b0; b < std::min(b1, have); ++b) need += s.refs[static_cast<std::size_t>(q.blocks[static_cast<std::size_t>(b)])] > 1;
+  return need;
+}
 
 bool KvPool::contains(Sequence seq) const noexcept {
   const auto& v = state_->s.sequences;

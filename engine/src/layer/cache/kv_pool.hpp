@@ -47,6 +47,7 @@ struct PoolState {
 
 struct PoolAccess {
   static PoolState& state(KvPool& pool);
+  static const PoolState& state(const KvPool& pool);
 };
 
 // One step's write into the pool: `tokens` new tokens of sequence `seq` at layer `layer`,

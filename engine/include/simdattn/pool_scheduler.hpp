@@ -1,0 +1,94 @@
+// Continuous batching over a KvPool: decode steps and prompts of many request threads, prompts
+// cut into chunks that join the running decode steps (docs/serving.md, "Continuous batching").
+//
+// Each request thread opens a sequence (empty, or forked from a shared prefix: a sequence of the
+// pool that holds a prompt many requests start with), then calls step() with its new tokens: a
+// prompt (T > 1) or a decode step (T = 1). The scheduler's thread forms every batch: every
+// pending decode step first, then chunks of pending prompts in the order they came, until the
+// batch holds `token_budget` tokens. So a 4096-token prompt joining does not stall the running
+// streams for a whole prefill: it runs `token_budget - streams` tokens a batch beside them. A
+// batch is one MultiHeadAttention::forward_pool call.
+//
+// Blocks: a request whose next tokens need more blocks than are free (after the requests before
+// it in the batch took theirs) fails alone, with Error("pool"), its sequence as before its step;
+// a prompt takes as many of its tokens as fit. A failure of the batched call itself (e.g.
+// std::bad_alloc) reaches the requests of that batch. Cancellation (the stop token) takes effect
+// between chunks: step() returns false and the sequence is as it was before the step.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <stop_token>
+#include <thread>
+#include <vector>
+
+#include "simdattn/export.hpp"
+#include "simdattn/kv_pool.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn {
+
+struct PoolSchedulerOptions {
+  std::int64_t token_budget = 512;          // tokens per batch (>= 1): decode steps, then prompt chunks
+  std::chrono::microseconds max_wait{500};  // the longest a batch waits for the previous batch's streams
+  std::int64_t layer = 0;                   // the pool's layer the scheduler's layer writes
+  int threads = 0;                          // each batched call's threads, as MhaOptions::threads
+  Backend backend = Backend::native;        // native or reference
+};
+
+class SIMDATTN_API PoolScheduler {
+ public:
+  // The layer and the pool must outlive the scheduler; while it lives, the pool is changed only
+  // through it. Throws Error naming the option, std::system_error if its thread cannot start.
+  PoolScheduler(const MultiHeadAttention& layer, KvPool& pool, const PoolSchedulerOptions& options = {});
+  PoolScheduler(const PoolScheduler&) = delete;
+  PoolScheduler& operator=(const PoolScheduler&) = delete;
+  // Must not run while a step() is in progress.
+  ~PoolScheduler();
+
+  // A new sequence: empty, or forked from `prefix` (a live sequence of the pool). Thread-safe.
+  KvPool::Sequence open(std::optional<KvPool::Sequence> prefix = std::nullopt);
+  // Releases a sequence whose steps are done. Thread-safe.
+  void close(KvPool::Sequence sequence);
+  // The sequence's tokens (at the scheduler's layer). Thread-safe.
+  std::int64_t length(KvPool::Sequence sequence) const;
+  std::int64_t free_blocks() const;
+
+  // Appends step.query's T tokens to step.sequence and writes their outputs to step.out, in
+  // batches with the other threads' steps (T > 1 in chunks). Returns true once step.out holds
+  // every row. A bad step throws its Error (as MultiHeadAttention::check_step) and joins no
+  // batch. Returns false, the sequence as it was, if `stop` is requested before its last chunk
+  // joins a batch. One step at a time per sequence.
+  bool step(const PoolStep& step, std::stop_token stop = {});
+
+  std::size_t batches() const;
+  std::size_t tokens_run() const;
+
+ private:
+  struct Request;
+  void run();
+  bool form_batch(std::unique_lock<std::mutex>& lock);
+  void finish(Request* request);
+
+  const MultiHeadAttention& layer_;
+  KvPool& pool_;
+  PoolSchedulerOptions options_;
+  mutable std::mutex mutex_;      // the queue and the counters
+  mutable std::mutex pool_mutex_; // the pool: held by the scheduler's thread while a batch runs
+  std::condition_variable work_cv_;
+  std::atomic<std::uint32_t> finished_epoch_{0};
+  std::deque<Request*> pending_;
+  std::vector<KvPool::Sequence> busy_;  // sequences with a step in progress
+  bool stopping_ = false;
+  std::size_t last_batch_ = 1, batches_ = 0, tokens_run_ = 0;
+  std::thread runner_;
+};
+
+}  // namespace simdattn

@@ -1,0 +1,190 @@
+// The serving soak: request threads on one PoolScheduler over a pool small enough to run out,
+// for a given time. Each request opens a sequence (half of them forked from a registered prefix),
+// runs a prompt and decode steps, and at random submits a bad step (its Error, nothing changed),
+// cancels a step (before it is submitted, or from another thread while it runs: false, the
+// sequence as it was) or meets a full pool (Error("pool"), the sequence as it was). Every step
+// that completed is checked against a sequential reference (the same tokens through a KvCache),
+// every length after every step, and at the end the pool's free count against its size. Exits 0
+// when all hold and each kind of event happened, 1 otherwise.
+//
+//   simdattn_soak [seconds (default 180)] [threads (default 16)]
+//   SIMDATTN_SOAK_SECONDS overrides the time (the bounded runs of CI and the sanitizers)
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <random>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "simdattn/simdattn.hpp"
+
+using namespace simdattn;
+
+namespace {
+
+constexpr std::int64_t kD = 32, kHeads = 4, kKvHeads = 2, kPrefix = 20;
+
+MultiHeadAttention make_layer() {
+  std::mt19937_64 rng(11);
+  std::normal_distribution<float> n(0.f, 0.2f);
+  auto v = [&](std::int64_t k) {
+    std::vector<float> x(static_cast<std::size_t>(k));
+    for (auto& e : x) e = n(rng);
+    return x;
+  };
+  const std::int64_t nkv = kD / kHeads * kKvHeads;
+  MhaConfig c{.d_model = kD, .heads = kHeads, .kv_heads = kKvHeads};
+  c.rope = RopeConfig{.theta = 10000.0};
+  return MultiHeadAttention(c, MhaWeights<float>{v(kD * kD), v(nkv * kD), v(nkv * kD), v(kD * kD), v(kD), v(nkv),
+                                                 v(nkv), v(kD)});
+}
+
+std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) {
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> x(static_cast<std::size_t>(n * kD));
+  for (auto& e : x) e = d(rng);
+  return x;
+}
+
+struct Counts {
+  std::atomic<long> requests{0}, steps{0}, cancelled{0}, pool_full{0}, bad{0}, failures{0};
+};
+
+std::mutex print_mutex;
+void failure(Counts& c, const std::string& what) {
+  ++c.failures;
+  std::lock_guard<std::mutex> lock(print_mutex);
+  std::fprintf(stderr, "soak: FAILED: %s\n", what.c_str());
+}
+
+bool close(const std::vector<float>& a, const std::vector<float>& b) {
+  for (std::size_t i = 0; i < a.size(); ++i)
+    if (!(std::abs(a[i] - b[i]) <= 1e-4f * std::max(1.f, std::abs(b[i])))) return false;
+  return a.size() == b.size();
+}
+
+// One request thread until the deadline.
+void request_thread(int id, std::chrono::steady_clock::time_point deadline, const MultiHeadAttention& layer,
+                    PoolScheduler& sched, KvPool::Sequence prefix, const std::vector<float>& prefix_x, Counts& c) {
+  std::mt19937_64 rng(1000 + static_cast<unsigned>(id));
+  std::uniform_int_distribution<int> pct(0, 99);
+  while (std::chrono::steady_clock::now() < deadline) {
+    ++c.requests;
+    const bool forked = pct(rng) < 50;
+    const KvPool::Sequence seq = sched.open(forked ? std::optional<KvPool::Sequence>(prefix) : std::nullopt);
+    std::vector<std::vector<float>> step_x, step_y;  // the completed steps (after the prefix)
+    std::int64_t expected = forked ? kPrefix : 0;     // the sequence's length
+    const int steps = 1 + std::uniform_int_distribution<int>(0, 12)(rng);
+    bool open = true;
+    for (int k = 0; k < steps && open; ++k) {
+      const std::int64_t t = k == 0 ? std::uniform_int_distribution<std::int64_t>(1, 40)(rng) : 1;
+      const std::vector<float> x = tokens(rng, t);
+      std::vector<float> y(x.size(), 0.f);
+      PoolStep st{ConstSeqView(x.data(), 1, t, kD), seq, SeqView(y.data(), 1, t, kD)};
+      const int event = pct(rng);
+      try {
+        if (event < 4) {  // a bad step: its own Error, nothing changed
+          st.query.E = kD + 1;
+          try {
+            sched.step(st);
+            failure(c, "a bad step ran");
+          } catch (const Error& e) {
+            if (e.argument() != "query") failure(c, std::string("a bad step's error names ") + e.argument());
+            ++c.bad;
+          }
+        } else if (event < 10) {  // cancelled before or while it runs
+          std::stop_source stop;
+          std::jthread canceller;  // joined however the step ends
+          if (event < 6) stop.request_stop();
+          else
+            canceller = std::jthread([&stop, wait = std::uniform_int_distribution<int>(0, 300)(rng)] {
+              std::this_thread::sleep_for(std::chrono::microseconds(wait));
+              stop.request_stop();
+            });
+          const bool ran = sched.step(st, stop.get_token());
+          if (canceller.joinable()) canceller.join();
+          if (ran) {
+            step_x.push_back(x), step_y.push_back(y);
+            expected += t;
+            ++c.steps;
+          } else {
+            ++c.cancelled;
+          }
+        } else {
+          sched.step(st);
+          step_x.push_back(x), step_y.push_back(y);
+          expected += t;
+          ++c.steps;
+        }
+      } catch (const Error& e) {
+        if (e.argument() != "pool") failure(c, std::string("unexpected error: ") + e.what());
+        ++c.pool_full;
+        open = false;  // the request ends
+      }
+      if (sched.length(seq) != expected)
+        failure(c, "length " + std::to_string(sched.length(seq)) + ", expected " + std::to_string(expected));
+    }
+    // the sequential reference: the same tokens, step by step, through a KvCache
+    KvCache cache(layer, 1, 1024);
+    if (forked) {
+      std::vector<float> p(prefix_x.size());
+      layer.forward(ConstSeqView(prefix_x.data(), 1, kPrefix, kD), cache, SeqView(p.data(), 1, kPrefix, kD));
+    }
+    for (std::size_t k = 0; k < step_x.size(); ++k) {
+      const auto t = static_cast<std::int64_t>(step_x[k].size()) / kD;
+      std::vector<float> want(step_x[k].size());
+      layer.forward(ConstSeqView(step_x[k].data(), 1, t, kD), cache, SeqView(want.data(), 1, t, kD));
+      if (!close(step_y[k], want)) failure(c, "request " + std::to_string(id) + ": a step's output differs");
+    }
+    sched.close(seq);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  double seconds = argc > 1 ? std::atof(argv[1]) : 180.0;
+  if (const char* env = std::getenv("SIMDATTN_SOAK_SECONDS")) seconds = std::atof(env);
+  const int threads = argc > 2 ? std::atoi(argv[2]) : 16;
+  const MultiHeadAttention layer = make_layer();
+  KvPool pool(layer, 96, 4);  // 384 tokens for 16 requests of up to 20 + 40 + 12: it runs out
+  Counts c;
+  {
+    PoolSchedulerOptions o;
+    o.token_budget = 48;
+    PoolScheduler sched(layer, pool, o);
+    std::mt19937_64 rng(7);
+    const std::vector<float> prefix_x = tokens(rng, kPrefix);
+    std::vector<float> prefix_y(prefix_x.size());
+    const KvPool::Sequence prefix = sched.open();
+    sched.step({ConstSeqView(prefix_x.data(), 1, kPrefix, kD), prefix, SeqView(prefix_y.data(), 1, kPrefix, kD)});
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    std::vector<std::thread> pool_threads;
+    for (int i = 0; i < threads; ++i)
+      pool_threads.emplace_back(request_thread, i, std::chrono::time_point_cast<std::chrono::steady_clock::duration>(deadline),
+                                std::cref(layer), std::ref(sched), prefix, std::cref(prefix_x), std::ref(c));
+    for (auto& t : pool_threads) t.join();
+    sched.close(prefix);
+    if (sched.free_blocks() != pool.num_blocks())
+      failure(c, "the pool has " + std::to_string(sched.free_blocks()) + " of " + std::to_string(pool.num_blocks()) +
+                     " blocks free at the end");
+    std::printf("soak: %.0f s, %d threads: %ld requests, %ld steps, %ld cancelled, %ld pool full, %ld bad, %zu batches\n",
+                seconds, threads, c.requests.load(), c.steps.load(), c.cancelled.load(), c.pool_full.load(), c.bad.load(),
+                sched.batches());
+  }
+  if (c.steps == 0 || c.cancelled == 0 || c.pool_full == 0 || c.bad == 0)
+    failure(c, "an event never happened (each of steps, cancelled, pool full and bad must)");
+  if (c.failures != 0) {
+    std::fprintf(stderr, "soak: %ld failures\n", c.failures.load());
+    return 1;
+  }
+  std::printf("soak: every completed step equals its sequential reference; the pool is full again\n");
+  return 0;
+}
