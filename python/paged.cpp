@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <chrono>
 #include <cstdint>
 #include <limits>
 #include <optional>
@@ -184,6 +185,43 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
   return result;
 }
 
+// One step through the scheduler: query [T, d_model] -> out [T, d_model].
+py::array scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& layer, KvPool::Sequence seq,
+                            const py::array& query, const py::object& positions) {
+  const DType t = layer.dtype(), out_t = t == DType::bf16 ? DType::f32 : t;
+  const std::int64_t d = layer.config().d_model;
+  if (query.ndim() != 2) throw Error("query", "expected a 2-D array [T, d_model], got " + std::to_string(query.ndim()) + "-D");
+  const SeqInput in = seq_input(query.attr("reshape")(1, query.shape(0), query.shape(1)), t, "query");
+  const std::int64_t T = in.view.S;
+  py::array out(numpy_dtype(out_t), std::vector<py::ssize_t>{T, d});
+  std::vector<bfloat16> out16;
+  SeqView ov;
+  if (t == DType::bf16) {
+    out16.resize(static_cast<std::size_t>(T * d));
+    ov = SeqView(out16.data(), 1, T, d);
+  } else {
+    ov.data = out.mutable_data(), ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
+    if (ov.data == nullptr) ov.data = &out;
+  }
+  std::vector<std::int64_t> pos;
+  if (!positions.is_none()) pos = ints_of(py::array(positions).attr("reshape")(-1), "positions");
+  {
+    py::gil_scoped_release release;
+    sched.step({in.view, seq, ov, pos});
+  }
+  if (t == DType::bf16) {
+    auto* dst = static_cast<float*>(out.mutable_data());
+    for (std::size_t j = 0; j < out16.size(); ++j) dst[j] = to_float(out16[j]);
+  }
+  return out;
+}
+
+// The scheduler with the layer it runs (step() needs the layer's dtype and width).
+struct PyPoolScheduler {
+  const MultiHeadAttention& layer;
+  PoolScheduler sched;
+};
+
 }  // namespace
 
 void bind_paged(py::module_& m) {
@@ -244,6 +282,32 @@ Returns out [total_q, H, Dv] (written into `out` when given).)doc");
       .def_property_readonly("layers", &KvPool::layers)
       .def_property_readonly("bytes", &KvPool::bytes)
       .def_property_readonly("dtype", [](const KvPool& p) { return std::string(dtype_name(p.dtype())); });
+
+  py::class_<PyPoolScheduler>(m, "PoolScheduler", R"doc(Continuous batching over a KvPool: request threads' prompts (cut into chunks of the token
+budget) and decode steps run as batched forward_pool calls on the scheduler's own thread.)doc")
+      .def(py::init([](const MultiHeadAttention& layer, KvPool& pool, std::int64_t token_budget, double max_wait_us,
+                       std::int64_t layer_index, int threads, const std::string& backend) {
+             PoolSchedulerOptions o;
+             o.token_budget = token_budget;
+             o.max_wait = std::chrono::microseconds(static_cast<std::int64_t>(max_wait_us));
+             o.layer = layer_index, o.threads = threads, o.backend = backend_of(backend);
+             return new PyPoolScheduler{layer, PoolScheduler(layer, pool, o)};
+           }),
+           py::arg("layer"), py::arg("pool"), py::kw_only(), py::arg("token_budget") = 512, py::arg("max_wait_us") = 500.0,
+           py::arg("layer_index") = 0, py::arg("threads") = 0, py::arg("backend") = "native", py::keep_alive<1, 2>(),
+           py::keep_alive<1, 3>())
+      .def("open", [](PyPoolScheduler& s, const py::object& prefix) {
+             return prefix.is_none() ? s.sched.open() : s.sched.open(prefix.cast<KvPool::Sequence>());
+           }, py::arg("prefix") = py::none(), "A new sequence, empty or forked from `prefix`.")
+      .def("close", [](PyPoolScheduler& s, KvPool::Sequence q) { s.sched.close(q); }, py::arg("sequence"))
+      .def("step", [](PyPoolScheduler& s, KvPool::Sequence q, const py::array& x, const py::object& positions) {
+             return scheduler_step_py(s.sched, s.layer, q, x, positions);
+           }, py::arg("sequence"), py::arg("query"), py::kw_only(), py::arg("positions") = py::none(),
+           "Runs query [T, d_model] (a prompt or a decode step) in batches with other threads' steps; returns its output.")
+      .def("length", [](const PyPoolScheduler& s, KvPool::Sequence q) { return s.sched.length(q); }, py::arg("sequence"))
+      .def_property_readonly("free_blocks", [](const PyPoolScheduler& s) { return s.sched.free_blocks(); })
+      .def_property_readonly("batches", [](const PyPoolScheduler& s) { return s.sched.batches(); })
+      .def_property_readonly("tokens_run", [](const PyPoolScheduler& s) { return s.sched.tokens_run(); });
 
   py::object cls = m.attr("MultiHeadAttention");
   cls.attr("forward_pool") = py::cpp_function(

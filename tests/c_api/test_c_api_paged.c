@@ -153,6 +153,31 @@ static void test_pool(void) {
   CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 8);
   CHECK(simdattn_kv_pool_release(pool, s) == SIMDATTN_ERROR_INVALID_ARGUMENT);
   CHECK(strcmp(simdattn_last_error_argument(), "sequence") == 0);
+  /* the scheduler: a prompt in chunks of 3 tokens, then a decode step, against the cached forward */
+  simdattn_pool_scheduler* sched = NULL;
+  CHECK(simdattn_pool_scheduler_create(layer, pool, 3, 1, &sched) == SIMDATTN_OK);
+  simdattn_kv_cache_reset(cache);
+  int64_t q = -1;
+  CHECK(simdattn_pool_scheduler_open(sched, -1, &q) == SIMDATTN_OK);
+  for (int r = 0; r < 2; ++r) {
+    const int64_t t = r == 0 ? 6 : 1;
+    for (int i = 0; i < t * DM; ++i) x[i] = frand();
+    simdattn_pool_step ps;
+    simdattn_pool_step_init(&ps);
+    ps.query = simdattn_seq_make(x, SIMDATTN_F32, 1, t, DM);
+    ps.out = simdattn_seq_make(y, SIMDATTN_F32, 1, t, DM);
+    ps.sequence = q;
+    const simdattn_seq ws = simdattn_seq_make(want, SIMDATTN_F32, 1, t, DM);
+    CHECK(simdattn_pool_scheduler_step(sched, &ps) == SIMDATTN_OK);
+    CHECK(simdattn_mha_forward_cached(layer, &ps.query, cache, &ws, NULL) == SIMDATTN_OK);
+    double err = 0;
+    for (int i = 0; i < t * DM; ++i) err = fmax(err, fabs((double)y[i] - want[i]));
+    CHECK(err <= 1e-4);
+  }
+  CHECK(simdattn_pool_scheduler_length(sched, q, &len) == SIMDATTN_OK && len == 7);
+  CHECK(simdattn_pool_scheduler_close(sched, q) == SIMDATTN_OK);
+  CHECK(simdattn_pool_scheduler_close(sched, q) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  simdattn_pool_scheduler_free(sched);
   simdattn_kv_cache_free(cache);
   simdattn_kv_pool_free(pool);
   simdattn_mha_free(layer);

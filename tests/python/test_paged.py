@@ -197,3 +197,35 @@ def test_forward_pool_matches_the_kv_cache_and_fork_copies_on_write():
     with pytest.raises(simdattn.Error) as e:
         layer.forward_pool([seqs[0]], [x], pool)
     assert e.value.argument == "steps[0].sequence"
+
+
+def test_pool_scheduler_batches_threads_and_matches_the_kv_cache():
+    import threading
+    rng = np.random.default_rng(6)
+    layer = make_layer(rng)
+    pool = simdattn.KvPool(layer, num_blocks=128, block_size=8)
+    sched = simdattn.PoolScheduler(layer, pool, token_budget=16)
+    prompts = [rng.standard_normal((n, 32)).astype(np.float32) for n in (40, 1, 9, 23)]
+    decodes = [[rng.standard_normal((1, 32)).astype(np.float32) for _ in range(5)] for _ in prompts]
+    results = [None] * len(prompts)
+
+    def stream(i):
+        s = sched.open()
+        outs = [sched.step(s, prompts[i])] + [sched.step(s, x) for x in decodes[i]]
+        results[i] = (s, outs)
+
+    threads = [threading.Thread(target=stream, args=(i,)) for i in range(len(prompts))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i, (s, outs) in enumerate(results):
+        cache = simdattn.KvCache(layer, 1, 128)
+        want = [layer.forward(prompts[i][None], cache=cache)[0]] + [layer.forward(x[None], cache=cache)[0] for x in decodes[i]]
+        for got, w in zip(outs, want):
+            assert np.abs(got - w).max() <= 1e-4 * max(1.0, np.abs(w).max())
+        assert sched.length(s) == len(prompts[i]) + 5
+        sched.close(s)
+    assert sched.free_blocks == 128
+    assert sched.tokens_run == sum(len(p) + 5 for p in prompts)
+    assert sched.batches >= 40 // 16

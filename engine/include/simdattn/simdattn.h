@@ -412,6 +412,24 @@ SIMDATTN_C_API simdattn_status simdattn_mha_forward_pool(const simdattn_mha* lay
                                                          size_t count, simdattn_kv_pool* pool, int64_t layer_index,
                                                          const simdattn_mha_options* options);
 
+/* PoolScheduler over `pool` (which it then changes alone): token_budget tokens per batch (0: 512),
+ * each batch on `threads` threads (0: OpenMP's default). */
+typedef struct simdattn_pool_scheduler simdattn_pool_scheduler;
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_create(const simdattn_mha* layer, simdattn_kv_pool* pool,
+                                                              int64_t token_budget, int threads,
+                                                              simdattn_pool_scheduler** scheduler);
+/* Must not run while a step is in progress; the layer and the pool outlive it. */
+SIMDATTN_C_API void simdattn_pool_scheduler_free(simdattn_pool_scheduler* scheduler);
+/* A new sequence: empty (prefix < 0) or forked from `prefix`. Thread-safe, as every call below. */
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_open(simdattn_pool_scheduler* scheduler, int64_t prefix,
+                                                            int64_t* sequence);
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_close(simdattn_pool_scheduler* scheduler, int64_t sequence);
+/* Runs the step in batches with the other threads' steps; returns when step->out holds every row. */
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_step(simdattn_pool_scheduler* scheduler,
+                                                            const simdattn_pool_step* step);
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_length(const simdattn_pool_scheduler* scheduler,
+                                                              int64_t sequence, int64_t* length);
+
 /* ---- the machine and the build ------------------------------------------------------------- */
 
 /* Strings point into the library and stay valid until this thread's next simdattn_get_info. */

@@ -9,10 +9,14 @@
 #include "simdattn/kv_pool.hpp"
 #include "simdattn/mha.hpp"
 #include "simdattn/paged.hpp"
+#include "simdattn/pool_scheduler.hpp"
 #include "simdattn/simdattn.h"
 
 struct simdattn_kv_pool {
   simdattn::KvPool pool;
+};
+struct simdattn_pool_scheduler {
+  simdattn::PoolScheduler scheduler;
 };
 
 namespace {
@@ -37,12 +41,24 @@ PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
 }
 
 // An embedded sequence struct of a step.
+// A step struct as PoolStep (its embedded sequences checked).
+PoolStep pool_step(const simdattn_pool_step& s, const std::string& name);
+
 template <class View>
 View step_seq(const simdattn_seq& s, const std::string& name) {
   if (s.struct_size != sizeof(simdattn_seq))
     throw VersionError{name, "struct_size " + std::to_string(s.struct_size) + ", expected " +
                                  std::to_string(sizeof(simdattn_seq)) + " (set it with simdattn_seq_make)"};
   return seq_of<View>(&s, name.c_str());
+}
+
+PoolStep pool_step(const simdattn_pool_step& s, const std::string& name) {
+  PoolStep p;
+  p.query = step_seq<ConstSeqView>(s.query, name + ".query");
+  p.out = step_seq<SeqView>(s.out, name + ".out");
+  p.sequence = s.sequence;
+  p.positions = span_of(s.positions, s.positions_count, (name + ".positions").c_str());
+  return p;
 }
 
 }  // namespace
@@ -150,13 +166,56 @@ simdattn_status simdattn_mha_forward_pool(const simdattn_mha* layer, const simda
     std::vector<PoolStep> cpp(in.size());
     for (std::size_t i = 0; i < in.size(); ++i) {
       const std::string name = "steps[" + std::to_string(i) + "]";
-      const simdattn_pool_step& s = checked(&in[i], name.c_str());
-      cpp[i].query = step_seq<ConstSeqView>(s.query, name + ".query");
-      cpp[i].out = step_seq<SeqView>(s.out, name + ".out");
-      cpp[i].sequence = s.sequence;
-      cpp[i].positions = span_of(s.positions, s.positions_count, (name + ".positions").c_str());
+      cpp[i] = pool_step(checked(&in[i], name.c_str()), name);
     }
     layer->layer.forward_pool(cpp, pool->pool, layer_index, mha_options(options));
+  });
+}
+
+simdattn_status simdattn_pool_scheduler_create(const simdattn_mha* layer, simdattn_kv_pool* pool, int64_t token_budget,
+                                               int threads, simdattn_pool_scheduler** scheduler) {
+  if (scheduler != nullptr) *scheduler = nullptr;
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    require(layer, "layer");
+    require(pool, "pool");
+    PoolSchedulerOptions o;
+    if (token_budget != 0) o.token_budget = token_budget;
+    o.threads = threads;
+    *scheduler = new simdattn_pool_scheduler{PoolScheduler(layer->layer, pool->pool, o)};
+  });
+}
+
+void simdattn_pool_scheduler_free(simdattn_pool_scheduler* scheduler) { delete scheduler; }
+
+simdattn_status simdattn_pool_scheduler_open(simdattn_pool_scheduler* scheduler, int64_t prefix, int64_t* sequence) {
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    require(sequence, "sequence");
+    *sequence = prefix < 0 ? scheduler->scheduler.open() : scheduler->scheduler.open(prefix);
+  });
+}
+
+simdattn_status simdattn_pool_scheduler_close(simdattn_pool_scheduler* scheduler, int64_t sequence) {
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    scheduler->scheduler.close(sequence);
+  });
+}
+
+simdattn_status simdattn_pool_scheduler_step(simdattn_pool_scheduler* scheduler, const simdattn_pool_step* step) {
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    scheduler->scheduler.step(pool_step(checked(step, "step"), "step"));
+  });
+}
+
+simdattn_status simdattn_pool_scheduler_length(const simdattn_pool_scheduler* scheduler, int64_t sequence,
+                                               int64_t* length) {
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    require(length, "length");
+    *length = scheduler->scheduler.length(sequence);
   });
 }
 
