@@ -8,6 +8,20 @@
 //     median, and the ratio of the bests. Every scheduler output is checked against the alone
 //     run's (the same tokens into the same caches).
 //
+//   simdattn_serve_bench pool [--streams 8] [--kv 256] [--steps 64] [--reps 5] [--json FILE]
+//     The same streams each alone (a KvCache, a thread each), as one forward_pool call per step
+//     over a KvPool (the batched step in a loop), and through a PoolScheduler (a request thread
+//     each): tokens/s, best and median, the ratios, the batched step's GB/s of weights and K/V.
+//
+//   simdattn_serve_bench prefill [--streams 8] [--kv 4096] [--steps 64] [--reps 5] [--json FILE]
+//     `streams` decode streams through a PoolScheduler (token budget 512) while a `kv`-token
+//     prompt joins in chunks: the streams' p99 step latency with and without it, and the prompt's
+//     prefill time beside them against alone.
+//
+//   simdattn_serve_bench memory
+//     64 sequences of random lengths 100-4000 in a KvPool against their tokens' bytes and
+//     4096-token slabs; 32 sequences forked from one 2048-token prompt.
+//
 //   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
 //                        [--loads 30,50,70] [--seconds 2] [--slices 4] [--json FILE]
 //     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
@@ -48,6 +62,9 @@ namespace {
   std::fprintf(stderr,
                "simdattn_serve_bench: %s\n"
                "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
+               "       simdattn_serve_bench pool [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
+               "       simdattn_serve_bench prefill [--streams N] [--kv PROMPT_TOKENS] [--steps N] [--reps N]\n"
+               "       simdattn_serve_bench memory\n"
                "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
                "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
                why.c_str());
@@ -58,7 +75,8 @@ Args parse(int argc, char** argv) {
   Args a;
   if (argc < 2) usage("expected a mode");
   a.mode = argv[1];
-  if (a.mode != "decode" && a.mode != "load") usage("unknown mode '" + a.mode + "'");
+  if (a.mode != "decode" && a.mode != "load" && a.mode != "pool" && a.mode != "prefill" && a.mode != "memory")
+    usage("unknown mode '" + a.mode + "'");
   for (int i = 2; i < argc; ++i) {
     const std::string f = argv[i];
     if (i + 1 >= argc) usage(f + ": expected a value");
@@ -127,7 +145,11 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   const serve::Args a = serve::parse(argc, argv);
   try {
-    return a.mode == "decode" ? serve::decode(a) : serve::load(a);
+    if (a.mode == "decode") return serve::decode(a);
+    if (a.mode == "pool") return serve::pool(a);
+    if (a.mode == "prefill") return serve::prefill(a);
+    if (a.mode == "memory") return serve::memory(a);
+    return serve::load(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "simdattn_serve_bench: %s\n", e.what());
     return 2;

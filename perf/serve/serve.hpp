@@ -35,5 +35,8 @@ double median(std::vector<double> v);
 
 int decode(const Args& a);  // decode.cpp
 int load(const Args& a);    // load.cpp
+int pool(const Args& a);     // pool.cpp: decode over a KvPool
+int prefill(const Args& a);  // pool.cpp: chunked prefill beside decoding streams
+int memory(const Args& a);   // pool.cpp: the pool's bytes
 
 }  // namespace serve

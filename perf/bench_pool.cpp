@@ -1,0 +1,92 @@
+// mha/native/pool-step/s<S>-kv<N>/t<T>: one MultiHeadAttention::forward_pool call of S decode
+// steps of the gpt-layer stand-in (d_model 1024, 16 heads, f32), each sequence holding N tokens
+// in a KvPool of blocks of 32 (filled once per (S, N) by a prefill through the layer; each step's
+// token is truncated away again). Counter GB/s: the bytes a step reads, the layer's weights once
+// (4 x 1024^2 f32, 16 MiB) and every stream's K and V (S x N x 2 x 1024 x 4 bytes); against
+// bandwidth/read/t<T> of the same run.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "perf_util.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace {
+
+constexpr std::int64_t kD = 1024, kHeads = 16;
+
+simdattn::MultiHeadAttention gpt_layer() {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> n(0.f, 1.f / 32.f);
+  auto v = [&](std::int64_t k) {
+    std::vector<float> x(static_cast<std::size_t>(k));
+    for (auto& e : x) e = n(rng);
+    return x;
+  };
+  return simdattn::MultiHeadAttention(
+      simdattn::MhaConfig{.d_model = kD, .heads = kHeads},
+      simdattn::MhaWeights<float>{v(kD * kD), v(kD * kD), v(kD * kD), v(kD * kD), v(kD), v(kD), v(kD), v(kD)});
+}
+
+// The pool of the last (S, N) asked for, filled once (the next configuration replaces it).
+struct Filled {
+  std::int64_t streams = 0, kv = 0;
+  std::unique_ptr<simdattn::KvPool> pool;
+  std::vector<simdattn::KvPool::Sequence> seqs;
+};
+
+Filled& filled(const simdattn::MultiHeadAttention& layer, std::int64_t S, std::int64_t N) {
+  static Filled f;
+  if (f.streams == S && f.kv == N) return f;
+  f.pool.reset();
+  f.seqs.clear();
+  f.pool = std::make_unique<simdattn::KvPool>(layer, S * (N / simdattn::kDefaultBlockSize + 2));
+  std::mt19937 rng(9);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<float> x(static_cast<std::size_t>(N * kD)), y(x.size());
+  for (std::int64_t s = 0; s < S; ++s) {
+    for (auto& e : x) e = n(rng);
+    f.seqs.push_back(f.pool->add());
+    const simdattn::PoolStep prompt{simdattn::ConstSeqView(x.data(), 1, N, kD), f.seqs.back(),
+                                    simdattn::SeqView(y.data(), 1, N, kD)};
+    layer.forward_pool({&prompt, 1}, *f.pool);
+  }
+  f.streams = S, f.kv = N;
+  return f;
+}
+
+void bench_pool_step(benchmark::State& state, std::int64_t S, std::int64_t N, int threads) {
+  static const simdattn::MultiHeadAttention layer = gpt_layer();
+  Filled& f = filled(layer, S, N);
+  std::vector<float> x(static_cast<std::size_t>(S * kD), 0.5f), y(x.size());
+  std::vector<simdattn::PoolStep> steps;
+  for (std::int64_t s = 0; s < S; ++s)
+    steps.push_back({simdattn::ConstSeqView(x.data() + s * kD, 1, 1, kD), f.seqs[static_cast<std::size_t>(s)],
+                     simdattn::SeqView(y.data() + s * kD, 1, 1, kD)});
+  simdattn::MhaOptions opt;
+  opt.threads = threads;
+  const double bytes = 4.0 * kD * kD * 4 + double(S) * double(N) * 2 * kD * 4;
+  simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
+    layer.forward_pool(steps, *f.pool, 0, opt);
+    for (auto s : f.seqs) f.pool->truncate(s, N);
+  });
+}
+
+int register_all() {
+  for (std::int64_t S : {8, 32})
+    for (std::int64_t N : {256, 1024, 4096})
+      for (int t : {1, 2}) {
+        const std::string name = "mha/native/pool-step/s" + std::to_string(S) + "-kv" + std::to_string(N) + "/t" +
+                                 std::to_string(t);
+        benchmark::RegisterBenchmark(name.c_str(), bench_pool_step, S, N, t)->Unit(benchmark::kMillisecond);
+      }
+  return 0;
+}
+
+const int registered = register_all();
+
+}  // namespace
