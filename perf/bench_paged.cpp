@@ -2,6 +2,7 @@
 // kDefaultBlockSize, a shuffled block table), each beside its contiguous counterpart:
 //   attention/native/paged-decode/t<N> (.bf16): the `decode` workload (1 x 32 heads x 4096 keys,
 //     d 128) in blocks; against attention/native/decode/t<N> (.bf16)
+//   attention/native/paged-decode-bs<16|32|64|128>/t<N> (.bf16): the same in blocks of that size
 //   attention/native/paged-long+7short/t<N>: decode steps of one 8192-key and seven 128-key
 //     sequences in one call; attention/native/paged-long/t<N>: the 8192-key one alone
 //   attention/native/paged-mixed8/t<N>: decode steps of 8 sequences of 100..4000 keys in one
@@ -9,7 +10,11 @@
 // Counter: GB/s of the K and V read.
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
@@ -25,15 +30,39 @@ using simdattn::perf::from_float;
 
 constexpr std::int64_t kH = 32, kD = 128;
 
+// n elements on transparent huge pages, as a KvPool keeps its blocks.
+template <class T>
+struct HugeArray {
+  T* p = nullptr;
+  std::size_t n = 0;
+  HugeArray() = default;
+  HugeArray(const HugeArray&) = delete;
+  ~HugeArray() { std::free(p); }
+  void resize(std::size_t count) {
+    constexpr std::size_t kPage = std::size_t{2} << 20;
+    n = count;
+    const std::size_t bytes = (n * sizeof(T) + kPage - 1) / kPage * kPage;
+    p = static_cast<T*>(std::aligned_alloc(kPage, bytes));
+    if (p == nullptr) throw std::bad_alloc();
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+  }
+  std::size_t size() const { return n; }
+  T* data() { return p; }
+  const T* data() const { return p; }
+  T& operator[](std::size_t i) { return p[i]; }
+};
+
 // Decode steps of sequences of these lengths over one pool-layout cache.
 template <class T>
 struct PagedInputs {
-  std::int64_t bs = simdattn::kDefaultBlockSize, blocks = 0, max_blocks = 0;
+  std::int64_t bs, blocks = 0, max_blocks = 0;
   std::vector<std::int64_t> lens;
   std::vector<std::int32_t> table;
-  std::vector<T> q, k, v, o;
+  std::vector<T> q, o;
+  HugeArray<T> k, v;
 
-  explicit PagedInputs(std::vector<std::int64_t> lengths) : lens(std::move(lengths)) {
+  explicit PagedInputs(std::vector<std::int64_t> lengths, std::int64_t block_size = simdattn::kDefaultBlockSize)
+      : bs(block_size), lens(std::move(lengths)) {
     for (auto L : lens) max_blocks = std::max(max_blocks, (L + bs - 1) / bs), blocks += (L + bs - 1) / bs;
     std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
     std::iota(order.begin(), order.end(), 0);
@@ -46,8 +75,9 @@ struct PagedInputs {
     std::normal_distribution<float> n(0.f, 1.f);
     q.resize(lens.size() * kH * kD), o.resize(q.size());
     k.resize(std::size_t(blocks * bs * kH * kD)), v.resize(k.size());
-    for (auto* x : {&q, &k, &v})
-      for (auto& e : *x) e = from_float<T>(n(rng));
+    for (auto& e : q) e = from_float<T>(n(rng));
+    for (auto* x : {&k, &v})
+      for (std::size_t i = 0; i < x->size(); ++i) (*x)[i] = from_float<T>(n(rng));
   }
   double kv_bytes() const {
     double keys = 0;
@@ -68,8 +98,8 @@ struct PagedInputs {
 };
 
 template <class T>
-void bench_paged(benchmark::State& state, std::vector<std::int64_t> lens, int threads) {
-  PagedInputs<T> in(std::move(lens));
+void bench_paged(benchmark::State& state, std::vector<std::int64_t> lens, int threads, std::int64_t block_size) {
+  PagedInputs<T> in(std::move(lens), block_size);
   simdattn::perf::timed_loop(state, in.kv_bytes(), "GB/s", [&] { in.run(threads); });
 }
 
@@ -105,14 +135,21 @@ int register_all() {
   for (int t : {1, 2}) {
     const std::string ts = "/t" + std::to_string(t);
     benchmark::RegisterBenchmark(("attention/native/paged-decode" + ts).c_str(), bench_paged<float>,
-                                 std::vector<std::int64_t>{4096}, t)->Unit(benchmark::kMillisecond);
+                                 std::vector<std::int64_t>{4096}, t, simdattn::kDefaultBlockSize)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("attention/native/paged-decode.bf16" + ts).c_str(), bench_paged<simdattn::bfloat16>,
-                                 std::vector<std::int64_t>{4096}, t)->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention/native/paged-long+7short" + ts).c_str(), bench_paged<float>, long7, t)
+                                 std::vector<std::int64_t>{4096}, t, simdattn::kDefaultBlockSize)->Unit(benchmark::kMillisecond);
+    for (std::int64_t bs : {16, 32, 64, 128}) {  // the block size's cost (kDefaultBlockSize's reason)
+      const std::string b = "attention/native/paged-decode-bs" + std::to_string(bs);
+      benchmark::RegisterBenchmark((b + ts).c_str(), bench_paged<float>, std::vector<std::int64_t>{4096}, t, bs)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark((b + ".bf16" + ts).c_str(), bench_paged<simdattn::bfloat16>,
+                                   std::vector<std::int64_t>{4096}, t, bs)->Unit(benchmark::kMillisecond);
+    }
+    benchmark::RegisterBenchmark(("attention/native/paged-long+7short" + ts).c_str(), bench_paged<float>, long7, t, simdattn::kDefaultBlockSize)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("attention/native/paged-long" + ts).c_str(), bench_paged<float>,
-                                 std::vector<std::int64_t>{8192}, t)->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("attention/native/paged-mixed8" + ts).c_str(), bench_paged<float>, mixed8, t)
+                                 std::vector<std::int64_t>{8192}, t, simdattn::kDefaultBlockSize)->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("attention/native/paged-mixed8" + ts).c_str(), bench_paged<float>, mixed8, t, simdattn::kDefaultBlockSize)
         ->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("attention/native/dense-mixed8" + ts).c_str(), bench_dense_each, mixed8, t)
         ->Unit(benchmark::kMillisecond);

@@ -1,6 +1,6 @@
 // mha/native/pool-step/s<S>-kv<N>/t<T>: one MultiHeadAttention::forward_pool call of S decode
 // steps of the gpt-layer stand-in (d_model 1024, 16 heads, f32), each sequence holding N tokens
-// in a KvPool of blocks of 32 (filled once per (S, N) by a prefill through the layer; each step's
+// in a KvPool of kDefaultBlockSize blocks (filled once per (S, N) by a prefill through the layer; each step's
 // token is truncated away again). Counter GB/s: the bytes a step reads, the layer's weights once
 // (4 x 1024^2 f32, 16 MiB) and every stream's K and V (S x N x 2 x 1024 x 4 bytes); against
 // bandwidth/read/t<T> of the same run.

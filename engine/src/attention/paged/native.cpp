@@ -23,6 +23,8 @@
 #include <type_traits>
 #include <vector>
 
+#include <xmmintrin.h>
+
 #include "attention/native/rows.hpp"
 #include "attention/paged/paged.hpp"
 #include "core/element.hpp"
@@ -164,6 +166,21 @@ class PagedWorker {
     return to;
   }
 
+  // Prefetches the rows of the block piece that starts at key j (of keys < b) of unit u's kv head:
+  // each piece is a run of its own in memory (a block of another place), where the hardware
+  // prefetcher would start over; so the next one is requested while the current one is read
+  // (guarded by attention/native/paged-decode).
+  void prefetch_piece(const void* cache, const Shape4& st, std::int64_t width, const Unit& u, std::int64_t j,
+                      std::int64_t b) const {
+    if (st[3] != 1) return;
+    const std::int64_t slot = j % p_.block_size, n = std::min(b, j - slot + p_.block_size) - j;
+    const char* row = reinterpret_cast<const char*>(static_cast<const T*>(cache) + p_.block_of(u.seq, j) * st[0] +
+                                                    slot * st[1] + u.hk * st[2]);
+    const std::int64_t bytes = width * static_cast<std::int64_t>(sizeof(T)), step = st[1] * static_cast<std::int64_t>(sizeof(T));
+    for (std::int64_t r = 0; r < n; ++r, row += step)
+      for (std::int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+  }
+
   // Keys [a, b) of unit u: scores, the row updates, and acc += P V.
   void chunk(const Problem& seq, const Unit& u, std::int64_t a, std::int64_t b, PartRows& r, bool first) {
     const std::int64_t nk = b - a, ldS = kPagedSplitKeys, nq = u.t1 - u.t0;
@@ -171,6 +188,9 @@ class PagedWorker {
     for (std::int64_t j = a; j < b;) {  // S = Qg K^T, block piece by block piece
       const std::int64_t slot = j % p_.block_size, n = std::min(b, j - slot + p_.block_size) - j;
       std::int64_t ld = 0;
+      // the next piece (or V's first) on its way while this one is read
+      if (j + n < b) prefetch_piece(p_.k, p_.k_strides, p_.D, u, j + n, b);
+      else prefetch_piece(p_.v, p_.v_strides, p_.Dv, u, a, b);
       const T* k = block_rows(p_.k, p_.k_strides, p_.D, p_.block_of(u.seq, j), slot, n, u.hk, tmp, ld);
       scores(u.rows, n, k, ld, s_ + (j - a));
       j += n;
@@ -194,6 +214,7 @@ class PagedWorker {
     for (std::int64_t j = a; j < b;) {  // acc += P V
       const std::int64_t slot = j % p_.block_size, n = std::min(b, j - slot + p_.block_size) - j;
       std::int64_t ld = 0;
+      if (j + n < b) prefetch_piece(p_.v, p_.v_strides, p_.Dv, u, j + n, b);
       const T* v = block_rows(p_.v, p_.v_strides, p_.Dv, p_.block_of(u.seq, j), slot, n, u.hk, tmp, ld);
       weighted_sum(u.rows, n, s_ + (j - a), v, ld, r.acc, first && j == a);
       j += n;

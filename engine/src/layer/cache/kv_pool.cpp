@@ -44,7 +44,7 @@ PoolState& PoolAccess::state(KvPool& pool) { return pool.state_->s; }
 const PoolState& PoolAccess::state(const KvPool& pool) { return pool.state_->s; }
 
 ConstTensorView PoolState::view(std::int64_t layer, int kv) const {
-  return ConstTensorView(data.data() + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
+  return ConstTensorView(data.data + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
                          {num_blocks, block_size, kv_heads, head_dim},
                          {block_elems, head_dim, block_size * head_dim, 1});
 }
@@ -101,8 +101,8 @@ void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
         if (pool.refs[static_cast<std::size_t>(blk)] == 1) continue;
         const std::int32_t copy = pool.free_blocks.back();  // copy-on-write
         pool.free_blocks.pop_back();
-        std::memcpy(pool.data.data() + static_cast<std::size_t>(copy) * block_bytes,
-                    pool.data.data() + static_cast<std::size_t>(blk) * block_bytes, block_bytes);
+        std::memcpy(pool.data.data + static_cast<std::size_t>(copy) * block_bytes,
+                    pool.data.data + static_cast<std::size_t>(blk) * block_bytes, block_bytes);
         --pool.refs[static_cast<std::size_t>(blk)];
         pool.refs[static_cast<std::size_t>(copy)] = 1;
         blk = copy;
@@ -225,7 +225,8 @@ KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_bl
                                   " layers x " + num(kv_heads) + " kv heads x " + num(head_dim) +
                                   " overflow the size of a pool");
   s.block_elems = elems;
-  s.data.resize(static_cast<std::size_t>(total));
+  s.bytes = static_cast<std::size_t>(total);
+  s.data.get(s.bytes);  // std::bad_alloc if it does not fit; its pages are touched as blocks are written
   s.refs.assign(static_cast<std::size_t>(num_blocks), 0);
   s.free_blocks.resize(static_cast<std::size_t>(num_blocks));
   for (std::int64_t b = 0; b < num_blocks; ++b)  // block 0 handed out first
@@ -333,7 +334,7 @@ std::int64_t KvPool::layers() const noexcept { return state_->s.layers; }
 std::int64_t KvPool::kv_heads() const noexcept { return state_->s.kv_heads; }
 std::int64_t KvPool::head_dim() const noexcept { return state_->s.head_dim; }
 DType KvPool::dtype() const noexcept { return state_->s.dtype; }
-std::int64_t KvPool::bytes() const noexcept { return static_cast<std::int64_t>(state_->s.data.size()); }
+std::int64_t KvPool::bytes() const noexcept { return static_cast<std::int64_t>(state_->s.bytes); }
 
 ConstTensorView KvPool::keys(std::int64_t layer) const {
   if (layer < 0 || layer >= state_->s.layers)
