@@ -13,8 +13,8 @@
 //     over a KvPool (the batched step in a loop), and through a PoolScheduler (a request thread
 //     each): tokens/s, best and median, the ratios, the batched step's GB/s of weights and K/V.
 //
-//   simdattn_serve_bench prefill [--streams 8] [--kv 4096] [--steps 64] [--reps 5] [--json FILE]
-//     `streams` decode streams through a PoolScheduler (token budget 512) while a `kv`-token
+//   simdattn_serve_bench prefill [--streams 8] [--kv 4096] [--steps 64] [--reps 5] [--budget 512] [--json FILE]
+//     `streams` decode streams through a PoolScheduler (token budget `budget`) while a `kv`-token
 //     prompt joins in chunks: the streams' p99 step latency with and without it, and the prompt's
 //     prefill time beside them against alone.
 //
@@ -63,7 +63,7 @@ namespace {
                "simdattn_serve_bench: %s\n"
                "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
                "       simdattn_serve_bench pool [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
-               "       simdattn_serve_bench prefill [--streams N] [--kv PROMPT_TOKENS] [--steps N] [--reps N]\n"
+               "       simdattn_serve_bench prefill [--streams N] [--kv PROMPT_TOKENS] [--steps N] [--reps N] [--budget N]\n"
                "       simdattn_serve_bench memory\n"
                "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
                "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
@@ -97,6 +97,7 @@ Args parse(int argc, char** argv) {
       a.workload = v;
     } else if (f == "--clients") a.clients = static_cast<int>(num(1));
     else if (f == "--threads") a.threads = static_cast<int>(num(0));
+    else if (f == "--budget") a.budget = num(1);
     else if (f == "--slices") {
       a.slices = static_cast<int>(num(1));
       if (a.slices > 100) usage("--slices: expected an integer 1..100");

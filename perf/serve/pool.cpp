@@ -127,7 +127,7 @@ int pool(const Args& a) {
 }
 
 // Chunked prefill: S streams decoding through a PoolScheduler, their step latencies without and
-// with a `kv`-token prompt joining (token budget 512); the prompt's prefill time beside them
+// with a `kv`-token prompt joining (token budget `budget`); the prompt's prefill time beside them
 // against alone.
 int prefill(const Args& a) {
   const MultiHeadAttention layer = gpt_layer();
@@ -136,7 +136,7 @@ int prefill(const Args& a) {
   std::mt19937 rng(8);
   KvPool kvpool(layer, (S * (warm + G) + P) / kDefaultBlockSize + S + 8);
   PoolSchedulerOptions o;
-  o.token_budget = 512;
+  o.token_budget = a.budget;
   PoolScheduler sched(layer, kvpool, o);
   const std::vector<float> warm_x = random_rows(rng, warm), prompt = random_rows(rng, P);
   std::vector<std::vector<float>> x(S);
@@ -192,8 +192,8 @@ int prefill(const Args& a) {
   }
   const double b = median(base_p99), w = median(with_p99), pa = median(alone_prompt_s), pw = median(with_prompt_s);
   std::printf("prefill: %d streams decoding (gpt-layer, f32, %lld cached tokens), a %lld-token prompt joining in "
-              "chunks (token budget 512), %d reps (medians)\n",
-              S, static_cast<long long>(warm), static_cast<long long>(P), a.reps);
+              "chunks (token budget %lld), %d reps (medians)\n",
+              S, static_cast<long long>(warm), static_cast<long long>(P), static_cast<long long>(a.budget), a.reps);
   std::printf("  streams' p99 step latency: %.2f ms without the prompt, %.2f ms while it is prefilled: %.2fx\n", b * 1e3,
               w * 1e3, w / b);
   std::printf("  the prompt's prefill: %.3f s alone, %.3f s beside the streams: %.0f%% of its speed alone\n", pa, pw,
