@@ -305,19 +305,7 @@ void check_output_option(const std::string& name, const TensorView& view, const 
 // Softcap, ALiBi, T5's bias, sinks, query offsets and the lse output.
 void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorView& q, const ConstTensorView& k,
                    const ConstTensorView& v, const Span& so) {
-  if (opt.softcap) {
-    if (!(std::isfinite(*opt.softcap) && *opt.softcap > 0.0))
-      throw Error("options.softcap", "must be finite and > 0, got " + std::to_string(*opt.softcap));
-    p.softcap = *opt.softcap;
-  }
-  if (!opt.alibi_slopes.empty()) {
-    check_per_head("options.alibi_slopes", opt.alibi_slopes, p.H, "query head", so);
-    p.alibi = opt.alibi_slopes.data();
-  }
-  if (!opt.sinks.empty()) {
-    check_per_head("options.sinks", opt.sinks, p.H, "query head", so);
-    p.sinks = opt.sinks.data();
-  }
+  set_softcap_alibi_sinks(p, opt, so);
   if (opt.relative_bias) {
     const RelativePositionBias& rb = *opt.relative_bias;
     const ConstTensorView& t = rb.table;

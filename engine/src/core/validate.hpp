@@ -1,12 +1,14 @@
 // Turning the arguments of attention() into a Problem.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <span>
 #include <string>
 
 #include "core/problem.hpp"
 #include "simdattn/attention.hpp"
+#include "simdattn/error.hpp"
 
 namespace simdattn::detail {
 
@@ -30,6 +32,26 @@ bool overlaps(const Span& a, const Span& b);
 // span `so`. Throws Error(name), or Error("out") on an overlap.
 void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
                     const Span& so);
+
+// The softcap (finite, > 0), ALiBi slopes and sinks ([p.H] finite values each, clear of out's
+// span so) of options `opt` onto a problem's softcap, alibi and sinks (attention() and
+// attention_paged() take them alike). Throws Error naming the option.
+template <class P, class Options>
+void set_softcap_alibi_sinks(P& p, const Options& opt, const Span& so) {
+  if (opt.softcap) {
+    if (!(std::isfinite(*opt.softcap) && *opt.softcap > 0.0))
+      throw Error("options.softcap", "must be finite and > 0, got " + std::to_string(*opt.softcap));
+    p.softcap = *opt.softcap;
+  }
+  if (!opt.alibi_slopes.empty()) {
+    check_per_head("options.alibi_slopes", opt.alibi_slopes, p.H, "query head", so);
+    p.alibi = opt.alibi_slopes.data();
+  }
+  if (!opt.sinks.empty()) {
+    check_per_head("options.sinks", opt.sinks, p.H, "query head", so);
+    p.sinks = opt.sinks.data();
+  }
+}
 
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a

@@ -116,19 +116,7 @@ void set_options(PagedProblem& p, const PagedAttentionOptions& opt, const Span& 
   }
   p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
   if (!std::isfinite(p.scale)) throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));
-  if (opt.softcap) {
-    if (!(std::isfinite(*opt.softcap) && *opt.softcap > 0.0))
-      throw Error("options.softcap", "must be finite and > 0, got " + std::to_string(*opt.softcap));
-    p.softcap = *opt.softcap;
-  }
-  if (!opt.alibi_slopes.empty()) {
-    check_per_head("options.alibi_slopes", opt.alibi_slopes, p.H, "query head", so);
-    p.alibi = opt.alibi_slopes.data();
-  }
-  if (!opt.sinks.empty()) {
-    check_per_head("options.sinks", opt.sinks, p.H, "query head", so);
-    p.sinks = opt.sinks.data();
-  }
+  set_softcap_alibi_sinks(p, opt, so);
   if (opt.threads < 0) throw Error("options.threads", "must be >= 0, got " + num(opt.threads));
   p.threads = opt.threads;
 }
