@@ -293,7 +293,7 @@ budget) and decode steps run as batched forward_pool calls on the scheduler's ow
              o.layer = layer_index, o.threads = threads, o.backend = backend_of(backend);
              return new PyPoolScheduler{layer, PoolScheduler(layer, pool, o)};
            }),
-           py::arg("layer"), py::arg("pool"), py::kw_only(), py::arg("token_budget") = 512, py::arg("max_wait_us") = 500.0,
+           py::arg("layer"), py::arg("pool"), py::kw_only(), py::arg("token_budget") = PoolSchedulerOptions{}.token_budget, py::arg("max_wait_us") = 500.0,
            py::arg("layer_index") = 0, py::arg("threads") = 0, py::arg("backend") = "native", py::keep_alive<1, 2>(),
            py::keep_alive<1, 3>())
       .def("open", [](PyPoolScheduler& s, const py::object& prefix) {

@@ -25,7 +25,7 @@ struct Args {
   double seconds = 2.0;
   int slices = 4;   // load: each measurement's slices, the servers taking turns
   int threads = 0;  // load: each library request's threads
-  std::int64_t budget = 512;  // prefill: the PoolScheduler's token budget
+  std::int64_t budget = PoolSchedulerOptions{}.token_budget;  // prefill: the PoolScheduler's token budget
 };
 
 constexpr std::int64_t kD = 1024, kHeads = 16;

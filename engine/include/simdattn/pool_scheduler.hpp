@@ -5,9 +5,11 @@
 // pool that holds a prompt many requests start with), then calls step() with its new tokens: a
 // prompt (T > 1) or a decode step (T = 1). The scheduler's thread forms every batch: every
 // pending decode step first, then chunks of pending prompts in the order they came, until the
-// batch holds `token_budget` tokens. So a 4096-token prompt joining does not stall the running
-// streams for a whole prefill: it runs `token_budget - streams` tokens a batch beside them. A
-// batch is one MultiHeadAttention::forward_pool call.
+// batch's cost reaches `token_budget`: a decode step costs 1, a prompt token 1 + (the keys it
+// attends) / (2 d_model), its projections' and its attention's work in units of a token's
+// projections. So a 4096-token prompt joining does not stall the running streams for a whole
+// prefill: it runs a chunk a batch beside them, shorter as its tokens attend to more keys, and
+// the batches take about the same time. A batch is one MultiHeadAttention::forward_pool call.
 //
 // Blocks: a request whose next tokens need more blocks than are free (after the requests before
 // it in the batch took theirs) fails alone, with Error("pool"), its sequence as before its step;
@@ -36,7 +38,7 @@
 namespace simdattn {
 
 struct PoolSchedulerOptions {
-  std::int64_t token_budget = 512;          // tokens per batch (>= 1): decode steps, then prompt chunks
+  std::int64_t token_budget = 64;           // a batch's cost in tokens (>= 1): decode steps, then prompt chunks
   std::chrono::microseconds max_wait{500};  // the longest a batch waits for the previous batch's streams
   std::int64_t layer = 0;                   // the pool's layer the scheduler's layer writes
   int threads = 0;                          // each batched call's threads, as MhaOptions::threads

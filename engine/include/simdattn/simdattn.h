@@ -412,8 +412,9 @@ SIMDATTN_C_API simdattn_status simdattn_mha_forward_pool(const simdattn_mha* lay
                                                          size_t count, simdattn_kv_pool* pool, int64_t layer_index,
                                                          const simdattn_mha_options* options);
 
-/* PoolScheduler over `pool` (which it then changes alone): token_budget tokens per batch (0: 512),
- * each batch on `threads` threads (0: OpenMP's default). */
+/* PoolScheduler over `pool` (which it then changes alone): a batch costs at most token_budget
+ * tokens (0: PoolSchedulerOptions's default, 64), each batch on `threads` threads (0: OpenMP's
+ * default). */
 typedef struct simdattn_pool_scheduler simdattn_pool_scheduler;
 SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_create(const simdattn_mha* layer, simdattn_kv_pool* pool,
                                                               int64_t token_budget, int threads,

@@ -172,12 +172,33 @@ bool PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
   std::vector<PoolStep> steps;
   std::unique_lock<std::mutex> pool_lock(pool_mutex_);
   const std::int64_t free_at_start = pool_.free_blocks();
-  std::int64_t free_left = free_at_start, budget = options_.token_budget;
+  std::int64_t free_left = free_at_start;
+  double budget = static_cast<double>(options_.token_budget);
+  // A prompt chunk of n tokens from position L0 costs n + n (L0 + (n + 1) / 2) / (2 d_model): each
+  // token's projections (8 d_model^2 multiply-adds) and its attention over the keys up to it (4
+  // d_model a key), in units of one token's projections; a decode step costs 1. So a batch's time
+  // stays about the same as a long prompt's later chunks attend to more keys.
+  const double per_key = 1.0 / (2.0 * static_cast<double>(layer_.config().d_model));
+  auto chunk_cost = [&](const Request* q, std::int64_t n) {
+    const double l0 = static_cast<double>(q->start + q->done);
+    return static_cast<double>(n) * (1.0 + (l0 + static_cast<double>(n + 1) / 2.0) * per_key);
+  };
   std::vector<Request*> failed;
   for (int pass = 0; pass < 2; ++pass)  // decode steps, then prompts
     for (Request* q : pending_) {
-      if ((q->tokens == 1) != (pass == 0) || budget == 0) continue;
-      std::int64_t n = std::min(q->tokens - q->done, budget);
+      if ((q->tokens == 1) != (pass == 0) || budget < 1.0) continue;
+      std::int64_t n = 1;
+      if (pass == 1) {  // the longest chunk within the budget (at least a token in an empty batch)
+        std::int64_t lo = 0, hi = q->tokens - q->done + 1;  // cost(lo) <= budget < cost(hi)
+        if (chunk_cost(q, hi - 1) <= budget) lo = hi - 1;
+        else
+          while (hi - lo > 1) {
+            const std::int64_t mid = lo + (hi - lo) / 2;
+            (chunk_cost(q, mid) <= budget ? lo : hi) = mid;
+          }
+        n = std::max<std::int64_t>(lo, batch.empty() ? 1 : 0);
+        if (n == 0) continue;
+      }
       // the most of those tokens that fit in the free blocks (blocks_needed grows with n)
       while (n > 0 && pool_.blocks_needed(q->step.sequence, n, options_.layer) > free_left) {
         std::int64_t lo = 0, hi = n;  // fits(lo), !fits(hi)
@@ -192,7 +213,7 @@ bool PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
         continue;                                              // else: the next batch
       }
       free_left -= pool_.blocks_needed(q->step.sequence, n, options_.layer);
-      budget -= n;
+      budget -= pass == 0 ? 1.0 : chunk_cost(q, n);
       q->in_batch = true;
       batch.push_back(q);
       chunk.push_back(n);
