@@ -38,7 +38,7 @@
 namespace simdattn {
 
 struct PoolSchedulerOptions {
-  std::int64_t token_budget = 64;           // a batch's cost in tokens (>= 1): decode steps, then prompt chunks
+  std::int64_t token_budget = 24;           // a batch's cost in tokens (>= 1): decode steps, then prompt chunks
   std::chrono::microseconds max_wait{500};  // the longest a batch waits for the previous batch's streams
   std::int64_t layer = 0;                   // the pool's layer the scheduler's layer writes
   int threads = 0;                          // each batched call's threads, as MhaOptions::threads

@@ -413,7 +413,7 @@ SIMDATTN_C_API simdattn_status simdattn_mha_forward_pool(const simdattn_mha* lay
                                                          const simdattn_mha_options* options);
 
 /* PoolScheduler over `pool` (which it then changes alone): a batch costs at most token_budget
- * tokens (0: PoolSchedulerOptions's default, 64), each batch on `threads` threads (0: OpenMP's
+ * tokens (0: PoolSchedulerOptions's default, 24), each batch on `threads` threads (0: OpenMP's
  * default). */
 typedef struct simdattn_pool_scheduler simdattn_pool_scheduler;
 SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_create(const simdattn_mha* layer, simdattn_kv_pool* pool,
