@@ -12,25 +12,15 @@
 #include <string>
 #include <vector>
 
+#include "gpt_layer.hpp"
 #include "perf_util.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace {
 
-constexpr std::int64_t kD = 1024, kHeads = 16;
+constexpr std::int64_t kD = simdattn::perf::kGptD;
+using simdattn::perf::gpt_layer;
 
-simdattn::MultiHeadAttention gpt_layer() {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> n(0.f, 1.f / 32.f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (auto& e : x) e = n(rng);
-    return x;
-  };
-  return simdattn::MultiHeadAttention(
-      simdattn::MhaConfig{.d_model = kD, .heads = kHeads},
-      simdattn::MhaWeights<float>{v(kD * kD), v(kD * kD), v(kD * kD), v(kD * kD), v(kD), v(kD), v(kD), v(kD)});
-}
 
 // The pool of the last (S, N) asked for, filled once (the next configuration replaces it).
 struct Filled {

@@ -52,6 +52,7 @@
 #include <thread>
 #include <vector>
 
+#include "gpt_layer.hpp"
 #include "serve/serve.hpp"
 #include "simdattn/simdattn.hpp"
 
@@ -124,17 +125,7 @@ Args parse(int argc, char** argv) {
 
 }  // namespace
 
-MultiHeadAttention gpt_layer() {
-  std::mt19937 rng(3);
-  std::normal_distribution<float> n(0.f, 1.f / 32.f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (auto& e : x) e = n(rng);
-    return x;
-  };
-  return MultiHeadAttention(MhaConfig{.d_model = kD, .heads = kHeads},
-                            MhaWeights<float>{v(kD * kD), v(kD * kD), v(kD * kD), v(kD * kD), v(kD), v(kD), v(kD), v(kD)});
-}
+MultiHeadAttention gpt_layer() { return simdattn::perf::gpt_layer(); }
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "support/serving_util.hpp"
 #include "support/test_util.hpp"
 
 using namespace simdattn;
@@ -19,6 +20,7 @@ using namespace simdattn;
 namespace {
 
 constexpr std::int64_t kD = 32, kHeads = 4, kKvHeads = 2, kHd = kD / kHeads;
+using test::check_error;
 
 template <class T>
 MultiHeadAttention random_layer(std::mt19937_64& rng, bool qk_norm = false) {
@@ -48,16 +50,6 @@ double max_diff(const std::vector<T>& a, const std::vector<T>& b) {
   double m = 0;
   for (std::size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(test::as_double(a[i]) - test::as_double(b[i])));
   return m;
-}
-
-template <class F>
-void check_error(F&& f, const std::string& argument) {
-  try {
-    f();
-    FAIL("no error; expected one naming ", argument);
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.argument() == argument, e.what());
-  }
 }
 
 // Runs the same steps through forward_pool (all sequences in one batch per round) and through

@@ -24,34 +24,19 @@
 #include <vector>
 
 #include "simdattn/simdattn.hpp"
+#include "support/serving_util.hpp"
 
 using namespace simdattn;
 
 namespace {
 
-constexpr std::int64_t kD = 32, kHeads = 4, kKvHeads = 2, kPrefix = 20;
+constexpr std::int64_t kD = test::kServingD, kPrefix = 20;
 
 MultiHeadAttention make_layer() {
   std::mt19937_64 rng(11);
-  std::normal_distribution<float> n(0.f, 0.2f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (auto& e : x) e = n(rng);
-    return x;
-  };
-  const std::int64_t nkv = kD / kHeads * kKvHeads;
-  MhaConfig c{.d_model = kD, .heads = kHeads, .kv_heads = kKvHeads};
-  c.rope = RopeConfig{.theta = 10000.0};
-  return MultiHeadAttention(c, MhaWeights<float>{v(kD * kD), v(nkv * kD), v(nkv * kD), v(kD * kD), v(kD), v(nkv),
-                                                 v(nkv), v(kD)});
+  return test::serving_layer(rng);
 }
-
-std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(n * kD));
-  for (auto& e : x) e = d(rng);
-  return x;
-}
+std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) { return test::serving_tokens(rng, n); }
 
 struct Counts {
   std::atomic<long> requests{0}, steps{0}, cancelled{0}, pool_full{0}, bad{0}, failures{0};

@@ -16,34 +16,18 @@
 #include <vector>
 
 #include "simdattn/simdattn.hpp"
+#include "support/serving_util.hpp"
 #include "support/test_util.hpp"
 
 using namespace simdattn;
 
 namespace {
 
-constexpr std::int64_t kD = 32, kHeads = 4, kKvHeads = 2;
+constexpr std::int64_t kD = test::kServingD;
+using test::check_error;
 
-MultiHeadAttention random_layer(std::mt19937_64& rng, bool rope = true) {
-  std::normal_distribution<float> n(0.f, 0.2f);
-  auto v = [&](std::int64_t k) {
-    std::vector<float> x(static_cast<std::size_t>(k));
-    for (auto& e : x) e = n(rng);
-    return x;
-  };
-  const std::int64_t nkv = kD / kHeads * kKvHeads;
-  MhaConfig c{.d_model = kD, .heads = kHeads, .kv_heads = kKvHeads};
-  if (rope) c.rope = RopeConfig{.theta = 10000.0};
-  return MultiHeadAttention(c, MhaWeights<float>{v(kD * kD), v(nkv * kD), v(nkv * kD), v(kD * kD), v(kD), v(nkv),
-                                                 v(nkv), v(kD)});
-}
-
-std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) {
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> x(static_cast<std::size_t>(n * kD));
-  for (auto& e : x) e = d(rng);
-  return x;
-}
+MultiHeadAttention random_layer(std::mt19937_64& rng, bool rope = true) { return test::serving_layer(rng, rope); }
+std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) { return test::serving_tokens(rng, n); }
 
 // |a - b| <= 1e-5 * max(1, |b|) everywhere (a GEMM of another shape sums in another order).
 bool close(const std::vector<float>& a, const std::vector<float>& b) {
@@ -51,17 +35,6 @@ bool close(const std::vector<float>& a, const std::vector<float>& b) {
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!(std::abs(a[i] - b[i]) <= 1e-5f * std::max(1.f, std::abs(b[i])))) return false;
   return true;
-}
-
-// f() throws simdattn::Error naming `argument`.
-template <class F>
-void check_error(F&& f, const std::string& argument) {
-  try {
-    f();
-    FAIL("no error; expected one naming ", argument);
-  } catch (const Error& e) {
-    CHECK_MESSAGE(e.argument() == argument, e.what());
-  }
 }
 
 }  // namespace
