@@ -27,7 +27,9 @@ Bf16Copy bf16_of(const py::array& a, const std::string& name, int ndim) {
 }
 
 // The block table as int32 rows (int32 or int64 entries that fit).
-std::vector<std::int32_t> table_of(const py::array& t, std::int64_t& rows, std::int64_t& cols) {
+std::vector<std::int32_t> table_of(const py::object& o, std::int64_t& rows, std::int64_t& cols) {
+  const py::array t = py::array::ensure(o);  // an array, or a nested sequence made one
+  if (!t) throw Error("block_table", "expected a 2-D array of block indices [N, max_blocks]");
   if (t.ndim() != 2) throw Error("block_table", "expected a 2-D array [N, max_blocks], got " + std::to_string(t.ndim()) + "-D");
   const DType d = dtype_of_array(t, "block_table");
   if (d != DType::i32 && d != DType::i64)
@@ -56,7 +58,7 @@ std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) 
 }
 
 py::array attention_paged_py(const py::array& q, const py::array& k_cache, const py::array& v_cache,
-                             const py::array& block_table, const py::object& seq_lens, const py::object& query_start,
+                             const py::object& block_table, const py::object& seq_lens, const py::object& query_start,
                              const py::object& causal, const py::object& scale, const py::object& window,
                              const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
                              int threads, const py::object& out, const std::string& backend, const py::object& dtype) {
