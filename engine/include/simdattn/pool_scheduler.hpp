@@ -76,7 +76,7 @@ class SIMDATTN_API PoolScheduler {
  private:
   struct Request;
   void run();
-  bool form_batch(std::unique_lock<std::mutex>& lock);
+  void form_batch(std::unique_lock<std::mutex>& lock);
   void finish(Request* request);
 
   const MultiHeadAttention& layer_;

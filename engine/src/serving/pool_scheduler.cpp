@@ -166,7 +166,7 @@ void PoolScheduler::run() {
 // With the lock held: takes every pending decode step, then prompt chunks, to the token budget
 // and the free blocks; runs them (the queue unlocked, the pool locked); requeues unfinished
 // prompts at the front and finishes the rest.
-bool PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
+void PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
   std::vector<Request*> batch;
   std::vector<std::int64_t> chunk;
   std::vector<PoolStep> steps;
@@ -235,7 +235,7 @@ bool PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
     }
     finish(q);
   }
-  if (batch.empty()) return false;
+  if (batch.empty()) return;
   for (Request* q : batch) pending_.erase(std::find(pending_.begin(), pending_.end(), q));
   lock.unlock();
   std::exception_ptr failure;
@@ -269,7 +269,6 @@ bool PoolScheduler::form_batch(std::unique_lock<std::mutex>& lock) {
     finish(q);
   }
   pending_.insert(pending_.begin(), again.begin(), again.end());  // prompts keep their turn
-  return true;
 }
 
 }  // namespace simdattn

@@ -115,7 +115,7 @@ class PagedWorker {
       float mx = p_.sinks != nullptr ? p_.sinks[h] : kNegInf;
       bool nan = false;
       for (const PartRows& part : parts) mx = std::max(mx, part.m[r]), nan = nan || std::isnan(part.m[r]);
-      T* dst = static_cast<T*>(p_.o) + (p_.query_start[static_cast<std::size_t>(u.seq)] + t) * p_.o_strides[1] +
+      T* dst = static_cast<T*>(p_.o) + (p_.query_start[u.seq] + t) * p_.o_strides[1] +
                h * p_.o_strides[2];
       float l = 0.0f;
       std::fill(o, o + p_.Dv, 0.0f);
@@ -142,7 +142,7 @@ class PagedWorker {
   }
 
   void gather_q(const Unit& u) {
-    const std::int64_t nq = u.t1 - u.t0, q0 = p_.query_start[static_cast<std::size_t>(u.seq)];
+    const std::int64_t nq = u.t1 - u.t0, q0 = p_.query_start[u.seq];
     for (std::int64_t r = 0; r < u.rows; ++r) {
       const std::int64_t h = u.hk * group_ + r / nq, t = u.t0 + r % nq;
       const T* src = static_cast<const T*>(p_.q) + (q0 + t) * p_.q_strides[1] + h * p_.q_strides[2];

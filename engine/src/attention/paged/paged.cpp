@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "core/backends.hpp"
 #include "core/text.hpp"
@@ -64,8 +65,13 @@ void set_sequences(PagedProblem& p, const BlockTable& table, std::span<const std
     if (p.total_q != p.N)
       throw Error("q", "without options.query_start each sequence has one query token: expected total_q = N = " +
                            num(p.N) + ", got " + num(p.total_q));
-    p.query_start.resize(static_cast<std::size_t>(p.N + 1));
-    for (std::int64_t i = 0; i <= p.N; ++i) p.query_start[static_cast<std::size_t>(i)] = i;
+    thread_local std::vector<std::int64_t> one_each;
+    if (static_cast<std::int64_t>(one_each.size()) < p.N + 1) {
+      const auto from = static_cast<std::int64_t>(one_each.size());
+      one_each.resize(static_cast<std::size_t>(p.N + 1));
+      for (std::int64_t i = from; i <= p.N; ++i) one_each[static_cast<std::size_t>(i)] = i;
+    }
+    p.query_start = one_each.data();
   } else {
     if (static_cast<std::int64_t>(query_start.size()) != p.N + 1)
       throw Error("options.query_start", "expected N + 1 = " + num(p.N + 1) + " offsets, got " + num(static_cast<std::int64_t>(query_start.size())));
@@ -77,7 +83,7 @@ void set_sequences(PagedProblem& p, const BlockTable& table, std::span<const std
                                                " (" + num(query_start[static_cast<std::size_t>(i)]) + ")");
     if (query_start.back() != p.total_q)
       throw Error("options.query_start", "last entry is " + num(query_start.back()) + ", expected total_q = " + num(p.total_q));
-    p.query_start.assign(query_start.begin(), query_start.end());
+    p.query_start = query_start.data();
   }
   p.seq_lens = seq_lens.data();
   for (std::int64_t i = 0; i < p.N; ++i) {
@@ -166,7 +172,7 @@ void paged_reference(const PagedProblem& p) {
   const std::size_t es = dtype_size(p.dtype);
   std::vector<std::byte> k, v;
   for (std::int64_t i = 0; i < p.N; ++i) {
-    const std::int64_t L = p.seq_lens[i], ql = p.query_len(i), q0 = p.query_start[static_cast<std::size_t>(i)];
+    const std::int64_t L = p.seq_lens[i], ql = p.query_len(i), q0 = p.query_start[i];
     if (ql == 0) continue;
     // K [1, Hkv, L, D] and V [1, Hkv, L, Dv], dense
     k.resize(static_cast<std::size_t>(p.Hkv * L * p.D) * es);

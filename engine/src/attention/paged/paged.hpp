@@ -2,7 +2,6 @@
 #pragma once
 
 #include <cstdint>
-#include <vector>
 
 #include "core/problem.hpp"
 #include "simdattn/paged.hpp"
@@ -23,7 +22,9 @@ struct PagedProblem {
   const std::int32_t* table = nullptr;
   std::int64_t table_stride = 0;
   const std::int64_t* seq_lens = nullptr;
-  std::vector<std::int64_t> query_start;  // [N + 1], filled in for decode steps too
+  // [N + 1]: the caller's, or for decode steps 0 .. N from the calling thread's buffer (a call
+  // allocates nothing once a thread has seen its N)
+  const std::int64_t* query_start = nullptr;
   Causal causal = Causal::bottom_right;
   bool has_window = false;
   std::int64_t window_left = -1, window_right = -1;

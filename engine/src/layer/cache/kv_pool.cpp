@@ -160,7 +160,7 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
   po.alibi_slopes = a.alibi_slopes, po.sinks = a.sinks, po.threads = a.threads;
   po.backend = a.backend == Backend::reference ? Backend::reference : Backend::native;
   const BlockTable bt{table.data(), static_cast<std::int64_t>(writes.size()), max_blocks, max_blocks};
-  const int layer_index = static_cast<int>(writes.empty() ? 0 : writes[0].layer);
+  const std::int64_t layer_index = writes.empty() ? 0 : writes[0].layer;  // a batch writes one layer
   const ConstTensorView kc = pool.view(layer_index, 0), vc = pool.view(layer_index, 1);
   const DType cd = pool.dtype;
   auto run = [&](const ConstTensorView& q, const TensorView& out) {
