@@ -13,12 +13,12 @@
 //     over a KvPool (the batched step in a loop), and through a PoolScheduler (a request thread
 //     each): tokens/s, best and median, the ratios, the batched step's GB/s of weights and K/V.
 //
-//   simdattn_serve_bench prefill [--streams 8] [--kv 4096] [--steps 64] [--reps 5] [--budget 512] [--json FILE]
+//   simdattn_serve_bench prefill [--streams 8] [--kv 4096] [--steps 64] [--reps 5] [--budget 24] [--json FILE]
 //     `streams` decode streams through a PoolScheduler (token budget `budget`) while a `kv`-token
 //     prompt joins in chunks: the streams' p99 step latency with and without it, and the prompt's
 //     prefill time beside them against alone.
 //
-//   simdattn_serve_bench memory
+//   simdattn_serve_bench memory [--json FILE]
 //     64 sequences of random lengths 100-4000 in a KvPool against their tokens' bytes and
 //     4096-token slabs; 32 sequences forked from one 2048-token prompt.
 //
@@ -65,7 +65,7 @@ namespace {
                "usage: simdattn_serve_bench decode [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
                "       simdattn_serve_bench pool [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
                "       simdattn_serve_bench prefill [--streams N] [--kv PROMPT_TOKENS] [--steps N] [--reps N] [--budget N]\n"
-               "       simdattn_serve_bench memory\n"
+               "       simdattn_serve_bench memory [--json FILE]\n"
                "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
                "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
                why.c_str());

@@ -208,7 +208,7 @@ int prefill(const Args& a) {
 
 // Memory: 64 sequences of random lengths 100-4000 in a pool against their tokens' bytes and
 // against 4096-token slabs; 32 sequences forked from one 2048-token prompt, one token each.
-int memory(const Args&) {
+int memory(const Args& a) {
   MhaWeights<float> w;
   w.wq = w.wk = w.wv = w.wo = std::vector<float>(64 * 64, 0.01f);
   const MultiHeadAttention layer(MhaConfig{.d_model = 64, .heads = 1}, std::move(w));
@@ -252,6 +252,13 @@ int memory(const Args&) {
               " against %lld unshared\n",
               static_cast<long long>(used_shared), static_cast<long long>(prompt_blocks),
               static_cast<long long>(used_shared - prompt_blocks), static_cast<long long>(33 * prompt_blocks + 32));
+  if (!a.json.empty()) {
+    std::ofstream f(a.json);
+    f << "{\"mode\": \"memory\", \"sequences\": 64, \"tokens\": " << tokens << ", \"block_size\": " << kDefaultBlockSize
+      << ", \"pool_bytes\": " << used << ", \"token_bytes\": " << need << ", \"slab_bytes\": " << slabs
+      << ", \"forks\": 32, \"fork_prompt_tokens\": 2048, \"fork_blocks\": " << used_shared
+      << ", \"prompt_blocks\": " << prompt_blocks << ", \"unshared_blocks\": " << 33 * prompt_blocks + 32 << "}\n";
+  }
   return used / need <= 1.1 && used_shared == prompt_blocks + 32 ? 0 : 1;
 }
 
