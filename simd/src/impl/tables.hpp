@@ -16,6 +16,7 @@
 #include "gemv16.hpp"
 #include "pack.hpp"
 #include "probe.hpp"
+#include "quant8.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "softmax.hpp"
 #include "vector_math.hpp"
@@ -145,6 +146,14 @@ Gemm16Kernels make_gemm16_kernels() {
               [](auto m) { return &gemm16_ukernel<Arch, kBf16, decltype(m)::value, MR, NV>; })};
 }
 
+template <class Arch, Code8 F>
+Quant8Kernels make_quant8_kernels() {
+  return {.quantize = &quantize8_rows<Arch, F>,
+          .dequantize = &dequantize8_row<Arch, F>,
+          .gemv_t = &gemv8_t<Arch, F>,
+          .gemv_n = &gemv8_n<Arch, F>};
+}
+
 // The whole table of one ISA; F32 and F64: its GEMM blocking per dtype (F32's also the 16-bit
 // GEMM's).
 template <class Arch, GemmParams F32, GemmParams F64>
@@ -166,6 +175,8 @@ KernelTable make_kernel_table(Isa isa) {
           .convert_f16 = {.widen = &widen16_row<Arch, false>,
                           .narrow = &narrow16_row<Arch, false>,
                           .pack_transpose = &pack_transpose16<Arch, false>},
+          .quant8 = {make_quant8_kernels<Arch, Code8::int8>(), make_quant8_kernels<Arch, Code8::e4m3>(),
+                     make_quant8_kernels<Arch, Code8::e5m2>()},
           .amx_attention = {}};
 }
 

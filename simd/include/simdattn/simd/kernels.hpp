@@ -9,6 +9,7 @@
 #include <array>
 #include <cstdint>
 
+#include "simdattn/simd/code8.hpp"
 #include "simdattn/simd/isa.hpp"
 
 namespace simdattn::simd {
@@ -255,6 +256,25 @@ struct Convert16Kernels {
                          std::int64_t dst_ld, std::int64_t width);
 };
 
+// 8-bit K/V codes of one format (simdattn/simd/code8.hpp), bit for bit as its scalar rules.
+struct Quant8Kernels {
+  // rows rows of n f32 values (ldx apart) to codes (ldc bytes apart) and one scale each (at
+  // scale + r * scale_stride), on IEEE arithmetic whatever the caller's MXCSR. Returns the first
+  // row with a NaN or an infinity (it and the rows after it are not written), or -1.
+  std::int64_t (*quantize)(const float* x, std::int64_t rows, std::int64_t n, std::int64_t ldx, std::uint8_t* codes,
+                           std::int64_t ldc, float* scale, std::int64_t scale_stride);
+  // dst[i] = decode(codes[i]) * scale (rounded to f32), i < n.
+  void (*dequantize)(const std::uint8_t* codes, std::int64_t n, float scale, float* dst);
+  // y[j] = alpha * scale[j * ss] * sum_p x[p] * decode(B[j * ldb + p]), j < n: code rows dotted
+  // with x (scores against K's codes).
+  void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
+                 const float* scale, std::int64_t ss, float* y);
+  // y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]), j < n: code rows weighted
+  // by x and their scales, summed (P V over V's codes).
+  void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
+                 const float* scale, std::int64_t ss, float* y);
+};
+
 // AMX tables only (else null): the fused attention path's softmax step, written straight into
 // the bf16 P tiles of its PV tile product (engine/src/attention/native/fused/tile_steps.hpp).
 struct AmxAttentionKernels {
@@ -288,8 +308,11 @@ struct KernelTable {
   Gemm16Kernels gemm_bf16_pairs;
   Convert16Kernels convert_bf16;
   Convert16Kernels convert_f16;
+  // by simdattn::simd::Code8: int8, e4m3, e5m2
+  std::array<Quant8Kernels, 3> quant8;
   AmxAttentionKernels amx_attention;
 
+  const Quant8Kernels& code8(Code8 f) const { return quant8[static_cast<std::size_t>(f)]; }
   template <class T> const GemmKernels<T>& gemm() const;
   template <class T> const VectorKernels<T>& vec() const;
 };

@@ -1,0 +1,251 @@
+// 8-bit K/V codes (Quant8Kernels; the formats are simdattn/simd/code8.hpp's): rows quantized as
+// tokens are appended, and read in place by the decode and paged products, each code widened to
+// f32 in registers (a quarter of f32's bytes, which a step bound by reading K and V turns into
+// time: guarded by attention/native/decode.int8 and .fp8_e4m3).
+//
+// Widening: int8 sign-extends and converts; E5M2 is the top byte of an IEEE f16, so code << 8
+// goes through the f16 conversion (F16C / AVX-512), subnormals, inf and NaN included; E4M3's
+// magnitude bits shifted by 7 are an f16 worth 2^-8 of the code's value (its subnormals land on
+// f16 subnormals or normals, exactly), so the products carry a factor 256 (kFold) applied once
+// per row, and 0x7F / 0xFF become an f16 NaN. SSE2 has no f16 conversion: code by code.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+#include <immintrin.h>
+
+#include "batch.hpp"
+#include "gemv.hpp"  // the prefetch rule
+#include "simdattn/simd/code8.hpp"
+
+namespace simdattn::simd::impl {
+
+// The factor by which load8's values fall short of the codes' (E4M3: 2^-8).
+template <Code8 F> constexpr float kFold = F == Code8::e4m3 ? 256.0f : 1.0f;
+
+// One code widened as load8 widens it (code8.hpp's value / kFold).
+template <class Arch, Code8 F>
+inline float widen8(std::uint8_t c) {
+  return decode8<F, Arch>(c) / kFold<F>;
+}
+
+// The f16 bits of W codes (16-bit lanes) for the f16 conversion.
+template <Code8 F, class V>
+__attribute__((always_inline)) inline V f16_of_codes(V h) {
+  if constexpr (sizeof(V) == 32) {
+    if constexpr (F == Code8::e5m2) return _mm256_slli_epi16(h, 8);
+    const V mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7);
+    const V sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
+    const V nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x7c00));
+    return _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+  } else {
+    if constexpr (F == Code8::e5m2) return _mm_slli_epi16(h, 8);
+    const V mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
+    const V sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
+    const V nan = _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x7c00));
+    return _mm_or_si128(_mm_or_si128(mag, sign), nan);
+  }
+}
+
+// W consecutive codes at p, widened to an f32 batch (each code's value / kFold).
+template <class Arch, Code8 F>
+__attribute__((always_inline)) inline batch<float, Arch> load8(const std::uint8_t* p) {
+  using B = batch<float, Arch>;
+  if constexpr (kHasAvx512<Arch>) {
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if constexpr (F == Code8::int8) return B(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
+    else return B(_mm512_cvtph_ps(f16_of_codes<F>(_mm256_cvtepu8_epi16(v))));
+  } else if constexpr (B::size == 8) {  // AVX2 (with F16C)
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+    if constexpr (F == Code8::int8) return B(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
+    else return B(_mm256_cvtph_ps(f16_of_codes<F>(_mm_cvtepu8_epi16(v))));
+  } else {
+    alignas(16) float f[4];
+    for (int i = 0; i < 4; ++i) f[i] = widen8<Arch, F>(p[i]);
+    return B::load_aligned(f);
+  }
+}
+
+// The codes of W finite quotients y (code8.hpp's encode8), in 32-bit lanes.
+template <class Arch, Code8 F>
+__attribute__((always_inline)) inline batch<std::int32_t, Arch> encode8_lanes(const batch<float, Arch>& y) {
+  using I = batch<std::int32_t, Arch>;
+  using Fb = batch<float, Arch>;
+  if constexpr (F == Code8::int8) {
+    return xsimd::max(xsimd::min(xsimd::nearbyint_as_int(y), I(127)), I(-127));
+  } else {
+    constexpr int kMant = F == Code8::e4m3 ? 3 : 2, kDrop = 23 - kMant;
+    constexpr std::int32_t kRebias = F == Code8::e4m3 ? 120 : 112, kMaxCode = F == Code8::e4m3 ? 0x7e : 0x7b;
+    constexpr float kMinNormal = F == Code8::e4m3 ? 0x1p-6f : 0x1p-14f, kSubScale = F == Code8::e4m3 ? 0x1p9f : 0x1p16f;
+    const Fb a = xsimd::min(xsimd::abs(y), Fb(code8_max(F)));
+    const I u = xsimd::bitwise_cast<I>(a);
+    const I normal = ((u + I((1 << (kDrop - 1)) - 1) + ((u >> kDrop) & I(1))) >> kDrop) - I(kRebias << kMant);
+    const I sub = xsimd::nearbyint_as_int(a * Fb(kSubScale));
+    const I code = xsimd::min(xsimd::select(xsimd::bool_cast(a < Fb(kMinNormal)), sub, normal), I(kMaxCode));
+    return code | ((xsimd::bitwise_cast<I>(y) >> 24) & I(0x80));
+  }
+}
+
+// While alive, the calling thread's MXCSR has flush-to-zero and denormals-are-zero off and
+// rounds to nearest: the formats are defined on IEEE arithmetic, whatever the caller set.
+class IeeeArithmetic {
+ public:
+  IeeeArithmetic() : saved_(_mm_getcsr()) {
+    if ((saved_ & kChanged) != 0) _mm_setcsr(saved_ & ~kChanged);
+  }
+  ~IeeeArithmetic() {
+    if ((saved_ & kChanged) != 0) _mm_setcsr(saved_);
+  }
+  IeeeArithmetic(const IeeeArithmetic&) = delete;
+  IeeeArithmetic& operator=(const IeeeArithmetic&) = delete;
+
+ private:
+  static constexpr unsigned kChanged = 0x8000u | 0x0040u | 0x6000u;  // FTZ, DAZ, the rounding control
+  unsigned saved_;
+};
+
+// rows rows of n f32 values (ldx apart) to codes (ldc bytes apart) and one scale each (scale
+// + r * scale_stride). Returns the first row holding a NaN or an infinity, or -1; that row's and
+// the later rows' codes and scales are left unwritten.
+template <class Arch, Code8 F>
+std::int64_t quantize8_rows(const float* x, std::int64_t rows, std::int64_t n, std::int64_t ldx, std::uint8_t* codes,
+                            std::int64_t ldc, float* scale, std::int64_t scale_stride) {
+  using Fb = batch<float, Arch>;
+  using I = batch<std::int32_t, Arch>;
+  constexpr std::int64_t W = Fb::size;
+  const IeeeArithmetic ieee;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    std::uint8_t* cr = codes + r * ldc;
+    Fb m(0.0f);
+    auto bad = xsimd::batch_bool<float, Arch>(false);
+    std::int64_t i = 0;
+    for (; i + W <= n; i += W) {
+      const Fb v = xsimd::abs(Fb::load_unaligned(xr + i));
+      bad = bad || !(v <= Fb(std::numeric_limits<float>::max()));  // NaN or inf
+      m = xsimd::max(m, v);
+    }
+    float mx = hmax<Arch, float>(m);
+    bool finite = !xsimd::any(bad);
+    for (; i < n; ++i) {
+      const float v = std::fabs(xr[i]);
+      finite = finite && v <= std::numeric_limits<float>::max();
+      mx = v > mx ? v : mx;
+    }
+    if (!finite) return r;
+    const float s = mx / code8_max(F);
+    scale[r * scale_stride] = s;
+    if (s == 0.0f) {
+      std::memset(cr, 0, static_cast<std::size_t>(n));
+      continue;
+    }
+    const Fb sv(s);
+    i = 0;
+    for (; i + W <= n; i += W) {
+      const I c = encode8_lanes<Arch, F>(Fb::load_unaligned(xr + i) / sv);
+      if constexpr (kHasAvx512<Arch>) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(cr + i), _mm512_cvtepi32_epi8(c));
+      } else {
+        alignas(64) std::int32_t lanes[W];
+        c.store_aligned(lanes);
+        for (std::int64_t l = 0; l < W; ++l) cr[i + l] = static_cast<std::uint8_t>(lanes[l]);
+      }
+    }
+    for (; i < n; ++i) cr[i] = encode8<F, Arch>(xr[i] / s);
+  }
+  return -1;
+}
+
+// dst[i] = decode(codes[i]) * scale, rounded to f32, for i < n.
+template <class Arch, Code8 F>
+void dequantize8_row(const std::uint8_t* codes, std::int64_t n, float scale, float* dst) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) {
+    B v = load8<Arch, F>(codes + i);
+    if constexpr (kFold<F> != 1.0f) v *= B(kFold<F>);  // exact: a power of two on a value of at most 448
+    (v * B(scale)).store_unaligned(dst + i);
+  }
+  for (; i < n; ++i) dst[i] = decode8<F, Arch>(codes[i]) * scale;
+}
+
+// y[j] = alpha * scale[j * ss] * sum_p x[p] * decode(B[j * ldb + p]) for j < n: code rows dotted
+// with x (the scores of q against K's codes). Four rows at a time.
+template <class Arch, Code8 F>
+void gemv8_t(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* Bm, std::int64_t ldb,
+             const float* scale, std::int64_t ss, float* y) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  const std::int64_t kv = k / W * W;
+  const float a = alpha * kFold<F>;
+  auto tail = [&](const std::uint8_t* row) {
+    float s = 0.0f;
+    for (std::int64_t p = kv; p < k; ++p) s += x[p] * widen8<Arch, F>(row[p]);
+    return s;
+  };
+  std::int64_t j = 0;
+  for (; j + 4 <= n; j += 4) {
+    const std::uint8_t* r0 = Bm + j * ldb;
+    const std::uint8_t *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb;
+    prefetch_four_rows_ahead(r0, ldb, k);
+    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    for (std::int64_t p = 0; p < kv; p += W) {
+      const B xv = B::load_unaligned(x + p);
+      a0 = xsimd::fma(xv, load8<Arch, F>(r0 + p), a0);
+      a1 = xsimd::fma(xv, load8<Arch, F>(r1 + p), a1);
+      a2 = xsimd::fma(xv, load8<Arch, F>(r2 + p), a2);
+      a3 = xsimd::fma(xv, load8<Arch, F>(r3 + p), a3);
+    }
+    y[j] = a * scale[j * ss] * (xsimd::hadd(a0) + tail(r0));
+    y[j + 1] = a * scale[(j + 1) * ss] * (xsimd::hadd(a1) + tail(r1));
+    y[j + 2] = a * scale[(j + 2) * ss] * (xsimd::hadd(a2) + tail(r2));
+    y[j + 3] = a * scale[(j + 3) * ss] * (xsimd::hadd(a3) + tail(r3));
+  }
+  for (; j < n; ++j) {
+    const std::uint8_t* r = Bm + j * ldb;
+    B acc(0.0f);
+    for (std::int64_t p = 0; p < kv; p += W) acc = xsimd::fma(B::load_unaligned(x + p), load8<Arch, F>(r + p), acc);
+    y[j] = a * scale[j * ss] * (xsimd::hadd(acc) + tail(r));
+  }
+}
+
+// y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) for j < n: code rows weighted
+// by x times their scales, summed (P V over V's codes). Columns in chunks of 4 vectors.
+template <class Arch, Code8 F>
+void gemv8_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* Bm, std::int64_t ldb,
+             const float* scale, std::int64_t ss, float* y) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  const float a = alpha * kFold<F>;
+  std::int64_t j = 0;
+  for (; j + 4 * W <= n; j += 4 * W) {
+    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
+    const std::uint8_t* row = Bm + j;
+    for (std::int64_t p = 0; p < k; ++p, row += ldb) {
+      prefetch_row(row, kGemvPrefetchRows, ldb, 4 * W);
+      const B xv(x[p] * scale[p * ss]);
+      a0 = xsimd::fma(xv, load8<Arch, F>(row), a0);
+      a1 = xsimd::fma(xv, load8<Arch, F>(row + W), a1);
+      a2 = xsimd::fma(xv, load8<Arch, F>(row + 2 * W), a2);
+      a3 = xsimd::fma(xv, load8<Arch, F>(row + 3 * W), a3);
+    }
+    (a0 * B(a)).store_unaligned(y + j), (a1 * B(a)).store_unaligned(y + j + W);
+    (a2 * B(a)).store_unaligned(y + j + 2 * W), (a3 * B(a)).store_unaligned(y + j + 3 * W);
+  }
+  for (; j + W <= n; j += W) {
+    B acc(0.0f);
+    const std::uint8_t* row = Bm + j;
+    for (std::int64_t p = 0; p < k; ++p, row += ldb) acc = xsimd::fma(B(x[p] * scale[p * ss]), load8<Arch, F>(row), acc);
+    (acc * B(a)).store_unaligned(y + j);
+  }
+  for (; j < n; ++j) {
+    float s = 0.0f;
+    for (std::int64_t p = 0; p < k; ++p) s += x[p] * scale[p * ss] * widen8<Arch, F>(Bm[p * ldb + j]);
+    y[j] = a * s;
+  }
+}
+
+}  // namespace simdattn::simd::impl
