@@ -32,7 +32,8 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
                         std::int64_t relative_bias_max_distance, const py::object& sinks,
                         const py::object& query_offsets, const py::object& lse, bool return_lse,
                         const py::object& scores, const std::string& scores_stage, const std::string& backend,
-                        int threads, const py::object& out, const py::object& dtype) {
+                        int threads, const py::object& out, const py::object& dtype, const py::object& k_scale,
+                        const py::object& v_scale, const py::object& kv_dtype) {
   AttentionCall c;
   AttentionOptions& o = c.o;
   if (!scale.is_none()) o.scale = scale.cast<double>();
@@ -69,12 +70,24 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
     throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own (q is " +
                              std::string(dtype_name(dtype_of_array(q, "q"))) + ")");
   ConstTensorView qv, kv, vv;
+  const std::optional<DType> code = kv_dtype.is_none() ? std::nullopt : std::optional(code_dtype_named(kv_dtype, "kv_dtype"));
   if (bf16) {
-    c.q16 = to_bf16(q, "q"), c.k16 = to_bf16(k, "k"), c.v16 = to_bf16(v, "v");
-    qv = c.q16.view, kv = c.k16.view, vv = c.v16.view;
+    c.q16 = to_bf16(q, "q");
+    qv = c.q16.view;
+    if (!code) c.k16 = to_bf16(k, "k"), c.v16 = to_bf16(v, "v"), kv = c.k16.view, vv = c.v16.view;
   } else {
-    qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"), vv = view_of<ConstTensorView>(v, "v");
+    qv = view_of<ConstTensorView>(q, "q");
+    if (!code) kv = view_of<ConstTensorView>(k, "k"), vv = view_of<ConstTensorView>(v, "v");
   }
+  if (code) {
+    kv = code_view_of<ConstTensorView>(k, *code, "k"), vv = code_view_of<ConstTensorView>(v, *code, "v");
+    if (k_scale.is_none()) throw Error("k_scale", "required with kv_dtype (float32 [B, Hkv, Sk])");
+    if (v_scale.is_none()) throw Error("v_scale", "required with kv_dtype (float32 [B, Hkv, Sk])");
+  }
+  if (!k_scale.is_none()) o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
+  if (!v_scale.is_none()) o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
+  if (!code && (!k_scale.is_none() || !v_scale.is_none()))
+    throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit K and V codes)");
   const Shape4 shape = attention_output_shape(qv, kv, vv);
   const std::vector<py::ssize_t> dims(shape.begin(), shape.end());
 
@@ -112,6 +125,54 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
   }
   if (return_lse) return py::make_tuple(result, lse_array);
   return result;
+}
+
+// x [..., D] as rows: a C-order float32 copy and its row count.
+py::tuple quantize_kv_py(const py::array& x, const py::object& dtype) {
+  const DType code = code_dtype_named(dtype, "dtype");
+  if (x.ndim() < 1) throw Error("x", "expected an array of at least 1 dimension [..., D]");
+  const DType t = dtype_of_array(x, "x");
+  if (t != DType::f32 && t != DType::f64 && t != DType::f16)
+    throw Error("x", "expected float32, float64 or float16, got dtype " + x.dtype().attr("name").cast<std::string>());
+  const py::array_t<float, py::array::c_style | py::array::forcecast> f(x);
+  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
+  const std::int64_t D = shape.back(), rows = D == 0 ? 0 : static_cast<std::int64_t>(f.size()) / D;
+  py::array codes(code == DType::int8 ? py::dtype("int8") : py::dtype("uint8"), shape);
+  shape.pop_back();
+  py::array scales(py::dtype("float32"), shape);
+  if (rows > 0 && D > 0) {
+    const ConstTensorView xv(f.data(), Shape4{1, 1, rows, D});
+    const TensorView cv(codes.mutable_data(), code, Shape4{1, 1, rows, D}),
+        sv(scales.mutable_data(), DType::f32, Shape4{1, 1, rows, 1});
+    py::gil_scoped_release release;
+    quantize_kv(xv, code, cv, sv);
+  }
+  return py::make_tuple(codes, scales);
+}
+
+py::array dequantize_kv_py(const py::array& codes, const py::array& scales, const py::object& dtype) {
+  const DType code = code_dtype_named(dtype, "dtype");
+  if (codes.ndim() < 1) throw Error("codes", "expected an array of at least 1 dimension [..., D]");
+  const DType want = code == DType::int8 ? DType::int8 : DType::u8;
+  if (dtype_of_array(codes, "codes") != want)
+    throw Error("codes", std::string("expected ") + (code == DType::int8 ? "an int8" : "a uint8") + " array of " +
+                             std::string(dtype_name(code)) + " codes, got dtype " +
+                             codes.dtype().attr("name").cast<std::string>());
+  std::vector<py::ssize_t> shape(codes.shape(), codes.shape() + codes.ndim());
+  const std::vector<py::ssize_t> sshape(shape.begin(), shape.end() - 1);
+  if (std::vector<py::ssize_t>(scales.shape(), scales.shape() + scales.ndim()) != sshape)
+    throw Error("scales", "expected the codes' shape without its last axis");
+  if (dtype_of_array(scales, "scales") != DType::f32) throw Error("scales", "expected a float32 array");
+  const py::array c = py::array::ensure(codes, py::array::c_style), s = py::array::ensure(scales, py::array::c_style);
+  py::array out(py::dtype("float32"), shape);
+  const std::int64_t D = shape.back(), rows = D == 0 ? 0 : static_cast<std::int64_t>(c.size()) / D;
+  if (rows > 0) {
+    const ConstTensorView cv(c.data(), code, Shape4{1, 1, rows, D}), sv(s.data(), DType::f32, Shape4{1, 1, rows, 1});
+    const TensorView ov(out.mutable_data(), DType::f32, Shape4{1, 1, rows, D});
+    py::gil_scoped_release release;
+    dequantize_kv(cv, sv, ov);
+  }
+  return out;
 }
 
 py::array linear_attention_py(const py::array& q, const py::array& k, const py::array& v, bool causal,
@@ -171,7 +232,8 @@ void bind_attention(py::module_& m) {
         py::arg("sinks") = py::none(), py::arg("query_offsets") = py::none(), py::arg("lse") = py::none(),
         py::arg("return_lse") = false, py::arg("scores") = py::none(), py::arg("scores_stage") = "softmax",
         py::arg("backend") = "native", py::arg("threads") = 0, py::arg("out") = py::none(),
-        py::arg("dtype") = py::none(),
+        py::arg("dtype") = py::none(), py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none(),
+        py::arg("kv_dtype") = py::none(),
         R"doc(Scaled dot-product attention: out = softmax(q k^T * scale + mask) v.
 
 Shapes (4-D arrays of any non-negative strides, read in place, never copied):
@@ -202,9 +264,25 @@ Keyword arguments:
   threads       0: OpenMP's default; 1: the calling thread only.
   out           array [B, H, Sq, Dv] to write (any strides); default: a new array.
   dtype         'bf16': round the float inputs to bfloat16, compute, return float32.
+  kv_dtype      'int8', 'fp8_e4m3' or 'fp8_e5m2': k and v are 8-bit codes (int8 arrays,
+                or uint8 holding fp8) from quantize_kv, with k_scale and v_scale float32
+                [B, Hkv, Sk] (each key's row scale); q float32, float16 (or dtype='bf16').
 
 Returns out (or (out, lse) with return_lse). Raises simdattn.Error naming the argument
 on invalid input, before anything is written.)doc");
+
+  m.def("quantize_kv", &quantize_kv_py, py::arg("x"), py::arg("dtype"),
+        R"doc(8-bit K/V codes of x [..., D] (float32, float64 or float16; float64 rounded to float32):
+returns (codes [..., D], scales [...] float32), one scale per row of D values.
+
+  int8      s = max|x| / 127;   code = clamp(round_half_even(x / s), -127, 127)    (int8 array)
+  fp8_e4m3  s = max|x| / 448;   code = x / s to nearest even in OCP E4M3FN, saturating (uint8)
+  fp8_e5m2  s = max|x| / 57344; code = x / s to nearest even in OCP E5M2, saturating (uint8)
+
+Each division is one float32 division; a row of zeros has s = 0 and codes 0. A row with a NaN
+or an infinity raises simdattn.Error naming it.)doc");
+  m.def("dequantize_kv", &dequantize_kv_py, py::arg("codes"), py::arg("scales"), py::arg("dtype"),
+        "decode(codes) * scales as float32 (codes [..., D] from quantize_kv, scales [...]).");
 
   m.def("linear_attention", &linear_attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(),
         py::arg("causal") = false, py::arg("feature_map") = "elu1", py::arg("eps") = 1e-6, py::arg("chunk") = 64,

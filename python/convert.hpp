@@ -28,9 +28,10 @@ inline DType dtype_of_array(const py::array& a, const std::string& name) {
   if (kind == 'f' && size == 8) return DType::f64;
   if (kind == 'f' && size == 2) return DType::f16;
   if ((kind == 'b' || kind == 'u') && size == 1) return DType::u8;
+  if (kind == 'i' && size == 1) return DType::int8;
   if (kind == 'i' && size == 4) return DType::i32;
   if (kind == 'i' && size == 8) return DType::i64;
-  throw Error(name, "expected an array of float32, float64, float16 or bool/uint8, got dtype " +
+  throw Error(name, "expected an array of float32, float64, float16, bool/uint8 or int8, got dtype " +
                         d.attr("name").cast<std::string>());
 }
 
@@ -153,6 +154,37 @@ inline DType dtype_named(const std::string& s, const std::string& name) {
   throw Error(name, "expected 'f32', 'f64', 'bf16' or 'f16', got '" + s + "'");
 }
 
+// An 8-bit K/V code dtype by name: 'int8', 'fp8_e4m3' or 'fp8_e5m2'.
+inline DType code_dtype_named(const py::object& o, const std::string& name) {
+  const std::string s = string_arg(o, name);
+  for (DType t : {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2})
+    if (s == dtype_name(t)) return t;
+  throw Error(name, "expected 'int8', 'fp8_e4m3' or 'fp8_e5m2', got '" + s + "'");
+}
+
+// The view of an array of 8-bit codes of dtype `code`: int8 arrays for int8, uint8 arrays (the
+// bits) for the fp8 formats.
+template <class View>
+View code_view_of(const py::array& a, DType code, const std::string& name) {
+  View v = view_of<View>(a, name);
+  const DType want = code == DType::int8 ? DType::int8 : DType::u8;
+  if (v.dtype != want)
+    throw Error(name, std::string("expected ") + (code == DType::int8 ? "an int8" : "a uint8") + " array of " +
+                          std::string(dtype_name(code)) + " codes, got dtype " + a.dtype().attr("name").cast<std::string>());
+  v.dtype = code;
+  return v;
+}
+
+// A 4-D view [a, b, c, 1] of a 3-D f32 array [a, b, c] (the scales of codes [a, b, c, D]).
+inline ConstTensorView scale_view_of(const py::array& a, const std::string& name) {
+  if (a.ndim() != 3) throw Error(name, "expected a 3-D float32 array (the codes' shape without D), got " + std::to_string(a.ndim()) + "-D");
+  const std::vector<std::int64_t> st = element_strides(a, name);
+  ConstTensorView v(a.data(), dtype_of_array(a, name), Shape4{a.shape(0), a.shape(1), a.shape(2), 1},
+                    Shape4{st[0], st[1], st[2], 1});
+  if (v.data == nullptr) v.data = &v;  // an empty array: never read
+  return v;
+}
+
 inline std::optional<DType> optional_dtype(const py::object& o, const std::string& name) {
   if (o.is_none()) return std::nullopt;
   if (py::isinstance<py::str>(o)) return dtype_named(o.cast<std::string>(), name);
@@ -168,6 +200,9 @@ inline py::dtype numpy_dtype(DType t) {
     case DType::i32: return py::dtype("int32");
     case DType::i64: return py::dtype("int64");
     case DType::bf16: return py::dtype("float32");  // returned converted
+    case DType::int8: return py::dtype("int8");
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return py::dtype("uint8");  // fp8 codes: uint8 holding the bits
   }
   return py::dtype("float32");
 }

@@ -204,6 +204,9 @@ static size_t dtype_size(simdattn_dtype t) {
     case SIMDATTN_I64: return 8;
     case SIMDATTN_BF16: return 2;
     case SIMDATTN_F16: return 2;
+    case SIMDATTN_INT8:
+    case SIMDATTN_FP8_E4M3:
+    case SIMDATTN_FP8_E5M2: return 1;
   }
   return 0;
 }
@@ -217,6 +220,9 @@ static const char* dtype_name(simdattn_dtype t) {
     case SIMDATTN_I64: return "i64";
     case SIMDATTN_BF16: return "bf16";
     case SIMDATTN_F16: return "f16";
+    case SIMDATTN_INT8: return "int8";
+    case SIMDATTN_FP8_E4M3: return "fp8_e4m3";
+    case SIMDATTN_FP8_E5M2: return "fp8_e5m2";
   }
   return "?";
 }
@@ -230,6 +236,9 @@ static void store_elem(void* p, simdattn_dtype t, int64_t i, double x) {
     case SIMDATTN_I64: ((int64_t*)p)[i] = (int64_t)x; break;
     case SIMDATTN_BF16: ((uint16_t*)p)[i] = f32_to_bf16((float)x); break;
     case SIMDATTN_F16: ((uint16_t*)p)[i] = f32_to_f16((float)x); break;
+    case SIMDATTN_INT8: ((int8_t*)p)[i] = (int8_t)x; break;
+    case SIMDATTN_FP8_E4M3:
+    case SIMDATTN_FP8_E5M2: ((uint8_t*)p)[i] = (uint8_t)x; break; /* the code's bits */
   }
 }
 
@@ -242,6 +251,9 @@ static double load_elem(const void* p, simdattn_dtype t, int64_t i) {
     case SIMDATTN_I64: return (double)((const int64_t*)p)[i];
     case SIMDATTN_BF16: return bf16_to_f32(((const uint16_t*)p)[i]);
     case SIMDATTN_F16: return f16_to_f32(((const uint16_t*)p)[i]);
+    case SIMDATTN_INT8: return ((const int8_t*)p)[i];
+    case SIMDATTN_FP8_E4M3:
+    case SIMDATTN_FP8_E5M2: return ((const uint8_t*)p)[i]; /* the code's bits */
   }
   return 0.0;
 }

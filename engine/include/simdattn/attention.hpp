@@ -4,9 +4,15 @@
 //
 // Shapes (all 4-D strided views, see tensor.hpp):
 //   q   [B, H,   Sq, D ]   f32, f64, bf16 or f16 (simdattn/half.hpp)
-//   k   [B, Hkv, Sk, D ]   same dtype as q
-//   v   [B, Hkv, Sk, Dv]   same dtype as q
+//   k   [B, Hkv, Sk, D ]   same dtype as q, or 8-bit codes (below)
+//   v   [B, Hkv, Sk, Dv]   same dtype as k
 //   out [B, H,   Sq, Dv]   same dtype as q; must not overlap q, k, v or the mask
+//
+// 8-bit K and V: k and v of dtype int8, fp8_e4m3 or fp8_e5m2 (both the same; q f32, bf16 or
+// f16) are codes, each row (one kv head of one key) with an f32 scale in options.k_scale and
+// options.v_scale [B, Hkv, Sk, 1]: key j's values are decode(code) * scale, rounded to f32
+// (quantize_kv below makes them; the formats are exact, docs/design.md "8-bit K and V"). The
+// attention reads the codes in place: K's scale multiplies key j's score, V's key j's weight.
 // H % Hkv == 0: Hkv == H is multi-head, 1 < Hkv < H grouped-query, Hkv == 1 multi-query.
 // Query head h reads key/value head h / (H / Hkv).
 //
@@ -122,6 +128,10 @@ struct AttentionOptions {
   // not written. May not overlap any input, out or lse.
   TensorView scores = {};
   ScoreStage scores_stage = ScoreStage::softmax;
+  // 8-bit K and V only (else empty): the scales of k's and v's rows, [B, Hkv, Sk, 1] f32, each
+  // finite and >= 0.
+  ConstTensorView k_scale = {};
+  ConstTensorView v_scale = {};
   // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
   // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
   // worker threads run on the calling thread.
@@ -141,6 +151,24 @@ SIMDATTN_API void attention(const ConstTensorView& q, const ConstTensorView& k, 
 // shapes as attention() does (throws the same Error): a caller can validate before it allocates
 // the output. Reads no data.
 SIMDATTN_API Shape4 attention_output_shape(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v);
+
+// 8-bit K and V codes, one f32 scale per row of D values (exact; tests outside the project check
+// them bit for bit):
+//   int8      s = max|x| / 127;   code = clamp(round_half_even(x / s), -127, 127)
+//   fp8_e4m3  s = max|x| / 448;   code = x / s rounded to nearest even in OCP E4M3FN (bias 7, no
+//             infinities, max 448, NaN 0x7F / 0xFF), saturating at +-448
+//   fp8_e5m2  s = max|x| / 57344; code = x / s rounded to nearest even in OCP E5M2 (bias 15,
+//             max 57344), saturating at +-57344 (never inf)
+// Each division is one f32 division (x widened exactly to f32 first), rounded to nearest; the
+// code rounds that quotient. A row whose s is 0 (all zeros) has codes 0. fp8 codes keep the
+// quotient's sign, also at zero. A code's value is decode(code) * s rounded to f32.
+//
+// quantize_kv: x [.., .., .., D] (f32, f64, bf16 or f16; f64 rounded to f32 first) to codes of
+// the same shape and dtype `code` (int8, fp8_e4m3 or fp8_e5m2) and scales [.., .., .., 1] f32.
+// Throws Error("x") naming the row of a NaN or infinity, before anything is written.
+SIMDATTN_API void quantize_kv(const ConstTensorView& x, DType code, const TensorView& codes, const TensorView& scales);
+// dequantize_kv: out = decode(codes) * scales, f32 (or f64, bf16, f16: the f32 value rounded to it).
+SIMDATTN_API void dequantize_kv(const ConstTensorView& codes, const ConstTensorView& scales, const TensorView& out);
 
 // ALiBi's slopes for `heads` heads (Press et al.; as BLOOM and MPT build them): for the largest
 // power of two n <= heads, 2^(-8 k / n) for k = 1 .. n, then, for the heads past n,

@@ -58,7 +58,10 @@ typedef enum simdattn_dtype {
   SIMDATTN_I32 = 3,
   SIMDATTN_I64 = 4,
   SIMDATTN_BF16 = 5, /* bfloat16, stored as uint16_t */
-  SIMDATTN_F16 = 6   /* IEEE binary16, stored as uint16_t */
+  SIMDATTN_F16 = 6,  /* IEEE binary16, stored as uint16_t */
+  SIMDATTN_INT8 = 7,     /* 8-bit K/V codes (int8_t) with f32 scales: see simdattn/attention.hpp */
+  SIMDATTN_FP8_E4M3 = 8, /* 8-bit K/V codes, OCP E4M3FN in uint8_t, with f32 scales */
+  SIMDATTN_FP8_E5M2 = 9  /* 8-bit K/V codes, OCP E5M2 in uint8_t, with f32 scales */
 } simdattn_dtype;
 
 typedef enum simdattn_causal {

@@ -23,7 +23,16 @@ enum class DType : std::uint8_t {
   i64,
   bf16,  // simdattn::bfloat16 (half.hpp)
   f16,   // simdattn::float16, IEEE binary16
+  // 8-bit K/V codes, each row with an f32 scale (attention.hpp, "8-bit K and V"):
+  int8,      // int8_t: round(x / s), s = max|x| / 127
+  fp8_e4m3,  // uint8_t holding OCP E4M3FN (bias 7, max 448, no infinities), s = max|x| / 448
+  fp8_e5m2,  // uint8_t holding OCP E5M2 (bias 15, max 57344), s = max|x| / 57344
 };
+
+// Whether a dtype is one of the 8-bit K/V codes.
+constexpr bool is_kv_code(DType t) noexcept {
+  return t == DType::int8 || t == DType::fp8_e4m3 || t == DType::fp8_e5m2;
+}
 
 constexpr std::size_t dtype_size(DType t) noexcept {
   switch (t) {
@@ -34,6 +43,9 @@ constexpr std::size_t dtype_size(DType t) noexcept {
     case DType::i64: return 8;
     case DType::bf16: return 2;
     case DType::f16: return 2;
+    case DType::int8:
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return 1;
   }
   return 0;
 }
@@ -47,6 +59,9 @@ constexpr std::string_view dtype_name(DType t) noexcept {
     case DType::i64: return "i64";
     case DType::bf16: return "bf16";
     case DType::f16: return "f16";
+    case DType::int8: return "int8";
+    case DType::fp8_e4m3: return "fp8_e4m3";
+    case DType::fp8_e5m2: return "fp8_e5m2";
   }
   return "?";
 }
@@ -60,6 +75,7 @@ template <> constexpr DType dtype_of<std::int32_t>() { return DType::i32; }
 template <> constexpr DType dtype_of<std::int64_t>() { return DType::i64; }
 template <> constexpr DType dtype_of<bfloat16>() { return DType::bf16; }
 template <> constexpr DType dtype_of<float16>() { return DType::f16; }
+template <> constexpr DType dtype_of<std::int8_t>() { return DType::int8; }
 
 using Shape4 = std::array<std::int64_t, 4>;
 

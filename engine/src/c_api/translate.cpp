@@ -44,8 +44,11 @@ DType dtype_of_c(simdattn_dtype t, const std::string& name) {
     case SIMDATTN_I64: return DType::i64;
     case SIMDATTN_BF16: return DType::bf16;
     case SIMDATTN_F16: return DType::f16;
+    case SIMDATTN_INT8: return DType::int8;
+    case SIMDATTN_FP8_E4M3: return DType::fp8_e4m3;
+    case SIMDATTN_FP8_E5M2: return DType::fp8_e5m2;
   }
-  throw Error(name, "expected a simdattn_dtype (0 .. 6), got " + std::to_string(static_cast<long long>(t)));
+  throw Error(name, "expected a simdattn_dtype (0 .. 9), got " + std::to_string(static_cast<long long>(t)));
 }
 
 simdattn_dtype dtype_to_c(DType t) {
@@ -57,6 +60,9 @@ simdattn_dtype dtype_to_c(DType t) {
     case DType::i64: return SIMDATTN_I64;
     case DType::bf16: return SIMDATTN_BF16;
     case DType::f16: return SIMDATTN_F16;
+    case DType::int8: return SIMDATTN_INT8;
+    case DType::fp8_e4m3: return SIMDATTN_FP8_E4M3;
+    case DType::fp8_e5m2: return SIMDATTN_FP8_E5M2;
   }
   return SIMDATTN_F32;
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "simdattn/half.hpp"
+#include "simdattn/simd/code8.hpp"
 #include "simdattn/tensor.hpp"
 
 namespace simdattn::detail {
@@ -24,6 +25,20 @@ template <>
 inline bfloat16 narrow<bfloat16>(double d) noexcept { return to_bfloat16(d); }
 template <>
 inline float16 narrow<float16>(double d) noexcept { return to_float16(d); }
+
+// The value of one 8-bit K/V code (simdattn/simd/code8.hpp's formats; exact in f32).
+inline float code8_value(DType code, std::uint8_t c) noexcept {
+  switch (code) {
+    case DType::int8: return simd::decode8<simd::Code8::int8>(c);
+    case DType::fp8_e4m3: return simd::decode8<simd::Code8::e4m3>(c);
+    default: return simd::decode8<simd::Code8::e5m2>(c);
+  }
+}
+
+// The simd layer's name of an 8-bit code dtype.
+inline simd::Code8 code8_of(DType code) noexcept {
+  return code == DType::int8 ? simd::Code8::int8 : code == DType::fp8_e4m3 ? simd::Code8::e4m3 : simd::Code8::e5m2;
+}
 
 // Element `off` of an array of dtype f32, f64, bf16 or f16 (an additive mask), widened exactly.
 inline double widen_at(const void* data, DType dtype, std::int64_t off) noexcept {

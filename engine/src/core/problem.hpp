@@ -17,7 +17,21 @@ inline bool view_given(const ConstTensorView& v) noexcept { return v.data != nul
 enum class MaskKind : std::uint8_t { none, boolean, additive };
 
 struct Problem {
-  DType dtype = DType::f32;  // of q, k, v and out
+  DType dtype = DType::f32;  // of q and out (and of k and v unless they hold 8-bit codes)
+  // k and v: dtype, or 8-bit codes (int8, fp8_e4m3, fp8_e5m2; dtype then f32, bf16 or f16) with
+  // one f32 scale per row, k_scale[b * s0 + hk * s1 + j * s2] (element strides).
+  DType kv_dtype = DType::f32;
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  std::int64_t k_scale_strides[3] = {0, 0, 0}, v_scale_strides[3] = {0, 0, 0};
+  bool kv_codes() const { return is_kv_code(kv_dtype); }
+  // Element (b, hk, j, d) of K or V codes as attention reads it: decode(code) * scale, rounded to f32.
+  double k_code_value(std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) const {
+    return code_value(k, k_strides, k_scale, k_scale_strides, b, hk, j, d);
+  }
+  double v_code_value(std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) const {
+    return code_value(v, v_strides, v_scale, v_scale_strides, b, hk, j, d);
+  }
   std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
 
   // Element strides; data pointers are typed by `dtype`.
@@ -93,6 +107,14 @@ struct Problem {
   }
   double mask_add(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     return widen_at(mask, mask_dtype, mask_offset(b, h, i, j));
+  }
+
+ private:
+  double code_value(const void* base, const Shape4& st, const float* sc, const std::int64_t* ss, std::int64_t b,
+                    std::int64_t hk, std::int64_t j, std::int64_t d) const {
+    const std::uint8_t c =
+        static_cast<const std::uint8_t*>(base)[b * st[0] + hk * st[1] + j * st[2] + d * st[3]];
+    return static_cast<float>(code8_value(kv_dtype, c) * sc[b * ss[0] + hk * ss[1] + j * ss[2]]);
   }
 };
 

@@ -6,6 +6,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "core/problem.hpp"
@@ -76,15 +77,59 @@ void check_float(const std::string& name, DType t) {
     throw Error(name, "dtype must be f32, f64, bf16 or f16, got " + std::string(dtype_name(t)));
 }
 
-// q a float dtype, k and v the same.
+// q a float dtype, k and v the same, or k and v 8-bit codes of one dtype (q then f32, bf16 or f16).
 void check_qkv_dtypes(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v) {
   check_float("q", q.dtype);
+  if (is_kv_code(k.dtype) || is_kv_code(v.dtype)) {
+    if (v.dtype != k.dtype)
+      throw Error("v", "dtype " + std::string(dtype_name(v.dtype)) + " differs from k's " +
+                           std::string(dtype_name(k.dtype)) + " (8-bit K and V take one code dtype)");
+    if (q.dtype == DType::f64)
+      throw Error("q", "dtype f64 with 8-bit K and V (" + std::string(dtype_name(k.dtype)) +
+                           "): q must be f32, bf16 or f16");
+    return;
+  }
   if (k.dtype != q.dtype)
     throw Error("k", "dtype " + std::string(dtype_name(k.dtype)) + " differs from q's " +
                          std::string(dtype_name(q.dtype)));
   if (v.dtype != q.dtype)
     throw Error("v", "dtype " + std::string(dtype_name(v.dtype)) + " differs from q's " +
                          std::string(dtype_name(q.dtype)));
+}
+
+// options.k_scale / v_scale: [B, Hkv, Sk, 1] f32, finite and >= 0, clear of out, given exactly
+// when k and v hold 8-bit codes.
+void set_kv_scales(Problem& p, const AttentionOptions& opt, const ConstTensorView& k, const Span& so) {
+  for (const auto& [name, view, dst, strides] :
+       {std::tuple<const char*, const ConstTensorView&, const float**, std::int64_t*>{
+            "options.k_scale", opt.k_scale, &p.k_scale, p.k_scale_strides},
+        {"options.v_scale", opt.v_scale, &p.v_scale, p.v_scale_strides}}) {
+    if (!p.kv_codes()) {
+      if (view_given(view))
+        throw Error(name, "given for k and v of dtype " + std::string(dtype_name(k.dtype)) +
+                              " (only 8-bit K and V codes take scales)");
+      continue;
+    }
+    const Shape4 want{p.B, p.Hkv, p.Sk, 1};
+    if (!view_given(view))
+      throw Error(name, "required with 8-bit K and V (" + std::string(dtype_name(k.dtype)) + "): f32 of shape " +
+                            shape_str(want));
+    if (view.dtype != DType::f32) throw Error(name, "expected dtype f32, got " + std::string(dtype_name(view.dtype)));
+    if (view.shape != want) throw Error(name, "expected shape [B, Hkv, Sk, 1] = " + shape_str(want) + ", got " + shape_str(view.shape));
+    const Span sp = byte_span(name, view);
+    if (overlaps(sp, so)) throw Error(name, "memory overlaps out");
+    const auto* f = static_cast<const float*>(view.data);
+    for (std::int64_t b = 0; b < p.B; ++b)
+      for (std::int64_t h = 0; h < p.Hkv; ++h)
+        for (std::int64_t j = 0; j < p.Sk; ++j) {
+          const float x = f[b * view.strides[0] + h * view.strides[1] + j * view.strides[2]];
+          if (!(std::isfinite(x) && x >= 0.0f))
+            throw Error(name, "scale [" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(j) +
+                                  "] must be finite and >= 0, got " + std::to_string(x));
+        }
+    *dst = f;
+    strides[0] = view.strides[0], strides[1] = view.strides[1], strides[2] = view.strides[2];
+  }
 }
 
 // The [B, H, Sq, Dv] output of inputs of these shapes; throws Error for shapes attention rejects.
@@ -121,6 +166,7 @@ Span set_tensors(Problem& p, const ConstTensorView& q, const ConstTensorView& k,
     throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from q's " +
                            std::string(dtype_name(q.dtype)));
   p.dtype = q.dtype;
+  p.kv_dtype = k.dtype;
 
   // byte spans (also checks sizes, strides, null pointers and overflow)
   const Span sq = byte_span("q", q.data, q.dtype, q.shape, q.strides);
@@ -376,6 +422,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   check_isa();
   Problem p;
   const Span so = set_tensors(p, q, k, v, out);
+  set_kv_scales(p, opt, k, so);
   set_mask(p, opt, so);
   set_key_lengths(p, opt, so);
   set_structure(p, opt);

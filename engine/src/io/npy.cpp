@@ -222,6 +222,9 @@ std::string NpyArray::descr() const {
     case DType::i32: return "<i4";
     case DType::i64: return "<i8";
     case DType::f16: return "<f2";
+    case DType::int8: return "|i1";
+    case DType::fp8_e4m3:
+    case DType::fp8_e5m2: return "|u1";  // fp8 codes as NumPy holds them: uint8
     case DType::bf16: break;  // NumPy has no bfloat16
   }
   return "?";

@@ -140,6 +140,53 @@ void decode16(const Problem& p) {
   failure.rethrow();
 }
 
+// 8-bit K and V codes, read as they are (a quarter of f32's bytes): per (batch, kv head), each
+// query row of the group gets its scores from the code GEMV (K's code rows dotted with the
+// widened q row, times each key's scale), the f32 softmax of scale_mask_row, and its output from
+// V's code rows weighted by the weights times V's scales, rounded to the output's dtype at the end.
+template <class S>
+void decode8(const Problem& p) {
+  const simd::KernelTable& kt = simd::kernels();
+  const simd::Quant8Kernels& g = kt.code8(code8_of(p.kv_dtype));
+  const simd::VectorKernels<float>& vk = kt.vec<float>();
+  const std::int64_t group = p.H / p.Hkv;
+  const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
+  const double bytes = double(p.Sk) * double(p.D + p.Dv + 8);  // per item: codes and scales
+  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
+  RegionFailure failure;
+  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
+    failure.guard([&] {
+      float* q = thread_buffer<float, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
+      float* s = q + q_size;
+      float* o = s + s_size;
+      for (std::int64_t it = it0; it < it1; ++it) {
+        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
+        const auto* k = static_cast<const std::uint8_t*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1];
+        const auto* v = static_cast<const std::uint8_t*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1];
+        const float* ks = p.k_scale + b * p.k_scale_strides[0] + hk * p.k_scale_strides[1];
+        const float* vs = p.v_scale + b * p.v_scale_strides[0] + hk * p.v_scale_strides[1];
+        for (std::int64_t r = 0; r < group * p.Sq; ++r) {
+          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
+          const S* qi = static_cast<const S*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
+          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.q_strides[3]]));
+          g.gemv_t(L, p.D, 1.0f, q, k, p.k_strides[2], ks, p.k_scale_strides[2], s);
+          const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
+          const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
+          const float l = vk.exp_sub_max_sum(s, L, m);
+          S* dst = static_cast<S*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
+          if (l == 0.0f) {  // no visible key: zeros
+            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = S{};
+            continue;
+          }
+          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], vs, p.v_scale_strides[2], o);
+          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<S>(o[d]);
+        }
+      }
+    });
+  });
+  failure.rethrow();
+}
+
 }  // namespace
 
 namespace {
@@ -155,7 +202,22 @@ Refusal decode_shape_why_not(const Problem& p) {
 
 }  // namespace
 
+Refusal decode8_why_not(const Problem& p) {
+  if (!p.kv_codes()) return {"K and V of dtype {w} (8-bit codes only)", dtype_name(p.kv_dtype)};
+  if (Refusal r = decode_shape_why_not(p)) return r;
+  if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
+    return {"K or V strided along D (inner strides {} and {})", p.k_strides[3], p.v_strides[3]};
+  return {};
+}
+
+void decode8_attention(const Problem& p) {
+  if (p.dtype == DType::bf16) decode8<bfloat16>(p);
+  else if (p.dtype == DType::f16) decode8<float16>(p);
+  else decode8<float>(p);
+}
+
 Refusal decode16_why_not(const Problem& p) {
+  if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
   if (!is_16bit(p.dtype)) return {"dtype {w} (bf16 and f16 only)", dtype_name(p.dtype)};
   if (Refusal r = decode_shape_why_not(p)) return r;
   if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
@@ -169,6 +231,7 @@ void decode16_attention(const Problem& p) {
 }
 
 Refusal decode_why_not(const Problem& p) {
+  if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
   if (is_16bit(p.dtype)) return {"dtype {w} (the 16-bit decode paths take it)", dtype_name(p.dtype)};
   if (Refusal r = decode_shape_why_not(p)) return r;
   if (p.q_strides[3] != 1 || p.k_strides[3] != 1 || p.v_strides[3] != 1)

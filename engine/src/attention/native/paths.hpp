@@ -1,4 +1,5 @@
 // The native backend's paths (native.hpp lists them in order): each one's why_not and runner.
+//   decode8         few query rows per kv head, 8-bit K and V codes read as they are (decode.cpp)
 //   decode16        few query rows per kv head, bf16/f16 K and V read as they are (decode.cpp)
 //   decode.widened  bf16/f16 decode with K or V strided along D: dense f32 copies on the f32
 //                   decode path (widened.cpp)
@@ -8,7 +9,8 @@
 //   short_keys      up to 96 keys, no mask: queries on the vector lanes (short_keys.cpp), bf16
 //                   and f16 widened as K and V^T are packed and Q panels transposed
 //   fused           everything else: flash attention on key blocks (fused/), bf16 and f16
-//                   widened as K/V blocks are packed and Q blocks copied, narrowed as O is written
+//                   widened as K/V blocks are packed and Q blocks copied, narrowed as O is written;
+//                   8-bit K/V codes dequantized block by block as they are packed
 #pragma once
 
 #include "attention/native/native.hpp"
@@ -29,6 +31,9 @@ inline Refusal needs_more_than_softmax(const Problem& p) {
 }
 
 inline bool is_16bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
+
+Refusal decode8_why_not(const Problem& p);
+void decode8_attention(const Problem& p);
 
 Refusal decode16_why_not(const Problem& p);
 void decode16_attention(const Problem& p);

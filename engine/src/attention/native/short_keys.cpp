@@ -208,7 +208,10 @@ void short_keys(const Problem& p) {
 
 }  // namespace
 
-Refusal short_keys_why_not(const Problem& p) { return p.dtype == DType::f64 ? why_not<double>(p) : why_not<float>(p); }
+Refusal short_keys_why_not(const Problem& p) {
+  if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
+  return p.dtype == DType::f64 ? why_not<double>(p) : why_not<float>(p);
+}
 
 void short_keys_attention(const Problem& p) {
   switch (p.dtype) {

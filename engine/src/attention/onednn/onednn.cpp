@@ -403,6 +403,9 @@ void run(const Problem& p) {
 }  // namespace
 
 void attention_onednn(const Problem& p) {
+  if (p.kv_codes())
+    throw Error("options.backend", "the onednn backend does not read 8-bit K and V (" +
+                                       std::string(dtype_name(p.kv_dtype)) + "); use the native or reference backend");
   if (!onednn_takes(p.dtype)) {
     const std::string dt(dtype_name(p.dtype));
     const std::string version = std::to_string(DNNL_VERSION_MAJOR) + "." + std::to_string(DNNL_VERSION_MINOR);

@@ -49,6 +49,10 @@ void reference_impl(const Problem& p) {
         if (!st.any_nan)
           for (std::int64_t j = 0; j < p.Sk; ++j) {
             if (weight[j] == 0.0) continue;
+            if (p.kv_codes()) {
+              for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * p.v_code_value(b, hk, j, d);
+              continue;
+            }
             const T* vj = v + b * p.v_strides[0] + hk * p.v_strides[1] + j * p.v_strides[2];
             for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * widen(vj[d * p.v_strides[3]]);
           }

@@ -41,9 +41,13 @@ RowStats reference_row_scores(const Problem& p, std::int64_t b, std::int64_t h, 
       score[j] = neg_inf;
       continue;
     }
-    const T* kj = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1] + j * p.k_strides[2];
     double dot = 0.0;
-    for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * widen(kj[d * p.k_strides[3]]);
+    if (p.kv_codes()) {
+      for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * p.k_code_value(b, hk, j, d);
+    } else {
+      const T* kj = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1] + j * p.k_strides[2];
+      for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * widen(kj[d * p.k_strides[3]]);
+    }
     double s = p.scale * dot;
     if (stage != ScoreStage::scaled && p.softcap > 0.0) s = p.softcap * std::tanh(s / p.softcap);
     if (visibility) {

@@ -57,7 +57,7 @@ struct FusedPlan {
   // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
   // are packed.
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
-  std::int64_t conv_size;  // 16-bit storage: a panel of K rows, or a block of V rows, widened
+  std::int64_t conv_size;  // 16-bit storage or 8-bit codes: a panel of K rows, or a block of V rows, widened
   std::int64_t t5_reach = 0, t5_size = 0;  // T5's bias by relative position in [-reach, reach]
   // AMX (bf16 on a table with tile kernels, D <= 256): both products on tiles. K packed as pairs
   // along D per panel of 32 keys, V as pairs along the keys per panel of 32 columns, the Q block
@@ -105,7 +105,7 @@ struct FusedPlan {
     o_size = round_up(max_rows * dv_padded, a);
     row_size = round_up(max_rows, a);
     flag_size = round_up(k_blocks, a);
-    conv_size = std::is_same_v<S, T> ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
+    conv_size = std::is_same_v<S, T> && !p.kv_codes() ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
     t5_reach = t5_table_reach(p);
     t5_size = p.t5_table != nullptr ? round_up(2 * t5_reach + 1, a) : 0;
     if constexpr (std::is_same_v<S, bfloat16> && std::is_same_v<T, float>) {

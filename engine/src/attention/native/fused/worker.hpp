@@ -41,6 +41,9 @@ class FusedWorker {
   // its rows prefetched while the block before it is computed.
   void start_kv(std::int64_t b, std::int64_t hk);
   void pack_block(std::int64_t jb);
+  // pack_block for 8-bit K/V codes: the block's code rows dequantized into conv_ (f32, one K
+  // panel or the V block at a time), packed from there.
+  void pack_block_codes(std::int64_t jb);
   // The rows of key block jb, if it holds keys below L[b] and is not packed yet, become the
   // next prefetches of the micro-kernels.
   void prefetch_block(std::int64_t jb);
@@ -49,10 +52,15 @@ class FusedWorker {
   void prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows);
   // Query head h's kv head, and the first K and V rows of kv head (b, hk).
   std::int64_t kv_head(std::int64_t h) const { return h / (prob_.H / prob_.Hkv); }
+  // (8-bit codes: the code rows' first byte, as an S pointer only prefetch_kv reads)
   const S* k_head(std::int64_t b, std::int64_t hk) const {
+    if (prob_.kv_codes())
+      return reinterpret_cast<const S*>(static_cast<const std::uint8_t*>(prob_.k) + b * prob_.k_strides[0] + hk * prob_.k_strides[1]);
     return static_cast<const S*>(prob_.k) + b * prob_.k_strides[0] + hk * prob_.k_strides[1];
   }
   const S* v_head(std::int64_t b, std::int64_t hk) const {
+    if (prob_.kv_codes())
+      return reinterpret_cast<const S*>(static_cast<const std::uint8_t*>(prob_.v) + b * prob_.v_strides[0] + hk * prob_.v_strides[1]);
     return static_cast<const S*>(prob_.v) + b * prob_.v_strides[0] + hk * prob_.v_strides[1];
   }
 
@@ -150,6 +158,9 @@ class FusedWorker {
   T* conv_;    // 16-bit storage: widened K rows of one panel
   std::uint16_t *k16_ = nullptr, *v16_ = nullptr, *q16_ = nullptr, *p16_ = nullptr;  // AMX (FusedPlan::amx)
   const S *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
+  // 8-bit K/V codes (Problem::kv_codes): the current kv head's code rows and their scales
+  const std::uint8_t *k8_ = nullptr, *v8_ = nullptr;
+  const float *ks_ = nullptr, *vs_ = nullptr;
   std::int64_t key_len_ = 0;
   NextRows next_;
   std::array<std::int64_t, kMaxBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
@@ -243,6 +254,12 @@ inline void FusedWorker<T, S>::run(std::int64_t b, std::int64_t h, std::int64_t 
 
 template <class T, class S>
 inline void FusedWorker<T, S>::start_kv(std::int64_t b, std::int64_t hk) {
+  if (prob_.kv_codes()) {
+    k8_ = static_cast<const std::uint8_t*>(prob_.k) + b * prob_.k_strides[0] + hk * prob_.k_strides[1];
+    v8_ = static_cast<const std::uint8_t*>(prob_.v) + b * prob_.v_strides[0] + hk * prob_.v_strides[1];
+    ks_ = prob_.k_scale + b * prob_.k_scale_strides[0] + hk * prob_.k_scale_strides[1];
+    vs_ = prob_.v_scale + b * prob_.v_scale_strides[0] + hk * prob_.v_scale_strides[1];
+  }
   k_ = k_head(b, hk);
   v_ = v_head(b, hk);
   key_len_ = prob_.key_len(b);
@@ -261,6 +278,11 @@ inline void FusedWorker<T, S>::prefetch_block(std::int64_t jb) {
 
 template <class T, class S>
 inline void FusedWorker<T, S>::prefetch_kv(const S* k, const S* v, std::int64_t j0, std::int64_t rows) {
+  if (prob_.kv_codes()) {  // k and v are the code rows' bytes
+    next_.add(reinterpret_cast<const std::uint8_t*>(k) + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], rows, prob_.D);
+    next_.add(reinterpret_cast<const std::uint8_t*>(v) + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], rows, prob_.Dv);
+    return;
+  }
   next_.add(k + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], rows, prob_.D);
   next_.add(v + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], rows, prob_.Dv);
 }
