@@ -4,11 +4,14 @@
 // attention/native/gpt-{alibi,softcap,t5bias,sinks}/t<threads>: gpt with one score modifier
 // (standard ALiBi slopes; Gemma 2's cap 50; T5's one-way bias, 32 buckets, max distance 128;
 // a sink per head), f32.
+// attention/native/decode.int8|.fp8_e4m3|.fp8_e5m2/t<threads>: decode with K and V quantized
+// (quantize_kv) from the same draws, q and out f32; GB/s of the codes, scales, q and out read.
 // Counters: GFLOP/s (causal counts visible pairs only); GB/s for decode (Sq = 1), which is bound by
 // reading K and V. Every backend of the build is registered, the reference only for workloads it
 // finishes in seconds.
 #include <benchmark/benchmark.h>
 
+#include <cstdint>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -78,6 +81,28 @@ void bench_attention(benchmark::State& state, const simdattn::Workload& w, simda
   }
 }
 
+// A workload over 8-bit K/V codes of dtype `code`.
+void bench_codes(benchmark::State& state, const simdattn::Workload& w, simdattn::DType code, int threads) {
+  Inputs<float> in = make_inputs<float>(w);
+  const simdattn::Shape4 ks{w.B, w.Hkv, w.Sk, w.D}, ss{w.B, w.Hkv, w.Sk, 1};
+  std::vector<std::uint8_t> kc(in.k.size()), vc(in.v.size());
+  std::vector<float> kscale(std::size_t(w.B * w.Hkv * w.Sk)), vscale(kscale.size());
+  simdattn::quantize_kv(simdattn::ConstTensorView(in.k.data(), ks), code, simdattn::TensorView(kc.data(), code, ks),
+                        simdattn::TensorView(kscale.data(), ss));
+  simdattn::quantize_kv(simdattn::ConstTensorView(in.v.data(), ks), code, simdattn::TensorView(vc.data(), code, ks),
+                        simdattn::TensorView(vscale.data(), ss));
+  simdattn::AttentionOptions opt;
+  opt.causal = w.causal;
+  opt.threads = threads;
+  opt.k_scale = simdattn::ConstTensorView(kscale.data(), ss);
+  opt.v_scale = simdattn::ConstTensorView(vscale.data(), ss);
+  const simdattn::ConstTensorView q(in.q.data(), {w.B, w.H, w.Sq, w.D});
+  const simdattn::ConstTensorView k(kc.data(), code, ks), v(vc.data(), code, ks);
+  const simdattn::TensorView o(in.o.data(), {w.B, w.H, w.Sq, w.D});
+  const double bytes = double(w.B * w.Hkv * w.Sk) * (2.0 * double(w.D) + 8.0) + 4.0 * double(w.B * w.H * w.Sq * 2 * w.D);
+  simdattn::perf::timed_loop(state, bytes, "GB/s", [&] { simdattn::attention(q, k, v, o, opt); });
+}
+
 // FLOPs per call above which the reference backend is not registered (it would take minutes).
 constexpr double kReferenceMaxFlops = 2e9;
 
@@ -112,6 +137,14 @@ int register_all() {
               ->Unit(benchmark::kMillisecond);
       }
   }
+  // decode over 8-bit K/V codes
+  const simdattn::Workload& decode = *simdattn::find_workload("decode");
+  for (simdattn::DType code : {simdattn::DType::int8, simdattn::DType::fp8_e4m3, simdattn::DType::fp8_e5m2})
+    for (int t : {1, 2})
+      benchmark::RegisterBenchmark(
+          ("attention/native/decode." + std::string(simdattn::dtype_name(code)) + "/t" + std::to_string(t)).c_str(),
+          bench_codes, decode, code, t)
+          ->Unit(benchmark::kMillisecond);
   // gpt with one modifier each (native, f32)
   const simdattn::Workload& gpt = *simdattn::find_workload("gpt");
   for (auto [name, mod] : {std::pair{"alibi", Modifier::alibi}, std::pair{"softcap", Modifier::softcap},

@@ -22,6 +22,12 @@
 
 namespace simdattn::simd::impl {
 
+#if defined(__AVX512VL__) && defined(__AVX512BW__)
+constexpr bool kHasAvx512Vl = true;
+#else
+constexpr bool kHasAvx512Vl = false;
+#endif
+
 // The factor by which load8's values fall short of the codes' (E4M3: 2^-8).
 template <Code8 F> constexpr float kFold = F == Code8::e4m3 ? 256.0f : 1.0f;
 
@@ -31,21 +37,26 @@ inline float widen8(std::uint8_t c) {
   return decode8<F, Arch>(c) / kFold<F>;
 }
 
-// The f16 bits of W codes (16-bit lanes) for the f16 conversion.
+// The f16 bits of codes in 16-bit lanes, sign-extended from their byte (vpmovsxbw): E5M2 is the
+// f16's top byte; E4M3's magnitude goes 7 bits up, its sign bit (copied into bit 15 by the
+// extension) stays, bit 14 is cleared, and 0x7F / 0xFF become an f16 NaN.
 template <Code8 F, class V>
 __attribute__((always_inline)) inline V f16_of_codes(V h) {
   if constexpr (sizeof(V) == 32) {
     if constexpr (F == Code8::e5m2) return _mm256_slli_epi16(h, 8);
-    const V mag = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x7f)), 7);
-    const V sign = _mm256_slli_epi16(_mm256_and_si256(h, _mm256_set1_epi16(0x80)), 8);
-    const V nan = _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x7c00));
-    return _mm256_or_si256(_mm256_or_si256(mag, sign), nan);
+    const V bits = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xbf80)));
+    if constexpr (kHasAvx512Vl) {
+      const __mmask16 nan = _mm256_cmpeq_epi16_mask(_mm256_and_si256(bits, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x3f80));
+      return _mm256_mask_or_epi16(bits, nan, bits, _mm256_set1_epi16(0x7c00));
+    } else {
+      const V mag = _mm256_and_si256(bits, _mm256_set1_epi16(0x3f80));
+      return _mm256_or_si256(bits, _mm256_and_si256(_mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)), _mm256_set1_epi16(0x7c00)));
+    }
   } else {
     if constexpr (F == Code8::e5m2) return _mm_slli_epi16(h, 8);
-    const V mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7f)), 7);
-    const V sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
-    const V nan = _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x7c00));
-    return _mm_or_si128(_mm_or_si128(mag, sign), nan);
+    const V bits = _mm_and_si128(_mm_slli_epi16(h, 7), _mm_set1_epi16(static_cast<short>(0xbf80)));
+    const V mag = _mm_and_si128(bits, _mm_set1_epi16(0x3f80));
+    return _mm_or_si128(bits, _mm_and_si128(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)), _mm_set1_epi16(0x7c00)));
   }
 }
 
@@ -56,15 +67,38 @@ __attribute__((always_inline)) inline batch<float, Arch> load8(const std::uint8_
   if constexpr (kHasAvx512<Arch>) {
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
     if constexpr (F == Code8::int8) return B(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(v)));
-    else return B(_mm512_cvtph_ps(f16_of_codes<F>(_mm256_cvtepu8_epi16(v))));
+    else return B(_mm512_cvtph_ps(f16_of_codes<F>(_mm256_cvtepi8_epi16(v))));
   } else if constexpr (B::size == 8) {  // AVX2 (with F16C)
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
     if constexpr (F == Code8::int8) return B(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)));
-    else return B(_mm256_cvtph_ps(f16_of_codes<F>(_mm_cvtepu8_epi16(v))));
+    else return B(_mm256_cvtph_ps(f16_of_codes<F>(_mm_cvtepi8_epi16(v))));
   } else {
     alignas(16) float f[4];
     for (int i = 0; i < 4; ++i) f[i] = widen8<Arch, F>(p[i]);
     return B::load_aligned(f);
+  }
+}
+
+// 2W consecutive codes at p, widened to two f32 batches (lo: the first W). On AVX-512 the
+// integer steps run once on 32 16-bit lanes (vpmovsxbw zmm and a mask register for E4M3's NaN).
+template <class Arch, Code8 F>
+__attribute__((always_inline)) inline void load8x2(const std::uint8_t* p, batch<float, Arch>& lo, batch<float, Arch>& hi) {
+  using B = batch<float, Arch>;
+  if constexpr (kHasAvx512<Arch> && F != Code8::int8) {
+    const __m512i h = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    __m512i bits;
+    if constexpr (F == Code8::e5m2) {
+      bits = _mm512_slli_epi16(h, 8);
+    } else {
+      bits = _mm512_and_si512(_mm512_slli_epi16(h, 7), _mm512_set1_epi16(static_cast<short>(0xbf80)));
+      const __mmask32 nan = _mm512_cmpeq_epi16_mask(_mm512_and_si512(bits, _mm512_set1_epi16(0x3f80)), _mm512_set1_epi16(0x3f80));
+      bits = _mm512_mask_mov_epi16(bits, nan, _mm512_or_si512(bits, _mm512_set1_epi16(0x7c00)));
+    }
+    lo = B(_mm512_cvtph_ps(_mm512_castsi512_si256(bits)));
+    hi = B(_mm512_cvtph_ps(_mm512_extracti64x4_epi64(bits, 1)));
+  } else {
+    lo = load8<Arch, F>(p);
+    hi = load8<Arch, F>(p + B::size);
   }
 }
 
@@ -192,7 +226,16 @@ void gemv8_t(std::int64_t n, std::int64_t k, float alpha, const float* x, const 
     const std::uint8_t *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb;
     prefetch_four_rows_ahead(r0, ldb, k);
     B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
-    for (std::int64_t p = 0; p < kv; p += W) {
+    std::int64_t p = 0;
+    for (; p + 2 * W <= kv; p += 2 * W) {
+      const B xl = B::load_unaligned(x + p), xh = B::load_unaligned(x + p + W);
+      B l, h;
+      load8x2<Arch, F>(r0 + p, l, h), a0 = xsimd::fma(xl, l, a0), a0 = xsimd::fma(xh, h, a0);
+      load8x2<Arch, F>(r1 + p, l, h), a1 = xsimd::fma(xl, l, a1), a1 = xsimd::fma(xh, h, a1);
+      load8x2<Arch, F>(r2 + p, l, h), a2 = xsimd::fma(xl, l, a2), a2 = xsimd::fma(xh, h, a2);
+      load8x2<Arch, F>(r3 + p, l, h), a3 = xsimd::fma(xl, l, a3), a3 = xsimd::fma(xh, h, a3);
+    }
+    for (; p < kv; p += W) {
       const B xv = B::load_unaligned(x + p);
       a0 = xsimd::fma(xv, load8<Arch, F>(r0 + p), a0);
       a1 = xsimd::fma(xv, load8<Arch, F>(r1 + p), a1);
@@ -227,10 +270,9 @@ void gemv8_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const 
     for (std::int64_t p = 0; p < k; ++p, row += ldb) {
       prefetch_row(row, kGemvPrefetchRows, ldb, 4 * W);
       const B xv(x[p] * scale[p * ss]);
-      a0 = xsimd::fma(xv, load8<Arch, F>(row), a0);
-      a1 = xsimd::fma(xv, load8<Arch, F>(row + W), a1);
-      a2 = xsimd::fma(xv, load8<Arch, F>(row + 2 * W), a2);
-      a3 = xsimd::fma(xv, load8<Arch, F>(row + 3 * W), a3);
+      B l, h;
+      load8x2<Arch, F>(row, l, h), a0 = xsimd::fma(xv, l, a0), a1 = xsimd::fma(xv, h, a1);
+      load8x2<Arch, F>(row + 2 * W, l, h), a2 = xsimd::fma(xv, l, a2), a3 = xsimd::fma(xv, h, a3);
     }
     (a0 * B(a)).store_unaligned(y + j), (a1 * B(a)).store_unaligned(y + j + W);
     (a2 * B(a)).store_unaligned(y + j + 2 * W), (a3 * B(a)).store_unaligned(y + j + 3 * W);
