@@ -286,12 +286,18 @@ out           C-contiguous array to write. Returns out (or (out, weights)).)doc"
   py::class_<KvCache>(m, "KvCache", "Keys and values of one layer for a batch of sequences, each with its own length.")
       .def(py::init([](const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity,
                        const py::object& dtype) {
+             if (py::isinstance<py::str>(dtype)) {
+               const std::string s = dtype.cast<std::string>();
+               if (s == "int8" || s == "fp8_e4m3" || s == "fp8_e5m2")
+                 return KvCache(layer, batch, capacity, code_dtype_named(dtype, "dtype"));
+             }
              const std::optional<DType> t = optional_dtype(dtype, "dtype");
              return t ? KvCache(layer, batch, capacity, *t) : KvCache(layer, batch, capacity);
            }),
            py::arg("layer"), py::arg("batch"), py::arg("capacity"), py::arg("dtype") = py::none(),
            py::keep_alive<1, 2>(),
-           "A cache of `capacity` tokens for `batch` sequences, in the layer's dtype or `dtype`.")
+           "A cache of `capacity` tokens for `batch` sequences, in the layer's dtype or `dtype` ('f32', 'f64',\n"
+           "'bf16', 'f16', or the 8-bit 'int8', 'fp8_e4m3', 'fp8_e5m2': codes and a float32 scale per row).")
       .def("reset", &KvCache::reset, "Every sequence back to length 0.")
       .def("truncate", &KvCache::truncate, py::arg("sequence"), py::arg("length"),
            "Keep the first `length` tokens of sequence `sequence`.")

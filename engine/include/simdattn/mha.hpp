@@ -265,6 +265,11 @@ class SIMDATTN_API KvCache {
   // layer with a bf16 cache, half the bytes a decode step reads). With a dtype of its own the
   // cache holds the layer's K and V rounded to it (nearest even), and the attention core runs in
   // the cache's dtype: q is converted to it, the output back to the layer's.
+  // 8-bit caches (int8, fp8_e4m3, fp8_e5m2; a quarter of f32's bytes): each appended K and V row
+  // (one kv head of one token) is quantized as it is appended (attention.hpp's formats), codes
+  // and one f32 scale per row kept side by side; the attention reads the codes in place with q in
+  // the layer's dtype (f64 layers: q rounded to f32). A row with a NaN or an infinity cannot be
+  // appended: the step throws Error("cache") naming the sequence and token, the cache unchanged.
   KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity);
   KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, DType dtype);
 
@@ -279,6 +284,9 @@ class SIMDATTN_API KvCache {
   // Views of the cached keys/values, [B, Hkv, capacity, head_dim] (rows past lengths() unused).
   ConstTensorView keys() const noexcept;
   ConstTensorView values() const noexcept;
+  // 8-bit caches: the rows' scales, [B, Hkv, capacity, 1] f32 (empty views otherwise).
+  ConstTensorView key_scales() const noexcept;
+  ConstTensorView value_scales() const noexcept;
 
  private:
   friend struct detail::CacheAccess;
@@ -286,6 +294,7 @@ class SIMDATTN_API KvCache {
   std::int64_t batch_, kv_heads_, head_dim_, capacity_;
   std::vector<std::int64_t> lengths_, next_lengths_;
   std::vector<std::byte> k_, v_;
+  std::vector<float> k_scale_, v_scale_;  // 8-bit caches: [B, Hkv, capacity]
 };
 
 }  // namespace simdattn

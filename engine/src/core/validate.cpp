@@ -97,8 +97,8 @@ void check_qkv_dtypes(const ConstTensorView& q, const ConstTensorView& k, const 
                          std::string(dtype_name(q.dtype)));
 }
 
-// options.k_scale / v_scale: [B, Hkv, Sk, 1] f32, finite and >= 0, clear of out, given exactly
-// when k and v hold 8-bit codes.
+// options.k_scale / v_scale: [B, Hkv, Sk, 1] f32, clear of out, given exactly when k and v hold
+// 8-bit codes; the scales of the keys read (j < L[b]) finite and >= 0.
 void set_kv_scales(Problem& p, const AttentionOptions& opt, const ConstTensorView& k, const Span& so) {
   for (const auto& [name, view, dst, strides] :
        {std::tuple<const char*, const ConstTensorView&, const float**, std::int64_t*>{
@@ -121,7 +121,7 @@ void set_kv_scales(Problem& p, const AttentionOptions& opt, const ConstTensorVie
     const auto* f = static_cast<const float*>(view.data);
     for (std::int64_t b = 0; b < p.B; ++b)
       for (std::int64_t h = 0; h < p.Hkv; ++h)
-        for (std::int64_t j = 0; j < p.Sk; ++j) {
+        for (std::int64_t j = 0; j < p.key_len(b); ++j) {
           const float x = f[b * view.strides[0] + h * view.strides[1] + j * view.strides[2]];
           if (!(std::isfinite(x) && x >= 0.0f))
             throw Error(name, "scale [" + std::to_string(b) + ", " + std::to_string(h) + ", " + std::to_string(j) +
@@ -422,9 +422,9 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   check_isa();
   Problem p;
   const Span so = set_tensors(p, q, k, v, out);
-  set_kv_scales(p, opt, k, so);
   set_mask(p, opt, so);
   set_key_lengths(p, opt, so);
+  set_kv_scales(p, opt, k, so);
   set_structure(p, opt);
   set_sparse(p, opt, so);
   set_modifiers(p, opt, q, k, v, so);

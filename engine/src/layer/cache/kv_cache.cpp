@@ -5,10 +5,12 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <tuple>
 
 #include "core/element.hpp"
 #include "layer/call_options.hpp"
 #include "layer/positions/positions.hpp"
+#include "linalg/code8.hpp"
 #include "linalg/convert.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/error.hpp"
@@ -18,7 +20,9 @@ namespace detail {
 
 // The layer's access to a cache's storage.
 struct CacheAccess {
-  static CacheRef ref(KvCache& c) { return {c.dtype_, c.k_, c.v_, c.lengths_, c.next_lengths_, c.capacity_}; }
+  static CacheRef ref(KvCache& c) {
+    return {c.dtype_, c.k_, c.v_, c.lengths_, c.next_lengths_, c.capacity_, c.k_scale_, c.v_scale_};
+  }
   static std::int64_t kv_heads(const KvCache& c) { return c.kv_heads_; }
   static std::int64_t head_dim(const KvCache& c) { return c.head_dim_; }
 };
@@ -62,6 +66,26 @@ void append_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, std::in
   const std::int64_t Hkv = layer.cfg.kv_heads, hd = layer.cfg.head_dim, capacity = cache.capacity;
   const DType cd = cache.dtype;
   const std::int64_t esize = static_cast<std::int64_t>(dtype_size(cd));
+  if (is_kv_code(cd)) {
+    float* row = thread_buffer<float, scratch::MhaCacheQ>().get(static_cast<std::size_t>(hd));
+    for (std::int64_t b = 0; b < B; ++b)
+      for (std::int64_t hk = 0; hk < Hkv; ++hk)
+        for (std::int64_t t = 0; t < tokens; ++t) {
+          const T* src = p + (b * tokens + t) * N + hk * hd;
+          const std::int64_t r = (b * Hkv + hk) * capacity + cache.lengths[b] + t;
+          for (const auto& [off, codes, scales, what] :
+               {std::tuple{layer.k0, &cache.k, &cache.k_scale, "K"}, std::tuple{layer.v0, &cache.v, &cache.v_scale, "V"}}) {
+            convert_elements(src + off, dtype_of<T>(), row, DType::f32, hd);  // f64: rounded to f32 first
+            if (quantize_rows(cd, row, 1, hd, hd, reinterpret_cast<std::uint8_t*>(codes->data()) + r * hd, hd,
+                              scales->data() + r, 1) >= 0)
+              throw Error("cache", "sequence " + std::to_string(b) + ", token " + std::to_string(cache.lengths[b] + t) +
+                                       ": its " + what + " row of kv head " + std::to_string(hk) +
+                                       " holds a NaN or an infinity, which a " + std::string(dtype_name(cd)) +
+                                       " cache cannot represent (the cache is unchanged)");
+          }
+        }
+    return;
+  }
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t hk = 0; hk < Hkv; ++hk)
       for (std::int64_t t = 0; t < tokens; ++t) {
@@ -84,20 +108,26 @@ void cached_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, 
   const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
   const ConstTensorView kc(cache.k.data(), cd, {B, Hkv, capacity, hd}, kvs);
   const ConstTensorView vc(cache.v.data(), cd, {B, Hkv, capacity, hd}, kvs);
-  if (cd == dtype_of<T>()) {
+  // the core's dtype: the cache's, or for 8-bit codes the layer's (f64: f32)
+  const DType core = !is_kv_code(cd) ? cd : dtype_of<T>() == DType::f64 ? DType::f32 : dtype_of<T>();
+  if (is_kv_code(cd)) {
+    a.k_scale = ConstTensorView(cache.k_scale.data(), DType::f32, {B, Hkv, capacity, 1}, {Hkv * capacity, capacity, 1, 1});
+    a.v_scale = ConstTensorView(cache.v_scale.data(), DType::f32, {B, Hkv, capacity, 1}, {Hkv * capacity, capacity, 1, 1});
+  }
+  if (core == dtype_of<T>()) {
     attention(ConstTensorView(p, {B, H, tokens, hd}, {tokens * N, hd, N, 1}), kc, vc,
               TensorView(o, {B, H, tokens, hd}, {tokens * layer.nq, hd, layer.nq, 1}), a);
     return;
   }
   // A cache of another dtype: the core runs in the cache's, q converted to it (rounded to
   // nearest even if narrower, as llama.cpp rounds q for its f16 cache) and the output back.
-  const std::int64_t M = B * tokens, n = M * layer.nq, esize = static_cast<std::int64_t>(dtype_size(cd));
+  const std::int64_t M = B * tokens, n = M * layer.nq, esize = static_cast<std::int64_t>(dtype_size(core));
   std::byte* qc = thread_buffer<std::byte, scratch::MhaCacheQ>().get(static_cast<std::size_t>(n * esize));
   std::byte* oc = thread_buffer<std::byte, scratch::MhaCacheOut>().get(static_cast<std::size_t>(n * esize));
-  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * layer.nq * esize, cd, layer.nq);
+  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * layer.nq * esize, core, layer.nq);
   const Shape4 dense{tokens * layer.nq, hd, layer.nq, 1};
-  attention(ConstTensorView(qc, cd, {B, H, tokens, hd}, dense), kc, vc, TensorView(oc, cd, {B, H, tokens, hd}, dense), a);
-  convert_elements(oc, cd, o, dtype_of<T>(), n);
+  attention(ConstTensorView(qc, core, {B, H, tokens, hd}, dense), kc, vc, TensorView(oc, core, {B, H, tokens, hd}, dense), a);
+  convert_elements(oc, core, o, dtype_of<T>(), n);
 }
 
 template void check_cached_step<float>(const LayerStorage<float>&, const ConstSeqView&, const CacheRef&, const SeqView&,
@@ -132,8 +162,8 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
       kv_heads_(layer.config().kv_heads),
       head_dim_(layer.config().head_dim),
       capacity_(capacity) {
-  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
-    throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16 && !is_kv_code(dtype))
+    throw Error("dtype", "expected f32, f64, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got " + std::string(dtype_name(dtype)));
   if (batch < 1) throw Error("batch", "expected >= 1, got " + std::to_string(batch));
   if (capacity < 1) throw Error("capacity", "expected >= 1, got " + std::to_string(capacity));
   std::int64_t elems = 0, bytes64 = 0;
@@ -148,6 +178,10 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
   next_lengths_.assign(static_cast<std::size_t>(batch), 0);
   k_.resize(bytes);
   v_.resize(bytes);
+  if (is_kv_code(dtype)) {
+    k_scale_.assign(static_cast<std::size_t>(batch * kv_heads_ * capacity), 0.0f);
+    v_scale_.assign(k_scale_.size(), 0.0f);
+  }
 }
 
 void KvCache::reset() noexcept { std::fill(lengths_.begin(), lengths_.end(), 0); }
@@ -167,6 +201,14 @@ ConstTensorView KvCache::keys() const noexcept {
 }
 ConstTensorView KvCache::values() const noexcept {
   return ConstTensorView(v_.data(), dtype_, {batch_, kv_heads_, capacity_, head_dim_});
+}
+ConstTensorView KvCache::key_scales() const noexcept {
+  if (k_scale_.empty()) return {};
+  return ConstTensorView(k_scale_.data(), DType::f32, {batch_, kv_heads_, capacity_, 1});
+}
+ConstTensorView KvCache::value_scales() const noexcept {
+  if (v_scale_.empty()) return {};
+  return ConstTensorView(v_scale_.data(), DType::f32, {batch_, kv_heads_, capacity_, 1});
 }
 
 }  // namespace simdattn

@@ -22,6 +22,8 @@ struct CacheRef {
   std::vector<std::int64_t>& lengths;
   std::vector<std::int64_t>& next;
   std::int64_t capacity;
+  std::vector<float>& k_scale;  // 8-bit caches: [B, Hkv, capacity]
+  std::vector<float>& v_scale;
 };
 
 
@@ -37,7 +39,9 @@ void check_cached_step(const LayerStorage<T>& layer, const ConstSeqView& query, 
 
 // Appends the rotated K and V of a step's projected rows p ([B * tokens] rows, N apart) to the cache:
 // rows lengths[b] .. next[b] - 1 of every (b, kv head), converted to the cache's dtype. Rows past
-// lengths[] are not part of the cache, so a failure after this leaves the cache as it was.
+// lengths[] are not part of the cache, so a failure after this leaves the cache as it was. An
+// 8-bit cache quantizes each row; a row with a NaN or an infinity throws Error("cache") naming
+// the sequence and token.
 template <class T>
 void append_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, std::int64_t B, std::int64_t tokens, const CacheRef& cache);
 
