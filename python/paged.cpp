@@ -61,7 +61,8 @@ py::array attention_paged_py(const py::array& q, const py::array& k_cache, const
                              const py::object& block_table, const py::object& seq_lens, const py::object& query_start,
                              const py::object& causal, const py::object& scale, const py::object& window,
                              const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
-                             int threads, const py::object& out, const std::string& backend, const py::object& dtype) {
+                             int threads, const py::object& out, const std::string& backend, const py::object& dtype,
+                             const py::object& k_scale, const py::object& v_scale, const py::object& kv_dtype) {
   PagedAttentionOptions o;
   std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
   if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
@@ -86,13 +87,25 @@ py::array attention_paged_py(const py::array& q, const py::array& k_cache, const
   if (q.ndim() != 3) throw Error("q", "expected a 3-D array [total_q, H, D], got " + std::to_string(q.ndim()) + "-D");
   Bf16Copy q16, k16, v16;
   ConstTensorView qv, kv, vv;
+  const bool coded = !kv_dtype.is_none();
+  const DType code = coded ? code_dtype_named(kv_dtype, "kv_dtype") : DType::f32;
   if (bf16) {
-    q16 = bf16_of(q, "q", 3), k16 = bf16_of(k_cache, "k_cache", 4), v16 = bf16_of(v_cache, "v_cache", 4);
-    qv = q16.view, kv = k16.view, vv = v16.view;
+    q16 = bf16_of(q, "q", 3);
+    qv = q16.view;
+    if (!coded) k16 = bf16_of(k_cache, "k_cache", 4), v16 = bf16_of(v_cache, "v_cache", 4), kv = k16.view, vv = v16.view;
   } else {
     qv = view_of<ConstTensorView>(q, "q", 3);
-    kv = view_of<ConstTensorView>(k_cache, "k_cache"), vv = view_of<ConstTensorView>(v_cache, "v_cache");
+    if (!coded) kv = view_of<ConstTensorView>(k_cache, "k_cache"), vv = view_of<ConstTensorView>(v_cache, "v_cache");
   }
+  if (coded) {
+    kv = code_view_of<ConstTensorView>(k_cache, code, "k_cache"), vv = code_view_of<ConstTensorView>(v_cache, code, "v_cache");
+    if (k_scale.is_none()) throw Error("k_scale", "required with kv_dtype (float32 [num_blocks, block_size, Hkv])");
+    if (v_scale.is_none()) throw Error("v_scale", "required with kv_dtype (float32 [num_blocks, block_size, Hkv])");
+  } else if (!k_scale.is_none() || !v_scale.is_none()) {
+    throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit caches)");
+  }
+  if (!k_scale.is_none()) o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
+  if (!v_scale.is_none()) o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
   const std::int64_t total_q = qv.shape[1], H = qv.shape[2], Dv = vv.shape[3];
   const std::vector<py::ssize_t> dims{total_q, H, Dv};
   py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();
@@ -232,7 +245,8 @@ void bind_paged(py::module_& m) {
         py::arg("causal") = "bottom_right", py::arg("scale") = py::none(), py::arg("window") = py::none(),
         py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
         py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("backend") = "native",
-        py::arg("dtype") = py::none(),
+        py::arg("dtype") = py::none(), py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none(),
+        py::arg("kv_dtype") = py::none(),
         R"doc(Attention of many sequences' new tokens over K/V caches in blocks (FlashAttention's
 flash_attn_with_kvcache block_table and flash_attn_varlen_func cu_seqlens conventions).
 
@@ -246,6 +260,8 @@ flash_attn_with_kvcache block_table and flash_attn_varlen_func cu_seqlens conven
   causal   'bottom_right' (default: query j of a sequence at position
            seq_len - query_len + j sees keys <= it) or None/'none' (every key)
   scale, window=(left, right), softcap, alibi_slopes [H], sinks [H]: as attention()
+  kv_dtype 'int8', 'fp8_e4m3' or 'fp8_e5m2': the caches hold 8-bit codes (int8, or uint8
+           holding fp8; quantize_kv), with k_scale and v_scale float32 [num_blocks, block_size, Hkv]
 Returns out [total_q, H, Dv] (written into `out` when given).)doc");
 
   py::class_<KvPool>(m, "KvPool", R"doc(A paged KV cache: the keys and values of `layers` layers in `num_blocks` blocks of

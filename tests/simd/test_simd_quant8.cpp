@@ -193,9 +193,10 @@ TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, GEMV
           std::vector<float> x(static_cast<std::size_t>(rows)), sc(static_cast<std::size_t>(3 * rows));
           for (auto& v : x) v = nd(rng);
           for (auto& v : sc) v = std::fabs(nd(rng)) / simd::code8_max(f);
-          std::vector<float> y1(static_cast<std::size_t>(n)), y2(y1);
+          std::vector<float> y1(static_cast<std::size_t>(n)), y2(y1.size(), NAN), y3(y1.size(), 0.25f);
           q.gemv_t(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, y1.data());
-          q.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, y2.data());
+          q.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, 0.0f, y2.data());  // beta 0: y not read
+          q.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, 0.5f, y3.data());
           for (std::int64_t j = 0; j < n; ++j) {
             double d = 0, s = 0, md = 0, ms = 0;
             for (std::int64_t p = 0; p < k; ++p) {
@@ -205,6 +206,7 @@ TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, GEMV
             }
             CHECK(std::fabs(y1[j] - 1.5 * d) <= 1e-5 * (1e-30 + 1.5 * md));
             CHECK(std::fabs(y2[j] - 1.5 * s) <= 1e-5 * (1e-30 + 1.5 * ms));
+            CHECK(std::fabs(y3[j] - (1.5 * s + 0.125)) <= 1e-5 * (1.0 + 1.5 * ms));
           }
         }
       }

@@ -7,6 +7,9 @@
 //   v_cache  [num_blocks, block_size, Hkv, Dv]   contiguous; a KvPool's view is head-major)
 //   out      [1, total_q, H, Dv]
 // f32, bf16 or f16, all the same dtype. H % Hkv == 0; query head h reads kv head h / (H / Hkv).
+// 8-bit caches: k_cache and v_cache of dtype int8, fp8_e4m3 or fp8_e5m2 (both the same; q and out
+// f32, bf16 or f16) hold codes, with options.k_scale and v_scale [num_blocks, block_size, Hkv, 1]
+// f32 (attention.hpp's "8-bit K and V"; the scales of the keys read finite and >= 0).
 //
 // Sequence i has seq_lens[i] keys, its new tokens counted (they are already in the cache): its
 // key t sits in block block_table[i, t / block_size], slot t % block_size. Its query tokens are
@@ -58,6 +61,8 @@ struct PagedAttentionOptions {
   std::optional<double> softcap = {};    // > 0, finite
   std::span<const float> alibi_slopes = {};  // [H], finite
   std::span<const float> sinks = {};         // [H], finite
+  ConstTensorView k_scale = {};              // 8-bit caches only: [num_blocks, block_size, Hkv, 1] f32
+  ConstTensorView v_scale = {};
   int threads = 0;                           // as AttentionOptions::threads
   Backend backend = Backend::native;         // native or reference
 };

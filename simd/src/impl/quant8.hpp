@@ -255,14 +255,19 @@ void gemv8_t(std::int64_t n, std::int64_t k, float alpha, const float* x, const 
   }
 }
 
-// y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) for j < n: code rows weighted
-// by x times their scales, summed (P V over V's codes). Columns in chunks of 4 vectors.
+// y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) + beta * y[j] for j < n: code
+// rows weighted by x times their scales, summed (P V over V's codes). Columns in chunks of 4
+// vectors; beta == 0 never reads y.
 template <class Arch, Code8 F>
 void gemv8_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* Bm, std::int64_t ldb,
-             const float* scale, std::int64_t ss, float* y) {
+             const float* scale, std::int64_t ss, float beta, float* y) {
   using B = batch<float, Arch>;
   constexpr std::int64_t W = B::size;
   const float a = alpha * kFold<F>;
+  auto store = [&](float* out, const B& acc) {
+    const B r = acc * B(a);
+    (beta == 0.0f ? r : xsimd::fma(B::load_unaligned(out), B(beta), r)).store_unaligned(out);
+  };
   std::int64_t j = 0;
   for (; j + 4 * W <= n; j += 4 * W) {
     B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
@@ -274,19 +279,18 @@ void gemv8_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const 
       load8x2<Arch, F>(row, l, h), a0 = xsimd::fma(xv, l, a0), a1 = xsimd::fma(xv, h, a1);
       load8x2<Arch, F>(row + 2 * W, l, h), a2 = xsimd::fma(xv, l, a2), a3 = xsimd::fma(xv, h, a3);
     }
-    (a0 * B(a)).store_unaligned(y + j), (a1 * B(a)).store_unaligned(y + j + W);
-    (a2 * B(a)).store_unaligned(y + j + 2 * W), (a3 * B(a)).store_unaligned(y + j + 3 * W);
+    store(y + j, a0), store(y + j + W, a1), store(y + j + 2 * W, a2), store(y + j + 3 * W, a3);
   }
   for (; j + W <= n; j += W) {
     B acc(0.0f);
     const std::uint8_t* row = Bm + j;
     for (std::int64_t p = 0; p < k; ++p, row += ldb) acc = xsimd::fma(B(x[p] * scale[p * ss]), load8<Arch, F>(row), acc);
-    (acc * B(a)).store_unaligned(y + j);
+    store(y + j, acc);
   }
   for (; j < n; ++j) {
     float s = 0.0f;
     for (std::int64_t p = 0; p < k; ++p) s += x[p] * scale[p * ss] * widen8<Arch, F>(Bm[p * ldb + j]);
-    y[j] = a * s;
+    y[j] = beta == 0.0f ? a * s : a * s + beta * y[j];
   }
 }
 

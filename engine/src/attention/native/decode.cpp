@@ -178,7 +178,7 @@ void decode8(const Problem& p) {
             for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = S{};
             continue;
           }
-          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], vs, p.v_scale_strides[2], o);
+          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], vs, p.v_scale_strides[2], 0.0f, o);
           for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<S>(o[d]);
         }
       }

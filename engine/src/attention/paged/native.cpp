@@ -72,7 +72,8 @@ template <class T>
 class PagedWorker {
  public:
   PagedWorker(const PagedProblem& p, const simd::KernelTable& kt)
-      : p_(p), kt_(kt), group_(p.H / p.Hkv), vk_(kt.vec<float>()) {
+      : p_(p), kt_(kt), group_(p.H / p.Hkv), vk_(kt.vec<float>()),
+        q8_(p.kv_codes() ? &kt.code8(code8_of(p.kv_dtype)) : nullptr) {
     const std::int64_t rows = std::max(kMaxUnitRows, group_);
     qg_size_ = round_up(rows * p.D, kLineElems<float>);
     s_size_ = round_up(rows * kPagedSplitKeys, kLineElems<float>);
@@ -166,6 +167,21 @@ class PagedWorker {
     return to;
   }
 
+  // block_rows for 8-bit caches: n code rows (bytes), copied to copy_ when strided along D.
+  const std::uint8_t* code_rows(const void* cache, const Shape4& st, std::int64_t width, std::int64_t blk,
+                                std::int64_t slot, std::int64_t n, std::int64_t hk, std::int64_t& ld) const {
+    const std::uint8_t* src = static_cast<const std::uint8_t*>(cache) + blk * st[0] + slot * st[1] + hk * st[2];
+    if (st[3] == 1) {
+      ld = st[1];
+      return src;
+    }
+    auto* to = reinterpret_cast<std::uint8_t*>(copy_);
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t d = 0; d < width; ++d) to[j * width + d] = src[j * st[1] + d * st[3]];
+    ld = width;
+    return to;
+  }
+
   // Prefetches the rows of the block piece that starts at key j (of keys < b) of unit u's kv head:
   // each piece is a run of its own in memory (a block of another place), where the hardware
   // prefetcher would start over; so the next one is requested while the current one is read
@@ -174,9 +190,9 @@ class PagedWorker {
                       std::int64_t b) const {
     if (st[3] != 1) return;
     const std::int64_t slot = j % p_.block_size, n = std::min(b, j - slot + p_.block_size) - j;
-    const char* row = reinterpret_cast<const char*>(static_cast<const T*>(cache) + p_.block_of(u.seq, j) * st[0] +
-                                                    slot * st[1] + u.hk * st[2]);
-    const std::int64_t bytes = width * static_cast<std::int64_t>(sizeof(T)), step = st[1] * static_cast<std::int64_t>(sizeof(T));
+    const std::int64_t es = p_.kv_codes() ? 1 : static_cast<std::int64_t>(sizeof(T));
+    const char* row = static_cast<const char*>(cache) + (p_.block_of(u.seq, j) * st[0] + slot * st[1] + u.hk * st[2]) * es;
+    const std::int64_t bytes = width * es, step = st[1] * es;
     for (std::int64_t r = 0; r < n; ++r, row += step)
       for (std::int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
   }
@@ -191,6 +207,15 @@ class PagedWorker {
       // the next piece (or V's first) on its way while this one is read
       if (j + n < b) prefetch_piece(p_.k, p_.k_strides, p_.D, u, j + n, b);
       else prefetch_piece(p_.v, p_.v_strides, p_.Dv, u, a, b);
+      if (p_.kv_codes()) {
+        const std::int64_t blk = p_.block_of(u.seq, j);
+        const std::uint8_t* k = code_rows(p_.k, p_.k_strides, p_.D, blk, slot, n, u.hk, ld);
+        const float* sc = p_.k_scale + blk * p_.k_scale_strides[0] + slot * p_.k_scale_strides[1] + u.hk * p_.k_scale_strides[2];
+        for (std::int64_t row = 0; row < u.rows; ++row)
+          q8_->gemv_t(n, p_.D, 1.0f, qg_ + row * p_.D, k, ld, sc, p_.k_scale_strides[1], s_ + (j - a) + row * ldS);
+        j += n;
+        continue;
+      }
       const T* k = block_rows(p_.k, p_.k_strides, p_.D, p_.block_of(u.seq, j), slot, n, u.hk, tmp, ld);
       scores(u.rows, n, k, ld, s_ + (j - a));
       j += n;
@@ -215,6 +240,17 @@ class PagedWorker {
       const std::int64_t slot = j % p_.block_size, n = std::min(b, j - slot + p_.block_size) - j;
       std::int64_t ld = 0;
       if (j + n < b) prefetch_piece(p_.v, p_.v_strides, p_.Dv, u, j + n, b);
+      if (p_.kv_codes()) {
+        const std::int64_t blk = p_.block_of(u.seq, j);
+        const std::uint8_t* v = code_rows(p_.v, p_.v_strides, p_.Dv, blk, slot, n, u.hk, ld);
+        const float* sc = p_.v_scale + blk * p_.v_scale_strides[0] + slot * p_.v_scale_strides[1] + u.hk * p_.v_scale_strides[2];
+        const bool set = first && j == a;
+        for (std::int64_t row = 0; row < u.rows; ++row)
+          q8_->gemv_n(p_.Dv, n, 1.0f, s_ + (j - a) + row * ldS, v, ld, sc, p_.v_scale_strides[1], set ? 0.0f : 1.0f,
+                      r.acc + row * p_.Dv);
+        j += n;
+        continue;
+      }
       const T* v = block_rows(p_.v, p_.v_strides, p_.Dv, p_.block_of(u.seq, j), slot, n, u.hk, tmp, ld);
       weighted_sum(u.rows, n, s_ + (j - a), v, ld, r.acc, first && j == a);
       j += n;
@@ -264,6 +300,7 @@ class PagedWorker {
   const simd::KernelTable& kt_;
   std::int64_t group_;
   const simd::VectorKernels<float>& vk_;
+  const simd::Quant8Kernels* q8_;  // 8-bit caches: their code kernels
   std::int64_t qg_size_ = 0, s_size_ = 0, acc_size_ = 0, copy_size_ = 0;
   float* qg_ = nullptr;
   float* s_ = nullptr;

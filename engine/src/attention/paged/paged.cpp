@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/backends.hpp"
@@ -21,6 +22,14 @@ std::string num(std::int64_t x) { return std::to_string(x); }
 void check_dtypes(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const TensorView& out) {
   if (q.dtype != DType::f32 && q.dtype != DType::bf16 && q.dtype != DType::f16)
     throw Error("q", "dtype must be f32, bf16 or f16, got " + std::string(dtype_name(q.dtype)));
+  if (is_kv_code(k.dtype) || is_kv_code(v.dtype)) {
+    if (v.dtype != k.dtype)
+      throw Error("v_cache", "dtype " + std::string(dtype_name(v.dtype)) + " differs from k_cache's " +
+                                 std::string(dtype_name(k.dtype)) + " (8-bit caches take one code dtype)");
+    if (out.dtype != q.dtype)
+      throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from q's " + std::string(dtype_name(q.dtype)));
+    return;
+  }
   const std::pair<const char*, DType> others[] = {{"k_cache", k.dtype}, {"v_cache", v.dtype}, {"out", out.dtype}};
   for (const auto& [name, t] : others)
     if (t != q.dtype)
@@ -46,6 +55,44 @@ void set_shapes(PagedProblem& p, const ConstTensorView& q, const ConstTensorView
   const Shape4 want{1, p.total_q, p.H, p.Dv};
   if (out.shape != want)
     throw Error("out", "expected shape [1, total_q, H, Dv] = " + shape_str(want) + ", got " + shape_str(out.shape));
+}
+
+// options.k_scale / v_scale: [num_blocks, block_size, Hkv, 1] f32, given exactly with 8-bit
+// caches, clear of out; the scales of every key a sequence reads finite and >= 0. After
+// set_sequences.
+void set_scales(PagedProblem& p, const PagedAttentionOptions& o, const Span& so) {
+  for (const auto& [name, view, dst, strides] :
+       {std::tuple<const char*, const ConstTensorView&, const float**, std::int64_t*>{
+            "options.k_scale", o.k_scale, &p.k_scale, p.k_scale_strides},
+        {"options.v_scale", o.v_scale, &p.v_scale, p.v_scale_strides}}) {
+    if (!p.kv_codes()) {
+      if (view_given(view))
+        throw Error(name, "given for caches of dtype " + std::string(dtype_name(p.kv_dtype)) +
+                              " (only 8-bit caches take scales)");
+      continue;
+    }
+    const Shape4 want{p.num_blocks, p.block_size, p.Hkv, 1};
+    if (!view_given(view))
+      throw Error(name, "required with an 8-bit cache (" + std::string(dtype_name(p.kv_dtype)) + "): f32 of shape " +
+                            shape_str(want));
+    if (view.dtype != DType::f32) throw Error(name, "expected dtype f32, got " + std::string(dtype_name(view.dtype)));
+    if (view.shape != want)
+      throw Error(name, "expected shape [num_blocks, block_size, Hkv, 1] = " + shape_str(want) + ", got " + shape_str(view.shape));
+    if (overlaps(byte_span(name, view), so)) throw Error(name, "memory overlaps out");
+    const auto* f = static_cast<const float*>(view.data);
+    for (std::int64_t i = 0; i < p.N; ++i)
+      for (std::int64_t t = 0; t < p.seq_lens[i]; ++t) {
+        const std::int64_t blk = p.block_of(i, t), slot = t % p.block_size;
+        for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
+          const float x = f[blk * view.strides[0] + slot * view.strides[1] + hk * view.strides[2]];
+          if (!(std::isfinite(x) && x >= 0.0f))
+            throw Error(name, "scale [" + num(blk) + ", " + num(slot) + ", " + num(hk) + "] (sequence " + num(i) +
+                                  ", key " + num(t) + ") must be finite and >= 0, got " + std::to_string(x));
+        }
+      }
+    *dst = f;
+    strides[0] = view.strides[0], strides[1] = view.strides[1], strides[2] = view.strides[2];
+  }
 }
 
 // seq_lens, query_start and the block table, against the shapes.
@@ -147,6 +194,7 @@ PagedProblem make_paged_problem(const ConstTensorView& q, const ConstTensorView&
   PagedProblem p;
   check_dtypes(q, k_cache, v_cache, out);
   p.dtype = q.dtype;
+  p.kv_dtype = k_cache.dtype;
   const Span sq = byte_span("q", q), sk = byte_span("k_cache", k_cache), sv = byte_span("v_cache", v_cache);
   const Span so = byte_span("out", out);
   set_shapes(p, q, k_cache, v_cache, out);
@@ -163,36 +211,52 @@ PagedProblem make_paged_problem(const ConstTensorView& q, const ConstTensorView&
     throw Error("out", "memory overlaps block_table");
   if (overlaps(so, at(seq_lens.data(), seq_lens.size_bytes()))) throw Error("out", "memory overlaps seq_lens");
   set_options(p, options, so);
+  set_scales(p, options, so);
   p.q = q.data, p.k = k_cache.data, p.v = v_cache.data, p.o = out.data;
   p.q_strides = q.strides, p.k_strides = k_cache.strides, p.v_strides = v_cache.strides, p.o_strides = out.strides;
   return p;
 }
 
 void paged_reference(const PagedProblem& p) {
-  const std::size_t es = dtype_size(p.dtype);
+  const std::size_t es = dtype_size(p.dtype), ks = dtype_size(p.kv_dtype);
   std::vector<std::byte> k, v;
+  std::vector<float> k_scale, v_scale;  // 8-bit caches: [Hkv, L]
   for (std::int64_t i = 0; i < p.N; ++i) {
     const std::int64_t L = p.seq_lens[i], ql = p.query_len(i), q0 = p.query_start[i];
     if (ql == 0) continue;
     // K [1, Hkv, L, D] and V [1, Hkv, L, Dv], dense
-    k.resize(static_cast<std::size_t>(p.Hkv * L * p.D) * es);
-    v.resize(static_cast<std::size_t>(p.Hkv * L * p.Dv) * es);
+    k.resize(static_cast<std::size_t>(p.Hkv * L * p.D) * ks);
+    v.resize(static_cast<std::size_t>(p.Hkv * L * p.Dv) * ks);
+    if (p.kv_codes()) k_scale.resize(static_cast<std::size_t>(p.Hkv * L)), v_scale.resize(k_scale.size());
     for (std::int64_t t = 0; t < L; ++t) {
       const std::int64_t blk = p.block_of(i, t), slot = t % p.block_size;
       for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
         const auto copy = [&](const void* src, const Shape4& st, std::int64_t d, std::byte* dst) {
           for (std::int64_t e = 0; e < d; ++e)
-            std::memcpy(dst + static_cast<std::size_t>(e) * es,
+            std::memcpy(dst + static_cast<std::size_t>(e) * ks,
                         static_cast<const std::byte*>(src) +
-                            static_cast<std::size_t>(blk * st[0] + slot * st[1] + hk * st[2] + e * st[3]) * es,
-                        es);
+                            static_cast<std::size_t>(blk * st[0] + slot * st[1] + hk * st[2] + e * st[3]) * ks,
+                        ks);
         };
-        copy(p.k, p.k_strides, p.D, k.data() + static_cast<std::size_t>((hk * L + t) * p.D) * es);
-        copy(p.v, p.v_strides, p.Dv, v.data() + static_cast<std::size_t>((hk * L + t) * p.Dv) * es);
+        copy(p.k, p.k_strides, p.D, k.data() + static_cast<std::size_t>((hk * L + t) * p.D) * ks);
+        copy(p.v, p.v_strides, p.Dv, v.data() + static_cast<std::size_t>((hk * L + t) * p.Dv) * ks);
+        if (p.kv_codes()) {
+          k_scale[static_cast<std::size_t>(hk * L + t)] =
+              p.k_scale[blk * p.k_scale_strides[0] + slot * p.k_scale_strides[1] + hk * p.k_scale_strides[2]];
+          v_scale[static_cast<std::size_t>(hk * L + t)] =
+              p.v_scale[blk * p.v_scale_strides[0] + slot * p.v_scale_strides[1] + hk * p.v_scale_strides[2]];
+        }
       }
     }
     Problem s = p.sequence(i);
     s.dtype = p.dtype;
+    s.kv_dtype = p.kv_dtype;
+    if (p.kv_codes()) {
+      s.k_scale = k_scale.data(), s.v_scale = v_scale.data();
+      s.k_scale_strides[0] = s.v_scale_strides[0] = 0;
+      s.k_scale_strides[1] = s.v_scale_strides[1] = L;
+      s.k_scale_strides[2] = s.v_scale_strides[2] = 1;
+    }
     s.q = static_cast<const std::byte*>(p.q) + static_cast<std::size_t>(q0 * p.q_strides[1]) * es;
     s.q_strides = {0, p.q_strides[2], p.q_strides[1], p.q_strides[3]};
     s.k = k.data(), s.k_strides = {0, L * p.D, p.D, 1};

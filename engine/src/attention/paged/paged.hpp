@@ -9,7 +9,13 @@
 namespace simdattn::detail {
 
 struct PagedProblem {
-  DType dtype = DType::f32;
+  DType dtype = DType::f32;     // of q and out (and of the caches unless they hold codes)
+  DType kv_dtype = DType::f32;  // of the caches: dtype, or 8-bit codes
+  // 8-bit caches: each row's scale at k_scale[blk * s0 + slot * s1 + hk * s2] (element strides)
+  const float* k_scale = nullptr;
+  const float* v_scale = nullptr;
+  std::int64_t k_scale_strides[3] = {0, 0, 0}, v_scale_strides[3] = {0, 0, 0};
+  bool kv_codes() const { return is_kv_code(kv_dtype); }
   std::int64_t N = 0, H = 0, Hkv = 0, D = 0, Dv = 0, total_q = 0;
   std::int64_t num_blocks = 0, block_size = 0;
   // Element strides: q and out over [1, total_q, H, D], the caches over [num_blocks,

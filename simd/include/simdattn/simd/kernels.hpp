@@ -269,10 +269,10 @@ struct Quant8Kernels {
   // with x (scores against K's codes).
   void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
                  const float* scale, std::int64_t ss, float* y);
-  // y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]), j < n: code rows weighted
-  // by x and their scales, summed (P V over V's codes).
+  // y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) + beta * y[j], j < n: code
+  // rows weighted by x and their scales, summed (P V over V's codes); beta == 0 never reads y.
   void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
-                 const float* scale, std::int64_t ss, float* y);
+                 const float* scale, std::int64_t ss, float beta, float* y);
 };
 
 // AMX tables only (else null): the fused attention path's softmax step, written straight into
