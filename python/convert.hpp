@@ -191,6 +191,15 @@ inline std::optional<DType> optional_dtype(const py::object& o, const std::strin
   return dtype_named(py::dtype::from_args(o).attr("name").cast<std::string>(), name);
 }
 
+// A cache's dtype (KvCache, KvPool): optional_dtype's, or 'int8', 'fp8_e4m3', 'fp8_e5m2'.
+inline std::optional<DType> cache_dtype_of(const py::object& o, const std::string& name) {
+  if (py::isinstance<py::str>(o)) {
+    const std::string s = o.cast<std::string>();
+    if (s == "int8" || s == "fp8_e4m3" || s == "fp8_e5m2") return code_dtype_named(o, name);
+  }
+  return optional_dtype(o, name);
+}
+
 inline py::dtype numpy_dtype(DType t) {
   switch (t) {
     case DType::f32: return py::dtype("float32");

@@ -286,12 +286,7 @@ out           C-contiguous array to write. Returns out (or (out, weights)).)doc"
   py::class_<KvCache>(m, "KvCache", "Keys and values of one layer for a batch of sequences, each with its own length.")
       .def(py::init([](const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity,
                        const py::object& dtype) {
-             if (py::isinstance<py::str>(dtype)) {
-               const std::string s = dtype.cast<std::string>();
-               if (s == "int8" || s == "fp8_e4m3" || s == "fp8_e5m2")
-                 return KvCache(layer, batch, capacity, code_dtype_named(dtype, "dtype"));
-             }
-             const std::optional<DType> t = optional_dtype(dtype, "dtype");
+             const std::optional<DType> t = cache_dtype_of(dtype, "dtype");
              return t ? KvCache(layer, batch, capacity, *t) : KvCache(layer, batch, capacity);
            }),
            py::arg("layer"), py::arg("batch"), py::arg("capacity"), py::arg("dtype") = py::none(),

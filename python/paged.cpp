@@ -268,7 +268,7 @@ Returns out [total_q, H, Dv] (written into `out` when given).)doc");
 `block_size` tokens, shared by sequences (handles: ints) with copy-on-write after fork().)doc")
       .def(py::init([](const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size,
                        std::int64_t layers, const py::object& dtype) {
-             const std::optional<DType> t = optional_dtype(dtype, "dtype");
+             const std::optional<DType> t = cache_dtype_of(dtype, "dtype");
              return KvPool(layer, num_blocks, block_size, layers, t ? *t : layer.dtype());
            }),
            py::arg("layer"), py::arg("num_blocks"), py::arg("block_size") = kDefaultBlockSize, py::arg("layers") = 1,
@@ -291,6 +291,19 @@ Returns out [total_q, H, Dv] (written into `out` when given).)doc");
       .def("values", [](py::object self, std::int64_t layer) {
              const KvPool& p = self.cast<const KvPool&>();
              return cache_array(p, p.values(layer), self);
+           }, py::arg("layer") = 0)
+      .def("key_scales", [](py::object self, std::int64_t layer) -> py::object {
+             const KvPool& p = self.cast<const KvPool&>();
+             const ConstTensorView v = p.key_scales(layer);
+             if (v.empty()) return py::none();
+             return cache_array(p, v, self)[py::make_tuple(py::ellipsis(), 0)];
+           }, py::arg("layer") = 0,
+           "8-bit pools: layer `layer`'s K row scales, float32 [num_blocks, block_size, kv_heads] (read-only); else None.")
+      .def("value_scales", [](py::object self, std::int64_t layer) -> py::object {
+             const KvPool& p = self.cast<const KvPool&>();
+             const ConstTensorView v = p.value_scales(layer);
+             if (v.empty()) return py::none();
+             return cache_array(p, v, self)[py::make_tuple(py::ellipsis(), 0)];
            }, py::arg("layer") = 0)
       .def("__contains__", &KvPool::contains)
       .def_property_readonly("sequences", &KvPool::sequences)

@@ -109,3 +109,58 @@ TEST_CASE("KvCache int8: a NaN row is refused naming the sequence and token, the
   CHECK(cache.key_scales().shape == Shape4{2, test::kServingKvHeads, 16, 1});
   CHECK(KvCache(layer, 1, 4).key_scales().empty());
 }
+
+TEST_CASE("KvPool int8 / fp8: forward_pool equals an 8-bit KvCache step by step; forks copy the scales; a NaN row changes nothing") {
+  std::mt19937_64 rng(test::base_seed() + 382);
+  const MultiHeadAttention layer = test::serving_layer(rng);
+  constexpr std::int64_t d = test::kServingD;
+  for (DType code : {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2}) {
+    CAPTURE(dtype_name(code));
+    KvPool pool(layer, 40, 4, 1, code);
+    CHECK(pool.dtype() == code);
+    CHECK(pool.key_scales(0).shape == Shape4{40, 4, test::kServingKvHeads, 1});
+    KvCache c0(layer, 1, 64, code), c1(layer, 1, 64, code);
+    const KvPool::Sequence s0 = pool.add(), s1 = pool.add();
+    // rounds: a prompt of 7 and one of 3, then decode steps and a chunk of 5
+    for (const auto& [t0, t1] : {std::pair{7, 3}, std::pair{1, 1}, std::pair{1, 5}, std::pair{1, 1}}) {
+      const std::vector<float> x0 = test::serving_tokens(rng, t0), x1 = test::serving_tokens(rng, t1);
+      std::vector<float> y0(x0.size()), y1(x1.size()), r0(x0.size()), r1(x1.size());
+      const std::vector<PoolStep> steps{{ConstSeqView(x0.data(), 1, t0, d), s0, SeqView(y0.data(), 1, t0, d)},
+                                        {ConstSeqView(x1.data(), 1, t1, d), s1, SeqView(y1.data(), 1, t1, d)}};
+      layer.forward_pool(steps, pool);
+      layer.forward(ConstSeqView(x0.data(), 1, t0, d), c0, SeqView(r0.data(), 1, t0, d));
+      layer.forward(ConstSeqView(x1.data(), 1, t1, d), c1, SeqView(r1.data(), 1, t1, d));
+      CHECK(test::max_diff(y0, r0) <= 1e-5);
+      CHECK(test::max_diff(y1, r1) <= 1e-5);
+    }
+    // a fork shares s0's blocks; its first write copies the last block, scales and all: its next
+    // output equals s0's on the same token
+    const KvPool::Sequence f = pool.fork(s0);
+    const std::vector<float> x = test::serving_tokens(rng, 1);
+    std::vector<float> yf(x.size()), y0(x.size());
+    const PoolStep sf{ConstSeqView(x.data(), 1, 1, d), f, SeqView(yf.data(), 1, 1, d)};
+    layer.forward_pool({&sf, 1}, pool);
+    const PoolStep st0{ConstSeqView(x.data(), 1, 1, d), s0, SeqView(y0.data(), 1, 1, d)};
+    layer.forward_pool({&st0, 1}, pool);
+    CHECK(yf == y0);
+    // a NaN in a step's rows: Error naming the step, no block taken, lengths as they were
+    const std::int64_t free = pool.free_blocks(), len = pool.length(s1);
+    std::vector<float> bad = test::serving_tokens(rng, 6), out(bad.size());
+    bad[static_cast<std::size_t>(4 * d + 1)] = INFINITY;
+    const std::vector<PoolStep> bad_steps{{ConstSeqView(x.data(), 1, 1, d), s0, SeqView(y0.data(), 1, 1, d)},
+                                          {ConstSeqView(bad.data(), 1, 6, d), s1, SeqView(out.data(), 1, 6, d)}};
+    const std::int64_t len0 = pool.length(s0);
+    try {
+      layer.forward_pool(bad_steps, pool);
+      FAIL("no error");
+    } catch (const Error& e) {
+      CHECK(e.argument() == "steps[1]");
+      CHECK(std::string(e.what()).find("token " + std::to_string(len + 4)) != std::string::npos);
+    }
+    CHECK(pool.free_blocks() == free);
+    CHECK(pool.length(s1) == len);
+    CHECK(pool.length(s0) == len0);
+    pool.release(f), pool.release(s0), pool.release(s1);
+    CHECK(pool.free_blocks() == pool.num_blocks());
+  }
+}

@@ -444,7 +444,7 @@ TEST_CASE("KV cache in bf16/f16, and caches of a dtype of their own: decode step
   CHECK(max_rel_err(decode(f32, DType::bf16, xf), want) <= kTol16<bfloat16>);
   CHECK(max_rel_err(decode(f32, DType::f16, xf), want) <= kTol16<float16>);
   CHECK(max_rel_err(decode(f32, DType::f32, xf), want) <= 2e-5);
-  CHECK_THROWS_WITH_AS(KvCache(f32, 1, 4, DType::u8), doctest::Contains("dtype: expected f32, f64, bf16 or f16"), Error);
+  CHECK_THROWS_WITH_AS(KvCache(f32, 1, 4, DType::u8), doctest::Contains("dtype: expected f32, f64, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got u8"), Error);
 }
 
 TEST_CASE("bf16/f16 layers load from BF16 safetensors as they are, and from F32 rounded once") {

@@ -49,8 +49,12 @@ class SIMDATTN_API KvPool {
   using Sequence = std::int64_t;
 
   // A pool for layers of `layer`'s kv_heads and head_dim, in the layer's dtype (f32, bf16 or
-  // f16) or `dtype`. Throws Error naming the argument: num_blocks and block_size >= 1, layers >=
-  // 1, a dtype of f32, bf16 or f16, and a size that fits in memory (std::bad_alloc otherwise).
+  // f16) or `dtype` (also the 8-bit int8, fp8_e4m3 and fp8_e5m2: each row quantized as it is
+  // appended, attention.hpp's formats; a block then holds after its codes, per layer, K's then V's
+  // f32 scales [kv_heads, block_size], from a 64-byte boundary; a step whose K or V rows hold a NaN
+  // or an infinity is Error("steps[i]") naming the sequence and token, the pool unchanged).
+  // Throws Error naming the argument: num_blocks and block_size >= 1, layers >= 1, a dtype above,
+  // and a size that fits in memory (std::bad_alloc otherwise).
   KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size = kDefaultBlockSize,
          std::int64_t layers = 1);
   KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
@@ -96,6 +100,10 @@ class SIMDATTN_API KvPool {
   // (strides {block, head_dim, block_size * head_dim, 1} elements), for attention_paged().
   ConstTensorView keys(std::int64_t layer) const;
   ConstTensorView values(std::int64_t layer) const;
+  // 8-bit pools (int8, fp8_e4m3, fp8_e5m2): the rows' f32 scales, [num_blocks, block_size,
+  // kv_heads, 1] (attention_paged's k_scale / v_scale); empty views for other dtypes.
+  ConstTensorView key_scales(std::int64_t layer) const;
+  ConstTensorView value_scales(std::int64_t layer) const;
 
  private:
   friend struct detail::PoolAccess;

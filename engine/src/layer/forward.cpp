@@ -151,6 +151,18 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
     const std::int64_t* start = s.cache != nullptr ? s.cache->lengths.data() : nullptr;
     if (s.pool_write != nullptr) start = &s.pool_write->start;
     position_qk(layer, rows, pr.ldq, layer.k0, s.B, s.S, s.positions, start, opt.threads);
+  }
+  if (call.pool != nullptr) {
+    // an 8-bit pool cannot hold a NaN or an infinity: every row checked before any block changes
+    for (std::size_t i = 0; i < segs.size(); ++i)
+      if (segs[i].pool_write != nullptr && active(segs[i]))
+        check_pool_rows(layer, pr.q + row0[i] * pr.ldq, pr.ldq, *call.pool, *segs[i].pool_write, i);
+    prepare_pool_writes(*call.pool, call.pool_writes);
+  }
+  for (std::size_t i = 0; i < segs.size() && call.positions; ++i) {
+    const Segment<T>& s = segs[i];
+    if (!active(s)) continue;
+    T* rows = pr.q + row0[i] * pr.ldq;
     if (s.cache != nullptr) append_kv(layer, rows, pr.ldq, s.B, s.S, *s.cache);  // K appended rotated
     if (s.pool_write != nullptr) append_pool_kv(layer, rows, pr.ldq, *call.pool, *s.pool_write);
   }
@@ -345,8 +357,7 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
     M += steps[i].query.S;
   }
   check_pool_writes(pool, writes);  // sets each write's start; Error("pool") when too few blocks are free
-  if (M == 0) return;
-  prepare_pool_writes(pool, writes);
+  if (M == 0) return;  // (run() takes the blocks: prepare_pool_writes, once the rows are checked)
   for (std::size_t i = 0; i < steps.size(); ++i)
     segments[i] = {static_cast<const T*>(steps[i].query.data), static_cast<T*>(steps[i].out.data), 1, steps[i].query.S,
                    steps[i].positions, nullptr, &writes[i]};

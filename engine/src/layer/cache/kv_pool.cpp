@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attention/paged/paged.hpp"
+#include "linalg/code8.hpp"
 #include "linalg/convert.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/error.hpp"
@@ -46,7 +47,13 @@ const PoolState& PoolAccess::state(const KvPool& pool) { return pool.state_->s; 
 ConstTensorView PoolState::view(std::int64_t layer, int kv) const {
   return ConstTensorView(data.data + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
                          {num_blocks, block_size, kv_heads, head_dim},
-                         {block_elems, head_dim, block_size * head_dim, 1});
+                         {block_bytes / static_cast<std::int64_t>(esize()), head_dim, block_size * head_dim, 1});
+}
+
+ConstTensorView PoolState::scale_view(std::int64_t layer, int kv) const {
+  if (!is_kv_code(dtype)) return {};
+  return ConstTensorView(reinterpret_cast<const float*>(data.data + scale_offset) + (layer * 2 + kv) * kv_heads * block_size,
+                         DType::f32, {num_blocks, block_size, kv_heads, 1}, {block_bytes / 4, 1, block_size, 1});
 }
 
 const PoolState::Sequence& PoolState::at(KvPool::Sequence s, const char* argument) const {
@@ -90,7 +97,7 @@ void check_pool_writes(const PoolState& pool, std::span<PoolWrite> writes) {
 }
 
 void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
-  const std::size_t block_bytes = static_cast<std::size_t>(pool.block_elems) * pool.esize();
+  const auto block_bytes = static_cast<std::size_t>(pool.block_bytes);
   for (const PoolWrite& w : writes) {
     if (w.tokens == 0) continue;
     PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
@@ -122,14 +129,39 @@ void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
 }
 
 template <class T>
+void check_pool_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool, const PoolWrite& w,
+                     std::size_t i) {
+  if (!is_kv_code(pool.dtype)) return;
+  const std::int64_t hd = layer.cfg.head_dim;
+  for (std::int64_t t = 0; t < w.tokens; ++t)
+    for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk)
+      for (const auto& [off, what] : {std::pair{layer.k0, "K"}, std::pair{layer.v0, "V"}})
+        if (first_nonfinite_row(p + t * N + hk * hd + off, dtype_of<T>(), 1, hd, hd) == 0)
+          throw Error("steps[" + num(static_cast<std::int64_t>(i)) + "]",
+                      "sequence " + num(w.seq) + ", token " + num(w.start + t) + ": its " + what + " row of kv head " +
+                          num(hk) + " holds a NaN or an infinity, which a " + std::string(dtype_name(pool.dtype)) +
+                          " pool cannot represent (the pool is unchanged)");
+}
+
+template <class T>
 void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, PoolState& pool, const PoolWrite& w) {
   const std::int64_t hd = layer.cfg.head_dim;
   const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
+  const bool codes = is_kv_code(pool.dtype);
+  float* row = codes ? thread_buffer<float, scratch::PoolQ>().get(static_cast<std::size_t>(hd)) : nullptr;
   for (std::int64_t t = 0; t < w.tokens; ++t) {
     const std::int64_t pos = w.start + t, slot = pos % pool.block_size;
     const std::int32_t blk = s.blocks[static_cast<std::size_t>(pos / pool.block_size)];
     for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk) {
       const T* src = p + t * N + hk * hd;
+      if (codes) {  // checked finite before (check_pool_rows)
+        for (int kv = 0; kv < 2; ++kv) {
+          convert_elements(src + (kv == 0 ? layer.k0 : layer.v0), dtype_of<T>(), row, DType::f32, hd);
+          quantize_rows(pool.dtype, row, 1, hd, hd, reinterpret_cast<std::uint8_t*>(pool.row(blk, w.layer, kv, hk, slot)),
+                        hd, pool.scale(blk, w.layer, kv, hk, slot), 1);
+        }
+        continue;
+      }
       convert_elements(src + layer.k0, dtype_of<T>(), pool.row(blk, w.layer, 0, hk, slot), pool.dtype, hd);
       convert_elements(src + layer.v0, dtype_of<T>(), pool.row(blk, w.layer, 1, hk, slot), pool.dtype, hd);
     }
@@ -162,7 +194,9 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
   const BlockTable bt{table.data(), static_cast<std::int64_t>(writes.size()), max_blocks, max_blocks};
   const std::int64_t layer_index = writes.empty() ? 0 : writes[0].layer;  // a batch writes one layer
   const ConstTensorView kc = pool.view(layer_index, 0), vc = pool.view(layer_index, 1);
-  const DType cd = pool.dtype;
+  po.k_scale = pool.scale_view(layer_index, 0), po.v_scale = pool.scale_view(layer_index, 1);
+  // the core's dtype: the pool's, or for 8-bit codes the layer's (f64: f32)
+  const DType cd = !is_kv_code(pool.dtype) ? pool.dtype : dtype_of<T>() == DType::f64 ? DType::f32 : dtype_of<T>();
   auto run = [&](const ConstTensorView& q, const TensorView& out) {
     const PagedProblem pp = make_paged_problem(q, kc, vc, bt, lens, out, po);
     if (po.backend == Backend::reference) paged_reference(pp);
@@ -183,6 +217,8 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
 }
 
 #define SIMDATTN_POOL(T)                                                                                              \
+  template void check_pool_rows(const LayerStorage<T>&, const T*, std::int64_t, const PoolState&, const PoolWrite&,   \
+                                std::size_t);                                                                        \
   template void append_pool_kv(const LayerStorage<T>&, const T*, std::int64_t, PoolState&, const PoolWrite&);      \
   template void pool_attention(const LayerStorage<T>&, const T*, std::int64_t, const PoolState&,                    \
                                std::span<const PoolWrite>, T*, const AttentionOptions&);
@@ -205,8 +241,8 @@ KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_bl
                std::int64_t layers, DType dtype)
     : state_(std::make_unique<State>()) {
   using detail::num;
-  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16)
-    throw Error("dtype", "a pool holds f32, bf16 or f16, got " + std::string(dtype_name(dtype)) +
+  if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && !is_kv_code(dtype))
+    throw Error("dtype", "a pool holds f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got " + std::string(dtype_name(dtype)) +
                              (dtype == DType::f64 ? " (give an f64 layer's pool dtype f32)" : ""));
   if (kv_heads < 1) throw Error("kv_heads", "expected >= 1, got " + num(kv_heads));
   if (head_dim < 1) throw Error("head_dim", "expected >= 1, got " + num(head_dim));
@@ -217,14 +253,19 @@ KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_bl
   detail::PoolState& s = state_->s;
   s.dtype = dtype, s.num_blocks = num_blocks, s.block_size = block_size, s.layers = layers;
   s.kv_heads = kv_heads, s.head_dim = head_dim;
-  std::int64_t elems = 0, total = 0;
-  if (__builtin_mul_overflow(layers * 2, kv_heads, &elems) || __builtin_mul_overflow(elems, block_size, &elems) ||
-      __builtin_mul_overflow(elems, head_dim, &elems) || __builtin_mul_overflow(elems, num_blocks, &total) ||
-      __builtin_mul_overflow(total, static_cast<std::int64_t>(dtype_size(dtype)), &total))
+  std::int64_t elems = 0, rows = 0, total = 0, block_bytes = 0;
+  const bool codes = is_kv_code(dtype);
+  if (__builtin_mul_overflow(layers * 2, kv_heads, &rows) || __builtin_mul_overflow(rows, block_size, &rows) ||
+      __builtin_mul_overflow(rows, head_dim, &elems) ||
+      __builtin_mul_overflow(elems, static_cast<std::int64_t>(dtype_size(dtype)), &block_bytes) ||
+      (codes && __builtin_add_overflow((block_bytes + 63) / 64 * 64, rows * 4 + 63, &block_bytes)) ||
+      __builtin_mul_overflow(codes ? block_bytes / 64 * 64 : block_bytes, num_blocks, &total))
     throw Error("num_blocks", num(num_blocks) + " blocks of " + num(block_size) + " tokens x " + num(layers) +
                                   " layers x " + num(kv_heads) + " kv heads x " + num(head_dim) +
                                   " overflow the size of a pool");
   s.block_elems = elems;
+  s.scale_offset = codes ? (elems + 63) / 64 * 64 : 0;
+  s.block_bytes = codes ? block_bytes / 64 * 64 : block_bytes;
   s.bytes = static_cast<std::size_t>(total);
   s.data.get(s.bytes);  // std::bad_alloc if it does not fit; its pages are touched as blocks are written
   s.refs.assign(static_cast<std::size_t>(num_blocks), 0);
@@ -346,6 +387,16 @@ ConstTensorView KvPool::values(std::int64_t layer) const {
   if (layer < 0 || layer >= state_->s.layers)
     throw Error("layer", "expected 0 <= layer < " + detail::num(state_->s.layers) + ", got " + detail::num(layer));
   return state_->s.view(layer, 1);
+}
+
+ConstTensorView KvPool::key_scales(std::int64_t layer) const {
+  (void)keys(layer);  // the same check of `layer`
+  return state_->s.scale_view(layer, 0);
+}
+
+ConstTensorView KvPool::value_scales(std::int64_t layer) const {
+  (void)keys(layer);
+  return state_->s.scale_view(layer, 1);
 }
 
 }  // namespace simdattn

@@ -19,8 +19,11 @@ namespace simdattn::detail {
 struct PoolState {
   DType dtype = DType::f32;
   std::int64_t num_blocks = 0, block_size = 0, layers = 0, kv_heads = 0, head_dim = 0;
-  // Elements of one block: per layer K then V, each [kv_heads, block_size, head_dim].
+  // Elements of one block: per layer K then V, each [kv_heads, block_size, head_dim]. 8-bit
+  // pools then hold the rows' f32 scales, per layer K then V, each [kv_heads, block_size], from
+  // byte scale_offset of the block (block_elems rounded up to 64 bytes).
   std::int64_t block_elems = 0;
+  std::int64_t block_bytes = 0, scale_offset = 0;
   // The blocks, on transparent huge pages: a decode step reads a kv head's rows of one block, then
   // of another anywhere in the pool, and on 4 KiB pages each such run costs TLB misses that the
   // caches do not hide (attention/native/paged-decode took 1.26x the time of contiguous decode,
@@ -43,9 +46,16 @@ struct PoolState {
     return ((layer * 2 + kv) * kv_heads + hk) * block_size * head_dim + slot * head_dim;
   }
   std::byte* row(std::int32_t block, std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) {
-    return data.data + static_cast<std::size_t>(block * block_elems + offset(layer, kv, hk, slot)) * esize();
+    return data.data + static_cast<std::size_t>(block * block_bytes) + static_cast<std::size_t>(offset(layer, kv, hk, slot)) * esize();
+  }
+  // 8-bit pools: the scale of a row.
+  float* scale(std::int32_t block, std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) {
+    return reinterpret_cast<float*>(data.data + static_cast<std::size_t>(block * block_bytes + scale_offset)) +
+           ((layer * 2 + kv) * kv_heads + hk) * block_size + slot;
   }
   ConstTensorView view(std::int64_t layer, int kv) const;
+  // 8-bit pools: the scales of layer's K (kv 0) or V rows, [num_blocks, block_size, kv_heads, 1].
+  ConstTensorView scale_view(std::int64_t layer, int kv) const;
   // The live sequence s, or Error(argument) naming it.
   Sequence& at(KvPool::Sequence s, const char* argument);
   const Sequence& at(KvPool::Sequence s, const char* argument) const;
@@ -73,6 +83,12 @@ void check_pool_writes(const PoolState& pool, std::span<PoolWrite> writes);
 void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
 // Every write's layer length advanced past its tokens.
 void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
+
+// 8-bit pools: Error("steps[i]") naming the sequence and token of a K or V row of the step's
+// projected rows p (tokens rows, N apart) with a NaN or an infinity. Other pools: nothing.
+template <class T>
+void check_pool_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool, const PoolWrite& w,
+                     std::size_t i);
 
 // Appends the rotated K and V of one step's projected rows p (tokens rows, N apart) at the
 // write's positions, converted to the pool's dtype.
