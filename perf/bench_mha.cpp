@@ -12,6 +12,8 @@
 //
 // mha/native/<layer>.bf16 and .f16, decode/native/gpt-layer-kv<N>.bf16 and .f16: the same
 // layers with weights, inputs and cache rounded to that dtype (bytes counted in 2-byte elements).
+// decode/native/gpt-layer-kv4096.int8 and .fp8_e4m3: the f32 layer over an 8-bit cache (a byte
+// per element and a 4-byte scale per row counted); .bf16.int8: the bf16 layer over an int8 cache.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -78,11 +80,11 @@ void bench_layer(benchmark::State& state, LayerWorkload w, simdattn::Backend bac
 }
 
 template <class T>
-void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached, simdattn::Backend backend,
-                  int threads) {
+void bench_decode_cache(benchmark::State& state, LayerWorkload w, std::int64_t cached, simdattn::Backend backend,
+                        int threads, simdattn::DType cache_dtype) {
   const std::int64_t d = w.d, nkv = w.d / w.H * w.Hkv;
   const auto layer = make_layer<T>(d, w.H, w.Hkv, w.rope, 500000.0);
-  simdattn::KvCache cache(layer, 1, cached + 1);
+  simdattn::KvCache cache(layer, 1, cached + 1, cache_dtype);
   simdattn::MhaOptions opt;
   opt.backend = backend;
   opt.threads = threads;
@@ -98,8 +100,10 @@ void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached,
   step();  // warm-up
   std::vector<double> ms;
   ms.reserve(100000);
-  const double bytes =
-      double(sizeof(T)) * (2.0 * double(d) * double(d) + 2.0 * double(nkv) * double(d) + 2.0 * double(cached) * double(nkv));
+  const bool codes = simdattn::is_kv_code(cache_dtype);  // a byte per element, a 4-byte scale per row
+  const double cache_bytes = 2.0 * double(cached) *
+                             (double(nkv) * double(simdattn::dtype_size(cache_dtype)) + (codes ? 4.0 * double(w.Hkv) : 0.0));
+  const double bytes = double(sizeof(T)) * (2.0 * double(d) * double(d) + 2.0 * double(nkv) * double(d)) + cache_bytes;
   simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
     const auto t0 = std::chrono::steady_clock::now();
     step();
@@ -110,6 +114,11 @@ void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached,
   state.counters["p50_ms"] = pct(0.50);
   state.counters["p90_ms"] = pct(0.90);
   state.counters["p99_ms"] = pct(0.99);
+}
+
+template <class T>
+void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached, simdattn::Backend backend, int threads) {
+  bench_decode_cache<T>(state, w, cached, backend, threads, simdattn::dtype_of<T>());
 }
 
 int register_all() {
@@ -144,6 +153,14 @@ int register_all() {
         benchmark::RegisterBenchmark((name + ".bf16" + ts).c_str(), bench_decode<simdattn::bfloat16>, kLayers[1], n, b, t)
             ->Unit(benchmark::kMillisecond);
         benchmark::RegisterBenchmark((name + ".f16" + ts).c_str(), bench_decode<simdattn::float16>, kLayers[1], n, b, t)
+            ->Unit(benchmark::kMillisecond);
+        if (n != 4096) continue;  // the f32 layer over 8-bit caches
+        for (simdattn::DType code : {simdattn::DType::int8, simdattn::DType::fp8_e4m3})
+          benchmark::RegisterBenchmark((name + "." + std::string(simdattn::dtype_name(code)) + ts).c_str(),
+                                       bench_decode_cache<float>, kLayers[1], n, b, t, code)
+              ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark((name + ".bf16.int8" + ts).c_str(), bench_decode_cache<simdattn::bfloat16>, kLayers[1],
+                                     n, b, t, simdattn::DType::int8)
             ->Unit(benchmark::kMillisecond);
       }
       if (b != Backend::native) continue;

@@ -28,6 +28,8 @@ inline Span byte_span(const std::string& name, const ConstTensorView& v) {
 // by stride, each dimension's stride exceeds the extent of all smaller ones. Throws Error(name).
 void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides);
 bool overlaps(const Span& a, const Span& b);
+// The first of n scales s[j * stride] that is not finite and >= 0 (8-bit K/V's), or -1.
+std::int64_t first_bad_scale(const float* s, std::int64_t n, std::int64_t stride);
 // `values` holds `want` finite floats (name: what they are, one per `per`) clear of the output
 // span `so`. Throws Error(name), or Error("out") on an overlap.
 void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,

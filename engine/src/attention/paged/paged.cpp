@@ -2,6 +2,7 @@
 // keys gathered into dense views for attention()'s float64 oracle).
 #include "attention/paged/paged.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -81,13 +82,15 @@ void set_scales(PagedProblem& p, const PagedAttentionOptions& o, const Span& so)
     if (overlaps(byte_span(name, view), so)) throw Error(name, "memory overlaps out");
     const auto* f = static_cast<const float*>(view.data);
     for (std::int64_t i = 0; i < p.N; ++i)
-      for (std::int64_t t = 0; t < p.seq_lens[i]; ++t) {
-        const std::int64_t blk = p.block_of(i, t), slot = t % p.block_size;
+      for (std::int64_t t0 = 0; t0 < p.seq_lens[i]; t0 += p.block_size) {  // block by block, kv head by kv head
+        const std::int64_t blk = p.block_of(i, t0), n = std::min(p.block_size, p.seq_lens[i] - t0);
         for (std::int64_t hk = 0; hk < p.Hkv; ++hk) {
-          const float x = f[blk * view.strides[0] + slot * view.strides[1] + hk * view.strides[2]];
-          if (!(std::isfinite(x) && x >= 0.0f))
+          const float* row = f + blk * view.strides[0] + hk * view.strides[2];
+          const std::int64_t slot = first_bad_scale(row, n, view.strides[1]);
+          if (slot >= 0)
             throw Error(name, "scale [" + num(blk) + ", " + num(slot) + ", " + num(hk) + "] (sequence " + num(i) +
-                                  ", key " + num(t) + ") must be finite and >= 0, got " + std::to_string(x));
+                                  ", key " + num(t0 + slot) + ") must be finite and >= 0, got " +
+                                  std::to_string(row[slot * view.strides[1]]));
         }
       }
     *dst = f;
