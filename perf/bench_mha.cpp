@@ -14,6 +14,9 @@
 // layers with weights, inputs and cache rounded to that dtype (bytes counted in 2-byte elements).
 // decode/native/gpt-layer-kv4096.int8 and .fp8_e4m3: the f32 layer over an 8-bit cache (a byte
 // per element and a 4-byte scale per row counted); .bf16.int8: the bf16 layer over an int8 cache.
+//
+// prefill/native/gpt-layer-chunks256-kv4096.bf16[.int8]/t<N>: the bf16 gpt layer prefilling a
+// 4096-token prompt in chunks of 256 into a bf16 (or int8) KvCache.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -116,6 +119,31 @@ void bench_decode_cache(benchmark::State& state, LayerWorkload w, std::int64_t c
   state.counters["p99_ms"] = pct(0.99);
 }
 
+// A 4096-token prompt prefilled through the layer in chunks of 256 into a cache of cache_dtype
+// (reset before each prefill); GFLOP/s counts the projections and the visible pairs.
+template <class T>
+void bench_chunked_prefill(benchmark::State& state, LayerWorkload w, simdattn::DType cache_dtype, int threads) {
+  constexpr std::int64_t kPrompt = 4096, kChunk = 256;
+  const std::int64_t d = w.d;
+  const auto layer = make_layer<T>(d, w.H, w.Hkv, w.rope, 500000.0);
+  simdattn::KvCache cache(layer, 1, kPrompt, cache_dtype);
+  simdattn::MhaOptions opt;
+  opt.threads = threads;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.f, 1.f);
+  std::vector<T> x(static_cast<std::size_t>(kPrompt * d)), y(static_cast<std::size_t>(kChunk * d));
+  for (auto& e : x) e = from_float<T>(n(rng));
+  LayerWorkload whole = w;
+  whole.S = kPrompt;
+  const double flops = projection_flops(whole) + simdattn::attention_flops(1, w.H, kPrompt, kPrompt, d / w.H, d / w.H,
+                                                                             simdattn::Causal::top_left);
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
+    cache.reset();
+    for (std::int64_t t = 0; t < kPrompt; t += kChunk)
+      layer.forward(simdattn::ConstSeqView(x.data() + t * d, 1, kChunk, d), cache, simdattn::SeqView(y.data(), 1, kChunk, d), opt);
+  });
+}
+
 template <class T>
 void bench_decode(benchmark::State& state, LayerWorkload w, std::int64_t cached, simdattn::Backend backend, int threads) {
   bench_decode_cache<T>(state, w, cached, backend, threads, simdattn::dtype_of<T>());
@@ -164,6 +192,13 @@ int register_all() {
             ->Unit(benchmark::kMillisecond);
       }
       if (b != Backend::native) continue;
+      // chunked prefill of the bf16 gpt layer over a bf16 and an int8 cache
+      benchmark::RegisterBenchmark(("prefill/native/gpt-layer-chunks256-kv4096.bf16" + ts).c_str(),
+                                   bench_chunked_prefill<simdattn::bfloat16>, kLayers[1], simdattn::DType::bf16, t)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("prefill/native/gpt-layer-chunks256-kv4096.bf16.int8" + ts).c_str(),
+                                   bench_chunked_prefill<simdattn::bfloat16>, kLayers[1], simdattn::DType::int8, t)
+          ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(("mha/native/llama-layer" + ts).c_str(), bench_layer<float>, kLlama, b, t, false)
           ->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(("mha/native/llama-layer.bf16" + ts).c_str(), bench_layer<simdattn::bfloat16>, kLlama,

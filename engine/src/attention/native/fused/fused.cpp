@@ -82,7 +82,6 @@ void fused(const Problem& p) {
 Refusal fused_tiles_why_not(const Problem& p) {
   const simd::KernelTable& table = simd::kernels();
   if (p.dtype != DType::bf16) return {"dtype {w} (bf16 only)", dtype_name(p.dtype)};
-  if (p.kv_codes()) return {"K and V of dtype {w} (8-bit codes: the vector path dequantizes them)", dtype_name(p.kv_dtype)};
   if (table.gemm_bf16.amx_block == nullptr || table.amx_attention.softmax_rows == nullptr)
     return {"ISA {w} has no AMX tiles", simd::isa_name(table.isa)};
   if (p.D > 256) return {"D = {} > 256", p.D};

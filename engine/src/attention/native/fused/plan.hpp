@@ -66,6 +66,7 @@ struct FusedPlan {
   std::int64_t max_rows;  // the most rows of a query block: kBlockQ, or kBlockQTiles on tiles
   std::int64_t dp = 0;  // D rounded up to 32
   std::int64_t k16_size = 0, v16_size = 0, q16_size = 0, p16_size = 0;
+  std::int64_t stage16_size = 0;  // AMX over 8-bit codes: a block's K and V rows in bf16 (in T elements)
 
   FusedPlan(const Problem& prob, const simd::KernelTable& table)
       : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()) {
@@ -117,12 +118,16 @@ struct FusedPlan {
         q16_size = round_up(groups * 32 * dp / 2, a);
         p16_size = round_up(groups * 32 * k_keys / 2, a);
         k_size = v_size = conv_size = 0;  // the f32 panels and the widening buffer are not used
+        if (p.kv_codes()) {  // 8-bit codes: a block's rows dequantized (f32) and rounded (bf16)
+          conv_size = round_up(k_keys * std::max(p.D, p.Dv), a);
+          stage16_size = round_up((k_keys * (p.D + p.Dv) + 1) / 2, a);
+        }
       }
     }
   }
   std::size_t scratch_size() const {
     return static_cast<std::size_t>(k_size + v_size + q_size + s_size + o_size + 3 * row_size + flag_size + conv_size +
-                                    t5_size + k16_size + v16_size + q16_size + p16_size);
+                                    t5_size + k16_size + v16_size + q16_size + p16_size + stage16_size);
   }
 };
 

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <tuple>
 #include <cstdint>
 #include <type_traits>
 
@@ -15,26 +16,54 @@ namespace {
 
 template <class T, class S>
 inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
+  const std::int64_t kk = plan_.k_keys, j00 = jb * kk;
+  const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
+  if (!prob_.kv_codes()) {
+    pack_block_amx_rows(jb, k_ + j00 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3],
+                        v_ + j00 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3]);
+    return;
+  }
+  // 8-bit codes: the block's rows dequantized (f32, in conv_) and rounded to bf16 (in stage16_),
+  // K's rows then V's, packed from there
+  const simd::Quant8Kernels& q8 = plan_.kt.code8(code8_of(prob_.kv_dtype));
+  const std::int64_t D = prob_.D, Dv = prob_.Dv;
+  for (const auto& [src, st, sc, ss, width, dst] :
+       {std::tuple{k8_, prob_.k_strides, ks_, prob_.k_scale_strides[2], D, stage16_},
+        std::tuple{v8_, prob_.v_strides, vs_, prob_.v_scale_strides[2], Dv, stage16_ + kk * D}}) {
+    auto* f = reinterpret_cast<float*>(conv_);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::uint8_t* row = src + (j00 + r) * st[2];
+      const float scale = sc[(j00 + r) * ss];
+      if (st[3] == 1) q8.dequantize(row, width, scale, f + r * width);
+      else
+        for (std::int64_t d = 0; d < width; ++d) f[r * width + d] = code8_value(prob_.kv_dtype, row[d * st[3]]) * scale;
+    }
+    plan_.kt.convert_bf16.narrow(f, dst, rows * width);
+  }
+  pack_block_amx_rows(jb, reinterpret_cast<const S*>(stage16_), D, 1, reinterpret_cast<const S*>(stage16_ + kk * D), Dv, 1);
+}
+
+template <class T, class S>
+inline void FusedWorker<T, S>::pack_block_amx_rows(std::int64_t jb, const S* kb, std::int64_t krs, std::int64_t kcs,
+                                                   const S* vb, std::int64_t vrs, std::int64_t vcs) {
   const std::int64_t D = prob_.D, dp = plan_.dp, kk = plan_.k_keys, j00 = jb * kk;
   const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
   // Pairs of D are 32-bit words: K's rows (as words) transposed by the f32 transposing pack
   // when they are (even D, unit inner stride, even row stride, 4-byte aligned).
-  const bool words = D % 2 == 0 && prob_.k_strides[3] == 1 && prob_.k_strides[2] % 2 == 0 &&
-                     reinterpret_cast<std::uintptr_t>(k_) % 4 == 0;
+  const bool words = D % 2 == 0 && kcs == 1 && krs % 2 == 0 && reinterpret_cast<std::uintptr_t>(kb) % 4 == 0;
   for (std::int64_t c = 0; c < kk / 32; ++c) {
     std::uint16_t* dst = k16_panel(jb, c);
     const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
     if (words) {
       // rows past n are zero; words past D / 2 (up to dp / 2) are zeroed after
-      plan_.vk.pack_transpose(reinterpret_cast<const T*>(k_ + (j00 + c * 32) * prob_.k_strides[2]), prob_.k_strides[2] / 2, n, D / 2,
-                              reinterpret_cast<T*>(dst), 32, 32);
+      plan_.vk.pack_transpose(reinterpret_cast<const T*>(kb + c * 32 * krs), krs / 2, n, D / 2, reinterpret_cast<T*>(dst), 32, 32);
       std::fill(dst + (D / 2) * 64, dst + dp * 32, std::uint16_t{0});
       continue;
     }
     std::fill(dst, dst + dp * 32, std::uint16_t{0});
     for (std::int64_t q = 0; q < n; ++q) {
-      const S* src = k_ + (j00 + c * 32 + q) * prob_.k_strides[2];
-      for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * prob_.k_strides[3]);
+      const S* src = kb + (c * 32 + q) * krs;
+      for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * kcs);
     }
   }
   const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
@@ -42,10 +71,10 @@ inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
     std::uint16_t* dst = v16_panel(jb, c);
     std::fill(dst, dst + kk * 32, std::uint16_t{0});
     const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
-    if (prob_.v_strides[3] == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
+    if (vcs == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
       for (std::int64_t r = 0; r < rows; r += 2) {
-        const auto* s0 = reinterpret_cast<const std::uint16_t*>(v_ + (j00 + r) * prob_.v_strides[2] + c * 32);
-        const auto* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
+        const auto* s0 = reinterpret_cast<const std::uint16_t*>(vb + r * vrs + c * 32);
+        const auto* s1 = r + 1 < rows ? s0 + vrs : nullptr;
         auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
         if (s1 != nullptr)
           for (std::int64_t x = 0; x < nc; ++x) out[x] = std::uint32_t{s0[x]} | std::uint32_t{s1[x]} << 16;
@@ -55,11 +84,11 @@ inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
       continue;
     }
     for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
-      const S* s0 = v_ + (j00 + r) * prob_.v_strides[2] + c * 32 * prob_.v_strides[3];
-      const S* s1 = r + 1 < rows ? s0 + prob_.v_strides[2] : nullptr;
+      const S* s0 = vb + r * vrs + c * 32 * vcs;
+      const S* s1 = r + 1 < rows ? s0 + vrs : nullptr;
       auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
       for (std::int64_t x = 0; x < nc; ++x)
-        out[x] = bits_at(s0 + x * prob_.v_strides[3]) | (s1 ? std::uint32_t{bits_at(s1 + x * prob_.v_strides[3])} << 16 : 0u);
+        out[x] = bits_at(s0 + x * vcs) | (s1 ? std::uint32_t{bits_at(s1 + x * vcs)} << 16 : 0u);
     }
   }
   packed_[jb] = T(1);

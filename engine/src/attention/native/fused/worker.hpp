@@ -134,6 +134,9 @@ class FusedWorker {
   // V: per panel of 32 columns, pair-row r holds (V[2r, c], V[2r + 1, c]) of its 32 columns. Zero
   // past the key length, D and Dv.
   void pack_block_amx(std::int64_t jb);
+  // pack_block_amx from the block's K rows kb (krs apart, elements kcs apart) and V rows vb.
+  void pack_block_amx_rows(std::int64_t jb, const S* kb, std::int64_t krs, std::int64_t kcs, const S* vb, std::int64_t vrs,
+                           std::int64_t vcs);
   // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
   void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br);
   // One step (keys a .. a + n - 1 of key block jb) on tiles, in three phases over the block's
@@ -157,6 +160,7 @@ class FusedWorker {
   T* packed_;  // packed_[jb] != 0: key block jb of the current kv head is packed
   T* conv_;    // 16-bit storage: widened K rows of one panel
   std::uint16_t *k16_ = nullptr, *v16_ = nullptr, *q16_ = nullptr, *p16_ = nullptr;  // AMX (FusedPlan::amx)
+  std::uint16_t* stage16_ = nullptr;  // AMX over 8-bit codes: a block's K then V rows in bf16
   const S *k_ = nullptr, *v_ = nullptr;  // the current kv head's K and V
   // 8-bit K/V codes (Problem::kv_codes): the current kv head's code rows and their scales
   const std::uint8_t *k8_ = nullptr, *v8_ = nullptr;
@@ -191,7 +195,8 @@ inline FusedWorker<T, S>::FusedWorker(const FusedPlan<T, S>& plan, T* scratch_ba
   k16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.k16_size;
   v16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.v16_size;
   q16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.q16_size;
-  p16_ = reinterpret_cast<std::uint16_t*>(s);
+  p16_ = reinterpret_cast<std::uint16_t*>(s), s += plan.p16_size;
+  stage16_ = reinterpret_cast<std::uint16_t*>(s);
 }
 
 template <class T, class S>
