@@ -3,7 +3,9 @@
  * simdattn_attention_paged on a shuffled block table against simdattn_attention (reference
  * backend) on each sequence's gathered keys; its errors (status, argument, output untouched); the
  * pool's sequences and simdattn_mha_forward_pool against simdattn_mha_forward_cached step by step;
- * running out of blocks. Exits 0 only if every check passes.
+ * running out of blocks; 8-bit K/V codes (C API 2: simdattn_quantize_kv / _dequantize_kv, attention
+ * over the codes with k_scale / v_scale against the reference on their values, an options struct
+ * of C API 1's size still taken). Exits 0 only if every check passes.
  *
  * Build: cc -std=c11 -Wall -Wextra -pedantic -Werror test_c_api_paged.c $(pkg-config --cflags
  * --libs simdattn) -lm
@@ -11,6 +13,7 @@
 #include <simdattn/simdattn.h>
 
 #include <math.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <string.h>
@@ -183,9 +186,74 @@ static void test_pool(void) {
   simdattn_mha_free(layer);
 }
 
+static void test_codes(void) {
+  enum { SQ = 3, SK = 37 };
+  static float q[H * SQ * D], k[HKV * SK * D], v[HKV * SK * D], kh[HKV * SK * D], vh[HKV * SK * D];
+  static float ks[HKV * SK], vs[HKV * SK], out[H * SQ * D], want[H * SQ * D];
+  static int8_t kc[HKV * SK * D], vc[HKV * SK * D];
+  const int64_t qshape[4] = {1, H, SQ, D}, kshape[4] = {1, HKV, SK, D}, sshape[4] = {1, HKV, SK, 1};
+  simdattn_tensor tq, tk, tv, tkc, tvc, tks, tvs, tkh, tvh, to, tw;
+  simdattn_attention_options o, ref, v1;
+  int i;
+  for (i = 0; i < H * SQ * D; ++i) q[i] = frand();
+  for (i = 0; i < HKV * SK * D; ++i) k[i] = frand(), v[i] = frand();
+  tq = simdattn_tensor_contiguous(q, SIMDATTN_F32, qshape[0], qshape[1], qshape[2], qshape[3]);
+  tk = simdattn_tensor_contiguous(k, SIMDATTN_F32, kshape[0], kshape[1], kshape[2], kshape[3]);
+  tv = simdattn_tensor_contiguous(v, SIMDATTN_F32, kshape[0], kshape[1], kshape[2], kshape[3]);
+  tkc = simdattn_tensor_contiguous(kc, SIMDATTN_INT8, kshape[0], kshape[1], kshape[2], kshape[3]);
+  tvc = simdattn_tensor_contiguous(vc, SIMDATTN_INT8, kshape[0], kshape[1], kshape[2], kshape[3]);
+  tks = simdattn_tensor_contiguous(ks, SIMDATTN_F32, sshape[0], sshape[1], sshape[2], sshape[3]);
+  tvs = simdattn_tensor_contiguous(vs, SIMDATTN_F32, sshape[0], sshape[1], sshape[2], sshape[3]);
+  tkh = simdattn_tensor_contiguous(kh, SIMDATTN_F32, kshape[0], kshape[1], kshape[2], kshape[3]);
+  tvh = simdattn_tensor_contiguous(vh, SIMDATTN_F32, kshape[0], kshape[1], kshape[2], kshape[3]);
+  to = simdattn_tensor_contiguous(out, SIMDATTN_F32, qshape[0], qshape[1], qshape[2], qshape[3]);
+  tw = simdattn_tensor_contiguous(want, SIMDATTN_F32, qshape[0], qshape[1], qshape[2], qshape[3]);
+  CHECK(simdattn_quantize_kv(&tk, SIMDATTN_INT8, &tkc, &tks) == SIMDATTN_OK);
+  CHECK(simdattn_quantize_kv(&tv, SIMDATTN_INT8, &tvc, &tvs) == SIMDATTN_OK);
+  CHECK(simdattn_dequantize_kv(&tkc, &tks, &tkh) == SIMDATTN_OK);
+  CHECK(simdattn_dequantize_kv(&tvc, &tvs, &tvh) == SIMDATTN_OK);
+  for (i = 0; i < HKV * SK; ++i) { /* the scales of the formula, and the values within half a step */
+    float mx = 0;
+    int d;
+    for (d = 0; d < D; ++d) mx = fabsf(k[i * D + d]) > mx ? fabsf(k[i * D + d]) : mx;
+    CHECK(ks[i] == mx / 127.0f);
+    for (d = 0; d < D; ++d) CHECK(fabsf(kh[i * D + d] - k[i * D + d]) <= 0.5f * ks[i] * 1.0001f);
+  }
+  simdattn_attention_options_init(&o);
+  o.causal = SIMDATTN_CAUSAL_BOTTOM_RIGHT;
+  o.k_scale = tks, o.v_scale = tvs;
+  CHECK(simdattn_attention(&tq, &tkc, &tvc, &to, &o) == SIMDATTN_OK);
+  simdattn_attention_options_init(&ref);
+  ref.causal = SIMDATTN_CAUSAL_BOTTOM_RIGHT;
+  ref.backend = SIMDATTN_BACKEND_REFERENCE;
+  CHECK(simdattn_attention(&tq, &tkh, &tvh, &tw, &ref) == SIMDATTN_OK);
+  for (i = 0; i < H * SQ * D; ++i) CHECK(fabsf(out[i] - want[i]) <= 1e-5f);
+  /* errors: no scales; a negative scale; a NaN row to quantize */
+  o.k_scale.data = NULL;
+  CHECK(simdattn_attention(&tq, &tkc, &tvc, &to, &o) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "options.k_scale") == 0);
+  o.k_scale = tks;
+  ks[5] = -1.0f;
+  CHECK(simdattn_attention(&tq, &tkc, &tvc, &to, &o) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "options.k_scale") == 0);
+  k[3] = NAN;
+  CHECK(simdattn_quantize_kv(&tk, SIMDATTN_INT8, &tkc, &tks) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "x") == 0);
+  CHECK(ks[5] == -1.0f); /* nothing written */
+  /* an options struct of C API 1's size (without k_scale and v_scale) is still taken */
+  v1 = ref;
+  v1.struct_size = offsetof(simdattn_attention_options, k_scale);
+  CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_OK);
+  for (i = 0; i < H * SQ * D; ++i) CHECK(out[i] == want[i]);
+  v1.struct_size = offsetof(simdattn_attention_options, k_scale) - 8;
+  CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_ERROR_VERSION);
+  CHECK(simdattn_c_api_version() == 2);
+}
+
 int main(void) {
   test_attention_paged();
   test_pool();
+  test_codes();
   if (g_failures != 0) {
     fprintf(stderr, "test_c_api_paged: %d of %d checks FAILED\n", g_failures, g_checks);
     return 1;

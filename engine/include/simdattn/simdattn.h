@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 1
+#define SIMDATTN_C_API_VERSION 2
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -158,6 +158,10 @@ typedef struct simdattn_attention_options {
   simdattn_score_stage scores_stage; /* default SIMDATTN_SCORES_SOFTMAX */
   int threads;                       /* 0: OpenMP's default */
   simdattn_backend backend;          /* default SIMDATTN_BACKEND_NATIVE */
+  /* C API 2: 8-bit K and V (k, v of dtype SIMDATTN_INT8, _FP8_E4M3 or _FP8_E5M2): the rows'
+   * scales, [B, Hkv, Sk, 1] f32; data NULL otherwise */
+  simdattn_tensor k_scale;
+  simdattn_tensor v_scale;
 } simdattn_attention_options;
 
 /* Sets struct_size and every default (and the embedded tensors' struct_size). */
@@ -171,6 +175,15 @@ SIMDATTN_C_API simdattn_status simdattn_attention(const simdattn_tensor* q, cons
 /* The output shape [B, H, Sq, Dv] attention() writes for these inputs, checked as it checks them. */
 SIMDATTN_C_API simdattn_status simdattn_attention_output_shape(const simdattn_tensor* q, const simdattn_tensor* k,
                                                                const simdattn_tensor* v, int64_t shape[4]);
+
+/* C API 2: 8-bit K/V codes (simdattn/attention.hpp's formats, exact): x [.., .., .., D] (f32, f64,
+ * bf16 or f16) to codes of dtype `code` (SIMDATTN_INT8, _FP8_E4M3, _FP8_E5M2) of x's shape and
+ * scales [.., .., .., 1] f32; a row with a NaN or an infinity is an error naming it, nothing
+ * written. dequantize: out (f32, f64, bf16 or f16) = decode(codes) * scales. */
+SIMDATTN_C_API simdattn_status simdattn_quantize_kv(const simdattn_tensor* x, simdattn_dtype code,
+                                                   const simdattn_tensor* codes, const simdattn_tensor* scales);
+SIMDATTN_C_API simdattn_status simdattn_dequantize_kv(const simdattn_tensor* codes, const simdattn_tensor* scales,
+                                                     const simdattn_tensor* out);
 
 /* ALiBi's usual slopes for `heads` heads into slopes[0 .. heads-1]. */
 SIMDATTN_C_API simdattn_status simdattn_standard_alibi_slopes(int64_t heads, float* slopes);
@@ -368,6 +381,9 @@ typedef struct simdattn_paged_options {
   size_t sinks_count;
   int threads;
   simdattn_backend backend; /* native (default) or reference */
+  /* C API 2: 8-bit caches: the rows' scales, [num_blocks, block_size, Hkv, 1] f32; data NULL otherwise */
+  simdattn_tensor k_scale;
+  simdattn_tensor v_scale;
 } simdattn_paged_options;
 
 SIMDATTN_C_API void simdattn_paged_options_init(simdattn_paged_options* options);

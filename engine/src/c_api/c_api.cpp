@@ -2,6 +2,7 @@
 // Each function checks its structs' sizes, converts them to the C++ options and runs the C++
 // call inside `guarded` (translate.hpp); the layer's functions are in mha.cpp.
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -22,7 +23,7 @@ using namespace simdattn::c_api;
 AttentionOptions attention_options(const simdattn_attention_options* c) {
   AttentionOptions o;
   if (c == nullptr) return o;
-  const simdattn_attention_options& s = checked(c, "options");
+  const simdattn_attention_options s = checked_options(c, "options", offsetof(simdattn_attention_options, k_scale));
   o.scale = optional_double(s.has_scale, s.scale);
   o.causal = causal_of_c(s.causal, "options.causal");
   o.mask = optional_view<ConstTensorView>(s.mask, "options.mask");
@@ -52,6 +53,8 @@ AttentionOptions attention_options(const simdattn_attention_options* c) {
   }
   o.threads = s.threads;
   o.backend = backend_of_c(s.backend, "options.backend");
+  o.k_scale = optional_view<ConstTensorView>(s.k_scale, "options.k_scale");
+  o.v_scale = optional_view<ConstTensorView>(s.v_scale, "options.v_scale");
   return o;
 }
 
@@ -95,7 +98,7 @@ void simdattn_attention_options_init(simdattn_attention_options* o) {
   o->struct_size = sizeof *o;
   o->scale = 0.0;
   o->causal = SIMDATTN_CAUSAL_NONE;
-  o->mask = o->block_mask = o->relative_bias_table = o->lse = o->scores = empty_tensor();
+  o->mask = o->block_mask = o->relative_bias_table = o->lse = o->scores = o->k_scale = o->v_scale = empty_tensor();
   o->window_left = o->window_right = -1;
   o->block_size = 64;
   o->relative_bias_bidirectional = 1;
@@ -119,6 +122,22 @@ simdattn_status simdattn_attention_output_shape(const simdattn_tensor* q, const 
     const Shape4 s = attention_output_shape(view_of<ConstTensorView>(q, "q"), view_of<ConstTensorView>(k, "k"),
                                             view_of<ConstTensorView>(v, "v"));
     for (int i = 0; i < 4; ++i) shape[i] = s[i];
+  });
+}
+
+simdattn_status simdattn_quantize_kv(const simdattn_tensor* x, simdattn_dtype code, const simdattn_tensor* codes,
+                                     const simdattn_tensor* scales) {
+  return guarded([&] {
+    quantize_kv(view_of<ConstTensorView>(x, "x"), dtype_of_c(code, "code"), view_of<TensorView>(codes, "codes"),
+                view_of<TensorView>(scales, "scales"));
+  });
+}
+
+simdattn_status simdattn_dequantize_kv(const simdattn_tensor* codes, const simdattn_tensor* scales,
+                                       const simdattn_tensor* out) {
+  return guarded([&] {
+    dequantize_kv(view_of<ConstTensorView>(codes, "codes"), view_of<ConstTensorView>(scales, "scales"),
+                  view_of<TensorView>(out, "out"));
   });
 }
 

@@ -1,5 +1,6 @@
 // The C API's paged attention and KV pool (simdattn/simdattn.h) over attention_paged, KvPool and
 // MultiHeadAttention::forward_pool, as c_api.cpp does for attention.
+#include <cstddef>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -27,7 +28,7 @@ using namespace simdattn::c_api;
 PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
   PagedAttentionOptions o;
   if (c == nullptr) return o;
-  const simdattn_paged_options& s = checked(c, "options");
+  const simdattn_paged_options s = checked_options(c, "options", offsetof(simdattn_paged_options, k_scale));
   o.query_start = span_of(s.query_start, s.query_start_count, "options.query_start");
   o.causal = causal_of_c(s.causal, "options.causal");
   o.scale = optional_double(s.has_scale, s.scale);
@@ -37,6 +38,8 @@ PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
   o.sinks = span_of(s.sinks, s.sinks_count, "options.sinks");
   o.threads = s.threads;
   o.backend = backend_of_c(s.backend, "options.backend");
+  o.k_scale = optional_view<ConstTensorView>(s.k_scale, "options.k_scale");
+  o.v_scale = optional_view<ConstTensorView>(s.v_scale, "options.v_scale");
   return o;
 }
 
@@ -72,6 +75,7 @@ void simdattn_paged_options_init(simdattn_paged_options* o) {
   o->causal = SIMDATTN_CAUSAL_BOTTOM_RIGHT;
   o->window_left = o->window_right = -1;
   o->backend = SIMDATTN_BACKEND_NATIVE;
+  o->k_scale = o->v_scale = empty_tensor();
 }
 
 simdattn_status simdattn_attention_paged(const simdattn_tensor* q, const simdattn_tensor* k_cache,

@@ -67,6 +67,22 @@ const S& checked(const S* p, const char* name) {
   return *p;
 }
 
+// An options struct of a caller built against this header, or an older one whose struct ends at
+// v1_size bytes (C API 1): a copy with the fields past the caller's size zero (their defaults).
+template <class S>
+S checked_options(const S* p, const char* name, std::size_t v1_size) {
+  require(p, name);
+  if (p->struct_size >= sizeof(S)) return checked(p, name);
+  if (p->struct_size != v1_size)
+    throw VersionError{name, "struct_size " + std::to_string(p->struct_size) + " is neither this library's " +
+                                 std::to_string(sizeof(S)) + " nor C API 1's " + std::to_string(v1_size) +
+                                 " (set it with its _init function or sizeof)"};
+  S s;
+  std::memset(&s, 0, sizeof s);
+  std::memcpy(&s, p, v1_size);
+  return s;
+}
+
 DType dtype_of_c(simdattn_dtype t, const std::string& name);
 
 simdattn_dtype dtype_to_c(DType t);
