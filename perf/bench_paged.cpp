@@ -2,6 +2,7 @@
 // kDefaultBlockSize, a shuffled block table), each beside its contiguous counterpart:
 //   attention/native/paged-decode/t<N> (.bf16): the `decode` workload (1 x 32 heads x 4096 keys,
 //     d 128) in blocks; against attention/native/decode/t<N> (.bf16)
+//   attention/native/paged-decode.int8|.fp8_e4m3/t<N>: the same over 8-bit codes (and their scales)
 //   attention/native/paged-decode-bs<16|32|64|128>/t<N> (.bf16): the same in blocks of that size
 //   attention/native/paged-long+7short/t<N>: decode steps of one 8192-key and seven 128-key
 //     sequences in one call; attention/native/paged-long/t<N>: the 8192-key one alone
@@ -13,6 +14,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <numeric>
@@ -103,6 +105,36 @@ void bench_paged(benchmark::State& state, std::vector<std::int64_t> lens, int th
   simdattn::perf::timed_loop(state, in.kv_bytes(), "GB/s", [&] { in.run(threads); });
 }
 
+// The same decode steps over an 8-bit pool-layout cache (codes on huge pages, the scales of a
+// block's rows head-major as a KvPool keeps them), quantized from the f32 inputs.
+void bench_paged_codes(benchmark::State& state, std::vector<std::int64_t> lens, int threads, simdattn::DType code) {
+  PagedInputs<float> in(std::move(lens));
+  const std::int64_t bs = in.bs, blocks = in.blocks;
+  const simdattn::Shape4 shape{blocks, bs, kH, kD}, st{kH * bs * kD, kD, bs * kD, 1};
+  const simdattn::Shape4 sshape{blocks, bs, kH, 1}, sst{kH * bs, 1, bs, 1};
+  HugeArray<std::uint8_t> kc, vc;
+  kc.resize(in.k.size()), vc.resize(in.v.size());
+  std::vector<float> ks(std::size_t(blocks * bs * kH)), vs(ks.size());
+  simdattn::quantize_kv(simdattn::ConstTensorView(in.k.data(), shape, st), code, simdattn::TensorView(kc.data(), code, shape, st),
+                        simdattn::TensorView(ks.data(), sshape, sst));
+  simdattn::quantize_kv(simdattn::ConstTensorView(in.v.data(), shape, st), code, simdattn::TensorView(vc.data(), code, shape, st),
+                        simdattn::TensorView(vs.data(), sshape, sst));
+  const auto N = static_cast<std::int64_t>(in.lens.size());
+  simdattn::PagedAttentionOptions opt;
+  opt.threads = threads;
+  opt.k_scale = simdattn::ConstTensorView(ks.data(), sshape, sst);
+  opt.v_scale = simdattn::ConstTensorView(vs.data(), sshape, sst);
+  double keys = 0;
+  for (auto L : in.lens) keys += double(L);
+  simdattn::perf::timed_loop(state, keys * 2.0 * kH * (kD + 4), "GB/s", [&] {
+    simdattn::attention_paged(simdattn::ConstTensorView(in.q.data(), {1, N, kH, kD}),
+                              simdattn::ConstTensorView(kc.data(), code, shape, st),
+                              simdattn::ConstTensorView(vc.data(), code, shape, st),
+                              {in.table.data(), N, in.max_blocks, in.max_blocks}, in.lens,
+                              simdattn::TensorView(in.o.data(), {1, N, kH, kD}), opt);
+  });
+}
+
 // The same decode steps, one contiguous attention() call per sequence.
 void bench_dense_each(benchmark::State& state, std::vector<std::int64_t> lens, int threads) {
   std::normal_distribution<float> n(0.f, 1.f);
@@ -138,6 +170,10 @@ int register_all() {
                                  std::vector<std::int64_t>{4096}, t, simdattn::kDefaultBlockSize)->Unit(benchmark::kMillisecond);
     benchmark::RegisterBenchmark(("attention/native/paged-decode.bf16" + ts).c_str(), bench_paged<simdattn::bfloat16>,
                                  std::vector<std::int64_t>{4096}, t, simdattn::kDefaultBlockSize)->Unit(benchmark::kMillisecond);
+    for (simdattn::DType code : {simdattn::DType::int8, simdattn::DType::fp8_e4m3})
+      benchmark::RegisterBenchmark(("attention/native/paged-decode." + std::string(simdattn::dtype_name(code)) + ts).c_str(),
+                                   bench_paged_codes, std::vector<std::int64_t>{4096}, t, code)
+          ->Unit(benchmark::kMillisecond);
     for (std::int64_t bs : {16, 32, 64, 128}) {  // the block size's cost (kDefaultBlockSize's reason)
       const std::string b = "attention/native/paged-decode-bs" + std::to_string(bs);
       benchmark::RegisterBenchmark((b + ts).c_str(), bench_paged<float>, std::vector<std::int64_t>{4096}, t, bs)

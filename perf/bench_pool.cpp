@@ -3,7 +3,8 @@
 // in a KvPool of kDefaultBlockSize blocks (filled once per (S, N) by a prefill through the layer; each step's
 // token is truncated away again). Counter GB/s: the bytes a step reads, the layer's weights once
 // (4 x 1024^2 f32, 16 MiB) and every stream's K and V (S x N x 2 x 1024 x 4 bytes); against
-// bandwidth/read/t<T> of the same run.
+// bandwidth/read/t<T> of the same run. .int8: the same over an int8 pool (a byte per element and a
+// 4-byte scale per row counted).
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -25,16 +26,19 @@ using simdattn::perf::gpt_layer;
 // The pool of the last (S, N) asked for, filled once (the next configuration replaces it).
 struct Filled {
   std::int64_t streams = 0, kv = 0;
+  simdattn::DType dtype = simdattn::DType::f32;
   std::unique_ptr<simdattn::KvPool> pool;
   std::vector<simdattn::KvPool::Sequence> seqs;
 };
 
-Filled& filled(const simdattn::MultiHeadAttention& layer, std::int64_t S, std::int64_t N) {
+Filled& filled(const simdattn::MultiHeadAttention& layer, std::int64_t S, std::int64_t N, simdattn::DType dtype) {
   static Filled f;
-  if (f.streams == S && f.kv == N) return f;
+  if (f.streams == S && f.kv == N && f.dtype == dtype) return f;
   f.pool.reset();
   f.seqs.clear();
-  f.pool = std::make_unique<simdattn::KvPool>(layer, S * (N / simdattn::kDefaultBlockSize + 2));
+  f.pool = std::make_unique<simdattn::KvPool>(layer, S * (N / simdattn::kDefaultBlockSize + 2), simdattn::kDefaultBlockSize,
+                                              1, dtype);
+  f.dtype = dtype;
   std::mt19937 rng(9);
   std::normal_distribution<float> n(0.f, 1.f);
   std::vector<float> x(static_cast<std::size_t>(N * kD)), y(x.size());
@@ -49,9 +53,9 @@ Filled& filled(const simdattn::MultiHeadAttention& layer, std::int64_t S, std::i
   return f;
 }
 
-void bench_pool_step(benchmark::State& state, std::int64_t S, std::int64_t N, int threads) {
+void bench_pool_step(benchmark::State& state, std::int64_t S, std::int64_t N, int threads, simdattn::DType dtype) {
   static const simdattn::MultiHeadAttention layer = gpt_layer();
-  Filled& f = filled(layer, S, N);
+  Filled& f = filled(layer, S, N, dtype);
   std::vector<float> x(static_cast<std::size_t>(S * kD), 0.5f), y(x.size());
   std::vector<simdattn::PoolStep> steps;
   for (std::int64_t s = 0; s < S; ++s)
@@ -59,7 +63,8 @@ void bench_pool_step(benchmark::State& state, std::int64_t S, std::int64_t N, in
                      simdattn::SeqView(y.data() + s * kD, 1, 1, kD)});
   simdattn::MhaOptions opt;
   opt.threads = threads;
-  const double bytes = 4.0 * kD * kD * 4 + double(S) * double(N) * 2 * kD * 4;
+  const double row = simdattn::is_kv_code(dtype) ? kD + 4.0 * simdattn::perf::kGptHeads : 4.0 * kD;  // a token's K or V
+  const double bytes = 4.0 * kD * kD * 4 + double(S) * double(N) * 2 * row;
   simdattn::perf::timed_loop(state, bytes, "GB/s", [&] {
     layer.forward_pool(steps, *f.pool, 0, opt);
     for (auto s : f.seqs) f.pool->truncate(s, N);
@@ -70,9 +75,12 @@ int register_all() {
   for (std::int64_t S : {8, 32})
     for (std::int64_t N : {256, 1024, 4096})
       for (int t : {1, 2}) {
-        const std::string name = "mha/native/pool-step/s" + std::to_string(S) + "-kv" + std::to_string(N) + "/t" +
-                                 std::to_string(t);
-        benchmark::RegisterBenchmark(name.c_str(), bench_pool_step, S, N, t)->Unit(benchmark::kMillisecond);
+        const std::string name = "mha/native/pool-step/s" + std::to_string(S) + "-kv" + std::to_string(N),
+                          ts = "/t" + std::to_string(t);
+        benchmark::RegisterBenchmark((name + ts).c_str(), bench_pool_step, S, N, t, simdattn::DType::f32)
+            ->Unit(benchmark::kMillisecond);
+        benchmark::RegisterBenchmark((name + ".int8" + ts).c_str(), bench_pool_step, S, N, t, simdattn::DType::int8)
+            ->Unit(benchmark::kMillisecond);
       }
   return 0;
 }
