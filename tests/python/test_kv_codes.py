@@ -181,3 +181,36 @@ def test_attention_paged_over_codes(fmt, block_size):
     bad[table[3, 0], 0, 1] = vs[table[3, 0], 0, 1]
     bad[perm[-1], 0, 0] = np.nan  # a block no sequence reads: not checked, not read
     simdattn.attention_paged(q, kc, vc, table, seq_lens, query_start=starts, k_scale=ks, v_scale=bad, kv_dtype=fmt)
+
+
+@pytest.mark.parametrize("fmt", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_layer_over_8bit_cache_and_pool(fmt):
+    """An f32 layer decoding over an 8-bit KvCache (native) equals the reference backend over the
+    same codes; an 8-bit KvPool gives the same outputs, and exposes its scales."""
+    rng = np.random.default_rng(8)
+    E, H, Hkv = 32, 4, 2
+    hd = E // H
+    w = lambda r, c: (rng.standard_normal((r, c)) / np.sqrt(c)).astype(np.float32)  # noqa: E731
+    layer = simdattn.MultiHeadAttention(w(H * hd, E), w(Hkv * hd, E), w(Hkv * hd, E), w(E, H * hd), heads=H,
+                                        kv_heads=Hkv, causal=True)
+    x = rng.standard_normal((1, 10, E)).astype(np.float32)
+    native, ref = simdattn.KvCache(layer, 1, 16, dtype=fmt), simdattn.KvCache(layer, 1, 16, dtype=fmt)
+    assert native.dtype == fmt
+    pool = simdattn.KvPool(layer, 8, 4, dtype=fmt)
+    seq = pool.add()
+    outs = []
+    for chunk in (x[:, :6], x[:, 6:7], x[:, 7:10]):
+        chunk = np.ascontiguousarray(chunk)
+        a = layer.forward(chunk, cache=native)
+        b = layer.forward(chunk, cache=ref, backend="reference")
+        c = layer.forward_pool([seq], [chunk[0]], pool)[0]
+        assert np.abs(a - b).max() <= 1e-5
+        assert np.abs(a[0] - c).max() <= 1e-5
+        outs.append(a)
+    assert pool.key_scales().shape == (8, 4, Hkv) and pool.key_scales().dtype == np.float32
+    assert pool.keys().dtype == (np.int8 if fmt == "int8" else np.uint8)
+    bad = np.ascontiguousarray(x[:, :1]).copy()
+    bad[0, 0, 3] = np.nan
+    with pytest.raises(simdattn.Error, match="cache"):
+        layer.forward(bad, cache=native)
+    assert native.lengths == [10]
