@@ -16,7 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "impl/softmax_tiles.hpp"
+#include "impl/softmax/softmax_tiles.hpp"
 #include "impl/tables.hpp"
 
 namespace simdattn::simd {

@@ -3,7 +3,7 @@
 
 #include <cstdint>
 
-#include "batch.hpp"
+#include "impl/batch.hpp"
 
 namespace simdattn::simd::impl {
 

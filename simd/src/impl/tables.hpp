@@ -8,18 +8,18 @@
 #include <type_traits>
 #include <utility>
 
-#include "batch.hpp"
-#include "convert16.hpp"
-#include "gemm16.hpp"
-#include "gemm_tile.hpp"
-#include "gemv.hpp"
-#include "gemv16.hpp"
-#include "pack.hpp"
-#include "probe.hpp"
-#include "quant8.hpp"
+#include "impl/batch.hpp"
+#include "impl/convert/convert16.hpp"
+#include "impl/products/gemm16.hpp"
+#include "impl/products/gemm_tile.hpp"
+#include "impl/products/gemv.hpp"
+#include "impl/products/gemv16.hpp"
+#include "impl/products/pack.hpp"
+#include "impl/probe.hpp"
+#include "impl/convert/quant8.hpp"
 #include "simdattn/simd/kernels.hpp"
-#include "softmax.hpp"
-#include "vector_math.hpp"
+#include "impl/softmax/softmax.hpp"
+#include "impl/vector_math.hpp"
 
 namespace simdattn::simd::impl {
 

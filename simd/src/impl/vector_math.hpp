@@ -5,9 +5,9 @@
 #include <cstdint>
 #include <limits>
 
-#include "batch.hpp"
-#include "exp.hpp"
-#include "tanh.hpp"
+#include "impl/batch.hpp"
+#include "impl/softmax/exp.hpp"
+#include "impl/softmax/tanh.hpp"
 
 namespace simdattn::simd::impl {
 

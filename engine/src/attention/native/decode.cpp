@@ -160,7 +160,8 @@ void decode8(const Problem& p) {
       float* s = q + q_size;
       float* o = s + s_size;
       for (std::int64_t it = it0; it < it1; ++it) {
-        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
+        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
+        const std::int64_t L = p.key_len(b);
         const auto* k = static_cast<const std::uint8_t*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1];
         const auto* v = static_cast<const std::uint8_t*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1];
         const float* ks = p.k_scale + b * p.k_scale_strides[0] + hk * p.k_scale_strides[1];

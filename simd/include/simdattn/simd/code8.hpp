@@ -1,5 +1,5 @@
 // The 8-bit KV-cache formats, one value at a time: the scalar definition that the vector
-// kernels (src/impl/quant8.hpp) and the engine's reference paths both follow bit for bit.
+// kernels (src/impl/convert/quant8.hpp) and the engine's reference paths both follow bit for bit.
 //
 // One scale s per row (the D values of one kv head of one token), in f32:
 //   int8      s = max|x| / 127;   code = clamp(round_half_even(x / s), -127, 127), two's complement

@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "batch.hpp"
-#include "gemv16.hpp"
+#include "impl/batch.hpp"
+#include "impl/products/gemv16.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -16,8 +16,8 @@
 
 #include <immintrin.h>
 
-#include "batch.hpp"
-#include "gemv.hpp"  // the prefetch rule
+#include "impl/batch.hpp"
+#include "impl/products/gemv.hpp"  // the prefetch rule
 #include "simdattn/simd/code8.hpp"
 
 namespace simdattn::simd::impl {

@@ -10,9 +10,9 @@
 #include <limits>
 #include <type_traits>
 
-#include "batch.hpp"
-#include "exp.hpp"
-#include "tanh.hpp"
+#include "impl/batch.hpp"
+#include "impl/softmax/exp.hpp"
+#include "impl/softmax/tanh.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -11,9 +11,9 @@
 
 #include <immintrin.h>
 
-#include "batch.hpp"
-#include "gemv16.hpp"
-#include "pack.hpp"
+#include "impl/batch.hpp"
+#include "impl/products/gemv16.hpp"
+#include "impl/products/pack.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -10,8 +10,8 @@
 
 #include <immintrin.h>
 
-#include "batch.hpp"
-#include "gemv.hpp"  // the prefetch rule
+#include "impl/batch.hpp"
+#include "impl/products/gemv.hpp"  // the prefetch rule
 
 namespace simdattn::simd::impl {
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "batch.hpp"
+#include "impl/batch.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "batch.hpp"
+#include "impl/batch.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -4,8 +4,8 @@
 
 #include <limits>
 
-#include "batch.hpp"
-#include "exp.hpp"
+#include "impl/batch.hpp"
+#include "impl/softmax/exp.hpp"
 
 namespace simdattn::simd::impl {
 

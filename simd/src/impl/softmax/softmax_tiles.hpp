@@ -20,7 +20,7 @@
 #include <limits>
 #include <type_traits>
 
-#include "softmax.hpp"
+#include "impl/softmax/softmax.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 
-#include "batch.hpp"
+#include "impl/batch.hpp"
 
 namespace simdattn::simd::impl {
 
