@@ -70,8 +70,7 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
     throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own (q is " +
                              std::string(dtype_name(dtype_of_array(q, "q"))) + ")");
   ConstTensorView qv, kv, vv;
-  const bool coded = !kv_dtype.is_none();
-  const DType code = coded ? code_dtype_named(kv_dtype, "kv_dtype") : DType::f32;
+  const bool coded = !kv_dtype.is_none();  // k and v are codes: set_kv_codes views them
   if (bf16) {
     c.q16 = to_bf16(q, "q");
     qv = c.q16.view;
@@ -80,15 +79,7 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
     qv = view_of<ConstTensorView>(q, "q");
     if (!coded) kv = view_of<ConstTensorView>(k, "k"), vv = view_of<ConstTensorView>(v, "v");
   }
-  if (coded) {
-    kv = code_view_of<ConstTensorView>(k, code, "k"), vv = code_view_of<ConstTensorView>(v, code, "v");
-    if (k_scale.is_none()) throw Error("k_scale", "required with kv_dtype (float32 [B, Hkv, Sk])");
-    if (v_scale.is_none()) throw Error("v_scale", "required with kv_dtype (float32 [B, Hkv, Sk])");
-  }
-  if (!k_scale.is_none()) o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
-  if (!v_scale.is_none()) o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
-  if (!coded && (!k_scale.is_none() || !v_scale.is_none()))
-    throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit K and V codes)");
+  set_kv_codes(kv_dtype, k, v, "k", "v", k_scale, v_scale, "[B, Hkv, Sk]", kv, vv, o);
   const Shape4 shape = attention_output_shape(qv, kv, vv);
   const std::vector<py::ssize_t> dims(shape.begin(), shape.end());
 

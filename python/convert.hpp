@@ -185,6 +185,27 @@ inline ConstTensorView scale_view_of(const py::array& a, const std::string& name
   return v;
 }
 
+// kv_dtype, k_scale and v_scale of attention() and attention_paged(): with kv_dtype, k and v
+// (named kname, vname) are its codes, viewed into kv and vv, and both scales ([..] float32 of the
+// codes' shape without D, written scale_shape in messages) are required and set into o; without
+// it, neither scale may be given (kv and vv are left to the caller).
+template <class Options>
+void set_kv_codes(const py::object& kv_dtype, const py::array& k, const py::array& v, const char* kname, const char* vname,
+                  const py::object& k_scale, const py::object& v_scale, const char* scale_shape, ConstTensorView& kv,
+                  ConstTensorView& vv, Options& o) {
+  if (kv_dtype.is_none()) {
+    if (!k_scale.is_none() || !v_scale.is_none())
+      throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit K and V codes)");
+    return;
+  }
+  const DType code = code_dtype_named(kv_dtype, "kv_dtype");
+  kv = code_view_of<ConstTensorView>(k, code, kname), vv = code_view_of<ConstTensorView>(v, code, vname);
+  for (const auto& [scale, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}})
+    if (scale->is_none()) throw Error(name, std::string("required with kv_dtype (float32 ") + scale_shape + ")");
+  o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
+  o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
+}
+
 inline std::optional<DType> optional_dtype(const py::object& o, const std::string& name) {
   if (o.is_none()) return std::nullopt;
   if (py::isinstance<py::str>(o)) return dtype_named(o.cast<std::string>(), name);

@@ -87,8 +87,7 @@ py::array attention_paged_py(const py::array& q, const py::array& k_cache, const
   if (q.ndim() != 3) throw Error("q", "expected a 3-D array [total_q, H, D], got " + std::to_string(q.ndim()) + "-D");
   Bf16Copy q16, k16, v16;
   ConstTensorView qv, kv, vv;
-  const bool coded = !kv_dtype.is_none();
-  const DType code = coded ? code_dtype_named(kv_dtype, "kv_dtype") : DType::f32;
+  const bool coded = !kv_dtype.is_none();  // the caches hold codes: set_kv_codes views them
   if (bf16) {
     q16 = bf16_of(q, "q", 3);
     qv = q16.view;
@@ -97,15 +96,8 @@ py::array attention_paged_py(const py::array& q, const py::array& k_cache, const
     qv = view_of<ConstTensorView>(q, "q", 3);
     if (!coded) kv = view_of<ConstTensorView>(k_cache, "k_cache"), vv = view_of<ConstTensorView>(v_cache, "v_cache");
   }
-  if (coded) {
-    kv = code_view_of<ConstTensorView>(k_cache, code, "k_cache"), vv = code_view_of<ConstTensorView>(v_cache, code, "v_cache");
-    if (k_scale.is_none()) throw Error("k_scale", "required with kv_dtype (float32 [num_blocks, block_size, Hkv])");
-    if (v_scale.is_none()) throw Error("v_scale", "required with kv_dtype (float32 [num_blocks, block_size, Hkv])");
-  } else if (!k_scale.is_none() || !v_scale.is_none()) {
-    throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit caches)");
-  }
-  if (!k_scale.is_none()) o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
-  if (!v_scale.is_none()) o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
+  set_kv_codes(kv_dtype, k_cache, v_cache, "k_cache", "v_cache", k_scale, v_scale, "[num_blocks, block_size, Hkv]", kv, vv,
+               o);
   const std::int64_t total_q = qv.shape[1], H = qv.shape[2], Dv = vv.shape[3];
   const std::vector<py::ssize_t> dims{total_q, H, Dv};
   py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();

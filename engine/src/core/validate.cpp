@@ -69,6 +69,21 @@ void check_no_self_overlap(const std::string& name, const Shape4& shape, const S
   }
 }
 
+const float* check_scale_view(const std::string& name, const ConstTensorView& view, const Shape4& want,
+                              const char* shape_name, DType kv_dtype, const Span& so) {
+  const std::string kv(dtype_name(kv_dtype));
+  if (!is_kv_code(kv_dtype)) {
+    if (view_given(view)) throw Error(name, "given for K and V of dtype " + kv + " (only 8-bit K and V codes take scales)");
+    return nullptr;
+  }
+  if (!view_given(view)) throw Error(name, "required with 8-bit K and V (" + kv + "): f32 of shape " + shape_str(want));
+  if (view.dtype != DType::f32) throw Error(name, "expected dtype f32, got " + std::string(dtype_name(view.dtype)));
+  if (view.shape != want)
+    throw Error(name, "expected shape " + std::string(shape_name) + " = " + shape_str(want) + ", got " + shape_str(view.shape));
+  if (overlaps(byte_span(name, view), so)) throw Error(name, "memory overlaps out");
+  return static_cast<const float*>(view.data);
+}
+
 std::int64_t first_bad_scale(const float* s, std::int64_t n, std::int64_t stride) {
   constexpr float kMax = std::numeric_limits<float>::max();
   if (stride == 1) {  // four at a time (SSE2, every x86-64): a NaN fails both comparisons
@@ -120,26 +135,13 @@ void check_qkv_dtypes(const ConstTensorView& q, const ConstTensorView& k, const 
 
 // options.k_scale / v_scale: [B, Hkv, Sk, 1] f32, clear of out, given exactly when k and v hold
 // 8-bit codes; the scales of the keys read (j < L[b]) finite and >= 0.
-void set_kv_scales(Problem& p, const AttentionOptions& opt, const ConstTensorView& k, const Span& so) {
+void set_kv_scales(Problem& p, const AttentionOptions& opt, const Span& so) {
   for (const auto& [name, view, dst, strides] :
        {std::tuple<const char*, const ConstTensorView&, const float**, std::int64_t*>{
             "options.k_scale", opt.k_scale, &p.k_scale, p.k_scale_strides},
         {"options.v_scale", opt.v_scale, &p.v_scale, p.v_scale_strides}}) {
-    if (!p.kv_codes()) {
-      if (view_given(view))
-        throw Error(name, "given for k and v of dtype " + std::string(dtype_name(k.dtype)) +
-                              " (only 8-bit K and V codes take scales)");
-      continue;
-    }
-    const Shape4 want{p.B, p.Hkv, p.Sk, 1};
-    if (!view_given(view))
-      throw Error(name, "required with 8-bit K and V (" + std::string(dtype_name(k.dtype)) + "): f32 of shape " +
-                            shape_str(want));
-    if (view.dtype != DType::f32) throw Error(name, "expected dtype f32, got " + std::string(dtype_name(view.dtype)));
-    if (view.shape != want) throw Error(name, "expected shape [B, Hkv, Sk, 1] = " + shape_str(want) + ", got " + shape_str(view.shape));
-    const Span sp = byte_span(name, view);
-    if (overlaps(sp, so)) throw Error(name, "memory overlaps out");
-    const auto* f = static_cast<const float*>(view.data);
+    const float* f = check_scale_view(name, view, {p.B, p.Hkv, p.Sk, 1}, "[B, Hkv, Sk, 1]", p.kv_dtype, so);
+    if (f == nullptr) continue;
     for (std::int64_t b = 0; b < p.B; ++b)
       for (std::int64_t h = 0; h < p.Hkv; ++h) {
         const float* row = f + b * view.strides[0] + h * view.strides[1];
@@ -445,7 +447,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   const Span so = set_tensors(p, q, k, v, out);
   set_mask(p, opt, so);
   set_key_lengths(p, opt, so);
-  set_kv_scales(p, opt, k, so);
+  set_kv_scales(p, opt, so);
   set_structure(p, opt);
   set_sparse(p, opt, so);
   set_modifiers(p, opt, q, k, v, so);

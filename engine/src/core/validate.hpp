@@ -28,6 +28,11 @@ inline Span byte_span(const std::string& name, const ConstTensorView& v) {
 // by stride, each dimension's stride exceeds the extent of all smaller ones. Throws Error(name).
 void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides);
 bool overlaps(const Span& a, const Span& b);
+// An 8-bit K/V scales option `name`: absent unless kv_dtype is an 8-bit code dtype (given
+// anyway: Error), then required, f32, of shape `want` (written shape_name in messages), clear of
+// out's span so. Returns its data, or nullptr for K/V without codes. Throws Error(name).
+const float* check_scale_view(const std::string& name, const ConstTensorView& view, const Shape4& want,
+                              const char* shape_name, DType kv_dtype, const Span& so);
 // The first of n scales s[j * stride] that is not finite and >= 0 (8-bit K/V's), or -1.
 std::int64_t first_bad_scale(const float* s, std::int64_t n, std::int64_t stride);
 // `values` holds `want` finite floats (name: what they are, one per `per`) clear of the output

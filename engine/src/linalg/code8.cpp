@@ -21,6 +21,11 @@ std::int64_t quantize_rows(DType code, const float* x, std::int64_t rows, std::i
   return simd::kernels().code8(code8_of(code)).quantize(x, rows, n, ldx, codes, ldc, scale, scale_stride);
 }
 
+bool quantize_row(DType code, const void* x, DType t, std::int64_t n, float* tmp, std::uint8_t* codes, float* scale) {
+  convert_elements(x, t, tmp, DType::f32, n);
+  return quantize_rows(code, tmp, 1, n, n, codes, n, scale, 1) < 0;
+}
+
 std::int64_t first_nonfinite_row(const void* x, DType t, std::int64_t rows, std::int64_t n, std::int64_t ldx,
                                  std::int64_t cs) {
   for (std::int64_t r = 0; r < rows; ++r) {
@@ -106,11 +111,7 @@ void quantize_kv(const ConstTensorView& x, DType code, const TensorView& codes, 
       for (std::int64_t c = 0; c < x.shape[2]; ++c, ++r2) {
         const auto* src = static_cast<const char*>(x.data) +
                           (a * x.strides[0] + b * x.strides[1] + c * x.strides[2]) * std::int64_t(dtype_size(x.dtype));
-        if (x.dtype == DType::f64) {  // rounded to f32 first
-          for (std::int64_t i = 0; i < n; ++i) row[i] = static_cast<float>(reinterpret_cast<const double*>(src)[i * x.strides[3]]);
-        } else {
-          convert_matrix(src, x.dtype, 0, x.strides[3], 1, n, row.data(), DType::f32, n);
-        }
+        convert_matrix(src, x.dtype, 0, x.strides[3], 1, n, row.data(), DType::f32, n);  // f64: rounded to f32
         auto* dst = static_cast<std::uint8_t*>(codes.data) + a * codes.strides[0] + b * codes.strides[1] + c * codes.strides[2];
         float* s = scale_base + a * scales.strides[0] + b * scales.strides[1] + c * scales.strides[2];
         if (codes.strides[3] == 1) {

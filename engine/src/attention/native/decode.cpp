@@ -95,18 +95,17 @@ void decode(const Problem& p) {
   failure.rethrow();
 }
 
-// bf16/f16 K and V, read as they are (half the bytes of f32): per (batch, kv head), each query
-// row of the group gets its scores from the 16-bit GEMV kernels (K's rows dotted with the
-// widened q row), the f32 softmax of scale_mask_row, and its output from V's rows weighted by the
-// weights, rounded to the output's dtype at the end.
-template <class H>
-void decode16(const Problem& p) {
-  const simd::KernelTable& kt = simd::kernels();
-  const simd::Gemv16Kernels& g = std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16;
-  const simd::VectorKernels<float>& vk = kt.vec<float>();
+// The decode paths that read K and V in place (bf16/f16 rows, 8-bit codes): per (batch, kv
+// head), each query row of the group widened to f32, its scores from reader.scores (K's rows
+// dotted with it), the f32 softmax of scale_mask_row, and its output from reader.values (V's rows
+// weighted by the weights), rounded to the output's dtype S at the end. bytes_per_key: what one
+// key of an item reads (K and V), for the work split.
+template <class S, class Reader>
+void decode_in_place(const Problem& p, double bytes_per_key, const Reader& reader) {
+  const simd::VectorKernels<float>& vk = simd::kernels().vec<float>();
   const std::int64_t group = p.H / p.Hkv;
   const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
-  const double bytes = double(p.Sk) * double(p.D + p.Dv) * sizeof(H);  // per item
+  const double bytes = double(p.Sk) * bytes_per_key;  // per item
   const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
   RegionFailure failure;
   parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
@@ -116,61 +115,11 @@ void decode16(const Problem& p) {
       float* o = s + s_size;
       for (std::int64_t it = it0; it < it1; ++it) {
         const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
-        const auto* k = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1]);
-        const auto* v = reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1]);
-        for (std::int64_t r = 0; r < group * p.Sq; ++r) {
-          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-          const H* qi = static_cast<const H*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
-          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.q_strides[3]]));
-          g.gemv_t(L, p.D, 1.0f, q, k, p.k_strides[2], 0.0f, s);
-          const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
-          const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
-          const float l = vk.exp_sub_max_sum(s, L, m);
-          H* dst = static_cast<H*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
-          if (l == 0.0f) {  // no visible key: zeros
-            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = H{};
-            continue;
-          }
-          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], 0.0f, o);
-          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<H>(o[d]);
-        }
-      }
-    });
-  });
-  failure.rethrow();
-}
-
-// 8-bit K and V codes, read as they are (a quarter of f32's bytes): per (batch, kv head), each
-// query row of the group gets its scores from the code GEMV (K's code rows dotted with the
-// widened q row, times each key's scale), the f32 softmax of scale_mask_row, and its output from
-// V's code rows weighted by the weights times V's scales, rounded to the output's dtype at the end.
-template <class S>
-void decode8(const Problem& p) {
-  const simd::KernelTable& kt = simd::kernels();
-  const simd::Quant8Kernels& g = kt.code8(code8_of(p.kv_dtype));
-  const simd::VectorKernels<float>& vk = kt.vec<float>();
-  const std::int64_t group = p.H / p.Hkv;
-  const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
-  const double bytes = double(p.Sk) * double(p.D + p.Dv + 8);  // per item: codes and scales
-  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
-  RegionFailure failure;
-  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
-    failure.guard([&] {
-      float* q = thread_buffer<float, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
-      float* s = q + q_size;
-      float* o = s + s_size;
-      for (std::int64_t it = it0; it < it1; ++it) {
-        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv;
-        const std::int64_t L = p.key_len(b);
-        const auto* k = static_cast<const std::uint8_t*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1];
-        const auto* v = static_cast<const std::uint8_t*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1];
-        const float* ks = p.k_scale + b * p.k_scale_strides[0] + hk * p.k_scale_strides[1];
-        const float* vs = p.v_scale + b * p.v_scale_strides[0] + hk * p.v_scale_strides[1];
         for (std::int64_t r = 0; r < group * p.Sq; ++r) {
           const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
           const S* qi = static_cast<const S*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
           for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.q_strides[3]]));
-          g.gemv_t(L, p.D, 1.0f, q, k, p.k_strides[2], ks, p.k_scale_strides[2], s);
+          reader.scores(b, hk, L, q, s);
           const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
           const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
           const float l = vk.exp_sub_max_sum(s, L, m);
@@ -179,13 +128,57 @@ void decode8(const Problem& p) {
             for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = S{};
             continue;
           }
-          g.gemv_n(p.Dv, L, 1.0f / l, s, v, p.v_strides[2], vs, p.v_scale_strides[2], 0.0f, o);
+          reader.values(b, hk, L, 1.0f / l, s, o);
           for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<S>(o[d]);
         }
       }
     });
   });
   failure.rethrow();
+}
+
+// bf16/f16 K and V rows (half the bytes of f32) on the 16-bit GEMV kernels.
+template <class H>
+struct Rows16 {
+  const Problem& p;
+  const simd::Gemv16Kernels& g;
+  const std::uint16_t* head(const void* base, const Shape4& st, std::int64_t b, std::int64_t hk) const {
+    return reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(base) + b * st[0] + hk * st[1]);
+  }
+  void scores(std::int64_t b, std::int64_t hk, std::int64_t L, const float* q, float* s) const {
+    g.gemv_t(L, p.D, 1.0f, q, head(p.k, p.k_strides, b, hk), p.k_strides[2], 0.0f, s);
+  }
+  void values(std::int64_t b, std::int64_t hk, std::int64_t L, float alpha, const float* w, float* o) const {
+    g.gemv_n(p.Dv, L, alpha, w, head(p.v, p.v_strides, b, hk), p.v_strides[2], 0.0f, o);
+  }
+};
+
+// 8-bit K and V codes (a quarter of f32's bytes) on the code GEMV: K's scale on each key's score,
+// V's on each key's weight.
+struct Rows8 {
+  const Problem& p;
+  const simd::Quant8Kernels& g;
+  void scores(std::int64_t b, std::int64_t hk, std::int64_t L, const float* q, float* s) const {
+    g.gemv_t(L, p.D, 1.0f, q, static_cast<const std::uint8_t*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1],
+             p.k_strides[2], p.k_scale + b * p.k_scale_strides[0] + hk * p.k_scale_strides[1], p.k_scale_strides[2], s);
+  }
+  void values(std::int64_t b, std::int64_t hk, std::int64_t L, float alpha, const float* w, float* o) const {
+    g.gemv_n(p.Dv, L, alpha, w, static_cast<const std::uint8_t*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1],
+             p.v_strides[2], p.v_scale + b * p.v_scale_strides[0] + hk * p.v_scale_strides[1], p.v_scale_strides[2],
+             0.0f, o);
+  }
+};
+
+template <class H>
+void decode16(const Problem& p) {
+  const simd::KernelTable& kt = simd::kernels();
+  decode_in_place<H>(p, double(p.D + p.Dv) * sizeof(H),
+                     Rows16<H>{p, std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16});
+}
+
+template <class S>
+void decode8(const Problem& p) {
+  decode_in_place<S>(p, double(p.D + p.Dv + 8), Rows8{p, simd::kernels().code8(code8_of(p.kv_dtype))});
 }
 
 }  // namespace

@@ -66,21 +66,9 @@ void set_scales(PagedProblem& p, const PagedAttentionOptions& o, const Span& so)
        {std::tuple<const char*, const ConstTensorView&, const float**, std::int64_t*>{
             "options.k_scale", o.k_scale, &p.k_scale, p.k_scale_strides},
         {"options.v_scale", o.v_scale, &p.v_scale, p.v_scale_strides}}) {
-    if (!p.kv_codes()) {
-      if (view_given(view))
-        throw Error(name, "given for caches of dtype " + std::string(dtype_name(p.kv_dtype)) +
-                              " (only 8-bit caches take scales)");
-      continue;
-    }
-    const Shape4 want{p.num_blocks, p.block_size, p.Hkv, 1};
-    if (!view_given(view))
-      throw Error(name, "required with an 8-bit cache (" + std::string(dtype_name(p.kv_dtype)) + "): f32 of shape " +
-                            shape_str(want));
-    if (view.dtype != DType::f32) throw Error(name, "expected dtype f32, got " + std::string(dtype_name(view.dtype)));
-    if (view.shape != want)
-      throw Error(name, "expected shape [num_blocks, block_size, Hkv, 1] = " + shape_str(want) + ", got " + shape_str(view.shape));
-    if (overlaps(byte_span(name, view), so)) throw Error(name, "memory overlaps out");
-    const auto* f = static_cast<const float*>(view.data);
+    const float* f = check_scale_view(name, view, {p.num_blocks, p.block_size, p.Hkv, 1},
+                                      "[num_blocks, block_size, Hkv, 1]", p.kv_dtype, so);
+    if (f == nullptr) continue;
     for (std::int64_t i = 0; i < p.N; ++i)
       for (std::int64_t t0 = 0; t0 < p.seq_lens[i]; t0 += p.block_size) {  // block by block, kv head by kv head
         const std::int64_t blk = p.block_of(i, t0), n = std::min(p.block_size, p.seq_lens[i] - t0);

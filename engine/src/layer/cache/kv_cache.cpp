@@ -75,9 +75,8 @@ void append_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, std::in
           const std::int64_t r = (b * Hkv + hk) * capacity + cache.lengths[b] + t;
           for (const auto& [off, codes, scales, what] :
                {std::tuple{layer.k0, &cache.k, &cache.k_scale, "K"}, std::tuple{layer.v0, &cache.v, &cache.v_scale, "V"}}) {
-            convert_elements(src + off, dtype_of<T>(), row, DType::f32, hd);  // f64: rounded to f32 first
-            if (quantize_rows(cd, row, 1, hd, hd, reinterpret_cast<std::uint8_t*>(codes->data()) + r * hd, hd,
-                              scales->data() + r, 1) >= 0)
+            if (!quantize_row(cd, src + off, dtype_of<T>(), hd, row, reinterpret_cast<std::uint8_t*>(codes->data()) + r * hd,
+                              scales->data() + r))
               throw Error("cache", "sequence " + std::to_string(b) + ", token " + std::to_string(cache.lengths[b] + t) +
                                        ": its " + what + " row of kv head " + std::to_string(hk) +
                                        " holds a NaN or an infinity, which a " + std::string(dtype_name(cd)) +
@@ -108,8 +107,7 @@ void cached_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, 
   const Shape4 kvs{Hkv * capacity * hd, capacity * hd, hd, 1};
   const ConstTensorView kc(cache.k.data(), cd, {B, Hkv, capacity, hd}, kvs);
   const ConstTensorView vc(cache.v.data(), cd, {B, Hkv, capacity, hd}, kvs);
-  // the core's dtype: the cache's, or for 8-bit codes the layer's (f64: f32)
-  const DType core = !is_kv_code(cd) ? cd : dtype_of<T>() == DType::f64 ? DType::f32 : dtype_of<T>();
+  const DType core = core_dtype(cd, dtype_of<T>());
   if (is_kv_code(cd)) {
     a.k_scale = ConstTensorView(cache.k_scale.data(), DType::f32, {B, Hkv, capacity, 1}, {Hkv * capacity, capacity, 1, 1});
     a.v_scale = ConstTensorView(cache.v_scale.data(), DType::f32, {B, Hkv, capacity, 1}, {Hkv * capacity, capacity, 1, 1});

@@ -27,6 +27,13 @@ struct CacheRef {
 };
 
 
+// The dtype a cache's attention core runs in: the cache's, or for 8-bit codes the layer's (an f64
+// layer's: f32, as 8-bit K and V come with f32, bf16 or f16 q).
+inline DType core_dtype(DType cache, DType layer) {
+  if (!is_kv_code(cache)) return cache;
+  return layer == DType::f64 ? DType::f32 : layer;
+}
+
 // The cache of a step, checked against the layer.
 CacheRef cache_ref(const MhaConfig& c, KvCache& cache);
 

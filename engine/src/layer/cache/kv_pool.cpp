@@ -7,6 +7,7 @@
 #include <string>
 
 #include "attention/paged/paged.hpp"
+#include "layer/cache/kv_cache.hpp"
 #include "linalg/code8.hpp"
 #include "linalg/convert.hpp"
 #include "runtime/workspace.hpp"
@@ -155,11 +156,9 @@ void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, Po
     for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk) {
       const T* src = p + t * N + hk * hd;
       if (codes) {  // checked finite before (check_pool_rows)
-        for (int kv = 0; kv < 2; ++kv) {
-          convert_elements(src + (kv == 0 ? layer.k0 : layer.v0), dtype_of<T>(), row, DType::f32, hd);
-          quantize_rows(pool.dtype, row, 1, hd, hd, reinterpret_cast<std::uint8_t*>(pool.row(blk, w.layer, kv, hk, slot)),
-                        hd, pool.scale(blk, w.layer, kv, hk, slot), 1);
-        }
+        for (int kv = 0; kv < 2; ++kv)
+          quantize_row(pool.dtype, src + (kv == 0 ? layer.k0 : layer.v0), dtype_of<T>(), hd, row,
+                       reinterpret_cast<std::uint8_t*>(pool.row(blk, w.layer, kv, hk, slot)), pool.scale(blk, w.layer, kv, hk, slot));
         continue;
       }
       convert_elements(src + layer.k0, dtype_of<T>(), pool.row(blk, w.layer, 0, hk, slot), pool.dtype, hd);
@@ -195,8 +194,7 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
   const std::int64_t layer_index = writes.empty() ? 0 : writes[0].layer;  // a batch writes one layer
   const ConstTensorView kc = pool.view(layer_index, 0), vc = pool.view(layer_index, 1);
   po.k_scale = pool.scale_view(layer_index, 0), po.v_scale = pool.scale_view(layer_index, 1);
-  // the core's dtype: the pool's, or for 8-bit codes the layer's (f64: f32)
-  const DType cd = !is_kv_code(pool.dtype) ? pool.dtype : dtype_of<T>() == DType::f64 ? DType::f32 : dtype_of<T>();
+  const DType cd = core_dtype(pool.dtype, dtype_of<T>());
   auto run = [&](const ConstTensorView& q, const TensorView& out) {
     const PagedProblem pp = make_paged_problem(q, kc, vc, bt, lens, out, po);
     if (po.backend == Backend::reference) paged_reference(pp);

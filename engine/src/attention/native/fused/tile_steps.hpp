@@ -25,19 +25,12 @@ inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
   }
   // 8-bit codes: the block's rows dequantized (f32, in conv_) and rounded to bf16 (in stage16_),
   // K's rows then V's, packed from there
-  const simd::Quant8Kernels& q8 = plan_.kt.code8(code8_of(prob_.kv_dtype));
   const std::int64_t D = prob_.D, Dv = prob_.Dv;
   for (const auto& [src, st, sc, ss, width, dst] :
        {std::tuple{k8_, prob_.k_strides, ks_, prob_.k_scale_strides[2], D, stage16_},
         std::tuple{v8_, prob_.v_strides, vs_, prob_.v_scale_strides[2], Dv, stage16_ + kk * D}}) {
     auto* f = reinterpret_cast<float*>(conv_);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      const std::uint8_t* row = src + (j00 + r) * st[2];
-      const float scale = sc[(j00 + r) * ss];
-      if (st[3] == 1) q8.dequantize(row, width, scale, f + r * width);
-      else
-        for (std::int64_t d = 0; d < width; ++d) f[r * width + d] = code8_value(prob_.kv_dtype, row[d * st[3]]) * scale;
-    }
+    dequantize_rows(src + j00 * st[2], st[2], st[3], sc + j00 * ss, ss, rows, width, f, width);
     plan_.kt.convert_bf16.narrow(f, dst, rows * width);
   }
   pack_block_amx_rows(jb, reinterpret_cast<const S*>(stage16_), D, 1, reinterpret_cast<const S*>(stage16_ + kk * D), Dv, 1);

@@ -67,33 +67,19 @@ inline void FusedWorker<T, S>::pack_block(std::int64_t jb) {
 template <class T, class S>
 inline void FusedWorker<T, S>::pack_block_codes(std::int64_t jb) {
   if constexpr (std::is_same_v<T, float>) {
-    const simd::Quant8Kernels& q8 = plan_.kt.code8(code8_of(prob_.kv_dtype));
-    // rows x cols codes (rows rs bytes apart, elements cs apart) times their scales (ss apart) to
-    // f32 rows of dst, ld apart
-    auto dequantize = [&](const std::uint8_t* src, std::int64_t rs, std::int64_t cs, const float* sc, std::int64_t ss,
-                          std::int64_t rows, std::int64_t cols, float* dst, std::int64_t ld) {
-      for (std::int64_t r = 0; r < rows; ++r) {
-        if (cs == 1) {
-          q8.dequantize(src + r * rs, cols, sc[r * ss], dst + r * ld);
-        } else {
-          for (std::int64_t c = 0; c < cols; ++c)
-            dst[r * ld + c] = code8_value(prob_.kv_dtype, src[r * rs + c * cs]) * sc[r * ss];
-        }
-      }
-    };
     const std::int64_t nr = plan_.tile_cols, D = prob_.D;
     T* kb = kp_ + jb * D * plan_.k_keys;
     for (std::int64_t c = 0; c < plan_.k_keys / nr; ++c) {
       const std::int64_t j0 = jb * plan_.k_keys + c * nr;
       const std::int64_t n = std::max<std::int64_t>(0, std::min(nr, key_len_ - j0));
-      dequantize(k8_ + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], ks_ + j0 * prob_.k_scale_strides[2],
-                 prob_.k_scale_strides[2], n, D, conv_, D);
+      dequantize_rows(k8_ + j0 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3], ks_ + j0 * prob_.k_scale_strides[2],
+                      prob_.k_scale_strides[2], n, D, conv_, D);
       plan_.vk.pack_transpose(conv_, D, n, D, kb + c * D * nr, nr, nr);
     }
     // keys past L[b] are never read
     const std::int64_t rows = std::min(plan_.k_keys, key_len_ - jb * plan_.k_keys), j0 = jb * plan_.k_keys;
-    dequantize(v8_ + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], vs_ + j0 * prob_.v_scale_strides[2],
-               prob_.v_scale_strides[2], rows, prob_.Dv, conv_, prob_.Dv);
+    dequantize_rows(v8_ + j0 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3], vs_ + j0 * prob_.v_scale_strides[2],
+                    prob_.v_scale_strides[2], rows, prob_.Dv, conv_, prob_.Dv);
     pack_row_panels(conv_, prob_.Dv, std::int64_t{1}, rows, plan_.k_keys, prob_.Dv, plan_.tile_cols,
                     plan_.dv_padded / plan_.tile_cols, vp_ + jb * plan_.k_keys * plan_.dv_padded);
     packed_[jb] = T(1);

@@ -148,6 +148,20 @@ class FusedWorker {
   void step_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t jb, std::int64_t a,
                 std::int64_t n, Cover cover, bool first);
 
+  // rows x cols 8-bit codes (rows rs bytes apart, elements cs apart) times their rows' scales (ss
+  // apart) to f32 rows of dst, ld apart.
+  void dequantize_rows(const std::uint8_t* src, std::int64_t rs, std::int64_t cs, const float* sc, std::int64_t ss,
+                       std::int64_t rows, std::int64_t cols, float* dst, std::int64_t ld) const {
+    const simd::Quant8Kernels& q8 = plan_.kt.code8(code8_of(prob_.kv_dtype));
+    for (std::int64_t r = 0; r < rows; ++r) {
+      if (cs == 1) {
+        q8.dequantize(src + r * rs, cols, sc[r * ss], dst + r * ld);
+        continue;
+      }
+      for (std::int64_t c = 0; c < cols; ++c) dst[r * ld + c] = code8_value(prob_.kv_dtype, src[r * rs + c * cs]) * sc[r * ss];
+    }
+  }
+
   // rows x cols elements of stored rows (strides rs, cs) widened to dst (row stride ld).
   static void widen_rows(const S* src, std::int64_t rs, std::int64_t cs, std::int64_t rows, std::int64_t cols, T* dst,
                          std::int64_t ld) {
