@@ -21,10 +21,20 @@ struct AttentionCall {
   AttentionOptions o;
   std::vector<std::int64_t> key_lengths, query_offsets;
   std::vector<float> slopes, sinks;
-  Bf16Copy q16, k16, v16;
+  Array mask, block_mask, relative_bias, scores, lse;
+  std::vector<Array> scales;
 };
 
-py::object attention_py(const py::array& q, const py::array& k, const py::array& v, const py::object& mask,
+// q's dtype, or bf16 when `dtype` asks for it (float inputs rounded to a bf16 copy); Error("dtype")
+// for any other conversion.
+bool converts_to_bf16(const py::object& dtype, const Array& q) {
+  const std::optional<DType> as = optional_dtype(dtype, "dtype");
+  if (as && *as != DType::bf16 && *as != q.dtype)
+    throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own (q is " + q.dtype_text() + ")");
+  return as == DType::bf16 && q.dtype != DType::bf16;
+}
+
+py::object attention_py(const py::object& q_in, const py::object& k_in, const py::object& v_in, const py::object& mask,
                         const py::object& causal, const py::object& scale, const py::object& window,
                         const py::object& key_lengths, std::int64_t global_tokens, const py::object& block_mask,
                         std::int64_t block_size, const py::object& softcap, const py::object& alibi_slopes,
@@ -34,23 +44,26 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
                         const py::object& scores, const std::string& scores_stage, const std::string& backend,
                         int threads, const py::object& out, const py::object& dtype, const py::object& k_scale,
                         const py::object& v_scale, const py::object& kv_dtype) {
+  const Array q = array_of(q_in, "q"), k = array_of(k_in, "k"), v = array_of(v_in, "v");
   AttentionCall c;
   AttentionOptions& o = c.o;
   if (!scale.is_none()) o.scale = scale.cast<double>();
   o.causal = causal_of(causal);
-  if (!mask.is_none()) o.mask = view_of<ConstTensorView>(mask.cast<py::array>(), "mask", 2);
+  if (!mask.is_none()) c.mask = array_of(mask, "mask"), o.mask = const_view(c.mask, "mask", 2);
   c.key_lengths = vector_of<std::int64_t>(key_lengths, "key_lengths");
   if (!key_lengths.is_none()) o.key_lengths = c.key_lengths;
   o.window = window_of(window);
   o.global_tokens = global_tokens;
-  if (!block_mask.is_none()) o.block_mask = view_of<ConstTensorView>(block_mask.cast<py::array>(), "block_mask", 2);
+  if (!block_mask.is_none()) c.block_mask = array_of(block_mask, "block_mask"), o.block_mask = const_view(c.block_mask, "block_mask", 2);
   o.block_size = block_size;
   if (!softcap.is_none()) o.softcap = softcap.cast<double>();
   c.slopes = vector_of<float>(alibi_slopes, "alibi_slopes");
   if (!alibi_slopes.is_none()) o.alibi_slopes = c.slopes;
-  if (!relative_bias.is_none())
-    o.relative_bias = RelativePositionBias{view_of<ConstTensorView>(relative_bias.cast<py::array>(), "relative_bias", 2),
-                                           relative_bias_bidirectional, relative_bias_max_distance};
+  if (!relative_bias.is_none()) {
+    c.relative_bias = array_of(relative_bias, "relative_bias");
+    o.relative_bias = RelativePositionBias{const_view(c.relative_bias, "relative_bias", 2), relative_bias_bidirectional,
+                                           relative_bias_max_distance};
+  }
   c.sinks = vector_of<float>(sinks, "sinks");
   if (!sinks.is_none()) o.sinks = c.sinks;
   c.query_offsets = vector_of<std::int64_t>(query_offsets, "query_offsets");
@@ -60,116 +73,93 @@ py::object attention_py(const py::array& q, const py::array& k, const py::array&
     if (scores_stage == score_stage_name(s)) o.scores_stage = s, stage_found = true;
   if (!stage_found)
     throw Error("scores_stage", "expected 'scaled', 'capped', 'biased' or 'softmax', got '" + scores_stage + "'");
-  if (!scores.is_none()) o.scores = view_of<TensorView>(scores.cast<py::array>(), "scores");
+  if (!scores.is_none()) c.scores = array_of(scores, "scores"), o.scores = mutable_view(c.scores, "scores");
   o.threads = threads;
   o.backend = backend_of(backend);
 
-  const std::optional<DType> as = optional_dtype(dtype, "dtype");
-  const bool bf16 = as == DType::bf16;
-  if (as && !bf16 && *as != dtype_of_array(q, "q"))
-    throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own (q is " +
-                             std::string(dtype_name(dtype_of_array(q, "q"))) + ")");
-  ConstTensorView qv, kv, vv;
+  const bool bf16 = converts_to_bf16(dtype, q);
   const bool coded = !kv_dtype.is_none();  // k and v are codes: set_kv_codes views them
+  Converted q16, k16, v16;
+  ConstTensorView qv, kv, vv;
   if (bf16) {
-    c.q16 = to_bf16(q, "q");
-    qv = c.q16.view;
-    if (!coded) c.k16 = to_bf16(k, "k"), c.v16 = to_bf16(v, "v"), kv = c.k16.view, vv = c.v16.view;
+    q16 = converted(q, DType::bf16, "q"), qv = const_view(q16.array, "q");
+    if (!coded) {
+      k16 = converted(k, DType::bf16, "k"), v16 = converted(v, DType::bf16, "v");
+      kv = const_view(k16.array, "k"), vv = const_view(v16.array, "v");
+    }
   } else {
-    qv = view_of<ConstTensorView>(q, "q");
-    if (!coded) kv = view_of<ConstTensorView>(k, "k"), vv = view_of<ConstTensorView>(v, "v");
+    qv = const_view(q, "q");
+    if (!coded) kv = const_view(k, "k"), vv = const_view(v, "v");
   }
-  set_kv_codes(kv_dtype, k, v, "k", "v", k_scale, v_scale, "[B, Hkv, Sk]", kv, vv, o);
+  set_kv_codes(kv_dtype, k, v, "k", "v", k_scale, v_scale, "[B, Hkv, Sk]", kv, vv, c.scales, o);
   const Shape4 shape = attention_output_shape(qv, kv, vv);
-  const std::vector<py::ssize_t> dims(shape.begin(), shape.end());
-
-  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();
+  // dtype='bf16' computes in bf16 and returns float32 (NumPy has no bfloat16)
+  const Output result = output_of(out, q, bf16 ? DType::f32 : qv.dtype, qv.dtype, {shape.begin(), shape.end()});
   py::object lse_array = lse;
-  if (lse.is_none() && return_lse)
-    lse_array = py::array(py::dtype("float32"), std::vector<py::ssize_t>{shape[0], shape[1], shape[2], 1});
-  if (!lse_array.is_none()) o.lse = view_of<TensorView>(lse_array.cast<py::array>(), "lse");
-
-  std::vector<bfloat16> out16;
-  TensorView ov;
-  if (bf16) {
-    TensorView caller = view_of<TensorView>(result, "out");
-    if (caller.dtype != DType::f32) throw Error("out", "with dtype='bf16' the output is float32");
-    if (caller.shape != shape) throw Error("out", "expected the output's shape");
-    out16.resize(static_cast<std::size_t>(shape[0] * shape[1] * shape[2] * shape[3]));
-    ov = TensorView(out16.data(), shape);
-  } else {
-    ov = view_of<TensorView>(result, "out");
-  }
+  if (lse.is_none() && return_lse) lse_array = new_array(q, DType::f32, {shape[0], shape[1], shape[2], 1});
+  if (!lse_array.is_none()) c.lse = array_of(lse_array, "lse"), o.lse = mutable_view(c.lse, "lse");
   {
     py::gil_scoped_release release;
-    attention(qv, kv, vv, ov, o);
+    attention(qv, kv, vv, result.view, o);
+    result.finish();
   }
-  if (bf16) {
-    const TensorView caller = view_of<TensorView>(result, "out");
-    auto* dst = static_cast<float*>(caller.data);
-    std::size_t n = 0;
-    for (std::int64_t a = 0; a < shape[0]; ++a)
-      for (std::int64_t b = 0; b < shape[1]; ++b)
-        for (std::int64_t i = 0; i < shape[2]; ++i)
-          for (std::int64_t d = 0; d < shape[3]; ++d)
-            dst[a * caller.strides[0] + b * caller.strides[1] + i * caller.strides[2] + d * caller.strides[3]] =
-                to_float(out16[n++]);
-  }
-  if (return_lse) return py::make_tuple(result, lse_array);
-  return result;
+  if (return_lse) return py::make_tuple(result.object, lse_array);
+  return result.object;
 }
 
-// x [..., D] as rows: a C-order float32 copy and its row count.
-py::tuple quantize_kv_py(const py::array& x, const py::object& dtype) {
+// x [..., D] as rows: its codes and one f32 scale per row, arrays of x's kind.
+py::tuple quantize_kv_py(const py::object& x_in, const py::object& dtype) {
   const DType code = code_dtype_named(dtype, "dtype");
+  const Array x = array_of(x_in, "x");
   if (x.ndim() < 1) throw Error("x", "expected an array of at least 1 dimension [..., D]");
-  const DType t = dtype_of_array(x, "x");
-  if (t != DType::f32 && t != DType::f64 && t != DType::f16)
-    throw Error("x", "expected float32, float64 or float16, got dtype " + x.dtype().attr("name").cast<std::string>());
-  const py::array_t<float, py::array::c_style | py::array::forcecast> f(x);
-  std::vector<py::ssize_t> shape(x.shape(), x.shape() + x.ndim());
-  const std::int64_t D = shape.back(), rows = D == 0 ? 0 : static_cast<std::int64_t>(f.size()) / D;
-  py::array codes(code == DType::int8 ? py::dtype("int8") : py::dtype("uint8"), shape);
+  if (x.dtype != DType::f32 && x.dtype != DType::f64 && x.dtype != DType::f16 && x.dtype != DType::bf16)
+    throw Error("x", "expected float32, float64, float16 or bfloat16, got dtype " + x.dtype_text());
+  std::vector<std::int64_t> shape = x.shape;
+  const std::int64_t D = shape.back(), rows = D == 0 ? 0 : x.size() / D;
+  const Converted f = converted(x, DType::f32, "x");  // C-contiguous: rows of D
+  py::object codes = new_array(x, code == DType::int8 ? DType::int8 : DType::u8, shape);
   shape.pop_back();
-  py::array scales(py::dtype("float32"), shape);
+  py::object scales = new_array(x, DType::f32, shape);
   if (rows > 0 && D > 0) {
-    const ConstTensorView xv(f.data(), Shape4{1, 1, rows, D});
-    const TensorView cv(codes.mutable_data(), code, Shape4{1, 1, rows, D}),
-        sv(scales.mutable_data(), DType::f32, Shape4{1, 1, rows, 1});
+    const Array ca = array_of(codes, "codes"), sa = array_of(scales, "scales");
+    const ConstTensorView xv(f.array.data, DType::f32, Shape4{1, 1, rows, D});
+    const TensorView cv(ca.data, code, Shape4{1, 1, rows, D}), sv(sa.data, DType::f32, Shape4{1, 1, rows, 1});
     py::gil_scoped_release release;
     quantize_kv(xv, code, cv, sv);
   }
   return py::make_tuple(codes, scales);
 }
 
-py::array dequantize_kv_py(const py::array& codes, const py::array& scales, const py::object& dtype) {
+py::object dequantize_kv_py(const py::object& codes_in, const py::object& scales_in, const py::object& dtype) {
   const DType code = code_dtype_named(dtype, "dtype");
+  const Array codes = array_of(codes_in, "codes"), scales = array_of(scales_in, "scales");
   if (codes.ndim() < 1) throw Error("codes", "expected an array of at least 1 dimension [..., D]");
   const DType want = code == DType::int8 ? DType::int8 : DType::u8;
-  if (dtype_of_array(codes, "codes") != want)
+  if (codes.dtype != want)
     throw Error("codes", std::string("expected ") + (code == DType::int8 ? "an int8" : "a uint8") + " array of " +
-                             std::string(dtype_name(code)) + " codes, got dtype " +
-                             codes.dtype().attr("name").cast<std::string>());
-  std::vector<py::ssize_t> shape(codes.shape(), codes.shape() + codes.ndim());
-  const std::vector<py::ssize_t> sshape(shape.begin(), shape.end() - 1);
-  if (std::vector<py::ssize_t>(scales.shape(), scales.shape() + scales.ndim()) != sshape)
+                             std::string(dtype_name(code)) + " codes, got dtype " + codes.dtype_text());
+  if (scales.shape != std::vector<std::int64_t>(codes.shape.begin(), codes.shape.end() - 1))
     throw Error("scales", "expected the codes' shape without its last axis");
-  if (dtype_of_array(scales, "scales") != DType::f32) throw Error("scales", "expected a float32 array");
-  const py::array c = py::array::ensure(codes, py::array::c_style), s = py::array::ensure(scales, py::array::c_style);
-  py::array out(py::dtype("float32"), shape);
-  const std::int64_t D = shape.back(), rows = D == 0 ? 0 : static_cast<std::int64_t>(c.size()) / D;
+  if (scales.dtype != DType::f32) throw Error("scales", "expected a float32 array");
+  // C-contiguous rows: the arrays themselves, or copies
+  const Converted cc = codes.c_contiguous() ? Converted{} : converted(codes, codes.dtype, "codes"),
+                  sc = scales.c_contiguous() ? Converted{} : converted(scales, DType::f32, "scales");
+  const void* c = codes.c_contiguous() ? codes.data : cc.array.data;
+  const void* s = scales.c_contiguous() ? scales.data : sc.array.data;
+  py::object out = new_array(codes, DType::f32, codes.shape);
+  const std::int64_t D = codes.shape.back(), rows = D == 0 ? 0 : codes.size() / D;
   if (rows > 0) {
-    const ConstTensorView cv(c.data(), code, Shape4{1, 1, rows, D}), sv(s.data(), DType::f32, Shape4{1, 1, rows, 1});
-    const TensorView ov(out.mutable_data(), DType::f32, Shape4{1, 1, rows, D});
+    const ConstTensorView cv(c, code, Shape4{1, 1, rows, D}), sv(s, DType::f32, Shape4{1, 1, rows, 1});
+    const TensorView ov(array_of(out, "out").data, DType::f32, Shape4{1, 1, rows, D});
     py::gil_scoped_release release;
     dequantize_kv(cv, sv, ov);
   }
   return out;
 }
 
-py::array linear_attention_py(const py::array& q, const py::array& k, const py::array& v, bool causal,
-                              const std::string& feature_map, double eps, std::int64_t chunk,
-                              const std::string& backend, int threads, const py::object& out) {
+py::object linear_attention_py(const py::object& q_in, const py::object& k_in, const py::object& v_in, bool causal,
+                               const std::string& feature_map, double eps, std::int64_t chunk,
+                               const std::string& backend, int threads, const py::object& out) {
   LinearAttentionOptions o;
   o.causal = causal;
   bool found = false;
@@ -180,26 +170,24 @@ py::array linear_attention_py(const py::array& q, const py::array& k, const py::
   o.chunk = chunk;
   o.threads = threads;
   o.backend = backend_of(backend);
-  const ConstTensorView qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"),
-                        vv = view_of<ConstTensorView>(v, "v");
+  const Array q = array_of(q_in, "q"), k = array_of(k_in, "k"), v = array_of(v_in, "v");
+  const ConstTensorView qv = const_view(q, "q"), kv = const_view(k, "k"), vv = const_view(v, "v");
   const Shape4 shape = attention_output_shape(qv, kv, vv);
-  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()))
-                                   : out.cast<py::array>();
-  const TensorView ov = view_of<TensorView>(result, "out");
+  const Output result = output_of(out, q, qv.dtype, qv.dtype, {shape.begin(), shape.end()});
   {
     py::gil_scoped_release release;
-    linear_attention(qv, kv, vv, ov, o);
+    linear_attention(qv, kv, vv, result.view, o);
   }
-  return result;
+  return result.object;
 }
 
 // Per-call seconds of `reps` attention() calls made from C++ on the same arrays (the calling
 // overhead benchmark's baseline; perf/python_overhead.py).
-std::vector<double> time_attention_cpp(const py::array& q, const py::array& k, const py::array& v, py::array& out,
-                                       int reps, int threads) {
-  const ConstTensorView qv = view_of<ConstTensorView>(q, "q"), kv = view_of<ConstTensorView>(k, "k"),
-                        vv = view_of<ConstTensorView>(v, "v");
-  const TensorView ov = view_of<TensorView>(out, "out");
+std::vector<double> time_attention_cpp(const py::object& q_in, const py::object& k_in, const py::object& v_in,
+                                       const py::object& out_in, int reps, int threads) {
+  const Array q = array_of(q_in, "q"), k = array_of(k_in, "k"), v = array_of(v_in, "v"), out = array_of(out_in, "out");
+  const ConstTensorView qv = const_view(q, "q"), kv = const_view(k, "k"), vv = const_view(v, "v");
+  const TensorView ov = mutable_view(out, "out");
   AttentionOptions o;
   o.threads = threads;
   std::vector<double> t;

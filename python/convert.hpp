@@ -1,6 +1,5 @@
-// The Python module's conversions: NumPy arrays to the library's views (dtype, strides in
-// elements), bf16 copies, and the keyword arguments' Python values to the C++ options. Shared by
-// attention.cpp and layer.cpp.
+// The Python module's conversions: NumPy dtypes and strides, 8-bit codes and their scales, layer
+// inputs, and the keyword arguments' Python values to the C++ options. Shared by the bindings.
 #pragma once
 
 #include <pybind11/numpy.h>
@@ -13,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "array.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace simdattn::python {
@@ -49,53 +49,6 @@ inline std::vector<std::int64_t> element_strides(const py::array& a, const std::
     s[static_cast<std::size_t>(i)] = b / item;
   }
   return s;
-}
-
-// A 4-D view of `a`; arrays of fewer dimensions (at least min_ndim) are read with leading axes of
-// size 1 (broadcast masks: [Sq, Sk] is [1, 1, Sq, Sk]).
-template <class View>
-View view_of(const py::array& a, const std::string& name, int min_ndim = 4) {
-  if (a.ndim() < min_ndim || a.ndim() > 4)
-    throw Error(name, "expected a " + (min_ndim == 4 ? std::string("4-D") : std::to_string(min_ndim) + "-D to 4-D") +
-                          " array, got " + std::to_string(a.ndim()) + "-D");
-  const std::vector<std::int64_t> st = element_strides(a, name);
-  View v;
-  if constexpr (std::is_same_v<View, TensorView>) {
-    if (!a.writeable()) throw Error(name, "expected a writeable array");
-    v.data = const_cast<void*>(a.data());
-  } else {
-    v.data = a.data();
-  }
-  v.dtype = dtype_of_array(a, name);
-  const int pad = 4 - static_cast<int>(a.ndim());
-  for (int i = 0; i < 4; ++i) {
-    v.shape[i] = i < pad ? 1 : static_cast<std::int64_t>(a.shape(i - pad));
-    v.strides[i] = i < pad ? 0 : st[static_cast<std::size_t>(i - pad)];
-  }
-  if (v.data == nullptr) v.data = reinterpret_cast<decltype(v.data)>(&v);  // an empty array: never read
-  return v;
-}
-
-// bf16 arrays: NumPy has no bfloat16, so `dtype="bf16"` rounds float inputs to a bf16 copy
-// (nearest even) and the results come back as float32.
-struct Bf16Copy {
-  std::vector<bfloat16> data;
-  ConstTensorView view;
-};
-
-inline Bf16Copy to_bf16(const py::array& a, const std::string& name) {
-  if (a.ndim() != 4) throw Error(name, "expected a 4-D array, got " + std::to_string(a.ndim()) + "-D");
-  const DType t = dtype_of_array(a, name);
-  if (t != DType::f32 && t != DType::f64 && t != DType::f16)
-    throw Error(name, "dtype='bf16' converts float arrays; got " + std::string(dtype_name(t)));
-  const py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
-  Bf16Copy c;
-  c.data.resize(static_cast<std::size_t>(f.size()));
-  const float* src = f.data();
-  for (std::size_t i = 0; i < c.data.size(); ++i) c.data[i] = to_bfloat16(src[i]);
-  const Shape4 shape{a.shape(0), a.shape(1), a.shape(2), a.shape(3)};
-  c.view = ConstTensorView(c.data.data(), shape);
-  return c;
 }
 
 inline std::string string_arg(const py::handle& h, const std::string& name) {
@@ -164,51 +117,52 @@ inline DType code_dtype_named(const py::object& o, const std::string& name) {
 
 // The view of an array of 8-bit codes of dtype `code`: int8 arrays for int8, uint8 arrays (the
 // bits) for the fp8 formats.
-template <class View>
-View code_view_of(const py::array& a, DType code, const std::string& name) {
-  View v = view_of<View>(a, name);
+inline ConstTensorView code_view_of(const Array& a, DType code, const std::string& name) {
+  ConstTensorView v = const_view(a, name);
   const DType want = code == DType::int8 ? DType::int8 : DType::u8;
   if (v.dtype != want)
     throw Error(name, std::string("expected ") + (code == DType::int8 ? "an int8" : "a uint8") + " array of " +
-                          std::string(dtype_name(code)) + " codes, got dtype " + a.dtype().attr("name").cast<std::string>());
+                          std::string(dtype_name(code)) + " codes, got dtype " + a.dtype_text());
   v.dtype = code;
   return v;
 }
 
 // A 4-D view [a, b, c, 1] of a 3-D f32 array [a, b, c] (the scales of codes [a, b, c, D]).
-inline ConstTensorView scale_view_of(const py::array& a, const std::string& name) {
+inline ConstTensorView scale_view_of(const Array& a, const std::string& name) {
   if (a.ndim() != 3) throw Error(name, "expected a 3-D float32 array (the codes' shape without D), got " + std::to_string(a.ndim()) + "-D");
-  const std::vector<std::int64_t> st = element_strides(a, name);
-  ConstTensorView v(a.data(), dtype_of_array(a, name), Shape4{a.shape(0), a.shape(1), a.shape(2), 1},
-                    Shape4{st[0], st[1], st[2], 1});
-  if (v.data == nullptr) v.data = &v;  // an empty array: never read
+  ConstTensorView v(a.data, a.dtype, Shape4{a.shape[0], a.shape[1], a.shape[2], 1},
+                    Shape4{a.strides[0], a.strides[1], a.strides[2], 1});
+  if (v.data == nullptr) v.data = &a;  // an empty array: never read
   return v;
 }
 
 // kv_dtype, k_scale and v_scale of attention() and attention_paged(): with kv_dtype, k and v
 // (named kname, vname) are its codes, viewed into kv and vv, and both scales ([..] float32 of the
-// codes' shape without D, written scale_shape in messages) are required and set into o; without
-// it, neither scale may be given (kv and vv are left to the caller).
+// codes' shape without D, written scale_shape in messages) are required and set into o (their
+// Arrays kept in `scales`); without it, neither scale may be given (kv and vv are left to the caller).
 template <class Options>
-void set_kv_codes(const py::object& kv_dtype, const py::array& k, const py::array& v, const char* kname, const char* vname,
+void set_kv_codes(const py::object& kv_dtype, const Array& k, const Array& v, const char* kname, const char* vname,
                   const py::object& k_scale, const py::object& v_scale, const char* scale_shape, ConstTensorView& kv,
-                  ConstTensorView& vv, Options& o) {
+                  ConstTensorView& vv, std::vector<Array>& scales, Options& o) {
   if (kv_dtype.is_none()) {
     if (!k_scale.is_none() || !v_scale.is_none())
       throw Error(k_scale.is_none() ? "v_scale" : "k_scale", "given without kv_dtype (scales go with 8-bit K and V codes)");
     return;
   }
   const DType code = code_dtype_named(kv_dtype, "kv_dtype");
-  kv = code_view_of<ConstTensorView>(k, code, kname), vv = code_view_of<ConstTensorView>(v, code, vname);
+  kv = code_view_of(k, code, kname), vv = code_view_of(v, code, vname);
   for (const auto& [scale, name] : {std::pair{&k_scale, "k_scale"}, std::pair{&v_scale, "v_scale"}})
     if (scale->is_none()) throw Error(name, std::string("required with kv_dtype (float32 ") + scale_shape + ")");
-  o.k_scale = scale_view_of(k_scale.cast<py::array>(), "k_scale");
-  o.v_scale = scale_view_of(v_scale.cast<py::array>(), "v_scale");
+  scales = {array_of(k_scale, "k_scale"), array_of(v_scale, "v_scale")};
+  o.k_scale = scale_view_of(scales[0], "k_scale");
+  o.v_scale = scale_view_of(scales[1], "v_scale");
 }
 
 inline std::optional<DType> optional_dtype(const py::object& o, const std::string& name) {
   if (o.is_none()) return std::nullopt;
   if (py::isinstance<py::str>(o)) return dtype_named(o.cast<std::string>(), name);
+  const std::string text = py::str(o);  // torch's dtypes print as torch.float32, torch.bfloat16, ...
+  if (text.rfind("torch.", 0) == 0) return dtype_named(text.substr(6), name);
   return dtype_named(py::dtype::from_args(o).attr("name").cast<std::string>(), name);
 }
 
@@ -237,32 +191,33 @@ inline py::dtype numpy_dtype(DType t) {
   return py::dtype("float32");
 }
 
-// A [B, S, E] sequence batch of the layer's dtype: the array itself when it already is one (C
-// order), else a copy (bf16 layers: float arrays rounded to bf16). `keep` holds any copy.
+// A [B, S, E] sequence batch of the layer's dtype `t`: the array itself when it already is one
+// (C-contiguous), else a C-contiguous copy (bf16 layers: float arrays rounded to bf16).
 struct SeqInput {
-  py::array array;
-  std::vector<bfloat16> bf16;
+  Array array;
+  Converted copy;
   ConstSeqView view;
 };
 
-inline SeqInput seq_input(const py::array& a, DType t, const char* name) {
+inline SeqInput seq_input(const Array& a, DType t, const char* name) {
   if (a.ndim() != 3) throw Error(name, "expected a 3-D array [B, S, E], got " + std::to_string(a.ndim()) + "-D");
+  if (t != DType::bf16 && a.dtype != t)
+    throw Error(name, "expected the layer's dtype " + std::string(dtype_name(t)) + ", got " + a.dtype_text());
   SeqInput s;
-  const auto B = a.shape(0), S = a.shape(1), E = a.shape(2);
-  if (t == DType::bf16) {
-    const py::array_t<float, py::array::c_style | py::array::forcecast> f(a);
-    s.bf16.resize(static_cast<std::size_t>(f.size()));
-    for (std::size_t i = 0; i < s.bf16.size(); ++i) s.bf16[i] = to_bfloat16(f.data()[i]);
-    s.view = ConstSeqView(s.bf16.data(), B, S, E);
-    return s;
+  s.array = a;
+  s.view.data = a.data, s.view.dtype = t, s.view.B = a.shape[0], s.view.S = a.shape[1], s.view.E = a.shape[2];
+  if (a.dtype != t || !a.c_contiguous()) {
+    s.copy = converted(a, t, name);
+    s.view.data = s.copy.array.data;
   }
-  if (dtype_of_array(a, name) != t)
-    throw Error(name, "expected the layer's dtype " + std::string(dtype_name(t)) + ", got " +
-                          std::string(dtype_name(dtype_of_array(a, name))));
-  s.array = py::array::ensure(a, py::array::c_style);
-  s.view.data = s.array.data(), s.view.dtype = t, s.view.B = B, s.view.S = S, s.view.E = E;
   if (s.view.data == nullptr) s.view.data = &s;
   return s;
+}
+
+// The dtype of a layer's outputs for `query`: the layer's, but float32 for a bf16 layer given
+// float arrays of another dtype (NumPy has no bfloat16: a bf16 layer takes and returns float32).
+inline DType layer_output_dtype(DType layer, const Array& query) {
+  return layer == DType::bf16 && query.dtype != DType::bf16 ? DType::f32 : layer;
 }
 
 }  // namespace simdattn::python

@@ -16,7 +16,7 @@
 namespace simdattn::python {
 namespace {
 
-// A layer of dtype t from float arrays in torch's layout.
+// A layer of dtype t from float arrays (NumPy or DLPack) in torch's layout.
 template <class T>
 MultiHeadAttention make_layer(const MhaConfig& c, const py::dict& w) {
   const auto get = [&](const char* key, bool required) -> std::vector<T> {
@@ -25,29 +25,19 @@ MultiHeadAttention make_layer(const MhaConfig& c, const py::dict& w) {
       if (required) throw Error(name, "expected an array");
       return {};
     }
-    const py::array a = w[key].cast<py::array>();
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      const py::array_t<T, py::array::c_style | py::array::forcecast> x(a);
-      return std::vector<T>(x.data(), x.data() + x.size());
-    } else {
-      const py::array_t<float, py::array::c_style | py::array::forcecast> x(a);
-      std::vector<T> r(static_cast<std::size_t>(x.size()));
-      for (std::size_t i = 0; i < r.size(); ++i) {
-        if constexpr (std::is_same_v<T, bfloat16>) r[i] = to_bfloat16(x.data()[i]);
-        else r[i] = to_float16(x.data()[i]);
-      }
-      return r;
-    }
+    const Converted x = converted(array_of(w[key], name), dtype_of<T>(), name);
+    const auto* p = static_cast<const T*>(x.array.data);
+    return std::vector<T>(p, p + x.array.size());
   };
   MhaWeights<T> m{get("wq", true), get("wk", true), get("wv", true), get("wo", true),
                   get("bq", false), get("bk", false), get("bv", false), get("bo", false)};
   return MultiHeadAttention(c, std::move(m));
 }
 
-std::int64_t dim_of(const py::array& a, int axis, const char* name) {
+std::int64_t dim_of(const Array& a, int axis, const char* name) {
   if (a.ndim() != 2) throw Error(name, "expected a 2-D weight [out_features, in_features], got " +
                                            std::to_string(a.ndim()) + "-D");
-  return static_cast<std::int64_t>(a.shape(axis));
+  return a.shape[static_cast<std::size_t>(axis)];
 }
 
 std::optional<RopeConfig> rope_of(const py::object& r) {
@@ -78,8 +68,8 @@ std::optional<RopeConfig> rope_of(const py::object& r) {
   return c;
 }
 
-MultiHeadAttention layer_from_arrays(const py::array& wq, const py::array& wk, const py::array& wv,
-                                     const py::array& wo, std::int64_t heads, const py::object& bq,
+MultiHeadAttention layer_from_arrays(const py::object& wq_in, const py::object& wk_in, const py::object& wv_in,
+                                     const py::object& wo, std::int64_t heads, const py::object& bq,
                                      const py::object& bk, const py::object& bv, const py::object& bo,
                                      std::int64_t kv_heads, std::int64_t head_dim, const py::object& rope,
                                      const py::object& q_norm, const py::object& k_norm, double qk_norm_eps,
@@ -87,6 +77,7 @@ MultiHeadAttention layer_from_arrays(const py::array& wq, const py::array& wk, c
                                      const py::object& alibi_slopes, const py::object& sinks,
                                      const py::object& t5_table, bool t5_bidirectional, std::int64_t t5_max_distance,
                                      bool causal, const py::object& dtype) {
+  const Array wq = array_of(wq_in, "wq"), wk = array_of(wk_in, "wk"), wv = array_of(wv_in, "wv");
   MhaConfig c;
   c.d_model = dim_of(wq, 1, "wq");
   c.heads = heads;
@@ -112,8 +103,8 @@ MultiHeadAttention layer_from_arrays(const py::array& wq, const py::array& wk, c
   c.t5_max_distance = t5_max_distance;
   c.causal = causal;
   py::dict w;
-  w["wq"] = wq, w["wk"] = wk, w["wv"] = wv, w["wo"] = wo, w["bq"] = bq, w["bk"] = bk, w["bv"] = bv, w["bo"] = bo;
-  const DType t = optional_dtype(dtype, "dtype").value_or(dtype_of_array(wq, "wq"));
+  w["wq"] = wq_in, w["wk"] = wk_in, w["wv"] = wv_in, w["wo"] = wo, w["bq"] = bq, w["bk"] = bk, w["bv"] = bv, w["bo"] = bo;
+  const DType t = optional_dtype(dtype, "dtype").value_or(wq.dtype);
   switch (t) {
     case DType::f32: return make_layer<float>(c, w);
     case DType::f64: return make_layer<double>(c, w);
@@ -123,7 +114,7 @@ MultiHeadAttention layer_from_arrays(const py::array& wq, const py::array& wk, c
   }
 }
 
-py::object forward_py(const MultiHeadAttention& layer, const py::array& query, const py::object& key,
+py::object forward_py(const MultiHeadAttention& layer, const py::object& query_in, const py::object& key,
                       const py::object& value, KvCache* cache, const py::object& causal,
                       const py::object& key_padding_mask, const py::object& attn_mask, const py::object& positions,
                       bool need_weights, bool average_attn_weights, int threads, const std::string& backend,
@@ -137,7 +128,8 @@ py::object forward_py(const MultiHeadAttention& layer, const py::array& query, c
     kpm = vector_of<std::uint8_t>(py::array(key_padding_mask).attr("reshape")(-1), "key_padding_mask");
     o.key_padding_mask = kpm;
   }
-  if (!attn_mask.is_none()) o.attn_mask = view_of<ConstTensorView>(attn_mask.cast<py::array>(), "attn_mask", 2);
+  Array mask;
+  if (!attn_mask.is_none()) mask = array_of(attn_mask, "attn_mask"), o.attn_mask = const_view(mask, "attn_mask", 2);
   std::vector<std::int64_t> pos;
   if (!positions.is_none()) {
     pos = vector_of<std::int64_t>(py::array(positions).attr("reshape")(-1), "positions");
@@ -148,49 +140,32 @@ py::object forward_py(const MultiHeadAttention& layer, const py::array& query, c
   if (key.is_none() != value.is_none()) throw Error(key.is_none() ? "key" : "value", "key and value go together");
   if (cache != nullptr && !key.is_none()) throw Error("cache", "a KV cache is for self-attention (no key/value)");
 
+  const Array query = array_of(query_in, "query");
   const SeqInput q = seq_input(query, t, "query");
   SeqInput k, v;
-  if (!key.is_none()) k = seq_input(key.cast<py::array>(), t, "key"), v = seq_input(value.cast<py::array>(), t, "value");
+  if (!key.is_none()) k = seq_input(array_of(key, "key"), t, "key"), v = seq_input(array_of(value, "value"), t, "value");
   const std::int64_t B = q.view.B, Sq = q.view.S;
   const std::int64_t Sk = cache != nullptr ? cache->capacity() : (key.is_none() ? Sq : k.view.S);
-  const std::vector<py::ssize_t> out_dims{B, Sq, c.d_model};
-  const DType out_t = t == DType::bf16 ? DType::f32 : t;
-  py::array result = out.is_none() ? py::array(numpy_dtype(out_t), out_dims) : out.cast<py::array>();
-  if (!out.is_none()) {
-    if (result.ndim() != 3 || !(result.flags() & py::array::c_style) || !result.writeable())
-      throw Error("out", "expected a writeable C-contiguous 3-D array");
-    if (dtype_of_array(result, "out") != out_t) throw Error("out", "expected dtype " + std::string(dtype_name(out_t)));
-  }
-  std::vector<bfloat16> out16;
+  const Output result = output_of(out, query, layer_output_dtype(t, query), t, {B, Sq, c.d_model}, true);
   SeqView ov;
-  if (t == DType::bf16) {
-    out16.resize(static_cast<std::size_t>(B * Sq * c.d_model));
-    ov = SeqView(out16.data(), B, Sq, c.d_model);
-  } else {
-    ov.data = result.mutable_data(), ov.dtype = t, ov.B = B, ov.S = Sq, ov.E = c.d_model;
-    if (ov.data == nullptr) ov.data = &ov;
-    if (result.shape(0) != B || result.shape(1) != Sq || result.shape(2) != c.d_model)
-      throw Error("out", "expected shape [" + std::to_string(B) + ", " + std::to_string(Sq) + ", " +
-                             std::to_string(c.d_model) + "]");
-  }
+  ov.data = result.view.data, ov.dtype = t, ov.B = B, ov.S = Sq, ov.E = c.d_model;
   py::object weights = py::none();
+  Array wa;
   if (need_weights) {
     const DType wt = t == DType::f64 ? DType::f64 : DType::f32;
-    weights = py::array(numpy_dtype(wt), std::vector<py::ssize_t>{B, average_attn_weights ? 1 : c.heads, Sq, Sk});
-    o.attn_weights = view_of<TensorView>(weights.cast<py::array>(), "attn_weights");
+    weights = new_array(query, wt, {B, average_attn_weights ? 1 : c.heads, Sq, Sk});
+    wa = array_of(weights, "attn_weights");
+    o.attn_weights = mutable_view(wa, "attn_weights");
   }
   {
     py::gil_scoped_release release;
     if (cache != nullptr) layer.forward(q.view, *cache, ov, o);
     else if (key.is_none()) layer.forward(q.view, ov, o);
     else layer.forward(q.view, k.view, v.view, ov, o);
+    result.finish();
   }
-  if (t == DType::bf16) {
-    auto* dst = static_cast<float*>(result.mutable_data());
-    for (std::size_t i = 0; i < out16.size(); ++i) dst[i] = to_float(out16[i]);
-  }
-  if (need_weights) return py::make_tuple(result, average_attn_weights ? weights.attr("reshape")(B, Sq, Sk) : weights);
-  return result;
+  if (need_weights) return py::make_tuple(result.object, average_attn_weights ? weights.attr("reshape")(B, Sq, Sk) : weights);
+  return result.object;
 }
 
 PretrainedOptions pretrained_options(const std::string& stack, const std::string& attention_kind,

@@ -1,5 +1,6 @@
-// The Python module `simdattn` (pybind11): attention, linear attention, the MHA layer and its KV
-// cache over NumPy arrays. Arrays are read and written in place through their strides (no copy)
+// The Python package `simdattn`'s compiled part, simdattn._simdattn (pybind11): attention, linear
+// attention, the MHA layer and its KV caches over NumPy arrays and any object with __dlpack__
+// (torch tensors). Arrays are read and written in place through their strides (no copy)
 // wherever the C++ API takes strided views; every call releases the GIL while it computes;
 // errors raise simdattn.Error (a ValueError) whose `argument` names the argument at fault.
 #include <pybind11/pybind11.h>
@@ -13,11 +14,12 @@
 namespace py = pybind11;
 using namespace simdattn;
 
-PYBIND11_MODULE(simdattn, m) {
+PYBIND11_MODULE(_simdattn, m) {
   m.doc() =
       "simdattn: SIMD-optimized CPU attention for transformer inference.\n\n"
-      "attention() and linear_attention() read and write NumPy arrays in place through their\n"
-      "strides (float32, float64, float16; dtype='bf16' computes in bfloat16 from float arrays).\n"
+      "attention() and linear_attention() read and write NumPy arrays and DLPack tensors (torch)\n"
+      "in place through their strides (float32, float64, float16, and bfloat16 tensors; dtype='bf16'\n"
+      "computes in bfloat16 from float arrays); outputs are of the inputs' kind.\n"
       "MultiHeadAttention is torch.nn.MultiheadAttention's layer (batch_first), with a KvCache\n"
       "for incremental decoding. Every call releases the GIL while it computes; invalid input\n"
       "raises simdattn.Error (a ValueError) whose .argument names the argument at fault.";
@@ -39,10 +41,12 @@ PYBIND11_MODULE(simdattn, m) {
       PyErr_SetObject(error.ptr(), err.ptr());
     }
   });
+  error.attr("__module__") = "simdattn";
   error.attr("__doc__") = "Invalid input to a simdattn call; .argument names the argument (or file) at fault.";
 
   m.attr("__version__") = kVersionString;
 
+  python::bind_array(m);
   python::bind_attention(m);
   python::bind_layer(m);
   python::bind_paged(m);

@@ -18,14 +18,6 @@
 namespace simdattn::python {
 namespace {
 
-// A float array as bf16 (NumPy has none): a rounded copy with the same shape, read as 4-D.
-Bf16Copy bf16_of(const py::array& a, const std::string& name, int ndim) {
-  if (a.ndim() != ndim) throw Error(name, "expected a " + std::to_string(ndim) + "-D array, got " + std::to_string(a.ndim()) + "-D");
-  py::array four = a;
-  if (ndim == 3) four = a.attr("reshape")(1, a.shape(0), a.shape(1), a.shape(2));
-  return to_bf16(four, name);
-}
-
 // The block table as int32 rows (int32 or int64 entries that fit).
 std::vector<std::int32_t> table_of(const py::object& o, std::int64_t& rows, std::int64_t& cols) {
   const py::array t = py::array::ensure(o);  // an array, or a nested sequence made one
@@ -57,12 +49,12 @@ std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) 
   return vector_of<std::int64_t>(o, name);
 }
 
-py::array attention_paged_py(const py::array& q, const py::array& k_cache, const py::array& v_cache,
-                             const py::object& block_table, const py::object& seq_lens, const py::object& query_start,
-                             const py::object& causal, const py::object& scale, const py::object& window,
-                             const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
-                             int threads, const py::object& out, const std::string& backend, const py::object& dtype,
-                             const py::object& k_scale, const py::object& v_scale, const py::object& kv_dtype) {
+py::object attention_paged_py(const py::object& q_in, const py::object& k_in, const py::object& v_in,
+                              const py::object& block_table, const py::object& seq_lens, const py::object& query_start,
+                              const py::object& causal, const py::object& scale, const py::object& window,
+                              const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
+                              int threads, const py::object& out, const std::string& backend, const py::object& dtype,
+                              const py::object& k_scale, const py::object& v_scale, const py::object& kv_dtype) {
   PagedAttentionOptions o;
   std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
   if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
@@ -80,53 +72,37 @@ py::array attention_paged_py(const py::array& q, const py::array& k_cache, const
   std::int64_t rows = 0, cols = 0;
   const std::vector<std::int32_t> table = table_of(block_table, rows, cols);
 
+  const Array q = array_of(q_in, "q"), k = array_of(k_in, "k_cache"), v = array_of(v_in, "v_cache");
   const std::optional<DType> as = optional_dtype(dtype, "dtype");
-  const bool bf16 = as == DType::bf16;
-  if (as && !bf16 && *as != dtype_of_array(q, "q"))
+  if (as && *as != DType::bf16 && *as != q.dtype)
     throw Error("dtype", "converts to 'bf16' only; the other dtypes are the arrays' own");
+  const bool bf16 = as == DType::bf16 && q.dtype != DType::bf16;
   if (q.ndim() != 3) throw Error("q", "expected a 3-D array [total_q, H, D], got " + std::to_string(q.ndim()) + "-D");
-  Bf16Copy q16, k16, v16;
+  Converted q16, k16, v16;
   ConstTensorView qv, kv, vv;
   const bool coded = !kv_dtype.is_none();  // the caches hold codes: set_kv_codes views them
   if (bf16) {
-    q16 = bf16_of(q, "q", 3);
-    qv = q16.view;
-    if (!coded) k16 = bf16_of(k_cache, "k_cache", 4), v16 = bf16_of(v_cache, "v_cache", 4), kv = k16.view, vv = v16.view;
+    q16 = converted(q, DType::bf16, "q"), qv = const_view(q16.array, "q", 3);
+    if (!coded) {
+      k16 = converted(k, DType::bf16, "k_cache"), v16 = converted(v, DType::bf16, "v_cache");
+      kv = const_view(k16.array, "k_cache"), vv = const_view(v16.array, "v_cache");
+    }
   } else {
-    qv = view_of<ConstTensorView>(q, "q", 3);
-    if (!coded) kv = view_of<ConstTensorView>(k_cache, "k_cache"), vv = view_of<ConstTensorView>(v_cache, "v_cache");
+    qv = const_view(q, "q", 3);
+    if (!coded) kv = const_view(k, "k_cache"), vv = const_view(v, "v_cache");
   }
-  set_kv_codes(kv_dtype, k_cache, v_cache, "k_cache", "v_cache", k_scale, v_scale, "[num_blocks, block_size, Hkv]", kv, vv,
-               o);
+  std::vector<Array> scales;
+  set_kv_codes(kv_dtype, k, v, "k_cache", "v_cache", k_scale, v_scale, "[num_blocks, block_size, Hkv]", kv, vv, scales, o);
   const std::int64_t total_q = qv.shape[1], H = qv.shape[2], Dv = vv.shape[3];
-  const std::vector<py::ssize_t> dims{total_q, H, Dv};
-  py::array result = out.is_none() ? py::array(numpy_dtype(qv.dtype), dims) : out.cast<py::array>();
-  if (result.ndim() != 3) throw Error("out", "expected a 3-D array [total_q, H, Dv], got " + std::to_string(result.ndim()) + "-D");
-  std::vector<bfloat16> out16;
-  TensorView ov;
-  if (bf16) {
-    if (dtype_of_array(result, "out") != DType::f32) throw Error("out", "with dtype='bf16' the output is float32");
-    out16.resize(static_cast<std::size_t>(total_q * H * Dv));
-    ov = TensorView(out16.data(), {1, total_q, H, Dv});
-  } else {
-    ov = view_of<TensorView>(result, "out", 3);
-  }
+  // dtype='bf16' computes in bf16 and returns float32 (NumPy has no bfloat16)
+  const Output result = output_of(out, q, bf16 ? DType::f32 : qv.dtype, qv.dtype, {total_q, H, Dv});
   const BlockTable bt{table.data(), rows, cols, cols};
   {
     py::gil_scoped_release release;
-    attention_paged(qv, kv, vv, bt, lens, ov, o);
+    attention_paged(qv, kv, vv, bt, lens, result.view, o);
+    result.finish();
   }
-  if (bf16) {
-    const TensorView caller = view_of<TensorView>(result, "out", 3);
-    if (caller.shape != ov.shape) throw Error("out", "expected shape [total_q, H, Dv]");
-    auto* dst = static_cast<float*>(caller.data);
-    std::size_t n = 0;
-    for (std::int64_t i = 0; i < total_q; ++i)
-      for (std::int64_t h = 0; h < H; ++h)
-        for (std::int64_t d = 0; d < Dv; ++d)
-          dst[i * caller.strides[1] + h * caller.strides[2] + d * caller.strides[3]] = to_float(out16[n++]);
-  }
-  return result;
+  return result.object;
 }
 
 // A layer's pool view as a NumPy array sharing the pool's memory (f32 and f16 pools).
@@ -140,36 +116,37 @@ py::array cache_array(const KvPool& pool, const ConstTensorView& v, const py::ob
   return a;
 }
 
+// A [T, d_model] step of one sequence as a [1, T, d_model] batch (name: the argument).
+SeqInput step_input(const py::handle& x, DType t, const std::string& name) {
+  Array a = array_of(x, name);
+  if (a.ndim() != 2) throw Error(name, "expected a 2-D array [T, d_model], got " + std::to_string(a.ndim()) + "-D");
+  a.shape.insert(a.shape.begin(), 1), a.strides.insert(a.strides.begin(), 0);
+  return seq_input(a, t, name.c_str());
+}
+
 py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPool::Sequence>& sequences,
                          const py::list& queries, KvPool& pool, std::int64_t layer_index, const py::object& positions,
                          int threads, const std::string& backend) {
   if (static_cast<std::size_t>(py::len(queries)) != sequences.size())
     throw Error("queries", "expected one query array per sequence (" + std::to_string(sequences.size()) + "), got " +
                                std::to_string(py::len(queries)));
-  const DType t = layer.dtype(), out_t = t == DType::bf16 ? DType::f32 : t;
+  const DType t = layer.dtype();
   const std::int64_t d = layer.config().d_model;
   std::vector<SeqInput> in;
+  in.reserve(sequences.size());  // the steps point into them
   std::vector<std::vector<std::int64_t>> pos(sequences.size());
-  std::vector<py::array> outs;
-  std::vector<std::vector<bfloat16>> outs16(sequences.size());
+  std::vector<Output> outs;
+  outs.reserve(sequences.size());
   std::vector<PoolStep> steps(sequences.size());
   if (!positions.is_none() && static_cast<std::size_t>(py::len(positions)) != sequences.size())
     throw Error("positions", "expected one positions array (or None) per sequence");
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     const std::string name = "queries[" + std::to_string(i) + "]";
-    py::array x = queries[i].cast<py::array>();
-    if (x.ndim() != 2) throw Error(name, "expected a 2-D array [T, d_model], got " + std::to_string(x.ndim()) + "-D");
-    in.push_back(seq_input(x.attr("reshape")(1, x.shape(0), x.shape(1)), t, name.c_str()));
+    in.push_back(step_input(queries[i], t, name));
     const std::int64_t T = in.back().view.S;
-    outs.emplace_back(numpy_dtype(out_t), std::vector<py::ssize_t>{T, d});
+    outs.push_back(output_of(py::none(), in.back().array, layer_output_dtype(t, in.back().array), t, {T, d}));
     SeqView ov;
-    if (t == DType::bf16) {
-      outs16[i].resize(static_cast<std::size_t>(T * d));
-      ov = SeqView(outs16[i].data(), 1, T, d);
-    } else {
-      ov.data = outs.back().mutable_data(), ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
-      if (ov.data == nullptr) ov.data = &outs.back();
-    }
+    ov.data = outs.back().view.data, ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
     if (!positions.is_none() && !py::object(positions[py::int_(i)]).is_none())
       pos[i] = ints_of(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
     steps[i] = {in.back().view, sequences[i], ov, pos[i]};
@@ -180,47 +157,31 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
   {
     py::gil_scoped_release release;
     layer.forward_pool(steps, pool, layer_index, o);
+    for (const Output& out : outs) out.finish();
   }
   py::list result;
-  for (std::size_t i = 0; i < sequences.size(); ++i) {
-    if (t == DType::bf16) {
-      auto* dst = static_cast<float*>(outs[i].mutable_data());
-      for (std::size_t j = 0; j < outs16[i].size(); ++j) dst[j] = to_float(outs16[i][j]);
-    }
-    result.append(outs[i]);
-  }
+  for (const Output& out : outs) result.append(out.object);
   return result;
 }
 
 // One step through the scheduler: query [T, d_model] -> out [T, d_model].
-py::array scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& layer, KvPool::Sequence seq,
-                            const py::array& query, const py::object& positions) {
-  const DType t = layer.dtype(), out_t = t == DType::bf16 ? DType::f32 : t;
+py::object scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& layer, KvPool::Sequence seq,
+                             const py::object& query, const py::object& positions) {
+  const DType t = layer.dtype();
   const std::int64_t d = layer.config().d_model;
-  if (query.ndim() != 2) throw Error("query", "expected a 2-D array [T, d_model], got " + std::to_string(query.ndim()) + "-D");
-  const SeqInput in = seq_input(query.attr("reshape")(1, query.shape(0), query.shape(1)), t, "query");
+  const SeqInput in = step_input(query, t, "query");
   const std::int64_t T = in.view.S;
-  py::array out(numpy_dtype(out_t), std::vector<py::ssize_t>{T, d});
-  std::vector<bfloat16> out16;
+  const Output out = output_of(py::none(), in.array, layer_output_dtype(t, in.array), t, {T, d});
   SeqView ov;
-  if (t == DType::bf16) {
-    out16.resize(static_cast<std::size_t>(T * d));
-    ov = SeqView(out16.data(), 1, T, d);
-  } else {
-    ov.data = out.mutable_data(), ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
-    if (ov.data == nullptr) ov.data = &out;
-  }
+  ov.data = out.view.data, ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
   std::vector<std::int64_t> pos;
   if (!positions.is_none()) pos = ints_of(py::array(positions).attr("reshape")(-1), "positions");
   {
     py::gil_scoped_release release;
     sched.step({in.view, seq, ov, pos});
+    out.finish();
   }
-  if (t == DType::bf16) {
-    auto* dst = static_cast<float*>(out.mutable_data());
-    for (std::size_t j = 0; j < out16.size(); ++j) dst[j] = to_float(out16[j]);
-  }
-  return out;
+  return out.object;
 }
 
 // The scheduler with the layer it runs (step() needs the layer's dtype and width).
@@ -323,7 +284,7 @@ budget) and decode steps run as batched forward_pool calls on the scheduler's ow
              return prefix.is_none() ? s.sched.open() : s.sched.open(prefix.cast<KvPool::Sequence>());
            }, py::arg("prefix") = py::none(), "A new sequence, empty or forked from `prefix`.")
       .def("close", [](PyPoolScheduler& s, KvPool::Sequence q) { s.sched.close(q); }, py::arg("sequence"))
-      .def("step", [](PyPoolScheduler& s, KvPool::Sequence q, const py::array& x, const py::object& positions) {
+      .def("step", [](PyPoolScheduler& s, KvPool::Sequence q, const py::object& x, const py::object& positions) {
              return scheduler_step_py(s.sched, s.layer, q, x, positions);
            }, py::arg("sequence"), py::arg("query"), py::kw_only(), py::arg("positions") = py::none(),
            "Runs query [T, d_model] (a prompt or a decode step) in batches with other threads' steps; returns its output.")
