@@ -338,6 +338,10 @@ void bind_array(py::module_& m) {
         return c;
       })
       .def("__dlpack_device__", [](const Export&) { return py::make_tuple(static_cast<int>(kDLCPU), 0); });
+  m.def("_array_view", [](const py::object& o) {
+    const Array a = array_of(o, "x");
+    return py::make_tuple(reinterpret_cast<std::uintptr_t>(a.data), std::string(dtype_name(a.dtype)), a.shape, a.strides);
+  }, py::arg("x"), "(data address, dtype, shape, element strides) of the memory a call reads for x (no copy: tests show it).");
 }
 
 }  // namespace simdattn::python

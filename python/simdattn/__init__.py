@@ -10,4 +10,4 @@ computes; invalid input raises simdattn.Error (a ValueError) whose .argument nam
 argument at fault.
 """
 from ._simdattn import *  # noqa: F401,F403  (the compiled functions and classes)
-from ._simdattn import Error, __version__, _time_attention_cpp  # noqa: F401
+from ._simdattn import Error, __version__, _array_view, _time_attention_cpp  # noqa: F401
