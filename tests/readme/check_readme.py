@@ -6,8 +6,8 @@
 Installs BUILD_DIR into WORK_DIR/prefix (cmake --install), then
   - compiles the README's ```c block with the command the README gives (cc -std=c11 ...
     $(pkg-config --cflags --libs simdattn), plus -Wall -Wextra -pedantic -Werror) and runs it;
-  - runs the README's ```python block with the installed module on PYTHONPATH (the module is
-    imported from the prefix, not the build tree).
+  - runs each of the README's ```python blocks with the installed package on PYTHONPATH (it is
+    imported from the prefix, not the build tree); each block's last line printed holds True.
 Each must exit 0 (the examples check their own results) and print the line the check below
 looks for.
 """
@@ -36,8 +36,8 @@ def main():
     readme, build, work, pydir = sys.argv[1:5]
     text = open(readme, encoding="utf-8").read()
     c_blocks, py_blocks = blocks(text, "c"), blocks(text, "python")
-    if len(c_blocks) != 1 or len(py_blocks) != 1:
-        sys.exit(f"check_readme: expected one ```c and one ```python block in {readme}, "
+    if len(c_blocks) != 1 or not py_blocks:
+        sys.exit(f"check_readme: expected one ```c and at least one ```python block in {readme}, "
                  f"got {len(c_blocks)} and {len(py_blocks)}")
     shutil.rmtree(work, ignore_errors=True)
     os.makedirs(work)
@@ -57,18 +57,19 @@ def main():
     if "invalid argument (k)" not in out:
         sys.exit("check_readme: the C example did not report the bad argument k")
 
-    # The Python example, on the installed module.
-    script = os.path.join(work, "example.py")
-    open(script, "w").write(py_blocks[0])
+    # The Python examples, on the installed package.
     site = os.path.join(prefix, pydir)
     out = run([sys.executable, "-c", "import simdattn, sys; print(simdattn.__file__)"],
               env=dict(os.environ, PYTHONPATH=site))
     if not out.strip().startswith(site):
         sys.exit(f"check_readme: simdattn imported from {out.strip()}, not the installed {site}")
-    out = run([sys.executable, script], env=dict(os.environ, PYTHONPATH=site))
-    if "True" not in out.split("\n")[-2]:
-        sys.exit("check_readme: the Python example's decode check did not print True")
-    print("check_readme: both examples ran")
+    for i, block in enumerate(py_blocks):
+        script = os.path.join(work, f"example{i}.py")
+        open(script, "w").write(block)
+        out = run([sys.executable, script], env=dict(os.environ, PYTHONPATH=site))
+        if "True" not in out.split("\n")[-2]:
+            sys.exit(f"check_readme: the Python example {i + 1}'s check did not print True")
+    print(f"check_readme: the C example and {len(py_blocks)} Python examples ran")
 
 
 if __name__ == "__main__":
