@@ -3,6 +3,10 @@
 attention() call made from C++ (simdattn._time_attention_cpp), on the same arrays, in one process.
 
   PYTHONPATH=build/python /usr/bin/python3 perf/python_overhead.py [--workload bert] [--rounds 40]
+                                             [--kind numpy|torch]
+
+--kind torch passes torch tensors (read and written through DLPack) to the Python call; the C++
+baseline reads the same memory.
 
 Both loops run in alternating rounds (each round: `calls` Python calls, then `calls` C++ calls, the
 order swapped every round), so drifts of the machine's speed fall on both alike. Prints each side's
@@ -32,6 +36,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--calls", type=int, default=25)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--kind", default="numpy", choices=["numpy", "torch"])
     a = ap.parse_args()
     B, H, Hkv, Sq, Sk, D, causal = WORKLOADS[a.workload]
     if causal is not None:
@@ -42,6 +47,10 @@ def main():
     v = rng.standard_normal((B, Hkv, Sk, D), dtype=np.float32)
     out = np.empty((B, H, Sq, D), dtype=np.float32)
     attention, threads = simdattn.attention, a.threads
+    args = (q, k, v, out)
+    if a.kind == "torch":
+        import torch
+        args = tuple(torch.from_numpy(x) for x in args)  # the same memory
 
     py, cpp = [], []
     for r in range(a.rounds + 1):
@@ -49,7 +58,7 @@ def main():
             times = []
             for _ in range(a.calls):
                 t0 = time.perf_counter()
-                attention(q, k, v, out=out, threads=threads)
+                attention(args[0], args[1], args[2], out=args[3], threads=threads)
                 times.append(time.perf_counter() - t0)
             return times
 
@@ -67,7 +76,7 @@ def main():
     bound = max(0.05 * mc, 20e-6)
     ok = mp - mc <= bound
     print(f"workload {a.workload} [B={B}, H={H}, S={Sq}, D={D}] f32, threads {threads or 'default'}, "
-          f"{a.rounds} rounds x {a.calls} calls each side")
+          f"{a.rounds} rounds x {a.calls} calls each side, {a.kind} arguments")
     print(f"  C++ call    median {mc * 1e6:9.1f} us")
     print(f"  Python call median {mp * 1e6:9.1f} us")
     print(f"  difference         {(mp - mc) * 1e6:+9.1f} us ({(mp / mc - 1) * 100:+.1f}%); "

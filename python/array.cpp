@@ -71,20 +71,46 @@ py::object kind_of(const py::handle& o) {
   return py::none();
 }
 
-Array dlpack_array(const py::handle& o, const std::string& name) {
-  const py::tuple device = o.attr("__dlpack_device__")();
-  const int device_type = device[0].cast<int>();
-  if (device_type != kDLCPU && device_type != kDLCUDAHost)
-    throw Error(name, "expected a tensor in CPU memory, got DLPack device type " + std::to_string(device_type));
-  py::object capsule = o.attr("__dlpack__")();
+// torch's own DLPack entry points, once the process has imported torch (simdattn never imports
+// it): torch._C._to_dlpack and _from_dlpack skip Tensor.__dlpack__'s and from_dlpack's Python
+// layers (a few microseconds a tensor on every call). Looked up under the GIL; kept for the
+// process's life (never released: the interpreter may be finalizing when statics are).
+struct Torch {
+  PyObject* module = nullptr;
+  PyObject* tensor = nullptr;
+  PyObject* to_dlpack = nullptr;
+  PyObject* from_dlpack = nullptr;
+};
+
+const Torch* torch_if_imported() {
+  static Torch t;
+  if (t.module != nullptr) return &t;
+  PyObject* m = PyDict_GetItemString(PyImport_GetModuleDict(), "torch");  // borrowed
+  if (m == nullptr) return nullptr;
+  try {
+    py::handle torch(m);
+    py::object tensor = torch.attr("Tensor"), c = torch.attr("_C");
+    py::object to = c.attr("_to_dlpack"), from = c.attr("_from_dlpack");
+    t.tensor = tensor.release().ptr(), t.to_dlpack = to.release().ptr(), t.from_dlpack = from.release().ptr();
+    t.module = py::reinterpret_borrow<py::object>(torch).release().ptr();
+  } catch (const py::error_already_set&) {
+    return nullptr;  // torch still importing, or another torch: the generic protocol serves
+  }
+  return &t;
+}
+
+// An Array over a DLPack capsule (taken from an object of kind `kind`).
+Array capsule_array(py::object capsule, py::object kind, const std::string& name) {
   auto* managed = static_cast<DLManagedTensor*>(PyCapsule_GetPointer(capsule.ptr(), kCapsuleName));
   if (managed == nullptr) {
     PyErr_Clear();
     throw Error(name, "__dlpack__ did not return a 'dltensor' capsule");
   }
   const DLTensor& t = managed->dl_tensor;
+  if (t.device.device_type != kDLCPU && t.device.device_type != kDLCUDAHost)
+    throw Error(name, "expected a tensor in CPU memory, got DLPack device type " + std::to_string(t.device.device_type));
   Array r;
-  r.owner = capsule;
+  r.owner = std::move(capsule);
   r.dtype = dtype_of_dlpack(t.dtype, name);
   r.data = static_cast<char*>(t.data) + t.byte_offset;
   r.shape.assign(t.shape, t.shape + t.ndim);
@@ -99,8 +125,16 @@ Array dlpack_array(const py::handle& o, const std::string& name) {
   }
   // DLPack before 1.0 has no read-only flag: a tensor that hands out its memory lets it be written.
   r.writeable = true;
-  r.kind = kind_of(o);
+  r.kind = std::move(kind);
   return r;
+}
+
+Array dlpack_array(const py::handle& o, const std::string& name) {
+  const py::tuple device = o.attr("__dlpack_device__")();
+  const int device_type = device[0].cast<int>();
+  if (device_type != kDLCPU && device_type != kDLCUDAHost)
+    throw Error(name, "expected a tensor in CPU memory, got DLPack device type " + std::to_string(device_type));
+  return capsule_array(o.attr("__dlpack__")(), kind_of(o), name);
 }
 
 // Memory this module allocated for an output, as a DLManagedTensor.
@@ -245,12 +279,17 @@ std::string Array::dtype_text() const {
 
 Array array_of(const py::handle& o, const std::string& name) {
   if (py::isinstance<py::array>(o)) return numpy_array(py::reinterpret_borrow<py::array>(o), name);
-  if (py::hasattr(o, "__dlpack__") && py::hasattr(o, "__dlpack_device__")) {
+  const Torch* torch = torch_if_imported();
+  const bool is_torch = torch != nullptr && PyObject_TypeCheck(o.ptr(), reinterpret_cast<PyTypeObject*>(torch->tensor));
+  if (is_torch || (py::hasattr(o, "__dlpack__") && py::hasattr(o, "__dlpack_device__"))) {
     try {
-      return dlpack_array(o, name);
+      if (!is_torch) return dlpack_array(o, name);
+      PyObject* capsule = PyObject_CallOneArg(torch->to_dlpack, o.ptr());
+      if (capsule == nullptr) throw py::error_already_set();
+      return capsule_array(py::reinterpret_steal<py::object>(capsule), py::reinterpret_borrow<py::object>(torch->module),
+                           name);
     } catch (const py::error_already_set& e) {
-      // torch refuses to export bool tensors and tensors that require grad: NumPy may read the
-      // first (through __array__); the second stays an error naming the argument.
+      // torch 1.x refuses to export bool tensors: NumPy reads them (through __array__)
       const py::array a = py::array::ensure(o);
       if (a) return numpy_array(a, name);
       throw Error(name, std::string("could not read it through DLPack: ") + e.what());
@@ -266,6 +305,12 @@ py::object new_array(const Array& like, DType dtype, const std::vector<std::int6
   if (like.is_numpy()) {
     if (dtype == DType::bf16) throw Error("out", "NumPy has no bfloat16");
     return py::array(numpy_dtype(dtype), std::vector<py::ssize_t>(shape.begin(), shape.end()));
+  }
+  const Torch* torch = torch_if_imported();
+  if (torch != nullptr && like.kind.ptr() == torch->module) {
+    PyObject* t = PyObject_CallOneArg(torch->from_dlpack, export_capsule(dtype, shape).ptr());
+    if (t == nullptr) throw py::error_already_set();
+    return py::reinterpret_steal<py::object>(t);
   }
   return like.kind.attr("from_dlpack")(Export{export_capsule(dtype, shape)});
 }
