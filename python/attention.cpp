@@ -280,12 +280,22 @@ backend: 'native' or 'reference'. Returns out.)doc");
     py::dict d;
     d["version"] = r.version, d["isa"] = r.isa, d["isa_forced"] = r.isa_forced, d["isas"] = r.isas;
     d["isa_notes"] = r.isa_notes, d["default_threads"] = r.default_threads, d["thread_budget"] = r.thread_budget;
-    d["backends"] = r.backends, d["onednn_version"] = r.onednn_version;
+    d["backends"] = r.backends, d["onednn_version"] = r.onednn_version, d["thread_runtime"] = r.thread_runtime;
     return d;
   }, "What this build and machine offer: version, the ISA the kernels use, backends, threads (a dict).");
 
   m.def("set_thread_budget", &set_thread_budget, py::arg("threads"),
         "The most threads all concurrent calls of the library use together (0: the CPUs of the process).");
+
+  m.def("set_thread_runtime", [](const std::string& runtime) {
+    if (runtime == "team") set_thread_runtime(ThreadRuntime::team);
+    else if (runtime == "openmp") set_thread_runtime(ThreadRuntime::openmp);
+    else throw Error("runtime", "expected 'team' or 'openmp', got '" + runtime + "'");
+  }, py::arg("runtime"),
+        "The threads every parallel loop runs on, process-wide: 'team' (simdattn's own workers) or 'openmp'\n"
+        "(OpenMP regions: the host's pool inside an OpenMP program such as PyTorch). Results are identical.");
+  m.def("thread_runtime", [] { return std::string(thread_runtime_name(thread_runtime())); },
+        "The thread runtime in use: 'team' or 'openmp' (set_thread_runtime, SIMDATTN_THREAD_RUNTIME).");
 
   m.def("standard_alibi_slopes", [](std::int64_t heads) {
     const std::vector<float> s = standard_alibi_slopes(heads);

@@ -1229,6 +1229,17 @@ static void test_errors(void) {
   set_context("simdattn_set_thread_budget");
   CHECK_ERROR(simdattn_set_thread_budget(-1), SIMDATTN_ERROR_INVALID_ARGUMENT, "threads");
   CHECK_OK(simdattn_set_thread_budget(0));
+  set_context("simdattn_set_thread_runtime");
+  {
+    const simdattn_thread_runtime before = simdattn_get_thread_runtime();
+    CHECK(before == SIMDATTN_THREAD_RUNTIME_TEAM || before == SIMDATTN_THREAD_RUNTIME_OPENMP);
+    CHECK_ERROR(simdattn_set_thread_runtime((simdattn_thread_runtime)7), SIMDATTN_ERROR_INVALID_ARGUMENT, "runtime");
+    CHECK(simdattn_get_thread_runtime() == before);
+    CHECK_OK(simdattn_set_thread_runtime(SIMDATTN_THREAD_RUNTIME_OPENMP));
+    CHECK(simdattn_get_thread_runtime() == SIMDATTN_THREAD_RUNTIME_OPENMP);
+    CHECK_OK(simdattn_set_thread_runtime(before));
+    CHECK(simdattn_get_thread_runtime() == before);
+  }
   set_context("");
 }
 

@@ -26,6 +26,7 @@ Command add_info_command(CLI::App& app) {
     for (const auto& note : info.isa_notes) std::cout << "isa note: " << note << '\n';
     std::cout << "threads: " << info.default_threads << '\n';
     std::cout << "thread budget: " << info.thread_budget << '\n';
+    std::cout << "thread runtime: " << info.thread_runtime << '\n';
     std::cout << "backends:";
     for (const auto& s : info.backends) std::cout << ' ' << s;
     std::cout << '\n';

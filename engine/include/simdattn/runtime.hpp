@@ -4,6 +4,7 @@
 #include "simdattn/export.hpp"
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace simdattn {
@@ -21,6 +22,7 @@ struct RuntimeInfo {
   // The native backend's paths in the order it tries them, each "name: what it is for"; a
   // call runs the first that takes its problem.
   std::vector<std::string> native_paths;
+  std::string thread_runtime;        // the threads parallel loops run on: "team" or "openmp"
 };
 
 // Throws Error("SIMDATTN_ISA", ...) if the environment forces an unknown or unavailable ISA.
@@ -36,5 +38,20 @@ SIMDATTN_API RuntimeInfo runtime_info();
 // Error("threads", ...) for a negative value.
 SIMDATTN_API void set_thread_budget(int threads);
 SIMDATTN_API int thread_budget() noexcept;
+
+// The threads every backend's parallel loops run on. team (the default): each calling thread's
+// own workers, which wait for work spinning at most 50 us and then sleep in the kernel, so a
+// call never burns a core waiting for a thread another process keeps off the CPU. openmp: OpenMP
+// parallel regions, i.e. the host's OpenMP pool (libgomp's, shared with PyTorch, oneDNN, ...)
+// when simdattn runs inside an OpenMP program, so the host's spinning workers compute the call
+// instead of competing with a second pool for the cores (OMP_NUM_THREADS and the thread budget
+// respected). Either way a call made from inside a parallel region runs on its calling thread,
+// and results are bitwise identical (the work split does not depend on the runtime).
+// thread_runtime(): set_thread_runtime()'s choice, else SIMDATTN_THREAD_RUNTIME=team|openmp's,
+// else team. Process-wide; calls already running finish on the runtime they started with.
+enum class ThreadRuntime { team, openmp };
+SIMDATTN_API std::string_view thread_runtime_name(ThreadRuntime r) noexcept;
+SIMDATTN_API void set_thread_runtime(ThreadRuntime r);
+SIMDATTN_API ThreadRuntime thread_runtime() noexcept;
 
 }  // namespace simdattn

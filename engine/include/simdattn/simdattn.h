@@ -470,6 +470,16 @@ SIMDATTN_C_API simdattn_status simdattn_get_info(simdattn_info* info);
  * the process may run on). */
 SIMDATTN_C_API simdattn_status simdattn_set_thread_budget(int threads);
 
+/* simdattn::set_thread_runtime: the threads every parallel loop runs on, process-wide. TEAM (the
+ * default): the library's own workers per calling thread; OPENMP: OpenMP parallel regions (the
+ * host's pool inside an OpenMP program). SIMDATTN_THREAD_RUNTIME=team|openmp sets it too. */
+typedef enum simdattn_thread_runtime {
+  SIMDATTN_THREAD_RUNTIME_TEAM = 0,
+  SIMDATTN_THREAD_RUNTIME_OPENMP = 1
+} simdattn_thread_runtime;
+SIMDATTN_C_API simdattn_status simdattn_set_thread_runtime(simdattn_thread_runtime runtime);
+SIMDATTN_C_API simdattn_thread_runtime simdattn_get_thread_runtime(void);
+
 #ifdef __cplusplus
 }
 #endif

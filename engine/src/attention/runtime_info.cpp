@@ -10,6 +10,7 @@
 #include "attention/native/native.hpp"
 #include "core/validate.hpp"
 #include "runtime/team.hpp"
+#include "runtime/thread_runtime.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
@@ -30,6 +31,7 @@ RuntimeInfo runtime_info() {
   for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
   info.isa_notes = simd::isa_notes();
   info.thread_budget = detail::thread_budget();
+  info.thread_runtime = std::string(thread_runtime_name(thread_runtime()));
   info.default_threads = std::max(1, std::min(omp_get_max_threads(), info.thread_budget));
   for (Backend b : {Backend::reference, Backend::native, Backend::onednn})
     if (backend_available(b)) info.backends.emplace_back(backend_name(b));

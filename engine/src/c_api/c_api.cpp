@@ -208,4 +208,17 @@ simdattn_status simdattn_set_thread_budget(int threads) {
   return guarded([&] { set_thread_budget(threads); });
 }
 
+simdattn_status simdattn_set_thread_runtime(simdattn_thread_runtime runtime) {
+  return guarded([&] {
+    if (runtime != SIMDATTN_THREAD_RUNTIME_TEAM && runtime != SIMDATTN_THREAD_RUNTIME_OPENMP)
+      throw Error("runtime", "expected SIMDATTN_THREAD_RUNTIME_TEAM or SIMDATTN_THREAD_RUNTIME_OPENMP, got " +
+                                 std::to_string(static_cast<int>(runtime)));
+    set_thread_runtime(runtime == SIMDATTN_THREAD_RUNTIME_OPENMP ? ThreadRuntime::openmp : ThreadRuntime::team);
+  });
+}
+
+simdattn_thread_runtime simdattn_get_thread_runtime(void) {
+  return thread_runtime() == ThreadRuntime::openmp ? SIMDATTN_THREAD_RUNTIME_OPENMP : SIMDATTN_THREAD_RUNTIME_TEAM;
+}
+
 }  // extern "C"

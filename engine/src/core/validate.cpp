@@ -2,6 +2,7 @@
 // so an invalid call throws without writing anything.
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
 #include <span>
@@ -466,6 +467,17 @@ void check_isa() {
   } catch (const std::runtime_error& e) {
     throw Error("SIMDATTN_ISA", e.what());
   }
+  env_thread_runtime();
+}
+
+ThreadRuntime env_thread_runtime() {
+  static const std::string value = [] {
+    const char* v = std::getenv("SIMDATTN_THREAD_RUNTIME");
+    return std::string(v == nullptr ? "" : v);
+  }();
+  if (value.empty() || value == "team") return ThreadRuntime::team;
+  if (value == "openmp") return ThreadRuntime::openmp;
+  throw Error("SIMDATTN_THREAD_RUNTIME", "expected team or openmp, got '" + value + "'");
 }
 
 }  // namespace simdattn::detail

@@ -9,6 +9,7 @@
 #include "core/problem.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
+#include "simdattn/runtime.hpp"
 
 namespace simdattn::detail {
 
@@ -63,7 +64,13 @@ void set_softcap_alibi_sinks(P& p, const Options& opt, const Span& so) {
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a
 // bad environment is a named input error on every path, never an escape from a parallel region.
+// It also reads SIMDATTN_THREAD_RUNTIME (env_thread_runtime): a value other than team or openmp
+// throws Error("SIMDATTN_THREAD_RUNTIME", ...).
 void check_isa();
+
+// The thread runtime SIMDATTN_THREAD_RUNTIME names (read once): team when unset or empty;
+// Error("SIMDATTN_THREAD_RUNTIME", ...) for a value other than team or openmp.
+ThreadRuntime env_thread_runtime();
 
 // Validates the arguments of attention() and builds the Problem. Throws Error.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,

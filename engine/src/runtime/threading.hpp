@@ -26,6 +26,7 @@
 #include <omp.h>
 
 #include "runtime/team.hpp"
+#include "runtime/thread_runtime.hpp"
 
 namespace simdattn::detail {
 
@@ -68,13 +69,13 @@ class OpenMpScope {
 };
 
 // body(t, T) on T threads, t = 0 on the caller: the calling thread's team (team.hpp), or
-// OpenMP's threads inside an OpenMpScope. T may be less than nt: the process-wide thread budget
+// OpenMP's threads under the openmp runtime (thread_runtime.hpp) or inside an OpenMpScope. T may be less than nt: the process-wide thread budget
 // (ThreadClaim) leaves a call the threads other calls do not hold, and the system may refuse a
 // thread.
 template <class Body>
 void run_parallel(int nt, Body&& body) {
   const ThreadClaim claim(nt);  // within the process-wide budget (team.hpp)
-  if (OpenMpScope::active()) {
+  if (OpenMpScope::active() || current_thread_runtime() == ThreadRuntime::openmp) {
 #pragma omp parallel num_threads(claim.threads())
     body(omp_get_thread_num(), omp_get_num_threads());
     return;
