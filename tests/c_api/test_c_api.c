@@ -1229,6 +1229,11 @@ static void test_errors(void) {
   set_context("simdattn_set_thread_budget");
   CHECK_ERROR(simdattn_set_thread_budget(-1), SIMDATTN_ERROR_INVALID_ARGUMENT, "threads");
   CHECK_OK(simdattn_set_thread_budget(0));
+  set_context("simdattn_set_verbose");
+  simdattn_set_verbose(1);
+  CHECK(simdattn_get_verbose() == 1);
+  simdattn_set_verbose(0);
+  CHECK(simdattn_get_verbose() == 0);
   set_context("");
 }
 

@@ -469,6 +469,11 @@ SIMDATTN_C_API simdattn_status simdattn_get_info(simdattn_info* info);
 /* simdattn::set_thread_budget: the most threads all concurrent calls use together (0: the CPUs
  * the process may run on). */
 SIMDATTN_C_API simdattn_status simdattn_set_thread_budget(int threads);
+/* simdattn::set_verbose: nonzero turns verbose mode on (one line per call on stderr, as
+ * SIMDATTN_VERBOSE=1 does), zero off. Cannot fail. */
+SIMDATTN_C_API void simdattn_set_verbose(int on);
+/* 1 when verbose mode is on (set_verbose, else SIMDATTN_VERBOSE), else 0. */
+SIMDATTN_C_API int simdattn_get_verbose(void);
 
 #ifdef __cplusplus
 }

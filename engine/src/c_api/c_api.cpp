@@ -208,4 +208,8 @@ simdattn_status simdattn_set_thread_budget(int threads) {
   return guarded([&] { set_thread_budget(threads); });
 }
 
+void simdattn_set_verbose(int on) { set_verbose(on != 0); }
+
+int simdattn_get_verbose(void) { return verbose() ? 1 : 0; }
+
 }  // extern "C"
