@@ -267,7 +267,7 @@ SIMDATTN_C_API void simdattn_mha_weights_init(simdattn_mha_weights* weights);
 typedef struct simdattn_pretrained_options {
   size_t struct_size;
   const char* stack;     /* NULL or "": the family's; T5: "encoder" or "decoder" */
-  const char* attention; /* NULL: "self"; or "cross" */
+  const char* attention; /* "self" or "cross"; NULL: self, or the sub-layer a diffusers prefix names (attn1/attn2) */
   int has_dtype;         /* 0: the checkpoint's dtype */
   simdattn_dtype dtype;
 } simdattn_pretrained_options;

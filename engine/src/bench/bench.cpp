@@ -70,4 +70,39 @@ double measure_fma_peak(int threads, double seconds) {
   return best;
 }
 
+namespace {
+
+// tdpbf16ps's throughput on `threads` threads (the probe of peak/amx-bf16/t<N>), best of a few
+// runs of about `seconds` in total.
+double measure_amx_peak(int threads, double seconds) {
+  const auto& probe = simd::kernels().probe;
+  constexpr std::int64_t kIters = std::int64_t{1} << 16;  // ~1.2 ms per run at 4.75 ns a product
+  constexpr double kFlopsPerIter = 4.0 * 2 * 16 * 16 * 32;  // four tdpbf16ps
+  const auto start = std::chrono::steady_clock::now();
+  double best = 0.0;
+  float sink = 0.f;
+  for (int run = 0; run < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds; ++run) {
+    const auto t0 = std::chrono::steady_clock::now();
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += probe.amx_peak(kIters);
+    const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, double(kIters) * kFlopsPerIter * threads / dt * 1e-9);
+  }
+  volatile float keep = sink;
+  (void)keep;
+  return best;
+}
+
+}  // namespace
+
+Peak measure_peak(DType dtype, int threads, double seconds) {
+  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
+  detail::check_isa();
+  if (dtype == DType::bf16 && simd::kernels().probe.amx_peak != nullptr)
+    return {"amx-bf16", measure_amx_peak(threads, seconds)};
+  const double fma = measure_fma_peak(threads, seconds);
+  if (dtype == DType::f64) return {"fma-f64", fma / 2};
+  return {"fma-f32", fma};
+}
+
 }  // namespace simdattn
