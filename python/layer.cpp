@@ -227,7 +227,7 @@ RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's
                     return MultiHeadAttention::from_diffusers(path, prefix, heads,
                                                               pretrained_options("", attention_kind, dtype));
                   },
-                  py::arg("path"), py::arg("prefix"), py::arg("heads"), py::arg("attention") = "self",
+                  py::arg("path"), py::arg("prefix"), py::arg("heads"), py::arg("attention") = "",
                   py::arg("dtype") = py::none(),
                   "A diffusers transformer block's attn1 ('self') or attn2 ('cross') under `prefix`.")
       .def("forward", &forward_py, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),

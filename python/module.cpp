@@ -45,6 +45,10 @@ PYBIND11_MODULE(_simdattn, m) {
   error.attr("__doc__") = "Invalid input to a simdattn call; .argument names the argument (or file) at fault.";
 
   m.attr("__version__") = kVersionString;
+  m.def("set_verbose", &set_verbose, py::arg("on"),
+        "Verbose mode on or off: one 'simdattn: op=... key=value ...' line per call on stderr (as "
+        "SIMDATTN_VERBOSE=1 in the environment; docs/design.md, 'Verbose mode').");
+  m.def("verbose", &verbose, "Whether verbose mode is on.");
 
   python::bind_array(m);
   python::bind_attention(m);

@@ -1240,6 +1240,12 @@ static void test_errors(void) {
     CHECK_OK(simdattn_set_thread_runtime(before));
     CHECK(simdattn_get_thread_runtime() == before);
   }
+
+  set_context("simdattn_set_verbose");
+  simdattn_set_verbose(1);
+  CHECK(simdattn_get_verbose() == 1);
+  simdattn_set_verbose(0);
+  CHECK(simdattn_get_verbose() == 0);
   set_context("");
 }
 

@@ -111,6 +111,33 @@ class Models(test_cli.CliCase):
                          "--key", self.save("c.npy", ctx), "--value", self.save("c.npy", ctx), "--backend", backend)
             self.check(y, mf.diffusers_reference(W, x, enc=ctx, attention="cross"), "F16", "attn2 " + backend)
 
+    def test_diffusers_prefix_naming_the_sub_layer(self):
+        """A --prefix as the tensor names spell it (...attn1 / ...attn2, with or without a final '.')
+        selects that sub-layer; --attention agreeing with it is accepted, contradicting it is one
+        line naming both flags."""
+        path = self.path("unet.safetensors")
+        W = mf.write_diffusers(path, self.rng)
+        x = self.rng.standard_normal((1, 8, 32)).astype(np.float32)
+        ctx = self.rng.standard_normal((1, 5, 24)).astype(np.float32)
+        block = mf.DIFFUSERS_PREFIX.rstrip(".")
+        common = ["--weights", path, "--family", "diffusers", "--heads", "4", "--query", self.save("x.npy", x)]
+        kv = ["--key", self.save("c.npy", ctx), "--value", self.save("c.npy", ctx)]
+        for prefix in (block + ".attn2", block + ".attn2."):
+            for attention in ([], ["--attention", "cross"]):
+                y = self.mha(*common, "--prefix", prefix, *attention, *kv)
+                self.check(y, mf.diffusers_reference(W, x, enc=ctx, attention="cross"), "F16", prefix)
+        for attention in ([], ["--attention", "self"]):
+            y = self.mha(*common, "--prefix", block + ".attn1", *attention)
+            self.check(y, mf.diffusers_reference(W, x), "F16", "attn1")
+        os.remove(self.path("y.npy"))  # a refused call writes none
+        err = self.mha(*common, "--prefix", block + ".attn2", "--attention", "self", *kv, rc=2)
+        self.assertIn("--attention: self contradicts --prefix " + block + ".attn2, which names attn2", err)
+        err = self.mha(*common, "--prefix", block + ".attn1", "--attention", "cross", *kv, rc=2)
+        self.assertIn("--attention: cross contradicts --prefix " + block + ".attn1", err)
+        # attn2 needs the encoder's output, as --attention cross does
+        err = self.mha(*common, "--prefix", block + ".attn2", rc=2)
+        self.assertIn("--key: cross-attention needs --key and --value", err)
+
     def test_single_file_before_index(self):
         """A directory holding both model.safetensors and a sharded index is read from the single
         file, as Hugging Face's loaders read it."""

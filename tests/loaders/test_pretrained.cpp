@@ -232,4 +232,16 @@ TEST_CASE("from_pretrained: errors name the file, the config key or the tensor, 
   CHECK(error_of([&] { MultiHeadAttention::from_pretrained(dir.path, 0); }).find("config.json | ") != std::string::npos);
   CHECK(error_of([&] { MultiHeadAttention::from_diffusers(dir.path + "/none.safetensors", "b", 4); })
             .find("none.safetensors") != std::string::npos);
+  // a prefix naming attn1 / attn2 selects it: options.attention may agree, not contradict (checked
+  // before the file is read)
+  PretrainedOptions self, cross;
+  self.attention = "self", cross.attention = "cross";
+  CHECK(error_of([&] { MultiHeadAttention::from_diffusers(dir.path + "/none.safetensors", "b.attn2", 4, self); })
+            .find("'self' contradicts the prefix 'b.attn2', which names attn2 (cross-attention)") != std::string::npos);
+  CHECK(error_of([&] { MultiHeadAttention::from_diffusers(dir.path + "/none.safetensors", "b.attn2", 4, self); })
+            .find("attention | ") == 0);
+  CHECK(error_of([&] { MultiHeadAttention::from_diffusers(dir.path + "/none.safetensors", "b.attn1.", 4, cross); })
+            .find("'cross' contradicts the prefix 'b.attn1.'") != std::string::npos);
+  CHECK(error_of([&] { MultiHeadAttention::from_diffusers(dir.path + "/none.safetensors", "b.attn2", 4, cross); })
+            .find("none.safetensors") != std::string::npos);
 }

@@ -1,7 +1,9 @@
 // `simdattn compare`: every backend of the build on the same random inputs (docs/design.md's
 // command-line contract). For each backend: median wall time of repeated calls after a warm-up,
-// GFLOP/s (causal counts visible pairs), % of this machine's FMA peak (measured in the same run),
-// and max |O - O_ref| against the reference backend. When the reference would take too long
+// GFLOP/s (causal counts visible pairs), % of the peak that applies to the dtype here (measured in
+// the same run, measure_peak: the AMX tile peak for bf16 on AMX, half the f32 FMA peak for f64,
+// else the f32 FMA peak; the table's header names it), and max |O - O_ref| against the reference
+// backend. When the reference would take too long
 // (more than kReferenceFullFlops per call), it is not timed and the errors are taken on a sample
 // of query rows, every batch and head, which the output says. --dtype runs every backend that
 // takes it here on the same inputs rounded to it (the reference computes in f64 and rounds its
@@ -208,6 +210,13 @@ void reference_on_rows(Bench& b) {
   }
 }
 
+// What a peak's name means, for the table's header line.
+const char* peak_meaning(std::string_view name) {
+  if (name == "amx-bf16") return "AMX tile products, tdpbf16ps: bf16 runs on tiles here";
+  if (name == "fma-f64") return "f64 FMAs, half the f32 FMA peak";
+  return "f32 FMAs of the ISA in use";
+}
+
 struct Result {
   Backend backend;
   int runs = 0;
@@ -283,7 +292,7 @@ std::vector<Result> run_backends(Bench& b) {
   return results;
 }
 
-void print_json(const Bench& b, const std::vector<Result>& results, double peak) {
+void print_json(const Bench& b, const std::vector<Result>& results, const Peak& peak) {
   nlohmann::json arr = nlohmann::json::array();
   for (const Result& r : results)
     arr.push_back({{"backend", std::string(backend_name(r.backend))},
@@ -298,17 +307,18 @@ void print_json(const Bench& b, const std::vector<Result>& results, double peak)
                    {"tolerance", b.tolerance},
                    {"rows_checked", b.full_reference ? b.p.Sq : b.rows_checked()},
                    {"flops", b.flops},
-                   {"peak_gflops", peak}});
+                   {"peak", std::string(peak.name)},
+                   {"peak_gflops", peak.gflops}});
   std::cout << arr.dump(2) << std::endl;
 }
 
-void print_table(const Bench& b, const std::vector<Result>& results, double peak) {
+void print_table(const Bench& b, const std::vector<Result>& results, const Peak& peak) {
   const Problem& p = b.p;
   char line[256];
   std::cout << "simdattn compare: " << p.name << " (" << describe(p) << "), " << dtype_name(b.dtype) << ", " << b.threads
             << (b.threads == 1 ? " thread" : " threads") << '\n';
-  std::snprintf(line, sizeof line, "%.3g GFLOP per call; FMA peak measured now: %.1f GFLOP/s on %d thread(s)\n",
-                b.flops * 1e-9, peak, b.threads);
+  std::snprintf(line, sizeof line, "%.3g GFLOP per call; %% peak is of the %s peak (%s): %.1f GFLOP/s on %d thread(s), measured now\n",
+                b.flops * 1e-9, std::string(peak.name).c_str(), peak_meaning(peak.name), peak.gflops, b.threads);
   std::cout << line;
   std::snprintf(line, sizeof line, "%-10s %12s %10s %8s %13s %6s\n", "backend", "median ms", "GFLOP/s", "% peak",
                 "max abs err", "runs");
@@ -343,10 +353,11 @@ void compare(const CompareArgs& a) {
   const bool verbose = !b.full_reference;  // anything that takes more than a few seconds
   make_inputs(b);
 
-  // The FMA peak, measured before and after the backends (this VM's second core is sometimes
-  // unavailable for a fraction of a second; the larger of the two is the machine's).
-  progress(verbose, "measuring the FMA peak on " + std::to_string(b.threads) + " threads");
-  double peak = measure_fma_peak(b.threads);
+  // The peak that applies to the dtype (measure_peak), measured before and after the backends
+  // (this VM's second core is sometimes unavailable for a fraction of a second; the larger of the
+  // two is the machine's).
+  progress(verbose, "measuring the peak on " + std::to_string(b.threads) + " threads");
+  Peak peak = measure_peak(b.dtype, b.threads);
   b.rows = checked_rows(b.p, b.full_reference);
   b.ref = array_of(b.dtype, {b.p.B, b.p.H, b.rows_checked(), b.p.Dv});
   if (!b.full_reference) {
@@ -354,8 +365,8 @@ void compare(const CompareArgs& a) {
     reference_on_rows(b);
   }
   std::vector<Result> results = run_backends(b);
-  peak = std::max(peak, measure_fma_peak(b.threads));
-  for (Result& r : results) r.percent_of_peak = 100.0 * r.gflops / peak;
+  peak.gflops = std::max(peak.gflops, measure_peak(b.dtype, b.threads).gflops);
+  for (Result& r : results) r.percent_of_peak = 100.0 * r.gflops / peak.gflops;
 
   if (a.json) print_json(b, results, peak);
   else print_table(b, results, peak);
@@ -387,7 +398,7 @@ void add_options(CLI::App& sub, CompareArgs& a) {
 
 Command add_compare_command(CLI::App& app) {
   return add_command<CompareArgs>(
-      app, "compare", "Every backend on the same random inputs: median time, GFLOP/s, % of FMA peak, error",
+      app, "compare", "Every backend on the same random inputs: median time, GFLOP/s, % of the dtype's peak, error",
       add_options, compare);
 }
 

@@ -5,6 +5,7 @@
 #include <utility>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "args.hpp"
@@ -200,6 +201,22 @@ MhaOptions call_options(const MhaArgs& a) {
 // diffusers block (--weights, --family diffusers, --prefix, --heads); the flags each needs and
 // refuses, checked before any file is read.
 enum class Source { hand, model, diffusers };
+
+// The sub-layer a published checkpoint's call runs: --attention; with --family diffusers a
+// --prefix whose last component is attn1 or attn2 (the tensor names' spelling) selects it, and
+// contradicts --attention only with an error naming both (from_diffusers checks the same).
+std::string attention_of(const MhaArgs& a, Source s) {
+  std::string_view prefix = a.prefix;
+  if (prefix.ends_with('.')) prefix.remove_suffix(1);
+  const std::string_view last = prefix.substr(prefix.rfind('.') == std::string_view::npos ? 0 : prefix.rfind('.') + 1);
+  if (s != Source::diffusers || (last != "attn1" && last != "attn2")) return a.attention.empty() ? "self" : a.attention;
+  const std::string named = last == "attn1" ? "self" : "cross";
+  if (!a.attention.empty() && a.attention != named)
+    throw UsageError("--attention: " + a.attention + " contradicts --prefix " + a.prefix + ", which names " +
+                     std::string(last) + " (" + named + "-attention)");
+  return named;
+}
+
 Source source_of(const MhaArgs& a) {
   if (!a.model.empty()) {
     if (!a.weights.empty()) throw UsageError("--weights: give --model or --weights, not both");
@@ -217,7 +234,7 @@ Source source_of(const MhaArgs& a) {
   const Source s = !a.model.empty() ? Source::model : !a.family.empty() ? Source::diffusers : Source::hand;
   if (s == Source::hand && (!a.stack.empty() || !a.attention.empty()))
     throw UsageError(std::string(a.stack.empty() ? "--attention" : "--stack") + ": goes with --model or --family diffusers");
-  if (s != Source::hand && (a.attention == "cross") != !a.key.empty())
+  if (s != Source::hand && (attention_of(a, s) == "cross") != !a.key.empty())
     throw UsageError(a.key.empty() ? "--key: cross-attention needs --key and --value (the encoder's output)"
                                    : "--key: self-attention takes no --key or --value");
   if (s != Source::hand) {
@@ -323,7 +340,9 @@ void add_options(CLI::App& sub, MhaArgs& a) {
                  "attention layers, as docs/models.md lists");
   sub.add_option("--layer", a.layer, "with --model: the layer, from 0");
   sub.add_option("--stack", a.stack, "with --model, t5: encoder (default) | decoder");
-  sub.add_option("--attention", a.attention, "with --model (t5's decoder) or --family diffusers: self (default) | cross");
+  sub.add_option("--attention", a.attention,
+                 "with --model (t5's decoder) or --family diffusers: self (default) | cross; a diffusers --prefix "
+                 "ending in attn1 or attn2 selects it");
   sub.add_option("--family", a.family, "with --weights: diffusers (a transformer block's attn1 / attn2 under --prefix)");
   sub.add_option("--weights", a.weights, "layer weights (.safetensors; torch or Hugging Face names)");
   sub.add_option("--heads", a.heads, "query heads (with --weights)");

@@ -1,5 +1,5 @@
 // Benchmarking aids shared by perf/ and tools/ (not part of the umbrella header): the
-// standard attention workloads (docs/design.md), their FLOP counts and the machine's FMA peak.
+// standard attention workloads (docs/design.md), their FLOP counts and the machine's peaks.
 #pragma once
 
 #include "simdattn/export.hpp"
@@ -33,5 +33,19 @@ SIMDATTN_API double attention_flops(std::int64_t B, std::int64_t H, std::int64_t
 // yardstick `simdattn compare` and the perf suite state their speeds against (perf/ measures the
 // same probe as peak/fma/t<N>).
 SIMDATTN_API double measure_fma_peak(int threads, double seconds = 0.2);
+
+// The peak an attention call in `dtype` is measured against here, named:
+//   "amx-bf16"  bf16 when the kernels in use have AMX tiles: tdpbf16ps's throughput (four
+//               independent tile products on resident tiles, as peak/amx-bf16/t<N>), which the
+//               native backend's bf16 products run on (and oneDNN's bf16 matmuls);
+//   "fma-f64"   f64: half the f32 FMA peak (a vector holds half the lanes);
+//   "fma-f32"   every other case: f32, f16, and bf16 without AMX, whose products the native
+//               backend computes in f32 FMAs (K, V and Q widened as they are packed; AVX512-BF16's
+//               vdpbf16ps serves the layer's 16-bit GEMM, not attention).
+struct Peak {
+  std::string_view name;
+  double gflops = 0.0;
+};
+SIMDATTN_API Peak measure_peak(DType dtype, int threads, double seconds = 0.2);
 
 }  // namespace simdattn

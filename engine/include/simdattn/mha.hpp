@@ -74,8 +74,9 @@ struct MhaConfig {
 struct PretrainedOptions {
   // T5: "encoder" (the default) or "decoder"; the other families have one stack.
   std::string stack = {};
-  // "self" (the default) or "cross": T5's decoder and diffusers' transformer blocks have both.
-  std::string attention = "self";
+  // "self" or "cross": T5's decoder and diffusers' transformer blocks have both. Empty (the
+  // default): self, or the sub-layer a diffusers prefix names (a last component attn1 or attn2).
+  std::string attention = {};
   // The layer's dtype (f32, f64, bf16 or f16); absent: the checkpoint's (its query weight's).
   std::optional<DType> dtype = {};
 };
@@ -189,7 +190,9 @@ class SIMDATTN_API MultiHeadAttention {
                                             const PretrainedOptions& options = {});
   // A diffusers transformer block's attn1 (self) or attn2 (cross: to_k and to_v of width
   // cross_attention_dim) under `prefix` (e.g. "down_blocks.0.attentions.0.transformer_blocks.0")
-  // in a safetensors file: to_q, to_k, to_v without bias, to_out.0 with one.
+  // in a safetensors file: to_q, to_k, to_v without bias, to_out.0 with one. A prefix whose last
+  // component is attn1 or attn2 (as the tensor names spell it, "...transformer_blocks.0.attn2")
+  // selects that sub-layer; options.attention must then be empty or agree (Error("attention")).
   static MultiHeadAttention from_diffusers(const std::string& path, const std::string& prefix, std::int64_t heads,
                                            const PretrainedOptions& options = {});
   // The dtype the checkpoint stores that layer's weights in (its query weight's: f32, f64, bf16

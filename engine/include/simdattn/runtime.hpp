@@ -14,7 +14,10 @@ struct RuntimeInfo {
   std::string isa;                   // ISA the SIMD kernels dispatch to (sse2/avx2/avx512)
   bool isa_forced = false;           // chosen by SIMDATTN_ISA rather than detection
   std::vector<std::string> isas;     // ISAs the CPU supports, best first
-  std::vector<std::string> isa_notes;  // why an ISA the CPU reports is not usable (e.g. AMX without the OS's permission)
+  // Why a better ISA than `isa` is not in use, one line each: the CPU has AMX but the OS does not
+  // enable its tile state or Linux refused the tile data permission (arch_prctl's error), or
+  // SIMDATTN_ISA forces a lower level than the best usable one.
+  std::vector<std::string> isa_notes;
   int default_threads = 1;           // threads a call with threads = 0 asks for
   int thread_budget = 1;             // set_thread_budget()
   std::vector<std::string> backends; // backends built in
@@ -53,5 +56,13 @@ enum class ThreadRuntime { team, openmp };
 SIMDATTN_API std::string_view thread_runtime_name(ThreadRuntime r) noexcept;
 SIMDATTN_API void set_thread_runtime(ThreadRuntime r);
 SIMDATTN_API ThreadRuntime thread_runtime() noexcept;
+
+// Verbose mode: one line per public call on stderr (attention, attention_paged, linear_attention,
+// a layer's forwards), `simdattn: op=... backend=... path=... not=... isa=... dtype=... threads=...
+// time_us=...`, written whole even when threads call at once (docs/design.md, "Verbose mode").
+// Off by default; SIMDATTN_VERBOSE set to anything but "" or "0" turns it on (read at the first
+// call), set_verbose overrides it for the process. Off, a call pays one relaxed atomic load.
+SIMDATTN_API void set_verbose(bool on) noexcept;
+SIMDATTN_API bool verbose() noexcept;
 
 }  // namespace simdattn

@@ -267,7 +267,7 @@ SIMDATTN_C_API void simdattn_mha_weights_init(simdattn_mha_weights* weights);
 typedef struct simdattn_pretrained_options {
   size_t struct_size;
   const char* stack;     /* NULL or "": the family's; T5: "encoder" or "decoder" */
-  const char* attention; /* NULL: "self"; or "cross" */
+  const char* attention; /* "self" or "cross"; NULL: self, or the sub-layer a diffusers prefix names (attn1/attn2) */
   int has_dtype;         /* 0: the checkpoint's dtype */
   simdattn_dtype dtype;
 } simdattn_pretrained_options;
@@ -469,6 +469,11 @@ SIMDATTN_C_API simdattn_status simdattn_get_info(simdattn_info* info);
 /* simdattn::set_thread_budget: the most threads all concurrent calls use together (0: the CPUs
  * the process may run on). */
 SIMDATTN_C_API simdattn_status simdattn_set_thread_budget(int threads);
+/* simdattn::set_verbose: nonzero turns verbose mode on (one line per call on stderr, as
+ * SIMDATTN_VERBOSE=1 does), zero off. Cannot fail. */
+SIMDATTN_C_API void simdattn_set_verbose(int on);
+/* 1 when verbose mode is on (set_verbose, else SIMDATTN_VERBOSE), else 0. */
+SIMDATTN_C_API int simdattn_get_verbose(void);
 
 /* simdattn::set_thread_runtime: the threads every parallel loop runs on, process-wide. TEAM (the
  * default): the library's own workers per calling thread; OPENMP: OpenMP parallel regions (the

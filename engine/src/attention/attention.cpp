@@ -1,8 +1,10 @@
 #include "simdattn/attention.hpp"
 
+#include "attention/verbose.hpp"
 #include "core/backends.hpp"
 #include "core/validate.hpp"
 #include "runtime/team.hpp"
+#include "runtime/threading.hpp"
 
 #include <string>
 
@@ -55,13 +57,19 @@ bool backend_takes(Backend b, DType dtype) noexcept {
   return true;
 }
 
-void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
-               const TensorView& out, const AttentionOptions& options) {
+namespace {
+
+void run_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                   const TensorView& out, const AttentionOptions& options, detail::VerboseCall* verbose) {
   const detail::CallScope in_use;  // the thread budget counts this thread as busy
   if (!backend_available(options.backend))
     throw Error("options.backend", "backend '" + std::string(backend_name(options.backend)) +
                                        "' is not available in this build");
   const detail::Problem p = detail::make_problem(q, k, v, out, options);
+  if (verbose != nullptr) {
+    detail::describe_attention(*verbose, p, options.backend);
+    if (options.backend == Backend::onednn) verbose->set_threads(detail::resolve_threads(p.threads));
+  }
   switch (options.backend) {
     case Backend::reference: detail::attention_reference(p); break;
     case Backend::native: detail::attention_native(p); break;
@@ -72,6 +80,13 @@ void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTe
       break;
   }
   detail::write_scores(p);
+}
+
+}  // namespace
+
+void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+               const TensorView& out, const AttentionOptions& options) {
+  detail::verbose_entry("attention", [&](detail::VerboseCall* verbose) { run_attention(q, k, v, out, options, verbose); });
 }
 
 }  // namespace simdattn

@@ -11,6 +11,7 @@
 #include "core/validate.hpp"
 #include "runtime/team.hpp"
 #include "runtime/thread_runtime.hpp"
+#include "runtime/verbose.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/isa.hpp"
@@ -29,7 +30,11 @@ RuntimeInfo runtime_info() {
   info.isa = std::string(simd::isa_name(simd::selected_isa()));
   info.isa_forced = simd::isa_forced();
   for (simd::Isa isa : simd::available_isas()) info.isas.emplace_back(simd::isa_name(isa));
-  info.isa_notes = simd::isa_notes();
+  info.isa_notes = simd::isa_notes();  // the CPU has AMX but the OS does not let it be used
+  const auto& usable = simd::available_isas();
+  if (info.isa_forced && simd::selected_isa() != usable.front())
+    info.isa_notes.push_back(std::string(simd::isa_name(usable.front())) + ": usable here but not used: SIMDATTN_ISA=" +
+                             info.isa + " forces a lower level");
   info.thread_budget = detail::thread_budget();
   info.thread_runtime = std::string(thread_runtime_name(thread_runtime()));
   info.default_threads = std::max(1, std::min(omp_get_max_threads(), info.thread_budget));
@@ -51,5 +56,9 @@ void set_thread_budget(int threads) {
 }
 
 int thread_budget() noexcept { return detail::thread_budget(); }
+
+void set_verbose(bool on) noexcept { detail::set_verbose(on); }
+
+bool verbose() noexcept { return detail::verbose_on(); }
 
 }  // namespace simdattn

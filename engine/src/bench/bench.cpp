@@ -50,24 +50,54 @@ double attention_flops(std::int64_t B, std::int64_t H, std::int64_t Sq, std::int
   return 2.0 * double(B) * double(H) * pairs * double(D + Dv);
 }
 
-double measure_fma_peak(int threads, double seconds) {
-  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
-  detail::check_isa();
-  const auto& probe = simd::kernels().probe;
-  constexpr std::int64_t kIters = std::int64_t{1} << 20;  // ~3 ms per chain run at this peak
+namespace {
+
+// GFLOP/s of probe(t) (a run's value on thread t, which must be used) on `threads` threads, each
+// run `flops_per_thread` FLOPs per thread: the best of at least 3 runs and about `seconds`.
+template <class Probe>
+double best_rate(int threads, double seconds, double flops_per_thread, Probe probe) {
   const auto start = std::chrono::steady_clock::now();
   double best = 0.0;
   float sink = 0.f;
   for (int run = 0; run < 3 || std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count() < seconds; ++run) {
     const auto t0 = std::chrono::steady_clock::now();
 #pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += probe.fma_chains(kIters, 0.5f + static_cast<float>(omp_get_thread_num()));
+    sink += probe(omp_get_thread_num());
     const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, double(kIters) * probe.flops_per_iter * threads / dt * 1e-9);
+    best = std::max(best, flops_per_thread * threads / dt * 1e-9);
   }
-  volatile float keep = sink;  // the chains' result must be used
+  volatile float keep = sink;  // the probes' result must be used
   (void)keep;
   return best;
+}
+
+// tdpbf16ps's throughput on `threads` threads (the probe of peak/amx-bf16/t<N>).
+double measure_amx_peak(int threads, double seconds) {
+  const auto& probe = simd::kernels().probe;
+  constexpr std::int64_t kIters = std::int64_t{1} << 16;  // ~1.2 ms per run at 4.75 ns a product
+  constexpr double kFlopsPerIter = 4.0 * 2 * 16 * 16 * 32;  // four tdpbf16ps
+  return best_rate(threads, seconds, double(kIters) * kFlopsPerIter, [&](int) { return probe.amx_peak(kIters); });
+}
+
+}  // namespace
+
+double measure_fma_peak(int threads, double seconds) {
+  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
+  detail::check_isa();
+  const auto& probe = simd::kernels().probe;
+  constexpr std::int64_t kIters = std::int64_t{1} << 20;  // ~3 ms per chain run at this peak
+  return best_rate(threads, seconds, double(kIters) * probe.flops_per_iter,
+                   [&](int t) { return probe.fma_chains(kIters, 0.5f + static_cast<float>(t)); });
+}
+
+Peak measure_peak(DType dtype, int threads, double seconds) {
+  if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
+  detail::check_isa();
+  if (dtype == DType::bf16 && simd::kernels().probe.amx_peak != nullptr)
+    return {"amx-bf16", measure_amx_peak(threads, seconds)};
+  const double fma = measure_fma_peak(threads, seconds);
+  if (dtype == DType::f64) return {"fma-f64", fma / 2};
+  return {"fma-f32", fma};
 }
 
 }  // namespace simdattn

@@ -221,4 +221,8 @@ simdattn_thread_runtime simdattn_get_thread_runtime(void) {
   return thread_runtime() == ThreadRuntime::openmp ? SIMDATTN_THREAD_RUNTIME_OPENMP : SIMDATTN_THREAD_RUNTIME_TEAM;
 }
 
+void simdattn_set_verbose(int on) { set_verbose(on != 0); }
+
+int simdattn_get_verbose(void) { return verbose() ? 1 : 0; }
+
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include "layer/projection.hpp"
 #include "layer/storage.hpp"
 #include "runtime/threading.hpp"
+#include "runtime/verbose.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/error.hpp"
 
@@ -175,7 +176,9 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
     AttentionOptions one = call.attention;
     one.threads = 1;
     const auto n = static_cast<std::int64_t>(segs.size());
+    VerboseCall* const verbose = VerboseCall::current();  // the workers' cores report to this call's line
     parallel_for_each_claimed(n, opt.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+      const VerboseAdopt report_to(verbose);
       for (std::int64_t i = i0; i < i1; ++i)
         if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, one);
     });

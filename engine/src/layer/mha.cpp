@@ -5,6 +5,8 @@
 
 #include <memory>
 #include <span>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <variant>
 
@@ -14,6 +16,7 @@
 #include "layer/storage.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
+#include "runtime/verbose.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn {
@@ -25,13 +28,57 @@ struct __attribute__((visibility("hidden"))) MultiHeadAttention::Storage {
 
 namespace {
 
+// What a call's verbose line says besides the attention core's path (runtime/verbose.hpp).
+struct CallShape {
+  std::string_view op;
+  DType kv_dtype;               // the cache's or pool's; the layer's without one
+  std::int64_t steps = -1;      // forward_batch / forward_pool: the steps (>= 0)
+  std::int64_t tokens = 0;      // their query rows
+  const ConstSeqView* query = nullptr;  // the other forwards: the query (and cross-attention's key)
+  const ConstSeqView* key = nullptr;
+};
+
+void describe(detail::VerboseCall& call, const MultiHeadAttention& mha, const MhaOptions& o, const CallShape& s) {
+  const MhaConfig& c = mha.config();
+  call.backend = backend_name(o.backend);
+  call.dtype = dtype_name(mha.dtype());
+  call.kv_dtype = dtype_name(s.kv_dtype);
+  if (s.query != nullptr) call.shape("x", detail::verbose_shape({s.query->B, s.query->S, c.d_model}));
+  if (s.key != nullptr) call.shape("kv", detail::verbose_shape({s.key->B, s.key->S, c.kdim}));
+  if (s.steps >= 0) {
+    call.shape("steps", std::to_string(s.steps));
+    call.shape("tokens", std::to_string(s.tokens));
+  }
+  call.shape("heads", std::to_string(c.heads));
+  call.shape("kv_heads", std::to_string(c.kv_heads));
+  call.shape("head_dim", std::to_string(c.head_dim));
+  std::string& opts = call.opts;
+  auto add = [&](std::string_view item) {
+    if (!opts.empty()) opts += ',';
+    opts += item;
+  };
+  if (o.causal != Causal::none) add("causal:" + std::string(causal_name(o.causal)));
+  else if (c.causal) add("causal:config");
+  if (!o.key_padding_mask.empty()) add("key_padding_mask");
+  if (o.attn_mask.data != nullptr) add("attn_mask");
+  if (!o.positions.empty()) add("positions");
+  if (o.attn_weights.data != nullptr) add("attn_weights");
+  if (c.rope) add("rope");
+  if (!c.q_norm.empty()) add("qk_norm");
+}
+
 // fn(layer) on the layer of the storage's dtype, inside the call's scopes: this thread counts as
-// busy in the thread budget, and the onednn backend runs on OpenMP's threads.
+// busy in the thread budget, and the onednn backend runs on OpenMP's threads. With verbose mode
+// on, the call's line (its attention core's calls give it their paths and write none).
 template <class Fn>
-void in_call(const detail::AnyLayerStorage& layer, const MhaOptions& options, Fn&& fn) {
-  const detail::CallScope in_use;
-  const detail::OpenMpScope threads(options.backend == Backend::onednn);
-  std::visit(fn, layer);
+void in_call(const MultiHeadAttention& mha, const detail::AnyLayerStorage& layer, const MhaOptions& options,
+             const CallShape& shape, Fn&& fn) {
+  detail::verbose_entry(shape.op, [&](detail::VerboseCall* verbose) {
+    if (verbose != nullptr) describe(*verbose, mha, options, shape);
+    const detail::CallScope in_use;
+    const detail::OpenMpScope threads(options.backend == Backend::onednn);
+    std::visit(fn, layer);
+  });
 }
 
 }  // namespace
@@ -58,29 +105,42 @@ DType MultiHeadAttention::dtype() const noexcept {
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
-  in_call(storage_->layer, options, [&](const auto& layer) { detail::self_forward(layer, query, out, options); });
+  const CallShape shape{"mha_forward", dtype(), -1, 0, &query};
+  in_call(*this, storage_->layer, options, shape,
+          [&](const auto& layer) { detail::self_forward(layer, query, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
                                  const SeqView& out, const MhaOptions& options) const {
-  in_call(storage_->layer, options,
+  const CallShape shape{"mha_forward_cross", dtype(), -1, 0, &query, &key};
+  in_call(*this, storage_->layer, options, shape,
           [&](const auto& layer) { detail::cross_forward(layer, query, key, value, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
   const detail::CacheRef ref = detail::cache_ref(config(), cache);
-  in_call(storage_->layer, options, [&](const auto& layer) { detail::cached_forward(layer, query, ref, out, options); });
+  const CallShape shape{"mha_forward_cached", cache.dtype(), -1, 0, &query};
+  in_call(*this, storage_->layer, options, shape,
+          [&](const auto& layer) { detail::cached_forward(layer, query, ref, out, options); });
 }
 
 void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
-  in_call(storage_->layer, options, [&](const auto& layer) { detail::batched_forward(layer, steps, options); });
+  std::int64_t tokens = 0;
+  for (const DecodeStep& s : steps) tokens += s.query.B * s.query.S;
+  const DType kv = steps.empty() || steps[0].cache == nullptr ? dtype() : steps[0].cache->dtype();
+  const CallShape shape{"mha_forward_batch", kv, static_cast<std::int64_t>(steps.size()), tokens};
+  in_call(*this, storage_->layer, options, shape,
+          [&](const auto& layer) { detail::batched_forward(layer, steps, options); });
 }
 
 void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer,
                                       const MhaOptions& options) const {
   detail::PoolState& state = detail::PoolAccess::state(pool);
-  in_call(storage_->layer, options,
+  std::int64_t tokens = 0;
+  for (const PoolStep& s : steps) tokens += s.query.S;
+  const CallShape shape{"mha_forward_pool", pool.dtype(), static_cast<std::int64_t>(steps.size()), tokens};
+  in_call(*this, storage_->layer, options, shape,
           [&](const auto& built) { detail::pool_forward(built, steps, state, layer, options); });
 }
 

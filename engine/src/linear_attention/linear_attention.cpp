@@ -19,6 +19,7 @@
 #include "linear_attention/phi.hpp"
 #include "runtime/prefetch.hpp"
 #include "runtime/threading.hpp"
+#include "runtime/verbose.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -119,10 +120,23 @@ void widened(const Problem& p, Run run) {
   });
 }
 
-}  // namespace
+// Verbose mode's fields (runtime/verbose.hpp): path= native (the chunked kernel; 16-bit inputs on
+// f32 copies: native.widened) or reference.
+void describe(detail::VerboseCall& call, const Problem& p, const LinearAttentionOptions& o) {
+  const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
+  call.backend = backend_name(o.backend);
+  call.take_path(std::string(backend_name(o.backend)) + (half && o.backend == Backend::native ? ".widened" : ""), "");
+  call.dtype = dtype_name(p.dtype);
+  call.kv_dtype = dtype_name(p.kv_dtype);
+  call.shape("q", detail::verbose_shape({p.B, p.H, p.Sq, p.D}));
+  call.shape("k", detail::verbose_shape({p.B, p.Hkv, p.Sk, p.D}));
+  call.shape("v", detail::verbose_shape({p.B, p.Hkv, p.Sk, p.Dv}));
+  call.opts = std::string(o.causal ? "causal," : "") + "phi:" + std::string(feature_map_name(o.feature_map)) +
+              ",chunk:" + std::to_string(o.chunk);
+}
 
-void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
-                      const TensorView& out, const LinearAttentionOptions& options) {
+void run_linear(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const TensorView& out,
+                const LinearAttentionOptions& options, detail::VerboseCall* verbose) {
   const detail::CallScope in_use;  // the thread budget counts this thread as busy
   AttentionOptions a;  // shapes, dtypes, strides, overlap, threads: the attention rules
   a.threads = options.threads;
@@ -141,6 +155,7 @@ void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const 
                                    "primitive for it)");
   if (options.backend != Backend::reference && options.backend != Backend::native)
     throw Error("options.backend", "unknown value " + std::to_string(int(options.backend)));
+  if (verbose != nullptr) describe(*verbose, p, options);
   if (p.B == 0 || p.H == 0 || p.Sq == 0 || p.Dv == 0) return;
   const bool half = p.dtype == DType::bf16 || p.dtype == DType::f16;
   if (half && options.backend == Backend::reference) {
@@ -154,6 +169,14 @@ void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const 
     if (p.dtype == DType::f32) native<float>(p, options);
     else native<double>(p, options);
   }
+}
+
+}  // namespace
+
+void linear_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                      const TensorView& out, const LinearAttentionOptions& options) {
+  detail::verbose_entry("linear_attention",
+                        [&](detail::VerboseCall* verbose) { run_linear(q, k, v, out, options, verbose); });
 }
 
 }  // namespace simdattn

@@ -42,7 +42,7 @@ void check_layer(const ConfigJson& c, const char* key, std::int64_t n, std::int6
 }
 
 void only_self(const FamilyContext& x, const char* family) {
-  if (x.opt.attention != "self")
+  if (!x.opt.attention.empty() && x.opt.attention != "self")
     throw Error("attention", std::string(family) + " has self-attention only, got '" + x.opt.attention + "'");
   if (!x.opt.stack.empty()) throw Error("stack", std::string(family) + " has one stack, got '" + x.opt.stack + "'");
 }
@@ -114,7 +114,7 @@ LayerPlan t5(const FamilyContext& x) {
   if (stack != "encoder" && stack != "decoder")
     throw Error("stack", "t5 has an encoder and a decoder stack, got '" + stack + "'");
   const bool decoder = stack == "decoder", cross = x.opt.attention == "cross";
-  if (x.opt.attention != "self" && !cross)
+  if (!x.opt.attention.empty() && x.opt.attention != "self" && !cross)
     throw Error("attention", "expected self or cross, got '" + x.opt.attention + "'");
   if (cross && !decoder) throw Error("attention", "t5's cross-attention is in the decoder stack (stack decoder)");
   p.cfg.d_model = x.c.integer("d_model");

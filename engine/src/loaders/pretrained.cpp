@@ -179,17 +179,37 @@ Planned plan_pretrained(const std::string& dir, std::int64_t layer, const Pretra
   return out;
 }
 
+// Where a diffusers sub-layer's tensors are: the block's prefix ("" or ending in '.') and
+// whether it is attn2. The prefix may name the sub-layer itself ("...transformer_blocks.0.attn2",
+// with or without a final '.'); `attention` then must be empty or agree with it.
+struct DiffusersBlock {
+  std::string base;
+  bool cross = false;
+};
+DiffusersBlock diffusers_block(const std::string& prefix, const std::string& attention) {
+  if (!attention.empty() && attention != "self" && attention != "cross")
+    throw Error("attention", "expected self (attn1) or cross (attn2), got '" + attention + "'");
+  std::string base = prefix;
+  if (!base.empty() && base.back() == '.') base.pop_back();
+  const std::size_t dot = base.rfind('.');
+  const std::string last = dot == std::string::npos ? base : base.substr(dot + 1);
+  if (last != "attn1" && last != "attn2") return {base.empty() ? base : base + ".", attention == "cross"};
+  const bool cross = last == "attn2";
+  if (!attention.empty() && (attention == "cross") != cross)
+    throw Error("attention", "'" + attention + "' contradicts the prefix '" + prefix + "', which names " + last + " (" +
+                                 (cross ? "cross" : "self") + "-attention)");
+  return {dot == std::string::npos ? std::string() : base.substr(0, dot + 1), cross};
+}
+
 Planned plan_diffusers(const std::string& path, const std::string& prefix, std::int64_t heads,
                        const PretrainedOptions& options) {
   if (heads < 1) throw Error("heads", "expected >= 1, got " + std::to_string(heads));
-  if (options.attention != "self" && options.attention != "cross")
-    throw Error("attention", "expected self (attn1) or cross (attn2), got '" + options.attention + "'");
   if (!options.stack.empty()) throw Error("stack", "a diffusers block has one stack, got '" + options.stack + "'");
+  const DiffusersBlock block = diffusers_block(prefix, options.attention);
   Planned out{Checkpoint::single(path), {}};
   const Checkpoint& ck = out.ck;
   LayerPlan& p = out.plan;
-  const std::string s =
-      prefix + (prefix.empty() || prefix.back() == '.' ? "" : ".") + (options.attention == "self" ? "attn1." : "attn2.");
+  const std::string s = block.base + (block.cross ? "attn2." : "attn1.");
   const SafetensorsEntry& q = ck.entry(s + "to_q.weight");
   if (q.shape.size() != 2 || q.shape[0] < heads || q.shape[0] % heads != 0)
     throw Error(path, "tensor '" + s + "to_q.weight' has shape " + shape_str(q.shape) + ", expected [heads*head_dim, " +

@@ -18,6 +18,7 @@ namespace {
 
 thread_local bool tl_in_worker = false;  // a team's worker thread
 thread_local bool tl_in_region = false;  // a caller running its share of a team call
+thread_local int tl_threads_used = 1;     // call_threads_used()
 
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
@@ -207,6 +208,7 @@ ThreadClaim::ThreadClaim(int nt) noexcept : granted_(1) {
   while (!g_in_use.compare_exchange_weak(used, used + self + extra, std::memory_order_relaxed));
   granted_ = 1 + extra;
   counted_ = self + extra;
+  tl_threads_used = std::max(tl_threads_used, granted_);
 }
 
 ThreadClaim::~ThreadClaim() {
@@ -214,6 +216,7 @@ ThreadClaim::~ThreadClaim() {
 }
 
 CallScope::CallScope() noexcept : counted_(tl_call_depth == 0 && !tl_in_worker && !tl_in_region) {
+  if (tl_call_depth == 0) tl_threads_used = 1;
   ++tl_call_depth;
   if (counted_ && g_in_use.fetch_add(1, std::memory_order_relaxed) > 0)
     g_last_overlap.store(now_ns(), std::memory_order_relaxed);
@@ -223,6 +226,8 @@ CallScope::~CallScope() {
   --tl_call_depth;
   if (counted_) g_in_use.fetch_sub(1, std::memory_order_relaxed);
 }
+
+int call_threads_used() noexcept { return tl_threads_used; }
 
 void run_on_team(int nt, void (*body)(void*, int, int) noexcept, void* context) {
   if (nt <= 1 || tl_in_worker || tl_in_region) {

@@ -74,6 +74,11 @@ class CallScope {
   bool counted_;
 };
 
+// The most threads one parallel loop of the calling thread's current call ran on (its own thread
+// included): the outermost CallScope starts it at 1, each ThreadClaim raises it to what it was
+// granted. What verbose mode reports as threads=.
+int call_threads_used() noexcept;
+
 // The budget: set_thread_budget(0) restores the default, the CPUs the process may run on (its
 // affinity mask) at first use.
 void set_thread_budget(int threads) noexcept;

@@ -9,6 +9,7 @@
 #include <tuple>
 #include <vector>
 
+#include "attention/verbose.hpp"
 #include "core/backends.hpp"
 #include "core/text.hpp"
 #include "core/validate.hpp"
@@ -265,13 +266,16 @@ namespace simdattn {
 void attention_paged(const ConstTensorView& q, const ConstTensorView& k_cache, const ConstTensorView& v_cache,
                      const BlockTable& block_table, std::span<const std::int64_t> seq_lens, const TensorView& out,
                      const PagedAttentionOptions& options) {
-  const detail::CallScope in_use;  // the thread budget counts this thread as busy
-  if (options.backend != Backend::native && options.backend != Backend::reference)
-    throw Error("options.backend", "attention_paged runs on the native and reference backends, not '" +
-                                       std::string(backend_name(options.backend)) + "'");
-  const detail::PagedProblem p = detail::make_paged_problem(q, k_cache, v_cache, block_table, seq_lens, out, options);
-  if (options.backend == Backend::reference) detail::paged_reference(p);
-  else detail::paged_native(p);
+  detail::verbose_entry("attention_paged", [&](detail::VerboseCall* verbose) {
+    const detail::CallScope in_use;  // the thread budget counts this thread as busy
+    if (options.backend != Backend::native && options.backend != Backend::reference)
+      throw Error("options.backend", "attention_paged runs on the native and reference backends, not '" +
+                                         std::string(backend_name(options.backend)) + "'");
+    const detail::PagedProblem p = detail::make_paged_problem(q, k_cache, v_cache, block_table, seq_lens, out, options);
+    if (verbose != nullptr) detail::describe_paged(*verbose, p, options.backend);
+    if (options.backend == Backend::reference) detail::paged_reference(p);
+    else detail::paged_native(p);
+  });
 }
 
 }  // namespace simdattn
