@@ -120,6 +120,14 @@ int register_all() {
         benchmark::RegisterBenchmark(name.c_str(), bench_attention<float>, w, b, t, Modifier::none)
             ->Unit(benchmark::kMillisecond)
             ;
+        if (b == simdattn::Backend::native && t == 2)  // the same on OpenMP's threads
+          benchmark::RegisterBenchmark(("attention/native/" + std::string(w.name) + ".openmp/t2").c_str(),
+                                       [w](benchmark::State& s) {
+                                         simdattn::perf::on_runtime(s, simdattn::ThreadRuntime::openmp, [&](auto& st) {
+                                           bench_attention<float>(st, w, simdattn::Backend::native, 2, Modifier::none);
+                                         });
+                                       })
+              ->Unit(benchmark::kMillisecond);
       }
     }
     // bf16 and f16 on the fast backends that take them here, named with the dtype after the

@@ -161,6 +161,14 @@ int register_all() {
         if (b == Backend::reference && std::string(w.name) != "bert-layer") continue;  // minutes otherwise
         benchmark::RegisterBenchmark(("mha/" + be + "/" + w.name + ts).c_str(), bench_layer<float>, w, b, t, false)
             ->Unit(benchmark::kMillisecond);
+        if (b == Backend::native && t == 2)  // the same on OpenMP's threads
+          benchmark::RegisterBenchmark(("mha/native/" + std::string(w.name) + ".openmp/t2").c_str(),
+                                       [w](benchmark::State& s) {
+                                         simdattn::perf::on_runtime(s, simdattn::ThreadRuntime::openmp, [&](auto& st) {
+                                           bench_layer<float>(st, w, Backend::native, 2, false);
+                                         });
+                                       })
+              ->Unit(benchmark::kMillisecond);
         if (b == Backend::native && std::string(w.name) == "gpt-layer")  // with RoPE on q and k
           benchmark::RegisterBenchmark(("mha/native/gpt-layer-rope" + ts).c_str(), bench_layer<float>, w, b, t, true)
               ->Unit(benchmark::kMillisecond);

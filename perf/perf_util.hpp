@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "simdattn/half.hpp"
+#include "simdattn/runtime.hpp"
 
 namespace simdattn::perf {
 
@@ -35,6 +36,16 @@ void timed_loop(benchmark::State& state, double per_iter, const char* counter, B
   const double iters = static_cast<double>(state.iterations());
   state.counters[counter] = per_iter * iters / wall * 1e-9;
   state.counters["wall_ms"] = wall / iters * 1e3;
+}
+
+// bench(state) with every parallel loop on the thread runtime r (restored after): the rows named
+// `.openmp` beside their team twins, so that one run compares the two runtimes interleaved.
+template <class Bench>
+void on_runtime(benchmark::State& state, simdattn::ThreadRuntime r, Bench&& bench) {
+  const simdattn::ThreadRuntime saved = simdattn::thread_runtime();
+  simdattn::set_thread_runtime(r);
+  bench(state);
+  simdattn::set_thread_runtime(saved);
 }
 
 }  // namespace simdattn::perf
