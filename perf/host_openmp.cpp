@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "simdattn/bench.hpp"
 #include "simdattn/simdattn.hpp"
 
 namespace {
@@ -101,7 +102,7 @@ int main(int argc, char** argv) {
   const std::vector<float> a = random(nn), b = random(nn);
   std::vector<float> c(nn);
   simdattn::AttentionOptions opt;
-  opt.causal = w->causal ? simdattn::Causal::top_left : simdattn::Causal::none;
+  opt.causal = w->causal;
   opt.threads = threads;
   auto call = [&] {
     simdattn::attention(simdattn::ConstTensorView(q.data(), {w->B, w->H, w->Sq, w->D}),

@@ -15,7 +15,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_cli  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run)
 
-KEYS = ("op", "backend", "path", "not", "isa", "dtype", "kv_dtype", "opts", "threads", "time_us")
+KEYS = ("op", "backend", "path", "not", "isa", "dtype", "kv_dtype", "opts", "threads", "runtime", "time_us")
 
 
 def verbose_lines(stderr):
@@ -37,6 +37,32 @@ def verbose_lines(stderr):
     return out
 
 
+class ThreadRuntime(test_cli.CliCase):
+    """SIMDATTN_THREAD_RUNTIME: `info` and the verbose line name the runtime; a bad value is an error."""
+
+    def test_info_and_the_verbose_line_name_it(self):
+        q, k, v = self.inputs(B=1, H=2, Hkv=2, Sq=300, Sk=300, D=16, Dv=16, dtype=np.float32)
+        qkv = ["--q", self.save("q.npy", q), "--k", self.save("k.npy", k), "--v", self.save("v.npy", v)]
+        for env, want in (({}, "team"), ({"SIMDATTN_THREAD_RUNTIME": "team"}, "team"),
+                          ({"SIMDATTN_THREAD_RUNTIME": "openmp"}, "openmp")):
+            r = self.run_cli("info", env=env)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertIn(f"thread runtime: {want}\n", r.stdout)
+            r = self.run_cli("run", *qkv, "--out", self.path(f"o_{want}.npy"), "--threads", "2",
+                             env=dict(env, SIMDATTN_VERBOSE="1"))
+            self.assertEqual(r.returncode, 0, r.stderr)
+            self.assertEqual([f["runtime"] for f in verbose_lines(r.stderr)], [want])
+        # both runtimes write the same bytes
+        self.assertEqual(np.load(self.path("o_team.npy")).tobytes(), np.load(self.path("o_openmp.npy")).tobytes())
+
+    def test_an_unknown_runtime_is_named(self):
+        for cmd in (["info"], ["compare", "--sq", "8"]):
+            r = self.run_cli(*cmd, env={"SIMDATTN_THREAD_RUNTIME": "tbb"})
+            self.assertNotEqual(r.returncode, 0)
+            self.assertIn("SIMDATTN_THREAD_RUNTIME", r.stderr)
+            self.assertIn("'tbb'", r.stderr)
+
+
 class Verbose(test_cli.CliCase):
     def run_args(self, B=1, H=2, Sq=64, Sk=64, D=16):
         q, k, v = self.inputs(B=B, H=H, Hkv=H, Sq=Sq, Sk=Sk, D=D, Dv=D, dtype=np.float32)
@@ -53,6 +79,7 @@ class Verbose(test_cli.CliCase):
         self.assertEqual((f["op"], f["backend"], f["path"], f["isa"]), ("attention", "native", "fused", isa))
         self.assertEqual((f["dtype"], f["kv_dtype"], f["q"], f["v"]), ("f32", "f32", "1x2x64x16", "1x2x64x16"))
         self.assertEqual(f["threads"], "1")
+        self.assertEqual(f["runtime"], "team")
         self.assertIn("causal:top-left", f["opts"].split(","))
         self.assertGreater(float(f["time_us"]), 0.0)
         # every faster path declined, each name:reason

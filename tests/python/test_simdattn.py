@@ -1069,6 +1069,24 @@ def test_info():
     assert isinstance(info["thread_budget"], int) and info["thread_budget"] >= 1
 
 
+def test_set_thread_runtime():
+    before = simdattn.thread_runtime()
+    assert before in ("team", "openmp") and simdattn.info()["thread_runtime"] == before
+    q = np.random.default_rng(3).standard_normal((2, 4, 150, 32)).astype(np.float32)
+    outs = {}
+    try:
+        for runtime in ("openmp", "team"):
+            simdattn.set_thread_runtime(runtime)
+            assert simdattn.thread_runtime() == runtime and simdattn.info()["thread_runtime"] == runtime
+            outs[runtime] = simdattn.attention(q, q, q, causal=True, threads=2)
+        with pytest.raises(simdattn.Error) as e:
+            simdattn.set_thread_runtime("tbb")
+        assert e.value.argument == "runtime" and simdattn.thread_runtime() == "team"
+    finally:
+        simdattn.set_thread_runtime(before)
+    assert outs["team"].tobytes() == outs["openmp"].tobytes()
+
+
 def test_set_thread_budget():
     before = simdattn.info()["thread_budget"]
     try:
