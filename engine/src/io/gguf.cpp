@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <utility>
@@ -111,15 +110,7 @@ class Cursor {
     const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kBuffer, size_ - pos_));
     buf_.resize(n);
     buf_pos_ = 0;
-    std::size_t got = 0;
-    while (got < n) {
-      const ssize_t r = ::pread(fd_, buf_.data() + got, n - got, static_cast<off_t>(pos_ + got));
-      if (r < 0 && errno == EINTR) continue;
-      if (r <= 0)
-        throw Error(path_, r < 0 ? std::string("read failed: ") + std::strerror(errno)
-                                 : "the file ends at byte " + std::to_string(pos_ + got) + " (truncated since it was opened?)");
-      got += static_cast<std::size_t>(r);
-    }
+    read_exact(fd_, path_, pos_, n, buf_.data(), "the header");
   }
   int fd_;
   const std::string& path_;

@@ -1,35 +1,17 @@
 // GgufFile::read (io/gguf.hpp): a tensor's elements from F32, F16, BF16 or Q8_0, read with
 // pread in chunks and converted once to the caller's element type.
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <string>
 #include <vector>
 
 #include "core/element.hpp"
+#include "io/file_io.hpp"
 #include "io/gguf.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/half.hpp"
 
 namespace simdattn::detail {
 namespace {
-
-void pread_exact(int fd, const std::string& path, std::uint64_t offset, std::size_t bytes, void* dst,
-                 const std::string& what) {
-  auto* out = static_cast<char*>(dst);
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      throw Error(path, what + ": " + (r < 0 ? std::string("read failed: ") + std::strerror(errno)
-                                              : "the file ends at byte " + std::to_string(offset + done) +
-                                                    " (truncated since it was opened?)"));
-    done += static_cast<std::size_t>(r);
-  }
-}
 
 std::uint16_t u16_at(const unsigned char* p) { return static_cast<std::uint16_t>(p[0] | (p[1] << 8)); }
 
@@ -62,7 +44,7 @@ std::vector<T> GgufFile::read(const GgufTensor& t) const {
   std::vector<unsigned char> buf(static_cast<std::size_t>(std::min(blocks, blocks_per_chunk) * block_bytes));
   for (std::uint64_t b0 = 0; b0 < blocks; b0 += blocks_per_chunk) {
     const std::uint64_t nb = std::min(blocks_per_chunk, blocks - b0);
-    pread_exact(fd_, path_, t.offset + b0 * block_bytes, static_cast<std::size_t>(nb * block_bytes), buf.data(), what);
+    read_exact(fd_, path_, t.offset + b0 * block_bytes, static_cast<std::size_t>(nb * block_bytes), buf.data(), what);
     T* dst = out.data() + b0 * block;
     if (id == kGgmlQ8_0) {
       // block_q8_0: an f16 scale d, then 32 int8 q; each value d * q in f32 (ggml's dequantization)
