@@ -230,6 +230,14 @@ RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's
                   py::arg("path"), py::arg("prefix"), py::arg("heads"), py::arg("attention") = "",
                   py::arg("dtype") = py::none(),
                   "A diffusers transformer block's attn1 ('self') or attn2 ('cross') under `prefix`.")
+      .def_static("from_gguf",
+                  [](const std::string& path, std::int64_t layer, const py::object& dtype) {
+                    return MultiHeadAttention::from_gguf(path, layer, optional_dtype(dtype, "dtype"));
+                  },
+                  py::arg("path"), py::arg("layer"), py::arg("dtype") = py::none(),
+                  "One attention sub-layer of a llama.cpp GGUF file (llama, mistral, qwen2, qwen3; F32, F16,\n"
+                  "BF16 or Q8_0), equal to from_pretrained's on the directory it was converted from\n"
+                  "(docs/models.md). dtype: None (the query weight's; f32 for Q8_0) or a dtype.")
       .def("forward", &forward_py, py::arg("query"), py::arg("key") = py::none(), py::arg("value") = py::none(),
            py::kw_only(), py::arg("cache") = nullptr, py::arg("causal") = py::none(),
            py::arg("key_padding_mask") = py::none(), py::arg("attn_mask") = py::none(),

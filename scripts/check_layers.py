@@ -28,7 +28,7 @@ LAYERS = {
     "attention/reference": 3,  # the backends: the float64-summing oracle,
     "attention/native": 3,     #   the SIMD paths,
     "attention/onednn": 3,     #   oneDNN's graph
-    "io": 3,                   # file formats only: npy, safetensors, json, file writing
+    "io": 3,                   # file formats only: npy, safetensors, gguf, json, file writing
     "attention": 4,            # attention(): checks, the backend choice, scores, runtime info
     "linear_attention": 4,     # linear attention (its own kernels on linalg)
     "layer": 5,                # the multi-head attention layer and its KV cache
@@ -44,6 +44,7 @@ INTERNAL_FOR_TESTS = {
     "core/backends.hpp",            # the backends' entry points (oneDNN primitive counts)
     "core/element.hpp",             # scalar conversions of the oracle helpers
     "core/validate.hpp",            # make_problem (the path table's input)
+    "io/gguf.hpp",                  # the GGUF reader (its doctest and fuzz target)
     "io/json.hpp",
     "linalg/gemm.hpp",
     "linalg/gemm16.hpp",

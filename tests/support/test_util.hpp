@@ -75,7 +75,7 @@ struct Buffer {
     const std::int64_t row = s[3] + row_pad;
     if (!bshd) strides = {s[1] * s[2] * row, s[2] * row, row, 1};
     else strides = {s[2] * s[1] * row, row, s[1] * row, 1};
-    data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * row)), T(0));
+    data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, s[0] * s[1] * s[2] * row)), T{});
   }
   T& at(std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
     return data[static_cast<std::size_t>(a * strides[0] + b * strides[1] + c * strides[2] + d * strides[3])];

@@ -19,8 +19,9 @@ namespace {
 struct MhaArgs : ScoreArgs {
   std::string weights, heads, kv_heads, query, key, value, out, key_padding_mask, prefix, backend = "native",
       threads, dtype;
-  // a published checkpoint's layer: --model DIR --layer N, or --weights W --family diffusers
-  std::string model, layer, stack, attention, family;
+  // a published checkpoint's layer: --model DIR --layer N, --gguf FILE --layer N, or --weights W
+  // --family diffusers
+  std::string model, gguf, layer, stack, attention, family;
   // the layer's position options
   std::string rope_theta, rotary_dim, rope_style, rope_scaling, rope_factor, rope_low_freq_factor,
       rope_high_freq_factor, rope_original_max_positions, positions;
@@ -197,10 +198,10 @@ MhaOptions call_options(const MhaArgs& a) {
   return opt;
 }
 
-// How the layer is found: by hand (--weights, --heads), a model directory (--model, --layer) or a
-// diffusers block (--weights, --family diffusers, --prefix, --heads); the flags each needs and
-// refuses, checked before any file is read.
-enum class Source { hand, model, diffusers };
+// How the layer is found: by hand (--weights, --heads), a model directory (--model, --layer), a
+// GGUF file (--gguf, --layer) or a diffusers block (--weights, --family diffusers, --prefix,
+// --heads); the flags each needs and refuses, checked before any file is read.
+enum class Source { hand, model, diffusers, gguf };
 
 // The sub-layer a published checkpoint's call runs: --attention; with --family diffusers a
 // --prefix whose last component is attn1 or attn2 (the tensor names' spelling) selects it, and
@@ -217,7 +218,24 @@ std::string attention_of(const MhaArgs& a, Source s) {
   return named;
 }
 
+// --gguf FILE --layer N: everything else comes from the file; self-attention only.
+Source gguf_source(const MhaArgs& a) {
+  for (const auto& [flag, v] : {std::pair{"--model", &a.model}, std::pair{"--weights", &a.weights}})
+    if (!v->empty()) throw UsageError(std::string(flag) + ": give one of --gguf, --model and --weights");
+  if (a.layer.empty()) throw UsageError("--layer: --gguf needs the layer (0-based)");
+  for (const auto& [flag, v] : {std::pair{"--heads", &a.heads}, std::pair{"--prefix", &a.prefix},
+                                std::pair{"--family", &a.family}})
+    if (!v->empty()) throw UsageError(std::string(flag) + ": --gguf takes it from the file's metadata and tensor names");
+  if (!a.stack.empty() || !a.attention.empty())
+    throw UsageError(std::string(a.stack.empty() ? "--attention" : "--stack") + ": goes with --model or --family diffusers");
+  if (!a.key.empty() || !a.value.empty()) throw UsageError("--key: a GGUF file's layer is self-attention (no --key or --value)");
+  const std::vector<std::string> given = hand_options(a);
+  if (!given.empty()) throw UsageError(given.front() + ": the file's metadata sets the layer's options (not with --gguf)");
+  return Source::gguf;
+}
+
 Source source_of(const MhaArgs& a) {
+  if (!a.gguf.empty()) return gguf_source(a);
   if (!a.model.empty()) {
     if (!a.weights.empty()) throw UsageError("--weights: give --model or --weights, not both");
     if (!a.family.empty()) throw UsageError("--family: --model takes the family from config.json's model_type");
@@ -227,7 +245,7 @@ Source source_of(const MhaArgs& a) {
   } else {
     if (a.weights.empty()) throw UsageError("--weights: give --weights (a layer's safetensors) or --model (a model directory)");
     if (a.heads.empty()) throw UsageError("--heads: --weights needs the number of query heads");
-    if (!a.layer.empty()) throw UsageError("--layer: goes with --model");
+    if (!a.layer.empty()) throw UsageError("--layer: goes with --model or --gguf");
     if (!a.family.empty() && a.family != "diffusers")
       throw UsageError("--family: expected diffusers (other families load with --model), got '" + a.family + "'");
   }
@@ -247,11 +265,11 @@ Source source_of(const MhaArgs& a) {
 }
 
 // Runs `fn` (a call on a published checkpoint), its errors as usage errors: those about its files
-// name --model or --weights.
+// name --model, --gguf or --weights.
 template <class Fn>
 auto published_errors(const MhaArgs& a, Source s, Fn&& fn) {
-  const std::string& flag = s == Source::model ? "--model" : "--weights";
-  const std::string& where = s == Source::model ? a.model : a.weights;
+  const std::string& flag = s == Source::model ? "--model" : s == Source::gguf ? "--gguf" : "--weights";
+  const std::string& where = s == Source::model ? a.model : s == Source::gguf ? a.gguf : a.weights;
   try {
     return fn();
   } catch (const Error& e) {
@@ -279,6 +297,8 @@ DType published_dtype(const MhaArgs& a, Source s, DType query_dtype) {
   const DType stored = published_errors(a, s, [&] {
     if (s == Source::model)
       return MultiHeadAttention::pretrained_dtype(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o);
+    if (s == Source::gguf)
+      return MultiHeadAttention::gguf_dtype(a.gguf, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30));
     return MultiHeadAttention::diffusers_dtype(a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20),
                                                o);
   });
@@ -292,12 +312,15 @@ std::unique_ptr<MultiHeadAttention> load_published(const MhaArgs& a, Source s, D
     if (s == Source::model)
       return std::make_unique<MultiHeadAttention>(
           MultiHeadAttention::from_pretrained(a.model, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), o));
+    if (s == Source::gguf)
+      return std::make_unique<MultiHeadAttention>(
+          MultiHeadAttention::from_gguf(a.gguf, parse_int("--layer", a.layer, 0, std::int64_t{1} << 30), dtype));
     return std::make_unique<MultiHeadAttention>(MultiHeadAttention::from_diffusers(
         a.weights, a.prefix, parse_int("--heads", a.heads, 1, std::int64_t{1} << 20), o));
   });
 }
 
-// A published checkpoint's layer (--model, or --family diffusers) on the inputs, in
+// A published checkpoint's layer (--model, --gguf, or --family diffusers) on the inputs, in
 // published_dtype's dtype.
 void run_published(const MhaArgs& a, Source source) {
   MhaOptions opt = call_options(a);
@@ -338,7 +361,10 @@ void add_options(CLI::App& sub, MhaArgs& a) {
   sub.add_option("--model", a.model,
                  "a Hugging Face model directory (config.json, model.safetensors or its sharded index): one of its "
                  "attention layers, as docs/models.md lists");
-  sub.add_option("--layer", a.layer, "with --model: the layer, from 0");
+  sub.add_option("--gguf", a.gguf,
+                 "a llama.cpp GGUF file (llama, mistral, qwen2, qwen3; F32, F16, BF16 or Q8_0): one of its attention "
+                 "layers, as docs/models.md describes");
+  sub.add_option("--layer", a.layer, "with --model or --gguf: the layer, from 0");
   sub.add_option("--stack", a.stack, "with --model, t5: encoder (default) | decoder");
   sub.add_option("--attention", a.attention,
                  "with --model (t5's decoder) or --family diffusers: self (default) | cross; a diffusers --prefix "
@@ -356,8 +382,8 @@ void add_options(CLI::App& sub, MhaArgs& a) {
   sub.add_option("--prefix", a.prefix, "name prefix of the layer in the file, e.g. model.layers.3.self_attn.");
   sub.add_option("--dtype", a.dtype,
                  "f32 | f64 | bf16 | f16: the layer's dtype; weights and inputs are rounded to it (default: bf16 "
-                 "for a BF16 checkpoint, else the query's .npy dtype); the output is written in the query's .npy "
-                 "dtype");
+                 "for a BF16 checkpoint or GGUF query weight, else the query's .npy dtype); the output is written in "
+                 "the query's .npy dtype");
   sub.add_option("--rope-theta", a.rope_theta, "rotary embeddings of q and k: the base (default 10000)");
   sub.add_option("--rotary-dim", a.rotary_dim, "dimensions rotated (partial rotary; default head_dim)");
   sub.add_option("--rope-style", a.rope_style, "half (rotate_half: Llama, GPT-NeoX) | interleaved (GPT-J)");

@@ -202,6 +202,20 @@ class SIMDATTN_API MultiHeadAttention {
   static DType diffusers_dtype(const std::string& path, const std::string& prefix, std::int64_t heads,
                                const PretrainedOptions& options = {});
 
+  // One attention sub-layer of a llama.cpp GGUF file (versions 2 and 3), architecture llama
+  // (Mistral converts to it), qwen2 or qwen3: the sizes, RoPE (freq_base, dimension_count,
+  // linear scaling, Llama 3.1's rope_freqs factors), sliding window and QK-norm from the
+  // metadata, blk.N.attn_{q,k,v,output} (and their biases, attn_{q,k}_norm where present) in
+  // F32, F16, BF16 or Q8_0, dequantized once to the layer's dtype; llama's q / k row
+  // permutation (llama.cpp's converter's) is undone, so the layer equals from_pretrained's on
+  // the model directory the file was converted from (docs/models.md). `dtype`: f32, f64, bf16
+  // or f16; absent: the query weight's (f32 for Q8_0). Comes back causal. Throws Error naming
+  // the file and the metadata key or tensor at fault (any other tensor type among them).
+  static MultiHeadAttention from_gguf(const std::string& path, std::int64_t layer, std::optional<DType> dtype = {});
+  // The dtype from_gguf gives that layer by default (its query weight's; f32 for Q8_0), from the
+  // metadata and the tensor table alone; from_gguf's errors.
+  static DType gguf_dtype(const std::string& path, std::int64_t layer);
+
   ~MultiHeadAttention();
   MultiHeadAttention(MultiHeadAttention&&) noexcept;
   MultiHeadAttention& operator=(MultiHeadAttention&&) noexcept;

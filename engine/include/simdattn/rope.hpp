@@ -10,7 +10,9 @@
 // Scaling: linear divides every frequency by `factor`; llama3 (Llama 3.1) divides the low
 // frequencies (wavelength 2 pi / inv_freq above original_max_positions / low_freq_factor) by
 // `factor`, keeps the high ones (wavelength below original_max_positions / high_freq_factor) and
-// blends the band between. Frequencies, angles, cos and sin are computed in f32 as Hugging Face
+// blends the band between; factors divides frequency i by frequency_factors[i] (llama.cpp's
+// per-frequency factors, a GGUF file's rope_freqs tensor: how it stores Llama 3.1's scaling).
+// Frequencies, angles, cos and sin are computed in f32 as Hugging Face
 // computes them for f32 models (f64 layers: in f64); the rotation in the tensor's dtype's
 // arithmetic (f32 for bf16 and f16, rounded once).
 #pragma once
@@ -19,13 +21,14 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "simdattn/tensor.hpp"
 
 namespace simdattn {
 
 enum class RopeStyle : std::uint8_t { half, interleaved };
-enum class RopeScaling : std::uint8_t { none, linear, llama3 };
+enum class RopeScaling : std::uint8_t { none, linear, llama3, factors };
 
 struct RopeConfig {
   double theta = 10000.0;             // the base, > 0
@@ -36,6 +39,7 @@ struct RopeConfig {
   double low_freq_factor = 1.0;       // llama3
   double high_freq_factor = 4.0;      // llama3: > low_freq_factor
   std::int64_t original_max_positions = 8192;  // llama3: > 0
+  std::vector<double> frequency_factors = {};  // factors: rotary_dim / 2 of them, each finite and > 0
 };
 
 // Rotates x [B, H, S, head_dim] (f32, f64, bf16 or f16, any strides) in place: the vectors of

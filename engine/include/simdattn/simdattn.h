@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 2
+#define SIMDATTN_C_API_VERSION 3
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -291,6 +291,11 @@ SIMDATTN_C_API simdattn_status simdattn_mha_from_pretrained(const char* dir, int
 SIMDATTN_C_API simdattn_status simdattn_mha_from_diffusers(const char* path, const char* prefix, int64_t heads,
                                                            const simdattn_pretrained_options* options,
                                                            simdattn_mha** layer);
+/* C API 3: one attention layer of a llama.cpp GGUF file (MultiHeadAttention::from_gguf); options
+ * may be NULL, else only its dtype applies (stack and attention NULL, "" or "self"). */
+SIMDATTN_C_API simdattn_status simdattn_mha_from_gguf(const char* path, int64_t layer_index,
+                                                      const simdattn_pretrained_options* options,
+                                                      simdattn_mha** layer);
 SIMDATTN_C_API void simdattn_mha_free(simdattn_mha* layer);
 
 /* The layer's resolved shape (every 0 of its configuration resolved) and dtype. */

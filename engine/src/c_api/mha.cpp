@@ -240,6 +240,20 @@ simdattn_status simdattn_mha_from_diffusers(const char* path, const char* prefix
   });
 }
 
+simdattn_status simdattn_mha_from_gguf(const char* path, int64_t layer_index, const simdattn_pretrained_options* options,
+                                       simdattn_mha** layer) {
+  if (layer != nullptr) *layer = nullptr;
+  return guarded([&] {
+    require(layer, "layer");
+    require(path, "path");
+    const PretrainedOptions o = pretrained_options(options);
+    if (!o.stack.empty()) throw Error("options.stack", "a GGUF file's layer has one stack, got '" + o.stack + "'");
+    if (o.attention != "self")
+      throw Error("options.attention", "a GGUF file's layer is self-attention, got '" + o.attention + "'");
+    *layer = new simdattn_mha{MultiHeadAttention::from_gguf(path, layer_index, o.dtype)};
+  });
+}
+
 void simdattn_mha_free(simdattn_mha* layer) { delete layer; }
 
 simdattn_status simdattn_mha_get_info(const simdattn_mha* layer, simdattn_mha_info* info) {

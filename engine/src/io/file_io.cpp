@@ -66,6 +66,21 @@ int open_regular_file(const std::string& path, std::size_t& size) {
   return fd;
 }
 
+void read_exact(int fd, const std::string& path, std::uint64_t offset, std::size_t bytes, void* dst,
+                const std::string& what) {
+  auto* out = static_cast<char*>(dst);
+  std::size_t done = 0;
+  while (done < bytes) {
+    const ssize_t r = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0)
+      throw Error(path, what + ": " + (r < 0 ? std::string("read failed: ") + std::strerror(errno)
+                                              : "the file ends at byte " + std::to_string(offset + done) +
+                                                    " (truncated since it was opened?)"));
+    done += static_cast<std::size_t>(r);
+  }
+}
+
 std::string read_text_file(const std::string& path, std::size_t limit) {
   std::size_t size = 0;
   const int fd = open_regular_file(path, size);

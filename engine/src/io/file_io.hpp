@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace simdattn::detail {
@@ -15,6 +16,12 @@ void write_file_atomic(const std::string& path, const std::byte* data, std::size
 // of blocking) and checks that it is a regular file; sets size. Returns the descriptor, which
 // the caller closes. Throws Error(path, ...).
 int open_regular_file(const std::string& path, std::size_t& size);
+
+// Reads `bytes` bytes at `offset` of the open file fd into dst with pread (not through a
+// mapping: a file truncated by another process since it was opened gives a short read here, an
+// Error, where a load from a mapping would raise SIGBUS). Error(path, what + ...) on a short read.
+void read_exact(int fd, const std::string& path, std::uint64_t offset, std::size_t bytes, void* dst,
+                const std::string& what);
 
 // The text of a small file (config.json, an index), at most `limit` bytes. Error(path, ...).
 std::string read_text_file(const std::string& path, std::size_t limit);

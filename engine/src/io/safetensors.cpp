@@ -129,24 +129,6 @@ void check_no_overlap(const std::string& path, const std::vector<std::pair<std::
   }
 }
 
-// Reads `bytes` bytes at `offset` of the open file fd into dst with pread (not through the
-// mapping: a file truncated by another process since it was opened gives a short read here, an
-// Error, where a load from the mapping would raise SIGBUS). Error(path, what) on a short read.
-void read_exact(int fd, const std::string& path, std::uint64_t offset, std::size_t bytes, void* dst,
-                const std::string& what) {
-  auto* out = static_cast<char*>(dst);
-  std::size_t done = 0;
-  while (done < bytes) {
-    const ssize_t r = ::pread(fd, out + done, bytes - done, static_cast<off_t>(offset + done));
-    if (r < 0 && errno == EINTR) continue;
-    if (r <= 0)
-      throw Error(path, what + ": " + (r < 0 ? std::string("read failed: ") + std::strerror(errno)
-                                              : "the file ends at byte " + std::to_string(offset + done) +
-                                                    " (truncated since it was opened?)"));
-    done += static_cast<std::size_t>(r);
-  }
-}
-
 }  // namespace
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
@@ -158,12 +140,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     // The header through pread (checked against the file's size first, then read whole); the
     // mapping only gives SafetensorsEntry::data its address.
     std::byte len[8];
-    read_exact(fd_, path, 0, 8, len, "the header length");
+    detail::read_exact(fd_, path, 0, 8, len, "the header length");
     std::uint64_t claimed = 0;
     for (int i = 7; i >= 0; --i) claimed = (claimed << 8) | static_cast<std::uint64_t>(len[i]);
     std::vector<std::byte> head(8 + static_cast<std::size_t>(std::min<std::uint64_t>(claimed, std::min<std::uint64_t>(size_ - 8, kMaxHeader))));
     std::memcpy(head.data(), len, 8);
-    read_exact(fd_, path, 8, head.size() - 8, head.data() + 8, "the header");
+    detail::read_exact(fd_, path, 8, head.size() - 8, head.data() + 8, "the header");
     std::uint64_t n = 0;
     // (parse_header refuses a length past the file or the 100 MiB limit before reading the text)
     const detail::JsonValue header = parse_header(path, head.data(), size_, n);
@@ -224,7 +206,7 @@ std::vector<T> SafetensorsFile::read(const std::string& name, const std::vector<
     std::vector<S> buf(std::min(n, kChunk));
     for (std::size_t i0 = 0; i0 < n; i0 += kChunk) {
       const std::size_t m = std::min(kChunk, n - i0);
-      read_exact(fd_, path_, offset + i0 * sizeof(S), m * sizeof(S), buf.data(), "tensor '" + name + "'");
+      detail::read_exact(fd_, path_, offset + i0 * sizeof(S), m * sizeof(S), buf.data(), "tensor '" + name + "'");
       for (std::size_t i = 0; i < m; ++i) out[i0 + i] = detail::narrow<T>(detail::widen(buf[i]));
     }
   };

@@ -234,13 +234,12 @@ bool sliding_layer(const ConfigJson& c, std::int64_t layer, bool fallback) {
                             "' (expected full_attention or sliding_attention)");
 }
 
-// The sliding window the config sets: W keys ending at the query (its own included), as the
-// causal sliding-window masks of Hugging Face's models keep them, i.e. Window{W - 1, 0}. Absent:
+// The sliding window the config sets (sliding_window(W), families.hpp). Absent:
 // the family's default W (`fallback`, as its configuration class fills it in); null: none.
 std::optional<Window> window_of(const ConfigJson& c, const char* key, std::int64_t fallback) {
   if (c.present(key) && !c.has(key)) return std::nullopt;
   const std::int64_t w = c.has(key) ? c.integer(key, 1, std::int64_t{1} << 40) : fallback;
-  return Window{w - 1, 0};
+  return sliding_window(w);
 }
 
 // A number the family's configuration class defaults to `fallback` when absent; null: none.

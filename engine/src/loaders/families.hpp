@@ -55,6 +55,10 @@ struct Family {
   LayerPlan (*plan)(const FamilyContext&);
 };
 
+// A sliding window of W keys ending at the query, its own included (`q - W < j <= q`), as the
+// causal sliding-window masks of Hugging Face's models (and llama.cpp's) keep them.
+inline Window sliding_window(std::int64_t w) { return Window{w - 1, 0}; }
+
 // Every family, by config.json's model_type.
 std::span<const Family> families();
 

@@ -143,6 +143,42 @@ TEST_CASE("apply_rope: positions default to 0..S-1, strided views, and arguments
   CHECK(e == b);
 }
 
+TEST_CASE("apply_rope: per-frequency factors (GGUF's rope_freqs) divide each frequency; 1 and the linear factor "
+          "give none and linear scaling exactly; a wrong count or a factor <= 0 is refused") {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd;
+  std::vector<float> x(2 * 3 * 5 * 8);
+  for (float& v : x) v = nd(rng);
+  const Shape4 shape{2, 3, 5, 8};
+  auto rotated = [&](const RopeConfig& c) {
+    std::vector<float> y = x;
+    apply_rope(TensorView(y.data(), shape), {}, c);
+    return y;
+  };
+  RopeConfig none{.theta = 500000.0}, ones = none, linear = none, eights = none, mixed = none;
+  ones.scaling = eights.scaling = mixed.scaling = RopeScaling::factors;
+  ones.frequency_factors = {1, 1, 1, 1};
+  linear.scaling = RopeScaling::linear;
+  linear.factor = 8.0;
+  eights.frequency_factors = {8, 8, 8, 8};
+  mixed.frequency_factors = {1, 1, 8, 8};
+  CHECK(rotated(ones) == rotated(none));
+  CHECK(rotated(eights) == rotated(linear));
+  const std::vector<float> m = rotated(mixed), n = rotated(none), l = rotated(linear);
+  CHECK(m != n);
+  CHECK(m != l);
+  // frequencies 0 and 1 (dimensions 0, 1 and 4, 5 in halves) as none's, 2 and 3 as linear's
+  for (std::size_t row = 0; row < x.size() / 8; ++row)
+    for (std::size_t e = 0; e < 8; ++e) CHECK(m[row * 8 + e] == (e % 4 < 2 ? n : l)[row * 8 + e]);
+  RopeConfig bad = mixed;
+  bad.frequency_factors = {1, 1, 8};
+  std::vector<float> y = x;
+  CHECK_THROWS_WITH_AS(apply_rope(TensorView(y.data(), shape), {}, bad), doctest::Contains("config.frequency_factors"), Error);
+  bad.frequency_factors = {1, 1, 8, 0};
+  CHECK_THROWS_WITH_AS(apply_rope(TensorView(y.data(), shape), {}, bad), doctest::Contains("config.frequency_factors"), Error);
+  CHECK(y == x);
+}
+
 namespace {
 
 // A random f64 self-attention layer with RoPE (partial, interleaved or half) and QK-norm.

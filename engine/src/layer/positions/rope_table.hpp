@@ -32,13 +32,20 @@ inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64
                                          std::to_string(c.rotary_dim));
   if (c.style != RopeStyle::half && c.style != RopeStyle::interleaved)
     throw Error("config.style", "unknown value " + std::to_string(int(c.style)));
-  if (c.scaling != RopeScaling::none && !(std::isfinite(c.factor) && c.factor > 0.0))
+  if ((c.scaling == RopeScaling::linear || c.scaling == RopeScaling::llama3) && !(std::isfinite(c.factor) && c.factor > 0.0))
     throw Error("config.factor", "must be finite and > 0, got " + std::to_string(c.factor));
   if (c.scaling == RopeScaling::llama3) {
     if (!(c.high_freq_factor > c.low_freq_factor && c.low_freq_factor > 0.0 && std::isfinite(c.high_freq_factor)))
       throw Error("config.high_freq_factor", "must exceed low_freq_factor > 0");
     if (c.original_max_positions < 1)
       throw Error("config.original_max_positions", "must be >= 1, got " + std::to_string(c.original_max_positions));
+  } else if (c.scaling == RopeScaling::factors) {
+    if (static_cast<std::int64_t>(c.frequency_factors.size()) != r / 2)
+      throw Error("config.frequency_factors", "expected rotary_dim / 2 = " + std::to_string(r / 2) + " factors, got " +
+                                                  std::to_string(c.frequency_factors.size()));
+    for (double f : c.frequency_factors)
+      if (!(std::isfinite(f) && f > 0.0))
+        throw Error("config.frequency_factors", "must be finite and > 0, got " + std::to_string(f));
   } else if (c.scaling != RopeScaling::none && c.scaling != RopeScaling::linear) {
     throw Error("config.scaling", "unknown value " + std::to_string(int(c.scaling)));
   }
@@ -56,6 +63,7 @@ inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64
       inv = static_cast<double>(1.0f / std::pow(static_cast<float>(c.theta), e));
     }
     if (c.scaling == RopeScaling::linear) inv = round(inv / c.factor);
+    if (c.scaling == RopeScaling::factors) inv = round(inv / c.frequency_factors[static_cast<std::size_t>(i)]);
     if (c.scaling == RopeScaling::llama3) {
       const double old = static_cast<double>(c.original_max_positions);
       const double low_wave = old / c.low_freq_factor, high_wave = old / c.high_freq_factor;
