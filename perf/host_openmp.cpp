@@ -6,7 +6,10 @@
 //   quiet  the attention call's time with no host work between calls
 //   host   the attention call's time right after each host region
 //   loop   one host iteration (the matmul region and the call)
-// and prints each one's median and p90 in microseconds, one line per phase (or --json).
+// and prints each one's median and p90 in microseconds, one line per phase (or --json). The quiet
+// phase follows the host's work, whose OpenMP workers may still spin (that is the point of the
+// host phase); --host-n 0 runs the calls alone in a process with no host work at all, the
+// baseline of a quiet host.
 //
 //   simdattn_host_bench [--runtime team|openmp] [--workload bert] [--host-n 256] [--rounds 30]
 //                       [--calls 20] [--threads 0] [--json]
@@ -82,7 +85,7 @@ int main(int argc, char** argv) {
     }
   }
   if (runtime != "team" && runtime != "openmp") return usage("--runtime: expected team or openmp");
-  if (host_n < 1 || rounds < 1 || calls < 1 || threads < 0) return usage("expected positive sizes and counts");
+  if (host_n < 0 || rounds < 1 || calls < 1 || threads < 0) return usage("expected positive sizes and counts");
   const simdattn::Workload* w = simdattn::find_workload(workload);
   if (w == nullptr) return usage(("--workload: no standard workload " + workload).c_str());
   simdattn::set_thread_runtime(runtime == "openmp" ? simdattn::ThreadRuntime::openmp : simdattn::ThreadRuntime::team);
@@ -121,7 +124,7 @@ int main(int argc, char** argv) {
       }
     };
     auto host_phase = [&] {
-      for (int i = 0; i < calls; ++i) {
+      for (int i = 0; i < calls && host_n > 0; ++i) {
         const auto t0 = Clock::now();
         host_matmul(a, b, c, host_n);
         const auto t1 = Clock::now();

@@ -294,6 +294,10 @@ backend: 'native' or 'reference'. Returns out.)doc");
   }, py::arg("runtime"),
         "The threads every parallel loop runs on, process-wide: 'team' (simdattn's own workers) or 'openmp'\n"
         "(OpenMP regions: the host's pool inside an OpenMP program such as PyTorch). Results are identical.");
+  m.def("_set_default_thread_runtime", [](const std::string& runtime) {
+    if (runtime != "team" && runtime != "openmp") throw Error("runtime", "expected 'team' or 'openmp', got '" + runtime + "'");
+    set_default_thread_runtime(runtime == "openmp" ? ThreadRuntime::openmp : ThreadRuntime::team);
+  }, py::arg("runtime"), "The runtime while none was chosen (set_thread_runtime, SIMDATTN_THREAD_RUNTIME).");
   m.def("thread_runtime", [] { return std::string(thread_runtime_name(thread_runtime())); },
         "The thread runtime in use: 'team' or 'openmp' (set_thread_runtime, SIMDATTN_THREAD_RUNTIME).");
 

@@ -16,7 +16,8 @@ MultiheadAttention(embed_dim, num_heads, ...)
 Tensors are read in place through DLPack (no copy where a view expresses the layout); the
 attention runs in simdattn with the GIL released. Gradients are not tracked (inference only):
 inputs that require grad are read detached. This module imports torch; `import simdattn`
-alone never does.
+alone never does. Importing it makes the openmp thread runtime the process's default (torch's
+OpenMP pool runs simdattn's loops) unless the runtime was chosen.
 """
 import math
 
@@ -25,6 +26,13 @@ import torch
 from . import _simdattn
 
 __all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
+
+# PyTorch is an OpenMP host (its intra-op pool is libgomp's): simdattn's parallel loops run on that
+# pool (the openmp runtime) unless the runtime was chosen (set_thread_runtime before this import,
+# or SIMDATTN_THREAD_RUNTIME): right after a torch op on its pool, simdattn's own team would wake
+# workers that compete with torch's spinning ones for the cores (perf/host_openmp.py torch;
+# docs/serving.md, "Thread runtimes").
+_simdattn._set_default_thread_runtime("openmp")
 
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 

@@ -4,6 +4,9 @@ documentation, and MultiheadAttention against torch.nn.MultiheadAttention itself
 Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/test_torch_module.py
 """
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -304,3 +307,29 @@ def test_mha_state_dict_round_trip_and_module_behaviour():
         m.out_proj.weight.mul_(2)
         ours.out_proj.weight.mul_(2)
     check_same(ours, m, x, x, x)
+
+
+def runtime_in_a_new_process(code, env=None):
+    e = dict(os.environ)
+    e.pop("SIMDATTN_THREAD_RUNTIME", None)
+    e.update(env or {})
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.split()
+
+
+def test_importing_simdattn_torch_selects_openmp_unless_chosen():
+    # plain simdattn: team; simdattn.torch makes openmp the default (torch's pool runs the loops)
+    assert runtime_in_a_new_process(
+        "import simdattn; print(simdattn.thread_runtime()); import simdattn.torch; print(simdattn.thread_runtime())"
+    ) == ["team", "openmp"]
+    # a default, not a choice: after a call on team, the import still switches
+    assert runtime_in_a_new_process(
+        "import numpy as np, simdattn; q = np.ones((1, 2, 300, 16), np.float32); simdattn.attention(q, q, q); "
+        "import simdattn.torch; print(simdattn.thread_runtime())") == ["openmp"]
+    # a choice stands: the environment's, or set_thread_runtime's before the import
+    assert runtime_in_a_new_process("import simdattn.torch, simdattn; print(simdattn.thread_runtime())",
+                                    {"SIMDATTN_THREAD_RUNTIME": "team"}) == ["team"]
+    assert runtime_in_a_new_process(
+        "import simdattn; simdattn.set_thread_runtime('team'); import simdattn.torch; print(simdattn.thread_runtime())"
+    ) == ["team"]

@@ -51,10 +51,14 @@ SIMDATTN_API int thread_budget() noexcept;
 // respected). Either way a call made from inside a parallel region runs on its calling thread,
 // and results are bitwise identical (the work split does not depend on the runtime).
 // thread_runtime(): set_thread_runtime()'s choice, else SIMDATTN_THREAD_RUNTIME=team|openmp's,
-// else team. Process-wide; calls already running finish on the runtime they started with.
+// else the default: team (beside other processes openmp's spinning teams can make a call 30x
+// slower; docs/serving.md, "Thread runtimes"), or what set_default_thread_runtime set: an entry
+// point made for OpenMP hosts (simdattn.torch) sets openmp, and a choice, once made, stands.
+// Process-wide; calls already running finish on the runtime they started with.
 enum class ThreadRuntime { team, openmp };
 SIMDATTN_API std::string_view thread_runtime_name(ThreadRuntime r) noexcept;
 SIMDATTN_API void set_thread_runtime(ThreadRuntime r);
+SIMDATTN_API void set_default_thread_runtime(ThreadRuntime r);
 SIMDATTN_API ThreadRuntime thread_runtime() noexcept;
 
 // Verbose mode: one line per public call on stderr (attention, attention_paged, linear_attention,

@@ -470,12 +470,13 @@ void check_isa() {
   env_thread_runtime();
 }
 
-ThreadRuntime env_thread_runtime() {
+std::optional<ThreadRuntime> env_thread_runtime() {
   static const std::string value = [] {
     const char* v = std::getenv("SIMDATTN_THREAD_RUNTIME");
     return std::string(v == nullptr ? "" : v);
   }();
-  if (value.empty() || value == "team") return ThreadRuntime::team;
+  if (value.empty()) return std::nullopt;
+  if (value == "team") return ThreadRuntime::team;
   if (value == "openmp") return ThreadRuntime::openmp;
   throw Error("SIMDATTN_THREAD_RUNTIME", "expected team or openmp, got '" + value + "'");
 }

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -68,9 +69,9 @@ void set_softcap_alibi_sinks(P& p, const Options& opt, const Span& so) {
 // throws Error("SIMDATTN_THREAD_RUNTIME", ...).
 void check_isa();
 
-// The thread runtime SIMDATTN_THREAD_RUNTIME names (read once): team when unset or empty;
+// The thread runtime SIMDATTN_THREAD_RUNTIME names (read once): none when unset or empty;
 // Error("SIMDATTN_THREAD_RUNTIME", ...) for a value other than team or openmp.
-ThreadRuntime env_thread_runtime();
+std::optional<ThreadRuntime> env_thread_runtime();
 
 // Validates the arguments of attention() and builds the Problem. Throws Error.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,

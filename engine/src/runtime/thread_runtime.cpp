@@ -2,6 +2,7 @@
 #include "runtime/thread_runtime.hpp"
 
 #include <atomic>
+#include <optional>
 
 #include "core/validate.hpp"
 #include "simdattn/error.hpp"
@@ -11,14 +12,15 @@ namespace {
 
 constexpr int kUndecided = -1;
 std::atomic<int> g_runtime{kUndecided};
+std::atomic<bool> g_chosen{false};  // by set_thread_runtime (or, when read, the environment)
 
-// SIMDATTN_THREAD_RUNTIME's runtime, team when it is unset or invalid (every computing entry
-// point reports an invalid one: core/validate.hpp).
-ThreadRuntime env_or_team() noexcept {
+// SIMDATTN_THREAD_RUNTIME's runtime, if it names one (every computing entry point reports an
+// invalid value: core/validate.hpp; here it counts as unset).
+std::optional<ThreadRuntime> env_runtime() noexcept {
   try {
     return env_thread_runtime();
   } catch (const Error&) {
-    return ThreadRuntime::team;
+    return std::nullopt;
   }
 }
 
@@ -27,14 +29,25 @@ ThreadRuntime env_or_team() noexcept {
 ThreadRuntime current_thread_runtime() noexcept {
   int v = g_runtime.load(std::memory_order_relaxed);
   if (v == kUndecided) {
+    const std::optional<ThreadRuntime> env = env_runtime();
+    if (env) g_chosen.store(true, std::memory_order_relaxed);
     int expected = kUndecided;
-    g_runtime.compare_exchange_strong(expected, static_cast<int>(env_or_team()), std::memory_order_relaxed);
+    g_runtime.compare_exchange_strong(expected, static_cast<int>(env.value_or(ThreadRuntime::team)),
+                                      std::memory_order_relaxed);
     v = g_runtime.load(std::memory_order_relaxed);
   }
   return static_cast<ThreadRuntime>(v);
 }
 
-void set_current_thread_runtime(ThreadRuntime r) noexcept { g_runtime.store(static_cast<int>(r), std::memory_order_relaxed); }
+void set_current_thread_runtime(ThreadRuntime r) noexcept {
+  g_chosen.store(true, std::memory_order_relaxed);
+  g_runtime.store(static_cast<int>(r), std::memory_order_relaxed);
+}
+
+void set_default_runtime(ThreadRuntime r) noexcept {
+  if (g_chosen.load(std::memory_order_relaxed) || env_runtime()) return;
+  g_runtime.store(static_cast<int>(r), std::memory_order_relaxed);
+}
 
 }  // namespace simdattn::detail
 
@@ -49,5 +62,11 @@ void set_thread_runtime(ThreadRuntime r) {
 }
 
 ThreadRuntime thread_runtime() noexcept { return detail::current_thread_runtime(); }
+
+void set_default_thread_runtime(ThreadRuntime r) {
+  if (r != ThreadRuntime::team && r != ThreadRuntime::openmp)
+    throw Error("runtime", "expected ThreadRuntime::team or ThreadRuntime::openmp");
+  detail::set_default_runtime(r);
+}
 
 }  // namespace simdattn
