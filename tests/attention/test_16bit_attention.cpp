@@ -193,8 +193,8 @@ TEST_CASE("bf16 attention at the tile edges (AMX where the CPU has it): D = 40, 
       opt.threads = 2;
       const test::Buffer<bfloat16> two = test::run_attention(Backend::native, t.q, t.k, t.v, opt);
       CAPTURE(D);
-      CAPTURE(Sq);
-      CAPTURE(Sk);
+      CAPTURE_VALUE(Sq);
+      CAPTURE_VALUE(Sk);
       CAPTURE(n);
       CHECK(test::max_abs_diff(one, ref) <= test::tolerance<bfloat16>(test::max_abs(t.v)));
       bool same = true;

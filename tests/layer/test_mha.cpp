@@ -171,8 +171,8 @@ TEST_CASE("MHA self-attention equals the float64 definition (f64 and f32, every 
         MhaOptions opt;
         opt.causal = causal;
         if (pad) opt.key_padding_mask = padding;
-        CAPTURE(H);
-        CAPTURE(Hkv);
+        CAPTURE_VALUE(H);
+        CAPTURE_VALUE(Hkv);
         CAPTURE(int(causal));
         CAPTURE(pad);
         const MultiHeadAttention l64(m.cfg, m.w);
@@ -374,7 +374,7 @@ TEST_CASE_TEMPLATE("bf16/f16 MHA layer: self- and cross-attention equal the floa
       opt.causal = causal;
       opt.key_padding_mask = padding;
       for (Backend be : {Backend::native, Backend::reference}) {
-        CAPTURE(heads);
+        CAPTURE_VALUE(heads);
         CAPTURE(int(causal));
         CAPTURE(int(be));
         opt.backend = be;

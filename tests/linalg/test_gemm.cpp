@@ -1,7 +1,5 @@
 // The native GEMM on every ISA this CPU supports, against a naive triple loop. Inputs are small
 // integers, so every product and sum is exact in any order and results must match bit for bit.
-// (CAPTURE takes copies of the sizes, M_ for M: clang 14's lambdas cannot capture a structured
-// binding, and the ThreadSanitizer build of the OpenMP runtime is clang's.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -83,12 +81,9 @@ void check(const simd::KernelTable& kt, std::mt19937_64& rng, Trans ta, Trans tb
       if (!(p.c[at] == want[at])) same = false;
     }
   CAPTURE(simd::isa_name(kt.isa));
-  const std::int64_t M_ = M;
-  CAPTURE(M_);
-  const std::int64_t N_ = N;
-  CAPTURE(N_);
-  const std::int64_t K_ = K;
-  CAPTURE(K_);
+  CAPTURE_VALUE(M);
+  CAPTURE_VALUE(N);
+  CAPTURE_VALUE(K);
   CAPTURE(int(ta));
   CAPTURE(int(tb));
   CAPTURE(pad);
@@ -294,12 +289,9 @@ TEST_CASE("gemm: c_row starts every row of C as the given row, in every mode, ev
             for (std::int64_t j = 0; j < N; ++j)
               if (!(p.c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)])) same = false;
           CAPTURE(simd::isa_name(kt->isa));
-          const std::int64_t M_ = M;
-          CAPTURE(M_);
-          const std::int64_t N_ = N;
-          CAPTURE(N_);
-          const std::int64_t K_ = K;
-          CAPTURE(K_);
+          CAPTURE_VALUE(M);
+          CAPTURE_VALUE(N);
+          CAPTURE_VALUE(K);
           CAPTURE(prepacked);
           CAPTURE(threads);
           CHECK(same);
@@ -346,12 +338,9 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
                 if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)]))
                   same = false;
             CAPTURE(simd::isa_name(kt->isa));
-            const std::int64_t M_ = M;
-            CAPTURE(M_);
-            const std::int64_t N_ = N;
-            CAPTURE(N_);
-            const std::int64_t K_ = K;
-            CAPTURE(K_);
+            CAPTURE_VALUE(M);
+            CAPTURE_VALUE(N);
+            CAPTURE_VALUE(K);
             CAPTURE(col);
             CAPTURE(threads);
             CAPTURE(beta);

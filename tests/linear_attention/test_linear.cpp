@@ -121,8 +121,8 @@ TEST_CASE("linear attention with head sizes wider than a kernel panel and chunks
       o.chunk = chunk;
       Buffer<float> out({1, 2, 203, Dv});
       linear_attention(q.cview(), k.cview(), v.cview(), out.view(), o);
-      CAPTURE(D);
-      CAPTURE(Dv);
+      CAPTURE_VALUE(D);
+      CAPTURE_VALUE(Dv);
       CAPTURE(causal);
       CHECK(test::max_abs_diff(out, quadratic(q, k, v, FeatureMap::elu1, causal, 1e-6)) <= test::tolerance<float>(2.0));
     }

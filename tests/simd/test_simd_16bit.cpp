@@ -105,8 +105,8 @@ TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit
         std::size_t bad = 0;
         for (std::size_t i = 0; i < got.size(); ++i)
           bad += !(detail::float_bits(got[i]) == detail::float_bits(want[i]) || (std::isnan(got[i]) && std::isnan(want[i])));
-        CAPTURE(rows);
-        CAPTURE(cols);
+        CAPTURE_VALUE(rows);
+        CAPTURE_VALUE(cols);
         CHECK(bad == 0);
       }
       // Every length up to 40 from an odd offset: the tail converted, nothing past n written.

@@ -17,6 +17,14 @@
 #include "core/element.hpp"
 #include "simdattn/simdattn.hpp"
 
+// CAPTURE of a copy: doctest's CAPTURE takes its argument by reference in a lambda, which clang 14
+// refuses for a structured binding (and clang builds the OpenMP ThreadSanitizer run).
+#define SIMDATTN_CAPTURE_CAT2(a, b) a##b
+#define SIMDATTN_CAPTURE_CAT(a, b) SIMDATTN_CAPTURE_CAT2(a, b)
+#define CAPTURE_VALUE(x)                                                 \
+  const auto SIMDATTN_CAPTURE_CAT(captured_value_, __LINE__) = (x);      \
+  INFO(#x " := " << SIMDATTN_CAPTURE_CAT(captured_value_, __LINE__))
+
 namespace simdattn::test {
 
 // Seed of all randomized tests: SIMDATTN_TEST_SEED or a fixed default, printed by main.

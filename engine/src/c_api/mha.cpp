@@ -248,7 +248,7 @@ simdattn_status simdattn_mha_from_gguf(const char* path, int64_t layer_index, co
     require(path, "path");
     const PretrainedOptions o = pretrained_options(options);
     if (!o.stack.empty()) throw Error("options.stack", "a GGUF file's layer has one stack, got '" + o.stack + "'");
-    if (o.attention != "self")
+    if (!o.attention.empty() && o.attention != "self")
       throw Error("options.attention", "a GGUF file's layer is self-attention, got '" + o.attention + "'");
     *layer = new simdattn_mha{MultiHeadAttention::from_gguf(path, layer_index, o.dtype)};
   });

@@ -139,8 +139,8 @@ TEST_CASE("bf16 on onednn with sliding windows: rows at the start of a block's k
   std::mt19937_64 rng(test::base_seed() + 49);
   for (auto [Sq, Sk, left] : {std::tuple{std::int64_t{27}, std::int64_t{83}, std::int64_t{31}}, {27, 83, 30}, {16, 83, 31},
                               {100, 160, 60}}) {
-    CAPTURE(Sq);
-    CAPTURE(left);
+    CAPTURE_VALUE(Sq);
+    CAPTURE_VALUE(left);
     auto t = test::random_qkv<bfloat16>(rng, 1, 1, 1, Sq, Sk, 64);
     AttentionOptions opt;
     opt.window = Window{left, 2};
