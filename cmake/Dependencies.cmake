@@ -53,6 +53,13 @@ if(SIMDATTN_WITH_ONEDNN)
     endif()
   endif()
 endif()
+if(SIMDATTN_WITH_MPI)
+  # simdattn::mpi (its C API from C++) and, for its tests, mpiexec (OpenMPI's mpirun)
+  simdattn_find(MPI libopenmpi-dev COMPONENTS CXX)
+  if(MPI_FOUND AND SIMDATTN_BUILD_TESTS AND NOT MPIEXEC_EXECUTABLE)
+    simdattn_missing(openmpi-bin)
+  endif()
+endif()
 if(SIMDATTN_BUILD_TOOLS)
   simdattn_find(CLI11 libcli11-dev)
 endif()
@@ -115,6 +122,6 @@ if(_simdattn_missing)
     "simdattn: missing Debian packages${_simdattn_note}: ${_simdattn_missing}\n"
     "Install them with: apt-get install ${_simdattn_missing}\n"
     "or run bash tools/setup.sh, which installs every dependency and builds. "
-    "-DSIMDATTN_WITH_ONEDNN=OFF, -DSIMDATTN_BUILD_PYTHON=OFF, -DSIMDATTN_BUILD_TESTS=OFF, -DSIMDATTN_BUILD_PERF=OFF and "
+    "-DSIMDATTN_WITH_ONEDNN=OFF, -DSIMDATTN_WITH_MPI=OFF, -DSIMDATTN_BUILD_PYTHON=OFF, -DSIMDATTN_BUILD_TESTS=OFF, -DSIMDATTN_BUILD_PERF=OFF and "
     "-DSIMDATTN_BUILD_TOOLS=OFF leave out the parts that need some of them.")
 endif()

@@ -32,6 +32,7 @@ LAYERS = {
     "attention": 4,            # attention(): checks, the backend choice, scores, runtime info
     "linear_attention": 4,     # linear attention (its own kernels on linalg)
     "layer": 5,                # the multi-head attention layer and its KV cache
+    "distributed": 5,          # simdattn::mpi: attention sharded across MPI processes
     "serving": 6,              # the decode scheduler over the layer
     "loaders": 6,              # a layer from safetensors and published checkpoints
     "c_api": 7,                # the C API over everything

@@ -24,7 +24,7 @@ SECONDS_EACH="${SIMDATTN_FUZZ_SECONDS:-0}"
 command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang libfuzzer-14-dev)" >&2; exit 2; }
 
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_FUZZ=ON \
-  -DSIMDATTN_SANITIZE=address,undefined -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_TESTS=OFF \
+  -DSIMDATTN_SANITIZE=address,undefined -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_WITH_MPI=OFF -DSIMDATTN_BUILD_TESTS=OFF \
   -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=ON -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
 # shellcheck disable=SC2046
 cmake --build "$BUILD" -j "$(nproc)" --target $(printf 'fuzz_%s ' $TARGETS)

@@ -18,7 +18,7 @@ ARCHER=/usr/lib/llvm-14/lib/libarcher.so
 TESTS="team*,concurrent*,native output is bitwise*,parallel_for*,MHA self-attention*,KV cache*,regression: KV cache*,forward_batch*,DecodeScheduler*,PoolScheduler*,attention_paged: f32*"
 
 cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_SANITIZE=thread \
-      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF \
+      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_WITH_MPI=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF \
       -DSIMDATTN_WERROR=ON >/dev/null
 cmake --build "$BUILD" --target simdattn_tests simdattn_soak -j "$(nproc)"
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" "$BUILD/tests/simdattn_tests" "--test-case=$TESTS"
@@ -31,7 +31,7 @@ if [ ! -f "$ARCHER" ] || ! command -v clang++ >/dev/null; then
   exit 1
 fi
 CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD_OMP" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_SANITIZE=thread \
-      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
+      -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_WITH_MPI=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
 cmake --build "$BUILD_OMP" --target simdattn_tests -j "$(nproc)"
 if ! ldd "$BUILD_OMP/tests/simdattn_tests" | grep -q 'libomp\.so'; then
   echo "tsan-check: $BUILD_OMP/tests/simdattn_tests is not linked to LLVM's libomp" >&2

@@ -211,3 +211,27 @@ TEST_CASE("a fully masked row is zero (boolean mask, key length 0, additive -inf
     }
   }
 }
+
+TEST_CASE("a window wider than every query-key distance hides nothing, also with query offsets past Sq + Sk") {
+  // The window's sides saturate (positions stay in range): with query offsets the distance from a
+  // query to the keys can exceed Sq + Sk, and a saturation at Sq + Sk would hide keys.
+  std::mt19937_64 rng(test::base_seed() + 77);
+  const auto t = test::random_qkv<float>(rng, 2, 2, 1, 3, 10, 8);
+  const std::vector<std::int64_t> offsets{12, 25};  // query positions 12..14 and 25..27, keys 0..9
+  for (Backend backend : test::backends()) {
+    CAPTURE_VALUE(backend_name(backend));
+    AttentionOptions plain;
+    plain.causal = Causal::top_left;
+    plain.query_offsets = offsets;
+    AttentionOptions wide = plain;
+    wide.window = Window{40, 0};  // every key is within 28 of every query
+    const auto a = test::run_attention<float>(backend, t.q, t.k, t.v, plain);
+    const auto b = test::run_attention<float>(backend, t.q, t.k, t.v, wide);
+    CHECK(test::max_abs_diff(a, b) == 0.0);
+    AttentionOptions narrow = plain;
+    narrow.window = Window{17, 0};  // batch 0 sees keys >= 12 - 17: all; batch 1 keys >= 8 (row 0)
+    const auto c = test::run_attention<float>(backend, t.q, t.k, t.v, narrow);
+    CHECK(c.at(0, 0, 0, 0) == a.at(0, 0, 0, 0));
+    CHECK(c.at(1, 0, 0, 0) != a.at(1, 0, 0, 0));
+  }
+}

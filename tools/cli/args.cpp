@@ -267,12 +267,17 @@ DtypeChoice parse_dtype_option(const std::string& text) {
 }
 
 void compute_in_dtype(const std::string& path, DtypeChoice choice, QkvFiles& in,
-                      const std::function<void(const QkvFiles&, void*)>& compute) {
+                      const std::function<void(const QkvFiles&, void*)>& compute, bool save) {
   const DType written = in.q.dtype;  // the output's .npy dtype: Q's
   if (choice.given && choice.dtype != written) {
     in.q = converted(in.q, choice.dtype);
     in.k = converted(in.k, choice.dtype);
     in.v = converted(in.v, choice.dtype);
+  }
+  if (!save) {
+    NpyArray o = make_output(in.q.dtype, in.o_shape());
+    with_flag_errors([&] { compute(in, o.data.data()); });
+    return;
   }
   if (in.q.dtype == written) {
     write_output(path, written, in.o_shape(), [&](void* o) { compute(in, o); });

@@ -102,8 +102,10 @@ struct DtypeChoice {
 };
 DtypeChoice parse_dtype_option(const std::string& text);
 void add_dtype_option(CLI::App& sub, std::string& dtype);
+// With save = false the output is computed and not written (the ranks of --context-parallel
+// other than rank 0).
 void compute_in_dtype(const std::string& path, DtypeChoice choice, QkvFiles& in,
-                      const std::function<void(const QkvFiles&, void*)>& compute);
+                      const std::function<void(const QkvFiles&, void*)>& compute, bool save = true);
 
 // write_npy, with errors naming --out.
 void save_output(const std::string& path, const NpyArray& a);

@@ -2,8 +2,11 @@
 #include <string>
 #include <vector>
 
+#include <optional>
+
 #include "args.hpp"
 #include "commands.hpp"
+#include "context_parallel.hpp"
 #include "score_options.hpp"
 
 namespace simdattn::cli {
@@ -15,6 +18,7 @@ struct RunArgs : ScoreArgs {
       dtype;
   // the extra outputs
   std::string lse_out, scores_out, scores_stage;
+  std::string context_parallel;  // under mpirun: zigzag | contiguous
 };
 
 ScoreStage parse_stage(const std::string& text) {
@@ -75,6 +79,8 @@ ConstTensorView block_mask_view(const std::string& path, const NpyArray& blocks,
 void run(const RunArgs& a) {
   AttentionOptions opt = parse_options(a);
   const DtypeChoice dtype = parse_dtype_option(a.dtype);
+  std::optional<ContextParallel> parallel;  // MPI from here to the end of the run
+  if (!a.context_parallel.empty()) parallel.emplace(a.context_parallel);
   QkvFiles in = load_qkv(a.q, a.k, a.v, true);
   // The files the options' views point into.
   NpyArray mask, blocks;
@@ -132,9 +138,15 @@ void run(const RunArgs& a) {
     scores = make_output(written, {B, H, Sq, Sk});
     opt.scores = TensorView(scores.data.data(), written, {B, H, Sq, Sk});
   }
-  compute_in_dtype(a.out, dtype, in, [&](const QkvFiles& x, void* o) {
-    attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
-  });
+  const bool save = !parallel || parallel->writes();
+  compute_in_dtype(
+      a.out, dtype, in,
+      [&](const QkvFiles& x, void* o) {
+        if (parallel) parallel->attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
+        else attention(x.q_view(), x.k_view(), x.v_view(), x.o_view(o), opt);
+      },
+      save);
+  if (!save) return;
   if (!a.scores_out.empty()) save_output(a.scores_out, scores);
   if (!a.lse_out.empty()) save_output(a.lse_out, lse);
 }
@@ -162,6 +174,9 @@ void add_options(CLI::App& sub, RunArgs& a) {
   sub.add_option("--scores-stage", a.scores_stage, "scaled | capped | biased | softmax (default softmax)");
   add_dtype_option(sub, a.dtype);
   add_backend_threads_options(sub, a.backend, a.threads, "reference | native | onednn (default native)");
+  sub.add_option("--context-parallel", a.context_parallel,
+                 "zigzag | contiguous: under mpirun, deal the keys (causal self-attention: the queries "
+                 "too, a ring) to the ranks; rank 0 writes the outputs");
 }
 
 }  // namespace

@@ -289,9 +289,10 @@ void set_structure(Problem& p, const AttentionOptions& opt) {
                                         std::to_string(opt.window->right) +
                                         "): each side must be >= 0, or -1 for unbounded");
     p.has_window = true;
-    // A side longer than Sq + Sk reaches every key either way: saturate so that position
-    // arithmetic (|p| <= Sq + Sk) cannot overflow.
-    const std::int64_t reach = p.Sq + p.Sk;
+    // A side longer than any distance between a query's position and a key reaches every key
+    // either way: saturate so that position arithmetic cannot overflow. Positions are within
+    // Sq + Sk of the keys, or, with query offsets (|offset| <= 2^40), within Sq + Sk + 2^40.
+    const std::int64_t reach = p.Sq + p.Sk + (opt.query_offsets.empty() ? 0 : std::int64_t{1} << 40);
     p.window_left = std::min(opt.window->left, reach);
     p.window_right = std::min(opt.window->right, reach);
   }

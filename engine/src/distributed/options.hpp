@@ -1,0 +1,30 @@
+// What sharded_attention, ring_attention and the sharded cache share: the description of the
+// arguments every rank must give alike, and the checks of the options a sharded call takes.
+#pragma once
+
+#include <string>
+
+#include "distributed/comm.hpp"
+#include "simdattn/mpi.hpp"
+
+namespace simdattn::detail::mpi {
+
+using simdattn::mpi::RingOptions;
+using simdattn::mpi::ShardOptions;
+using simdattn::mpi::shard_length;
+using simdattn::mpi::shard_order_name;
+using simdattn::mpi::shard_ranges;
+using simdattn::mpi::TokenRange;
+
+// q's, k's and v's shapes and dtypes (k's and v's key axis excepted: each rank's own; q's too
+// unless same_queries) and every option whose value must agree across the ranks.
+void describe(Shared& shared, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+              const AttentionOptions& options, bool same_queries);
+
+// Error(option, "<what> does not take it (...)") for the options no sharded call takes:
+// global_tokens, block_mask and scores (their positions are local key indices).
+void refuse_local_positions(const AttentionOptions& options, const char* what);
+
+std::string shape_text(const Shape4& s);
+
+}  // namespace simdattn::detail::mpi

@@ -1,0 +1,106 @@
+// Partial attention results and their exact merge (docs/distributed.md): attention over a part
+// of the keys gives, per query row, the output over that part O_p and its log-sum-exp l_p; two
+// parts merge as
+//   l = log(exp(l_a) + exp(l_b)),   O = O_a exp(l_a - l) + O_b exp(l_b - l)
+// (a part that sees no key has l = -inf and weight 0). Done in double, in a fixed order, so the
+// merged rows do not depend on the thread count.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
+
+#include "simdattn/attention.hpp"
+
+namespace simdattn::detail::mpi {
+
+// rows x (dv + 1) doubles: each row's output, then its lse.
+class Partial {
+ public:
+  Partial() = default;
+  Partial(std::int64_t rows, std::int64_t dv) { reset(rows, dv); }
+  void reset(std::int64_t rows, std::int64_t dv) {
+    rows_ = rows;
+    dv_ = dv;
+    data_.assign(static_cast<std::size_t>(rows * (dv + 1)), 0.0);
+    for (std::int64_t r = 0; r < rows; ++r) data_[static_cast<std::size_t>(r * (dv + 1) + dv)] = -inf();
+  }
+  std::int64_t rows() const { return rows_; }
+  std::int64_t dv() const { return dv_; }
+  std::int64_t width() const { return dv_ + 1; }
+  double* row(std::int64_t r) { return data_.data() + r * (dv_ + 1); }
+  const double* row(std::int64_t r) const { return data_.data() + r * (dv_ + 1); }
+  double* data() { return data_.data(); }
+  const double* data() const { return data_.data(); }
+
+  // Merges into acc (a row: dv outputs, then the lse) a part's row: output o[0, dv), lse l.
+  static void merge_row(double* acc, std::int64_t dv, const double* o, double l) {
+    double& a = acc[dv];
+    if (std::isnan(a)) return;
+    if (std::isnan(l)) {
+      for (std::int64_t d = 0; d <= dv; ++d) acc[d] = std::numeric_limits<double>::quiet_NaN();
+      return;
+    }
+    if (l == -inf()) return;
+    if (a == -inf()) {
+      for (std::int64_t d = 0; d < dv; ++d) acc[d] = o[d];
+      a = l;
+      return;
+    }
+    const double m = std::max(a, l);
+    const double merged = m + std::log(std::exp(a - m) + std::exp(l - m));
+    const double wa = std::exp(a - merged), wl = std::exp(l - merged);
+    for (std::int64_t d = 0; d < dv; ++d) acc[d] = acc[d] * wa + o[d] * wl;
+    a = merged;
+  }
+
+  // The sink's share (AttentionOptions::sinks): l = log(exp(l) + exp(sink)), O scaled down.
+  static void add_sink(double* acc, std::int64_t dv, double sink) {
+    double& a = acc[dv];
+    if (std::isnan(a)) return;
+    const double m = std::max(a, sink);
+    const double merged = m + std::log(std::exp(a - m) + std::exp(sink - m));
+    const double w = a == -inf() ? 0.0 : std::exp(a - merged);
+    for (std::int64_t d = 0; d < dv; ++d) acc[d] *= w;
+    a = merged;
+  }
+
+  static constexpr double inf() { return std::numeric_limits<double>::infinity(); }
+
+ private:
+  std::int64_t rows_ = 0, dv_ = 0;
+  std::vector<double> data_;
+};
+
+// Attention over one run of keys merged into `part` (rows b, h, i in [B, H, Sq] order):
+// attention(q, k, v, options) into scratch (q's dtype and an f32 lse), then each row merged.
+// options must not ask for sinks, lse or scores (the caller adds sinks once, at the end).
+// Query rows [row0, row0 + q.shape[2]) of part's Sq_total rows per head receive the run.
+void attend_into(Partial& part, std::int64_t sq_total, std::int64_t row0, const ConstTensorView& q,
+                 const ConstTensorView& k, const ConstTensorView& v, const AttentionOptions& options);
+
+// part's rows (after the sinks, if any) written to out [B, H, Sq, Dv] (its dtype) and, when
+// given, lse [B, H, Sq, 1] f32; part holds B * H * Sq rows in that order.
+void write_rows(const Partial& part, std::int64_t heads, std::int64_t sq, const TensorView& out,
+                const TensorView& lse);
+
+// A view's slice along the sequence axis (dimension 2): positions [start, start + length).
+inline ConstTensorView slice_seq(const ConstTensorView& t, std::int64_t start, std::int64_t length) {
+  ConstTensorView s = t;
+  if (s.data != nullptr)
+    s.data = static_cast<const unsigned char*>(t.data) +
+             start * t.strides[2] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  s.shape[2] = length;
+  return s;
+}
+inline TensorView slice_seq(const TensorView& t, std::int64_t start, std::int64_t length) {
+  TensorView s = t;
+  if (s.data != nullptr)
+    s.data = static_cast<unsigned char*>(t.data) + start * t.strides[2] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  s.shape[2] = length;
+  return s;
+}
+
+}  // namespace simdattn::detail::mpi

@@ -1,0 +1,39 @@
+// The pieces of sharded_attention that ring_attention and the sharded cache reuse.
+#pragma once
+
+#include <span>
+
+#include "distributed/options.hpp"
+#include "distributed/partial.hpp"
+#include "simdattn/mpi.hpp"
+
+namespace simdattn::detail::mpi {
+
+// Query 0's position in batch b of the unsharded call (attention.hpp, "Visibility").
+std::int64_t global_query_offset(const AttentionOptions& options, std::int64_t b, std::int64_t total_keys,
+                                 std::int64_t sq);
+
+// Attention of q over this rank's keys (k's key axis holds `ranges`, in order) merged into part
+// (B * H * Sq rows), each range one attention() call with the positions of the unsharded call.
+// No sinks (merge_and_write adds them once).
+void attend_local(Partial& part, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                  const AttentionOptions& options, std::int64_t total_keys, std::span<const TokenRange> ranges);
+
+// Collective: every rank's part to every rank (root -1) or to root, merged in rank order, the
+// sinks added, written to out and options.lse.
+void merge_and_write(MPI_Comm comm, Partial& mine, const ConstTensorView& q, std::int64_t dv, const TensorView& out,
+                     const AttentionOptions& options, int root);
+
+// Collective: throws the same Error(argument) on every rank unless the ranks' ranges together
+// cover [0, total) exactly once.
+void check_cover(MPI_Comm comm, std::span<const TokenRange> mine, std::int64_t total, const char* argument);
+
+// A view's slice along its last axis: columns [start, start + length).
+inline ConstTensorView slice_last(const ConstTensorView& t, std::int64_t start, std::int64_t length) {
+  ConstTensorView s = t;
+  s.data = static_cast<const unsigned char*>(t.data) + start * t.strides[3] * static_cast<std::int64_t>(dtype_size(t.dtype));
+  s.shape[3] = length;
+  return s;
+}
+
+}  // namespace simdattn::detail::mpi
