@@ -383,3 +383,75 @@ TEST_CASE("the scores output at every stage: scaled, capped, biased (hidden keys
   CHECK_THROWS_WITH_AS(attention(t.q.cview(), t.k.cview(), t.v.cview(), out.view(), bad), doctest::Contains("options.scores"), Error);
   for (double x : out.data) CHECK(x == 42.0);
 }
+
+namespace {
+
+// A decode-shaped call (few query rows per kv head: the decode paths) with sinks and/or lse,
+// native against the reference, in dtype T (and, code != f32, with K and V as 8-bit codes).
+template <class T>
+void check_decode_finish(std::mt19937_64& rng, int n, DType code) {
+  const std::int64_t Hkv = 1 + n % 2, H = Hkv * (1 + n % 4), B = 1 + n % 2, Sq = 1 + n % 2;
+  const std::int64_t Sk = 1 + static_cast<std::int64_t>(rng() % 700), D = 16 * (1 + n % 4);
+  test::Qkv<T> t = test::random_qkv<T>(rng, B, H, Hkv, Sq, Sk, D);
+  std::vector<float> sinks(static_cast<std::size_t>(H));
+  for (auto& s : sinks) s = static_cast<float>(std::normal_distribution<double>(0.0, 2.0)(rng));
+  std::vector<std::int64_t> lengths;
+  for (std::int64_t b = 0; b < B; ++b) lengths.push_back(static_cast<std::int64_t>(rng() % (Sk + 1)));  // 0 too
+  AttentionOptions opt;
+  if (n % 3 != 1) opt.sinks = sinks;
+  opt.causal = Causal::bottom_right;
+  if (n % 2 == 0) opt.key_lengths = lengths;
+  test::Buffer<float> lse_ref({B, H, Sq, 1}), lse_nat({B, H, Sq, 1});
+  const bool want_lse = n % 3 != 0;
+  // 8-bit codes: the same codes and scales for both backends
+  test::Buffer<std::uint8_t> kc({B, Hkv, Sk, D}), vc({B, Hkv, Sk, D});
+  test::Buffer<float> ks({B, Hkv, Sk, 1}), vs({B, Hkv, Sk, 1});
+  ConstTensorView k = t.k.cview(), v = t.v.cview();
+  if (code != DType::f32) {
+    quantize_kv(t.k.cview(), code, TensorView(kc.data.data(), code, kc.shape), ks.view());
+    quantize_kv(t.v.cview(), code, TensorView(vc.data.data(), code, vc.shape), vs.view());
+    k = ConstTensorView(kc.data.data(), code, kc.shape);
+    v = ConstTensorView(vc.data.data(), code, vc.shape);
+    opt.k_scale = ks.cview();
+    opt.v_scale = vs.cview();
+  }
+  CAPTURE(n);
+  CAPTURE(Sk);
+  CAPTURE_VALUE(dtype_name(code));
+  auto run = [&](Backend be, test::Buffer<float>& lse) {
+    AttentionOptions o = opt;
+    o.backend = be;
+    if (want_lse) o.lse = lse.view();
+    test::Buffer<T> out({B, H, Sq, D});
+    attention(t.q.cview(), k, v, out.view(), o);
+    return out;
+  };
+  const test::Buffer<T> ref = run(Backend::reference, lse_ref), nat = run(Backend::native, lse_nat);
+  CHECK(test::max_abs_diff(nat, ref) <= test::tolerance<T>(test::max_abs(t.v)));
+  if (want_lse) {
+    bool same_inf = true;
+    double worst = 0;
+    lse_ref.for_each([&](float& x, auto b, auto h, auto i, auto) {
+      const float y = lse_nat.at(b, h, i, 0);
+      if (std::isinf(x) || std::isinf(y)) same_inf = same_inf && x == y;
+      else worst = std::max(worst, std::fabs(double(x) - double(y)) / (1.0 + std::fabs(double(x))));
+    });
+    CHECK(same_inf);
+    CHECK(worst <= (std::is_same_v<T, double> ? 1e-6 : std::is_same_v<T, float> ? 1e-5 : 2e-2));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("sinks and lse on the decode paths: f32, f64, bf16, f16 and 8-bit K/V against the reference" *
+          doctest::test_suite(test::every_isa)) {
+  std::mt19937_64 rng(test::base_seed() + 91);
+  for (int n = 0; n < 24; ++n) {
+    check_decode_finish<float>(rng, n, DType::f32);
+    check_decode_finish<double>(rng, n, DType::f32);
+    check_decode_finish<bfloat16>(rng, n, DType::f32);
+    check_decode_finish<float16>(rng, n, DType::f32);
+    check_decode_finish<float>(rng, n, DType::int8);
+    check_decode_finish<bfloat16>(rng, n, DType::fp8_e4m3);
+  }
+}

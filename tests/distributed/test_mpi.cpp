@@ -221,9 +221,17 @@ TEST_CASE("sharded attention: a boolean mask given as each rank's columns") {
 }
 
 // ring_attention against attention() on the whole sequence: each rank's queries' rows.
+// The same tensor laid out as [B, S, H, W] (heads interleaved: strided views).
+template <class T>
+Buffer<T> interleaved(const Buffer<T>& a) {
+  Buffer<T> out(a.shape, true);
+  out.for_each([&](T& x, auto b, auto h, auto i, auto d) { x = a.at(b, h, i, d); });
+  return out;
+}
+
 template <class T>
 void check_ring(std::int64_t S, ShardOrder order, AttentionOptions opt, std::uint64_t seed, std::int64_t H = 4,
-                std::int64_t Hkv = 2) {
+                std::int64_t Hkv = 2, bool strided = false) {
   std::mt19937_64 rng(seed);
   const std::int64_t B = 2, D = 16;
   const auto t = random_qkv<T>(rng, B, H, Hkv, S, S, D, D);
@@ -232,7 +240,9 @@ void check_ring(std::int64_t S, ShardOrder order, AttentionOptions opt, std::uin
   whole.lse = lse_all.view();
   const Buffer<T> expected = run_attention<T>(Backend::native, t.q, t.k, t.v, whole);
   const auto ranges = mpi::shard_ranges(S, ranks(), rank(), order);
-  const Buffer<T> q = take(t.q, ranges), k = take(t.k, ranges), v = take(t.v, ranges);
+  const Buffer<T> q = take(t.q, ranges);
+  const Buffer<T> k = strided ? interleaved(take(t.k, ranges)) : take(t.k, ranges);
+  const Buffer<T> v = strided ? interleaved(take(t.v, ranges)) : take(t.v, ranges);
   Buffer<T> out({B, H, q.shape[2], D});
   Buffer<float> lse({B, H, q.shape[2], 1});
   opt.lse = lse.view();
@@ -268,6 +278,7 @@ TEST_CASE("ring attention equals the unsharded attention") {
       opt = {};
       opt.causal = Causal::top_left;
       check_ring<bfloat16>(S, order, opt, ++seed, 4, 1);
+      check_ring<float>(S, order, opt, ++seed, 4, 2, true);  // K/V as [B, S, H, D]: packed to travel
     }
 }
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -74,12 +75,33 @@ class Partial {
   std::vector<double> data_;
 };
 
-// Attention over one run of keys merged into `part` (rows b, h, i in [B, H, Sq] order):
-// attention(q, k, v, options) into scratch (q's dtype and an f32 lse), then each row merged.
-// options must not ask for sinks, lse or scores (the caller adds sinks once, at the end).
-// Query rows [row0, row0 + q.shape[2]) of part's Sq_total rows per head receive the run.
-void attend_into(Partial& part, std::int64_t sq_total, std::int64_t row0, const ConstTensorView& q,
-                 const ConstTensorView& k, const ConstTensorView& v, const AttentionOptions& options);
+// The parts of one rank's query rows as they arrive (ring steps, key runs): per row (b, h, i)
+// of [B, H, Sq, Dv] the merged output, in f32 (f64 for f64 problems: the kernels' own
+// precision), and the lse in double. The output accumulates in `out` itself when it has that
+// dtype (else in this thread's scratch), and a part that is the first to reach its rows is
+// written there by attention() directly; rows that no part reached end as zeros with lse -inf.
+class Accumulator {
+ public:
+  // For the rows of shape [B, H, Sq, Dv] of a problem of dtype `dtype`; out: where the result
+  // goes (empty: nowhere, only export_rows), accumulated in place when its dtype allows.
+  void reset(const Shape4& shape, DType dtype, const TensorView& out);
+  // attention(q, k, v, options) (no sinks, lse or scores asked: the merge adds sinks once) merged
+  // into query rows [row0, row0 + q.shape[2]).
+  void attend(std::int64_t row0, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+              const AttentionOptions& options);
+  // Each row as dv doubles then its lse (width dv + 1), into dst (rows x (dv + 1)).
+  void export_rows(double* dst) const;
+  // The sinks added (sinks[h] for the rows of head h), then out (the view given to reset) and
+  // lse [B, H, Sq, 1] (when given) written.
+  void finish(std::span<const float> sinks, const TensorView& lse);
+
+ private:
+  Shape4 shape_{};
+  DType dtype_ = DType::f32;  // the accumulator's: f32 or f64
+  TensorView acc_;            // [B, H, Sq, Dv] of dtype_: out itself, or scratch
+  TensorView out_;
+  std::vector<double> lse_;   // B * H * Sq
+};
 
 // part's rows (after the sinks, if any) written to out [B, H, Sq, Dv] (its dtype) and, when
 // given, lse [B, H, Sq, 1] f32; part holds B * H * Sq rows in that order.

@@ -9,6 +9,7 @@
 #include "distributed/options.hpp"
 #include "distributed/partial.hpp"
 #include "distributed/sharded.hpp"
+#include "runtime/workspace.hpp"
 
 namespace simdattn::detail::mpi {
 
@@ -65,24 +66,41 @@ void pack(const ConstTensorView& t, unsigned char* dst) {
       }
 }
 
-// One rank's K/V shard as it travels: K [B, Hkv, n, D] then V [B, Hkv, n, Dv], contiguous.
+// One rank's K/V shard as it travels: K [B, Hkv, n, D] and V [B, Hkv, n, Dv], each contiguous
+// (the caller's own views when they are, else packed; received shards in two alternating
+// per-thread buffers).
 struct Shard {
-  std::vector<unsigned char> bytes;
+  const unsigned char* k = nullptr;
+  const unsigned char* v = nullptr;
   std::int64_t n = 0;
 };
 
-// Non-blocking send or receive of a buffer of any size, in messages of at most 1 GiB.
+}  // namespace
+
+namespace scratch {
+struct MpiOwnShard : ScratchSlot {};
+struct MpiReceived0 : ScratchSlot {};
+struct MpiReceived1 : ScratchSlot {};
+}  // namespace scratch
+
+namespace {
+
+bool dense(const ConstTensorView& t) { return t.strides == contiguous_strides(t.shape); }
+
+// Non-blocking sends or receives of K's and V's bytes, in messages of at most 1 GiB (tags: K's
+// even, V's odd).
 constexpr std::int64_t kMessage = std::int64_t{1} << 30;
 
-void post(std::vector<MPI_Request>& requests, bool send, unsigned char* data, std::int64_t bytes, int peer,
-          MPI_Comm comm) {
-  for (std::int64_t at = 0, tag = 0; at < bytes; at += kMessage, ++tag) {
+void post(std::vector<MPI_Request>& requests, bool send, const unsigned char* data, std::int64_t bytes, int parity,
+          int peer, MPI_Comm comm) {
+  for (std::int64_t at = 0, i = 0; at < bytes; at += kMessage, ++i) {
     const int count = static_cast<int>(std::min(kMessage, bytes - at));
+    const int tag = static_cast<int>(2 * i + parity);
     MPI_Request r;
     if (send)
-      check(MPI_Isend(data + at, count, MPI_BYTE, peer, static_cast<int>(tag), comm, &r), "MPI_Isend");
+      check(MPI_Isend(data + at, count, MPI_BYTE, peer, tag, comm, &r), "MPI_Isend");
     else
-      check(MPI_Irecv(data + at, count, MPI_BYTE, peer, static_cast<int>(tag), comm, &r), "MPI_Irecv");
+      check(MPI_Irecv(const_cast<unsigned char*>(data) + at, count, MPI_BYTE, peer, tag, comm, &r), "MPI_Irecv");
     requests.push_back(r);
   }
 }
@@ -117,8 +135,9 @@ void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorVi
   std::vector<TokenRange> mine;
   const std::int64_t B = q.shape[0], Hkv = k.shape[1], D = k.shape[3], Dv = v.shape[3];
   const auto esz = static_cast<std::int64_t>(dtype_size(k.dtype));
-  auto shard_bytes = [&](std::int64_t n) { return B * Hkv * n * (D + Dv) * esz; };
-  Partial part;
+  auto k_bytes = [&](std::int64_t n) { return B * Hkv * n * D * esz; };
+  auto v_bytes = [&](std::int64_t n) { return B * Hkv * n * Dv * esz; };
+  Accumulator acc;
   Shard cur, next;
   std::int64_t n_local = 0;
   AttentionOptions o = options;
@@ -133,16 +152,27 @@ void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorVi
     mine = shard_ranges(ring.total_tokens, ranks, me, ring.order);
     for (const TokenRange& r : mine) n_local += r.length;
     check_ring(q, k, v, out, options, ring, n_local);
-    part.reset(B * q.shape[1] * n_local, Dv);
+    acc.reset({B, q.shape[1], n_local, Dv}, q.dtype, out);
     cur.n = n_local;
-    cur.bytes.resize(static_cast<std::size_t>(shard_bytes(n_local)));
-    pack(k, cur.bytes.data());
-    pack(v, cur.bytes.data() + B * Hkv * n_local * D * esz);
+    if (dense(k) && dense(v)) {
+      cur.k = static_cast<const unsigned char*>(k.data);
+      cur.v = static_cast<const unsigned char*>(v.data);
+    } else {
+      unsigned char* own =
+          detail::thread_buffer<unsigned char, detail::mpi::scratch::MpiOwnShard>().get(static_cast<std::size_t>(k_bytes(n_local) + v_bytes(n_local)));
+      pack(k, own);
+      pack(v, own + k_bytes(n_local));
+      cur.k = own;
+      cur.v = own + k_bytes(n_local);
+    }
     // attention()'s own checks of the options on the real shapes, before the ranks agree: its
     // first query over its own keys (an Error here would otherwise come mid-ring).
     if (n_local > 0) {
-      Partial scratch(B * q.shape[1], Dv);
-      attend_into(scratch, 1, 0, slice_seq(q, 0, 1), k, v, o);
+      std::vector<unsigned char> row(static_cast<std::size_t>(B * q.shape[1] * Dv) * dtype_size(q.dtype));
+      std::vector<float> row_lse(static_cast<std::size_t>(B * q.shape[1]));
+      AttentionOptions first = o;
+      first.lse = TensorView(row_lse.data(), {B, q.shape[1], 1, 1});
+      attention(slice_seq(q, 0, 1), k, v, TensorView(row.data(), q.dtype, {B, q.shape[1], 1, Dv}), first);
     }
   });
   agree(comm, outcome, shared);
@@ -154,20 +184,26 @@ void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorVi
     if (t + 1 < ranks) {
       const int incoming = (me - t - 1 + 2 * ranks) % ranks;
       next.n = shard_length(ring.total_tokens, ranks, incoming, ring.order);
-      next.bytes.resize(static_cast<std::size_t>(shard_bytes(next.n)));
-      post(requests, false, next.bytes.data(), static_cast<std::int64_t>(next.bytes.size()), left, comm);
-      post(requests, true, cur.bytes.data(), static_cast<std::int64_t>(cur.bytes.size()), right, comm);
+      const auto bytes = static_cast<std::size_t>(k_bytes(next.n) + v_bytes(next.n));
+      unsigned char* into = t % 2 == 0 ? detail::thread_buffer<unsigned char, detail::mpi::scratch::MpiReceived0>().get(bytes)
+                                       : detail::thread_buffer<unsigned char, detail::mpi::scratch::MpiReceived1>().get(bytes);
+      next.k = into;
+      next.v = into + k_bytes(next.n);
+      post(requests, false, next.k, k_bytes(next.n), 0, left, comm);
+      post(requests, false, next.v, v_bytes(next.n), 1, left, comm);
+      post(requests, true, cur.k, k_bytes(cur.n), 0, right, comm);
+      post(requests, true, cur.v, v_bytes(cur.n), 1, right, comm);
     }
     const std::vector<TokenRange> theirs = shard_ranges(ring.total_tokens, ranks, src, ring.order);
-    const ConstTensorView k_all(cur.bytes.data(), k.dtype, {B, Hkv, cur.n, D});
-    const ConstTensorView v_all(cur.bytes.data() + B * Hkv * cur.n * D * esz, v.dtype, {B, Hkv, cur.n, Dv});
+    const ConstTensorView k_all(cur.k, k.dtype, {B, Hkv, cur.n, D});
+    const ConstTensorView v_all(cur.v, v.dtype, {B, Hkv, cur.n, Dv});
     std::int64_t q_at = 0;
     for (const TokenRange& qr : mine) {
       std::int64_t k_at = 0;
       for (const TokenRange& kr : theirs) {
         if (!hidden(qr, kr, options)) {
           std::fill(offsets.begin(), offsets.end(), qr.start - kr.start);
-          attend_into(part, n_local, q_at, slice_seq(q, q_at, qr.length),
+          acc.attend(q_at, slice_seq(q, q_at, qr.length),
                       slice_seq(k_all, k_at, kr.length), slice_seq(v_all, k_at, kr.length), o);
         }
         k_at += kr.length;
@@ -178,11 +214,7 @@ void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorVi
       check(MPI_Waitall(static_cast<int>(requests.size()), requests.data(), MPI_STATUSES_IGNORE), "MPI_Waitall");
     std::swap(cur, next);
   }
-  const std::int64_t H = q.shape[1];
-  if (!options.sinks.empty())
-    for (std::int64_t i = 0; i < part.rows(); ++i)
-      Partial::add_sink(part.row(i), Dv, options.sinks[static_cast<std::size_t>(i / n_local % H)]);
-  write_rows(part, H, n_local, out, options.lse);
+  acc.finish(options.sinks, options.lse);
 }
 
 }  // namespace simdattn::mpi

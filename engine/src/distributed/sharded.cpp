@@ -84,7 +84,7 @@ std::int64_t global_query_offset(const AttentionOptions& options, std::int64_t b
   return options.causal == Causal::top_left ? 0 : len - sq;
 }
 
-void attend_local(Partial& part, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+void attend_local(Accumulator& acc, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                   const AttentionOptions& options, std::int64_t total_keys, std::span<const TokenRange> ranges) {
   const std::int64_t B = q.shape[0], Sq = q.shape[2];
   std::vector<std::int64_t> offsets(static_cast<std::size_t>(B)), lengths(static_cast<std::size_t>(B));
@@ -108,16 +108,18 @@ void attend_local(Partial& part, const ConstTensorView& q, const ConstTensorView
       if (!o.mask.empty() && o.mask.shape[3] != 1) o.mask = slice_last(o.mask, at, run.length);
       if (!o.k_scale.empty()) o.k_scale = slice_seq(o.k_scale, at, run.length);
       if (!o.v_scale.empty()) o.v_scale = slice_seq(o.v_scale, at, run.length);
-      attend_into(part, Sq, 0, q, slice_seq(k, at, run.length), slice_seq(v, at, run.length), o);
+      acc.attend(0, q, slice_seq(k, at, run.length), slice_seq(v, at, run.length), o);
     }
     at += run.length;
   }
 }
 
-void merge_and_write(MPI_Comm comm, Partial& mine, const ConstTensorView& q, std::int64_t dv, const TensorView& out,
-                     const AttentionOptions& options, int root) {
+void merge_and_write(MPI_Comm comm, const Accumulator& acc, const ConstTensorView& q, std::int64_t dv,
+                     const TensorView& out, const AttentionOptions& options, int root) {
   const int ranks = size_of(comm), me = rank_of(comm);
-  const std::int64_t rows = mine.rows(), width = mine.width();
+  const std::int64_t rows = q.shape[0] * q.shape[1] * q.shape[2], width = dv + 1;
+  Partial mine(rows, dv);
+  acc.export_rows(mine.data());
   MPI_Datatype row_type;
   check(MPI_Type_contiguous(static_cast<int>(width), MPI_DOUBLE, &row_type), "MPI_Type_contiguous");
   struct Free {
@@ -160,15 +162,15 @@ void sharded_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTenso
   describe(shared, q, k, v, options, true);
   shared.add("shard.total_keys", shard.total_keys);
   shared.add("shard.root", shard.root);
-  Partial part;
+  Accumulator acc;
   const Outcome outcome = outcome_of([&] {
     check_shard(q, k, v, out, options, shard, ranks, me);
-    part.reset(q.shape[0] * q.shape[1] * q.shape[2], v.shape[3]);
-    attend_local(part, q, k, v, options, shard.total_keys, shard.key_ranges);
+    acc.reset({q.shape[0], q.shape[1], q.shape[2], v.shape[3]}, q.dtype, TensorView());
+    attend_local(acc, q, k, v, options, shard.total_keys, shard.key_ranges);
   });
   agree(comm, outcome, shared);
   check_cover(comm, shard.key_ranges, shard.total_keys, "shard.key_ranges");
-  merge_and_write(comm, part, q, v.shape[3], out, options, shard.root);
+  merge_and_write(comm, acc, q, v.shape[3], out, options, shard.root);
 }
 
 }  // namespace simdattn::mpi

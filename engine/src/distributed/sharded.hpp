@@ -13,16 +13,16 @@ namespace simdattn::detail::mpi {
 std::int64_t global_query_offset(const AttentionOptions& options, std::int64_t b, std::int64_t total_keys,
                                  std::int64_t sq);
 
-// Attention of q over this rank's keys (k's key axis holds `ranges`, in order) merged into part
+// Attention of q over this rank's keys (k's key axis holds `ranges`, in order) merged into acc
 // (B * H * Sq rows), each range one attention() call with the positions of the unsharded call.
 // No sinks (merge_and_write adds them once).
-void attend_local(Partial& part, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+void attend_local(Accumulator& acc, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                   const AttentionOptions& options, std::int64_t total_keys, std::span<const TokenRange> ranges);
 
-// Collective: every rank's part to every rank (root -1) or to root, merged in rank order, the
-// sinks added, written to out and options.lse.
-void merge_and_write(MPI_Comm comm, Partial& mine, const ConstTensorView& q, std::int64_t dv, const TensorView& out,
-                     const AttentionOptions& options, int root);
+// Collective: every rank's rows (output and lse, as doubles) to every rank (root -1) or to root,
+// merged in rank order in double, the sinks added, written to out and options.lse.
+void merge_and_write(MPI_Comm comm, const Accumulator& acc, const ConstTensorView& q, std::int64_t dv,
+                     const TensorView& out, const AttentionOptions& options, int root);
 
 // Collective: throws the same Error(argument) on every rank unless the ranks' ranges together
 // cover [0, total) exactly once.

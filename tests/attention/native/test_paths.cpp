@@ -114,14 +114,17 @@ TEST_CASE("standard workloads take their native paths (bf16, f16)" * doctest::te
   }
 }
 
-TEST_CASE("score modifiers, sinks and lse take a fused path" * doctest::test_suite(test::every_isa)) {
+TEST_CASE("score modifiers take a fused path; sinks and lse the decode paths too" * doctest::test_suite(test::every_isa)) {
   const Operands decode(workload("decode"), DType::f32);
-  std::vector<float> lse(32);
+  std::vector<float> lse(32), sinks(32, 0.5f);
   AttentionOptions opt;
   opt.lse = TensorView(lse.data(), {1, 32, 1, 1});
+  opt.sinks = sinks;
+  CHECK(taken(decode.problem(opt)).path == "decode");
+  opt.softcap = 30.0;
   const Taken t = taken(decode.problem(opt));
   CHECK(t.path == "fused");
-  CHECK(t.passed_over.at(2) == "decode: score modifiers, sinks or lse (the fused paths apply them)");
+  CHECK(t.passed_over.at(2) == "decode: score modifiers (the fused paths apply them)");
   opt = {};
   opt.softcap = 30.0;
   CHECK(taken(Operands(workload("sdcross"), DType::f32).problem(opt)).path == "fused");

@@ -15,6 +15,7 @@
 #include "attention/native/paths.hpp"
 #include "attention/native/rows.hpp"
 #include "core/element.hpp"
+#include "core/modifiers.hpp"
 #include "core/position_rule.hpp"
 #include "linalg/gemm.hpp"
 #include "runtime/threading.hpp"
@@ -55,6 +56,7 @@ void decode_item(const Problem& p, const simd::KernelTable& kt, std::int64_t b, 
     const T m = scale_mask_row(p, vk, row, b, h, i, 0, L, full);
     l[r] = vk.exp_sub_max_sum(row, L, m);
     visible_rows += l[r] != T(0);
+    finish_row(p, b, h, i, m, l[r]);  // the sink joins l; lse written
   }
   if (visible_rows > 0) {
     GemmArgs<T> pv;  // O = P V
@@ -122,7 +124,8 @@ void decode_in_place(const Problem& p, double bytes_per_key, const Reader& reade
           reader.scores(b, hk, L, q, s);
           const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
           const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
-          const float l = vk.exp_sub_max_sum(s, L, m);
+          float l = vk.exp_sub_max_sum(s, L, m);
+          finish_row(p, b, h, i, m, l);  // the sink joins l; lse written
           S* dst = static_cast<S*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
           if (l == 0.0f) {  // no visible key: zeros
             for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = S{};
@@ -185,9 +188,9 @@ void decode8(const Problem& p) {
 
 namespace {
 
-// The checks both decode paths make: the plain softmax, at least one key, few rows per kv head.
+// The checks the decode paths make: unmodified scores, at least one key, few rows per kv head.
 Refusal decode_shape_why_not(const Problem& p) {
-  if (Refusal r = needs_more_than_softmax(p)) return r;
+  if (Refusal r = needs_modified_scores(p)) return r;
   if (p.Sk == 0) return {"no keys"};
   const std::int64_t rows = (p.H / p.Hkv) * p.Sq;
   if (rows > kDecodeMaxRows) return {"{} query rows per kv head > {}", rows, kDecodeMaxRows};

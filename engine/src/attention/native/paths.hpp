@@ -1,5 +1,6 @@
 // The native backend's paths (native.hpp lists them in order): each one's why_not and runner.
-//   decode8         few query rows per kv head, 8-bit K and V codes read as they are (decode.cpp)
+//   decode8         few query rows per kv head, 8-bit K and V codes read as they are (decode.cpp);
+//                   the decode paths apply sinks and write lse, not score modifiers
 //   decode16        few query rows per kv head, bf16/f16 K and V read as they are (decode.cpp)
 //   decode.widened  bf16/f16 decode with K or V strided along D: dense f32 copies on the f32
 //                   decode path (widened.cpp)
@@ -23,11 +24,15 @@ namespace scratch {
 struct NativeAttention : ScratchSlot {};  // the native paths' blocks, packed K^T / V, decode rows
 }  // namespace scratch
 
-// Score modifiers, sinks and lse: only the fused paths apply them (the others compute the plain
-// online softmax).
+// Score modifiers, sinks and lse: the fused paths apply them all; the decode paths the sinks and
+// lse (at a row's end: finish_row); the short-key path none (the plain online softmax).
 inline Refusal needs_more_than_softmax(const Problem& p) {
   if (p.online_softmax_only()) return {};
   return {"score modifiers, sinks or lse (the fused paths apply them)"};
+}
+inline Refusal needs_modified_scores(const Problem& p) {
+  if (!p.scores_modified()) return {};
+  return {"score modifiers (the fused paths apply them)"};
 }
 
 inline bool is_16bit(DType dtype) { return dtype == DType::bf16 || dtype == DType::f16; }
