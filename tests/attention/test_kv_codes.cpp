@@ -240,7 +240,10 @@ TEST_CASE("attention over 8-bit K/V codes: the native path of each shape") {
   AttentionOptions sinks;
   const std::vector<float> s(4, 0.0f);
   sinks.sinks = s;
-  CHECK(path(1, kc, sinks) == "fused");
+  CHECK(path(1, kc, sinks) == "decode8");  // the decode paths apply sinks (and lse)
+  AttentionOptions capped;
+  capped.softcap = 20.0;
+  CHECK(path(1, kc, capped) == "fused");  // not score modifiers
 }
 
 TEST_CASE("attention over 8-bit K/V codes: bad arguments named") {
