@@ -23,3 +23,7 @@ run(${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build -DCMAKE_BUILD_TYPE=${
     -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix)
 run(${CMAKE_COMMAND} --build ${WORK_DIR}/build)
 run(${WORK_DIR}/build/consumer)
+# simdattn::mpi's consumer, built when the package and the machine have MPI
+if(EXISTS ${WORK_DIR}/build/consumer_mpi AND MPIEXEC)
+  run(${MPIEXEC} -np 2 --oversubscribe --allow-run-as-root ${WORK_DIR}/build/consumer_mpi)
+endif()
