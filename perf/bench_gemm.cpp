@@ -3,6 +3,8 @@
 // gemm/<backend>/<MxNxK>.bf16/t<threads> and .f16: A and B rounded to bf16 / f16, C in f32; the
 // native 16-bit GEMM takes B packed once outside the timing (as a layer packs its weights),
 // oneDNN's matmul reads it as it is. oneDNN's rows only where it has the dtype's matmul here.
+// gemm/native/<MxNxK>.bf16-pairs/t<threads>: the same on AVX512-BF16's vdpbf16ps kernels (the pair
+// layout), where the CPU has them: their speed against the widening .bf16 row (the dispatched one).
 #include <benchmark/benchmark.h>
 #include <omp.h>
 
@@ -63,10 +65,13 @@ struct Operands16 {
   }
 };
 
-void gemm_native16(benchmark::State& state, Shape s, int threads, bool bf16) {
+// pairs: B packed for the table's vdpbf16ps kernels (gemm_bf16_pairs, AVX512-BF16 only) instead
+// of the dispatched bf16 GEMM (which widens B to f32 and runs FMAs where there are no tiles).
+void gemm_native16(benchmark::State& state, Shape s, int threads, bool bf16, bool pairs) {
   Operands op(s);
   const Operands16 h(op, bf16);
-  const simdattn::detail::Packed16 packed = simdattn::detail::pack16_b(h.b.data(), s.N, s.K, s.N, bf16);
+  const simdattn::detail::Packed16 packed =
+      simdattn::detail::pack16_b(h.b.data(), s.N, s.K, s.N, bf16, nullptr, pairs);
   simdattn::detail::Gemm16Args g;
   g.M = s.M, g.N = s.N, g.K = s.K;
   g.A = h.a.data(), g.lda = s.K;
@@ -109,7 +114,11 @@ int register_all() {
           ->Unit(benchmark::kMicrosecond);
       for (bool bf16 : {true, false})
         benchmark::RegisterBenchmark(("gemm/native/" + shape + (bf16 ? ".bf16" : ".f16") + "/t" + std::to_string(t)).c_str(),
-                                     gemm_native16, s, t, bf16)
+                                     gemm_native16, s, t, bf16, false)
+            ->Unit(benchmark::kMicrosecond);
+      if (simdattn::simd::kernels().gemm_bf16_pairs.ukernel[1] != nullptr)  // vdpbf16ps, against the row above
+        benchmark::RegisterBenchmark(("gemm/native/" + shape + ".bf16-pairs/t" + std::to_string(t)).c_str(),
+                                     gemm_native16, s, t, true, true)
             ->Unit(benchmark::kMicrosecond);
 #ifdef SIMDATTN_HAVE_ONEDNN
       using dt = dnnl::memory::data_type;

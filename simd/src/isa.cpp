@@ -79,6 +79,19 @@ const Detected& detected() {
 
 const std::vector<Isa>& available_isas() { return detected().isas; }
 
+bool bf16_pairs_preferred() {
+  static const bool amd = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid(0, &a, &b, &c, &d) == 0) return false;
+    char vendor[13] = {};
+    std::memcpy(vendor, &b, 4);
+    std::memcpy(vendor + 4, &d, 4);
+    std::memcpy(vendor + 8, &c, 4);
+    return std::strcmp(vendor, "AuthenticAMD") == 0;
+  }();
+  return amd;
+}
+
 const std::vector<std::string>& isa_notes() { return detected().notes; }
 
 namespace {

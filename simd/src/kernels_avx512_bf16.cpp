@@ -3,13 +3,15 @@
 //
 // vdpbf16ps multiplies the bf16 pairs of two vectors and adds both products of each pair to an
 // f32 lane: 32 multiply-adds per instruction where an f32 FMA does 16, reading the packed bf16
-// B panel (pairs of k) as it is, with no conversion. On the cores measured so far it issues at a
-// quarter of the FMA rate, so the table's gemm_bf16 stays AVX-512's (see kernels.hpp).
+// B panel (pairs of k) as it is, with no conversion. On Intel's cores it issues at a quarter of
+// the FMA rate, so there the table's gemm_bf16 stays AVX-512's; on AMD's at the FMA rate, so
+// there gemm_bf16 is these kernels (bf16_pairs_preferred, isa.hpp).
 #include <immintrin.h>
 
 #include <algorithm>
 
 #include "impl/tables.hpp"
+#include "simdattn/simd/isa.hpp"
 
 namespace simdattn::simd {
 
@@ -128,6 +130,9 @@ KernelTable make_table_avx512_bf16() {
                  .ukernel = impl::rows_table<Gemm16Ukernel, kMr>(
                      [](auto m) { return &bf16_pairs_ukernel<decltype(m)::value>; }),
                  .k_align = 2};  // an odd depth's last pair
+  // The engine's bf16 GEMM (the layer's projections): vdpbf16ps where it is the faster of the
+  // two (bf16_pairs_preferred, isa.hpp), else AVX-512's widening kernels.
+  if (bf16_pairs_preferred()) t.gemm_bf16 = t.gemm_bf16_pairs;
   return t;
 }
 

@@ -83,3 +83,14 @@ TEST_CASE("16-bit GEMM on every ISA (AVX512-BF16 pairs and conversions): shapes 
     }
   }
 }
+
+TEST_CASE("the avx512_bf16 level's bf16 GEMM: vdpbf16ps pairs on AMD's cores, widening to f32 on others") {
+  using namespace simdattn;
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    if (kt->isa != simd::Isa::avx512_bf16) continue;
+    CAPTURE(simd::bf16_pairs_preferred());
+    CHECK(kt->gemm_bf16.pairs == simd::bf16_pairs_preferred());
+    CHECK(kt->gemm_f16.pairs == false);
+    if (simd::bf16_pairs_preferred()) CHECK((kt->gemm_bf16.ukernel[1] == kt->gemm_bf16_pairs.ukernel[1]));
+  }
+}

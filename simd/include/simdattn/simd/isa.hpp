@@ -33,6 +33,13 @@ Isa selected_isa();
 // True if the selection came from SIMDATTN_ISA rather than from detection.
 bool isa_forced();
 
+// Whether the bf16 GEMM of the avx512_bf16 level runs on vdpbf16ps (the pair layout) rather than
+// widening B to f32 for FMAs: on AMD's cores (Zen 4 and 5) vdpbf16ps does 32 multiply-adds where
+// an FMA does 16 at the same rate (measured on Zen 5: the pair kernels 1.5-2.1x the widening ones
+// on the GEMM rows, docs/performance.md), on Intel's it issues at a quarter of the FMA rate
+// (61 against 122 GMAC/s per core measured on a Sapphire Rapids Xeon). From the CPU's vendor.
+bool bf16_pairs_preferred();
+
 // Why an ISA the CPU reports is not available (e.g. "amx: the CPU has AMX-BF16 but Linux refused
 // the tile data permission: ..."), one line each; empty when nothing is held back.
 const std::vector<std::string>& isa_notes();

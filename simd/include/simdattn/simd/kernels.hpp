@@ -301,10 +301,11 @@ struct KernelTable {
   Gemv16Kernels gemv_f16;
   Gemm16Kernels gemm_bf16;
   Gemm16Kernels gemm_f16;
-  // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). Not what the
-  // engine dispatches to: vdpbf16ps retires half the multiply-adds per cycle of f32 FMAs, so
-  // gemm_bf16's conversions to f32 win (guarded by mha/native/gpt-layer.bf16). Kept, and
-  // tested, for the pair layout AMX tiles also take.
+  // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). gemm_bf16 is
+  // these kernels on AMD's cores (bf16_pairs_preferred, isa.hpp: vdpbf16ps at the FMA rate, 1.5-2.1x
+  // the widening kernels on Zen 5's GEMM rows); on Intel's, where vdpbf16ps retires half the
+  // multiply-adds per cycle of f32 FMAs, gemm_bf16 widens to f32 (guarded by
+  // mha/native/gpt-layer.bf16). Tested in any case, for the pair layout AMX tiles also take.
   Gemm16Kernels gemm_bf16_pairs;
   Convert16Kernels convert_bf16;
   Convert16Kernels convert_f16;
