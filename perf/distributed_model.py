@@ -4,8 +4,10 @@ P hosts, from measured rates and a stated network. Prints the markdown tables of
 
   decode step   T = bytes_kv(N) / (P * mem_rate) + merge(P)
                 bytes_kv(N) = 2 * kv_heads * dim * N * dtype_bytes        (per layer)
-                merge(P)    = ceil(log2 P) * latency + (P - 1) * m / net_rate,
-                              m = heads * (dim + 1) * 8 bytes (a rank's rows: output and lse, double)
+                merge(P)    = 2 * ceil(log2 P) * latency + (P - 1) * (a + m) / net_rate:
+                              two allgathers, the ranks' agreement (a = 408 bytes a rank: its
+                              checks, the shared arguments, its key ranges) and the rows
+                              (m = heads * (dim + 1) * 8 bytes: output and lse, in double)
   ring prefill  T = P * max(step_compute, step_comm) + step_comm            (the first step's
                               shard is local; the last transfer is not hidden)
                 step_compute = flops(N) / (P^2 * flop_rate),  flops(N) = 2 * heads * N^2 * dim (causal)
@@ -25,7 +27,8 @@ NETWORKS = {  # stated, not measured: one-way latency (s), bandwidth (bytes/s)
 def decode_step(n, p, a, latency, rate):
     kv = 2 * a.kv_heads * a.dim * n * a.dtype_bytes
     m = a.heads * (a.dim + 1) * 8
-    merge = (math.ceil(math.log2(p)) * latency + (p - 1) * m / rate) if p > 1 else 0.0
+    agreement = 8 * (2 + 40 + 1 + 8)  # distributed/comm.cpp: flag, shared values, own values
+    merge = (2 * math.ceil(math.log2(p)) * latency + (p - 1) * (agreement + m) / rate) if p > 1 else 0.0
     return kv / (p * a.mem_rate * 1e9) + merge
 
 

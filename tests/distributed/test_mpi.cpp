@@ -178,6 +178,12 @@ TEST_CASE("sharded attention: uneven and empty shards, one-rank-holds-all, root,
   else if (me == 0) c.ranges = {{3, 17}};
   // other ranks: nothing
   check_sharded<float>(c, opt, ++seed);
+  // striped in blocks of 2 (rank b % n holds block b): up to 12 ranges a rank, more than the
+  // agreement's message carries inline
+  c.ranges.clear();
+  for (std::int64_t b = 0; 2 * b < c.Sk; ++b)
+    if (b % n == me) c.ranges.push_back({2 * b, std::min<std::int64_t>(2, c.Sk - 2 * b)});
+  check_sharded<float>(c, opt, ++seed);
   c.given = false;
   for (int root = 0; root < n; ++root) check_sharded<float>(c, opt, ++seed, root);
   // T5's bias over absolute positions

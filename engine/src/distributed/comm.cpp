@@ -68,15 +68,20 @@ std::string message_of(const Error& e) {
 
 }  // namespace
 
-void agree(MPI_Comm comm, const Outcome& outcome, const Shared& shared) {
+Gathered agree(MPI_Comm comm, const Outcome& outcome, const Shared& shared, const std::vector<std::int64_t>& own) {
   const int ranks = size_of(comm);
   const int me = rank_of(comm);
-  // Per rank: failed flag, the number of shared values, the values (padded).
-  constexpr int width = 2 + Shared::capacity;
+  // Per rank: failed flag, the number of shared values, the values (padded), the number of own
+  // values, the first kOwnInline of them.
+  constexpr int width = 2 + Shared::capacity + 1 + kOwnInline;
+  constexpr int own_at = 2 + Shared::capacity;
   std::vector<std::int64_t> mine(width, 0), all(static_cast<std::size_t>(width) * ranks);
   mine[0] = outcome ? 1 : 0;
   mine[1] = shared.size();
   std::copy(shared.values().begin(), shared.values().end(), mine.begin() + 2);
+  mine[own_at] = static_cast<std::int64_t>(own.size());
+  std::copy(own.begin(), own.begin() + std::min<std::ptrdiff_t>(kOwnInline, static_cast<std::ptrdiff_t>(own.size())),
+            mine.begin() + own_at + 1);
   check(MPI_Allgather(mine.data(), width, MPI_INT64_T, all.data(), width, MPI_INT64_T, comm), "MPI_Allgather");
   auto at = [&](int r, int i) { return all[static_cast<std::size_t>(r) * width + static_cast<std::size_t>(i)]; };
 
@@ -108,6 +113,16 @@ void agree(MPI_Comm comm, const Outcome& outcome, const Shared& shared) {
                                         ", rank 0 has " + std::to_string(at(0, 2 + i)) +
                                         " (every rank must give the same)");
   }
+  bool inline_all = true;
+  for (int r = 0; r < ranks; ++r) inline_all = inline_all && at(r, own_at) <= kOwnInline;
+  if (!inline_all) return allgather_values(comm, own);  // every rank takes this branch alike
+  Gathered g;
+  g.offsets.assign(static_cast<std::size_t>(ranks) + 1, 0);
+  for (int r = 0; r < ranks; ++r) {
+    for (int i = 0; i < at(r, own_at); ++i) g.values.push_back(at(r, own_at + 1 + i));
+    g.offsets[static_cast<std::size_t>(r) + 1] = static_cast<std::int64_t>(g.values.size());
+  }
+  return g;
 }
 
 Gathered allgather_values(MPI_Comm comm, const std::vector<std::int64_t>& mine) {

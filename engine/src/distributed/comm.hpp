@@ -52,16 +52,22 @@ class Shared {
 // This rank's outcome of its checks: empty when they passed.
 using Outcome = std::optional<Error>;
 
-// Collective. Returns when every rank's checks passed and every rank's Shared equals rank 0's;
-// otherwise throws on every rank the same Error: the lowest failing rank's own, or one naming
-// the first argument that differs ("q.shape[2]: rank 1 has 7, rank 0 has 8 (...)").
-void agree(MPI_Comm comm, const Outcome& outcome, const Shared& shared);
-
-// Collective: every rank's int64 values, rank after rank (offsets[r] .. offsets[r + 1]).
+// Every rank's int64 values, rank after rank (offsets[r] .. offsets[r + 1]).
 struct Gathered {
   std::vector<std::int64_t> values;
   std::vector<std::int64_t> offsets;  // ranks + 1 entries
 };
+
+// Collective. Returns when every rank's checks passed and every rank's Shared equals rank 0's;
+// otherwise throws on every rank the same Error: the lowest failing rank's own, or one naming
+// the first argument that differs ("q.shape[2]: rank 1 has 7, rank 0 has 8 (...)"). `own`: values
+// of this rank's own (its key ranges) that every rank receives, in the same message when every
+// rank has at most kOwnInline of them (one collective for a decode step's checks), else in two
+// more collectives.
+inline constexpr int kOwnInline = 8;
+Gathered agree(MPI_Comm comm, const Outcome& outcome, const Shared& shared, const std::vector<std::int64_t>& own = {});
+
+// Collective: every rank's values.
 Gathered allgather_values(MPI_Comm comm, const std::vector<std::int64_t>& mine);
 
 // Runs f, returning the Error it throws; any other exception (out of memory) becomes an Error

@@ -7,13 +7,16 @@
 
 namespace simdattn::detail::mpi {
 
-void check_cover(MPI_Comm comm, std::span<const TokenRange> mine, std::int64_t total, const char* argument) {
+std::vector<std::int64_t> flatten(std::span<const TokenRange> ranges) {
   std::vector<std::int64_t> flat;
-  for (const TokenRange& r : mine) {
+  for (const TokenRange& r : ranges) {
     flat.push_back(r.start);
     flat.push_back(r.length);
   }
-  const Gathered g = allgather_values(comm, flat);
+  return flat;
+}
+
+void check_cover(const Gathered& g, std::int64_t total, const char* argument) {
   struct Owned {
     std::int64_t start, length;
     int rank;

@@ -168,8 +168,8 @@ void sharded_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTenso
     acc.reset({q.shape[0], q.shape[1], q.shape[2], v.shape[3]}, q.dtype, TensorView());
     attend_local(acc, q, k, v, options, shard.total_keys, shard.key_ranges);
   });
-  agree(comm, outcome, shared);
-  check_cover(comm, shard.key_ranges, shard.total_keys, "shard.key_ranges");
+  const Gathered ranges = agree(comm, outcome, shared, flatten(shard.key_ranges));
+  check_cover(ranges, shard.total_keys, "shard.key_ranges");
   merge_and_write(comm, acc, q, v.shape[3], out, options, shard.root);
 }
 

@@ -3,6 +3,7 @@
 
 #include <span>
 
+#include "distributed/comm.hpp"
 #include "distributed/options.hpp"
 #include "distributed/partial.hpp"
 #include "simdattn/mpi.hpp"
@@ -24,9 +25,12 @@ void attend_local(Accumulator& acc, const ConstTensorView& q, const ConstTensorV
 void merge_and_write(MPI_Comm comm, const Accumulator& acc, const ConstTensorView& q, std::int64_t dv,
                      const TensorView& out, const AttentionOptions& options, int root);
 
-// Collective: throws the same Error(argument) on every rank unless the ranks' ranges together
-// cover [0, total) exactly once.
-void check_cover(MPI_Comm comm, std::span<const TokenRange> mine, std::int64_t total, const char* argument);
+// Ranges as (start, length) pairs, the form agree() gathers them in.
+std::vector<std::int64_t> flatten(std::span<const TokenRange> ranges);
+
+// Throws Error(argument) unless the ranks' gathered ranges (flatten's pairs) together cover
+// [0, total) exactly once: every rank gets the same gathered values, so every rank throws alike.
+void check_cover(const Gathered& ranges, std::int64_t total, const char* argument);
 
 // A view's slice along its last axis: columns [start, start + length).
 inline ConstTensorView slice_last(const ConstTensorView& t, std::int64_t start, std::int64_t length) {
