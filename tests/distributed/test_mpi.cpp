@@ -327,6 +327,56 @@ bool same_error_on_every_rank(const std::string& what) {
   return same_on_every_rank(what.data(), what.size()) && all_ranks(!what.empty());
 }
 
+TEST_CASE("an 8-bit sharded cache decodes as attention over the same codes in one process") {
+  const std::int64_t H = 4, Hkv = 2, D = 16, steps = 13, prompt = 5;
+  const std::int64_t capacity = (prompt + steps + ranks() - 1) / ranks() + 1;  // room for one more
+  for (DType code : {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2}) {
+    CAPTURE_VALUE(dtype_name(code));
+    std::mt19937_64 rng(base_seed() + 4100 + static_cast<std::uint64_t>(code));
+    const auto t = random_qkv<float>(rng, 1, H, Hkv, prompt + steps, prompt + steps, D, D);
+    mpi::ShardedKvCache cache(MPI_COMM_WORLD, Hkv, D, D, capacity, code);
+    // the whole sequence's codes and scales, as quantize_kv makes them row by row
+    Buffer<std::uint8_t> kc({1, Hkv, prompt + steps, D}), vc({1, Hkv, prompt + steps, D});
+    Buffer<float> ks({1, Hkv, prompt + steps, 1}), vs({1, Hkv, prompt + steps, 1});
+    quantize_kv(t.k.cview(), code, TensorView(kc.data.data(), code, kc.shape), ks.view());
+    quantize_kv(t.v.cview(), code, TensorView(vc.data.data(), code, vc.shape), vs.view());
+    cache.append(take(t.k, {{0, prompt}}).cview(), take(t.v, {{0, prompt}}).cview());
+    for (std::int64_t s = prompt; s < prompt + steps; ++s) {
+      cache.append(take(t.k, {{s, 1}}).cview(), take(t.v, {{s, 1}}).cview());
+      const Buffer<float> q = take(t.q, {{s, 1}});
+      AttentionOptions opt;
+      opt.causal = Causal::bottom_right;
+      Buffer<float> out({1, H, 1, D});
+      cache.attend(q.cview(), out.view(), opt);
+      AttentionOptions whole = opt;
+      const auto kp = take(ks, {{0, s + 1}}), vp = take(vs, {{0, s + 1}});
+      whole.k_scale = kp.cview();
+      whole.v_scale = vp.cview();
+      const auto kcp = take(kc, {{0, s + 1}}), vcp = take(vc, {{0, s + 1}});
+      Buffer<float> expected({1, H, 1, D});
+      attention(q.cview(), ConstTensorView(kcp.data.data(), code, kcp.shape), ConstTensorView(vcp.data.data(), code, vcp.shape),
+                expected.view(), whole);
+      CAPTURE(s);
+      CHECK(max_abs_diff(out, expected) <= tolerance<float>(max_abs(t.v)));
+    }
+    // a NaN in the owner's new row: the same Error on every rank, the cache unchanged
+    {
+      Buffer<float> bad({1, Hkv, 1, D});
+      bad.at(0, 1, 0, 3) = NAN;
+      std::string what;
+      try {
+        cache.append(bad.cview(), bad.cview());
+      } catch (const Error& e) {
+        what = e.what();
+      }
+      CHECK(what.rfind("x", 0) == 0);
+      CHECK(same_error_on_every_rank(what));
+      CHECK(cache.size() == prompt + steps);
+    }
+  }
+}
+
+
 TEST_CASE("a bad argument on one rank is the same Error on every rank") {
   const int n = ranks(), me = rank();
   std::mt19937_64 rng(base_seed() + 5000);

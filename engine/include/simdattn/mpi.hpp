@@ -109,7 +109,10 @@ SIMDATTN_API void ring_attention(MPI_Comm comm, const ConstTensorView& q, const 
 class SIMDATTN_API ShardedKvCache {
  public:
   // dtype: f32, f64, bf16 or f16 (the dtype of the K/V given to append and of the queries given
-  // to attend). The communicator is duplicated (the cache's messages never meet the caller's).
+  // to attend), or int8, fp8_e4m3 or fp8_e5m2: 8-bit codes with an f32 scale per (kv head,
+  // token) row, quantized by append from K/V of any float dtype exactly as quantize_kv does
+  // (attention.hpp), read in place by attend. The communicator is duplicated (the cache's
+  // messages never meet the caller's).
   ShardedKvCache(MPI_Comm comm, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_head_dim,
                  std::int64_t capacity_per_rank, DType dtype = DType::f32);
   ~ShardedKvCache();
@@ -119,7 +122,8 @@ class SIMDATTN_API ShardedKvCache {
   // Appends T tokens: k [1, Hkv, T, D], v [1, Hkv, T, Dv], of the same shape on every rank; the
   // owners of positions size() .. size() + T - 1 store their values (the other ranks' are not
   // read past the checks). Throws Error (on every rank, the cache unchanged) when the tokens do
-  // not fit in ranks() * capacity_per_rank().
+  // not fit in ranks() * capacity_per_rank(), or, 8-bit, when an owner's row holds NaN or an
+  // infinity (quantize_kv's Error).
   void append(const ConstTensorView& k, const ConstTensorView& v);
 
   // Attention of q [1, H, Sq, D] over the cached tokens into out [1, H, Sq, Dv], on every rank:
@@ -143,6 +147,11 @@ class SIMDATTN_API ShardedKvCache {
   DType dtype_;
   std::int64_t size_ = 0;
   std::vector<unsigned char> k_, v_;  // [1, Hkv, capacity, D] and [1, Hkv, capacity, Dv]
+  std::vector<float> k_scale_, v_scale_;  // 8-bit: [1, Hkv, capacity, 1]
+
+  // Rows [at, at + count) of a code store of rows `width` wide, and of a scale store.
+  TensorView code_rows(std::vector<unsigned char>& store, std::int64_t width, std::int64_t at, std::int64_t count);
+  TensorView scale_rows(std::vector<float>& scales, std::int64_t at, std::int64_t count);
 };
 
 }  // namespace simdattn::mpi
