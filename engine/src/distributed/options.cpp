@@ -1,5 +1,6 @@
 #include "distributed/options.hpp"
 
+#include <cmath>
 #include <cstring>
 
 #include "core/text.hpp"
@@ -51,6 +52,27 @@ void refuse_local_positions(const AttentionOptions& options, const char* what) {
   if (options.global_tokens != 0) throw Error("options.global_tokens", why);
   if (!options.block_mask.empty()) throw Error("options.block_mask", why);
   if (!options.scores.empty()) throw Error("options.scores", why);
+}
+
+void check_outputs(DType q_dtype, const Shape4& shape, const TensorView& out, const TensorView& lse) {
+  if (out.dtype != q_dtype)
+    throw Error("out", "expected dtype " + std::string(dtype_name(q_dtype)) + " (q's), got " + std::string(dtype_name(out.dtype)));
+  if (out.shape != shape) throw Error("out", "expected shape " + shape_text(shape) + ", got " + shape_text(out.shape));
+  if (out.data == nullptr && shape[0] * shape[1] * shape[2] * shape[3] > 0) throw Error("out", "is empty");
+  if (!lse.empty()) {
+    const Shape4 lse_shape{shape[0], shape[1], shape[2], 1};
+    if (lse.dtype != DType::f32 || lse.shape != lse_shape)
+      throw Error("options.lse", "expected f32 " + shape_text(lse_shape) + ", got " + std::string(dtype_name(lse.dtype)) +
+                                     " " + shape_text(lse.shape));
+  }
+}
+
+void check_sinks(const AttentionOptions& options, std::int64_t heads) {
+  if (!options.sinks.empty() && static_cast<std::int64_t>(options.sinks.size()) != heads)
+    throw Error("options.sinks", "expected " + std::to_string(heads) + " sinks (one per head), got " +
+                                     std::to_string(options.sinks.size()));
+  for (float s : options.sinks)
+    if (!std::isfinite(s)) throw Error("options.sinks", "expected finite logits");
 }
 
 std::string shape_text(const Shape4& s) { return shape_str(std::span<const std::int64_t>(s.data(), s.size())); }

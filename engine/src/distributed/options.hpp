@@ -25,6 +25,13 @@ void describe(Shared& shared, const ConstTensorView& q, const ConstTensorView& k
 // global_tokens, block_mask and scores (their positions are local key indices).
 void refuse_local_positions(const AttentionOptions& options, const char* what);
 
+// out of dtype q's and shape `shape` (the output attention() would write), options.lse (when
+// given) f32 [B, H, Sq, 1]: Error naming out or options.lse.
+void check_outputs(DType q_dtype, const Shape4& shape, const TensorView& out, const TensorView& lse);
+
+// options.sinks: one finite logit per query head (or none).
+void check_sinks(const AttentionOptions& options, std::int64_t heads);
+
 std::string shape_text(const Shape4& s);
 
 }  // namespace simdattn::detail::mpi

@@ -31,20 +31,8 @@ void check_ring(const ConstTensorView& q, const ConstTensorView& k, const ConstT
     throw Error(q.shape[2] != n ? "q" : "k", "expected this rank's " + num(n) + " tokens of " + num(ring.total_tokens) +
                                                  " (" + std::string(shard_order_name(ring.order)) + " order) on axis 2, got " +
                                                  num(q.shape[2] != n ? q.shape[2] : k.shape[2]));
-  if (out.dtype != q.dtype)
-    throw Error("out", "expected dtype " + std::string(dtype_name(q.dtype)) + " (q's), got " + std::string(dtype_name(out.dtype)));
-  if (out.shape != shape) throw Error("out", "expected shape " + shape_text(shape) + ", got " + shape_text(out.shape));
-  if (!options.lse.empty()) {
-    const Shape4 lse_shape{shape[0], shape[1], shape[2], 1};
-    if (options.lse.dtype != DType::f32 || options.lse.shape != lse_shape)
-      throw Error("options.lse", "expected f32 " + shape_text(lse_shape) + ", got " +
-                                     std::string(dtype_name(options.lse.dtype)) + " " + shape_text(options.lse.shape));
-  }
-  if (!options.sinks.empty() && static_cast<std::int64_t>(options.sinks.size()) != q.shape[1])
-    throw Error("options.sinks", "expected " + num(q.shape[1]) + " sinks (one per head), got " +
-                                     num(static_cast<std::int64_t>(options.sinks.size())));
-  for (float s : options.sinks)
-    if (!std::isfinite(s)) throw Error("options.sinks", "expected finite logits");
+  check_outputs(q.dtype, shape, out, options.lse);
+  check_sinks(options, q.shape[1]);
   if (shape[0] * shape[1] * shape[2] > INT_MAX) throw Error("q", "at most 2^31 - 1 rows (B * H * n) per rank");
 }
 

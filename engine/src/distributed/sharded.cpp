@@ -55,23 +55,8 @@ void check_shard(const ConstTensorView& q, const ConstTensorView& k, const Const
   if (!options.mask.empty() && options.mask.shape[3] != k.shape[2] && options.mask.shape[3] != 1)
     throw Error("options.mask", "expected a key axis of this rank's " + num(k.shape[2]) + " keys or 1, got shape " +
                                     shape_text(options.mask.shape));
-  if (!options.sinks.empty() && static_cast<std::int64_t>(options.sinks.size()) != q.shape[1])
-    throw Error("options.sinks", "expected " + num(q.shape[1]) + " sinks (one per head), got " +
-                                    num(static_cast<std::int64_t>(options.sinks.size())));
-  for (float s : options.sinks)
-    if (!std::isfinite(s)) throw Error("options.sinks", "expected finite logits");
-  const bool writes = shard.root == -1 || shard.root == me;
-  if (writes) {
-    if (out.dtype != q.dtype) throw Error("out", "expected dtype " + std::string(dtype_name(q.dtype)) + " (q's), got " + std::string(dtype_name(out.dtype)));
-    if (out.shape != shape) throw Error("out", "expected shape " + shape_text(shape) + ", got " + shape_text(out.shape));
-    if (out.data == nullptr && shape[0] * shape[1] * shape[2] * shape[3] > 0) throw Error("out", "is empty");
-    if (!options.lse.empty()) {
-      const Shape4 lse_shape{shape[0], shape[1], shape[2], 1};
-      if (options.lse.dtype != DType::f32 || options.lse.shape != lse_shape)
-        throw Error("options.lse", "expected f32 " + shape_text(lse_shape) + ", got " + std::string(dtype_name(options.lse.dtype)) + " " +
-                                       shape_text(options.lse.shape));
-    }
-  }
+  check_sinks(options, q.shape[1]);
+  if (shard.root == -1 || shard.root == me) check_outputs(q.dtype, shape, out, options.lse);
   const std::int64_t rows = shape[0] * shape[1] * shape[2];
   if (rows > INT_MAX) throw Error("q", "at most 2^31 - 1 rows (B * H * Sq) in one sharded call, got " + num(rows));
 }
