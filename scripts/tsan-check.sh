@@ -26,17 +26,21 @@ TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" "$BUILD/tests/simdattn_te
 TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1" SIMDATTN_SOAK_SECONDS=10 "$BUILD/tests/simdattn_soak"
 
 # the openmp runtime: clang, LLVM's libomp and Archer
-if [ ! -f "$ARCHER" ] || ! command -v clang++ >/dev/null; then
-  echo "tsan-check: the openmp run needs clang and $ARCHER (apt-get install clang libomp-14-dev)" >&2
+if [ ! -f "$ARCHER" ] || ! command -v clang++-14 >/dev/null; then
+  echo "tsan-check: the openmp run needs clang++-14 and $ARCHER (apt-get install clang libomp-14-dev)" >&2
   exit 1
 fi
-CC=clang CXX=clang++ cmake -S "$ROOT" -B "$BUILD_OMP" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_SANITIZE=thread \
+CC=clang-14 CXX=clang++-14 cmake -S "$ROOT" -B "$BUILD_OMP" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSIMDATTN_SANITIZE=thread \
       -DSIMDATTN_WITH_ONEDNN=OFF -DSIMDATTN_WITH_MPI=OFF -DSIMDATTN_BUILD_PERF=OFF -DSIMDATTN_BUILD_TOOLS=OFF -DSIMDATTN_BUILD_PYTHON=OFF >/dev/null
 cmake --build "$BUILD_OMP" --target simdattn_tests -j "$(nproc)"
-if ! ldd "$BUILD_OMP/tests/simdattn_tests" | grep -q 'libomp\.so'; then
-  echo "tsan-check: $BUILD_OMP/tests/simdattn_tests is not linked to LLVM's libomp" >&2
+# The binary's dynamic section, read without running the loader (ldd runs it, and under pipefail a
+# grep -q leaving early can fail the pipeline with SIGPIPE though the library is there)
+NEEDED="$(readelf -d "$BUILD_OMP/tests/simdattn_tests" | sed -n 's/.*(NEEDED).*\[\(.*\)\].*/\1/p' | tr '\n' ' ')"
+if [[ " $NEEDED" != *" libomp.so"* ]]; then
+  echo "tsan-check: $BUILD_OMP/tests/simdattn_tests is not linked to LLVM's libomp (it needs: $NEEDED)" >&2
   exit 1
 fi
+echo "tsan-check: the openmp build needs $NEEDED"
 # Archer says on stderr that it is active (ARCHER_OPTIONS=verbose=1); without it the run proves nothing
 LOG="$BUILD_OMP/tsan-openmp.log"
 SIMDATTN_THREAD_RUNTIME=openmp OMP_TOOL_LIBRARIES="$ARCHER" ARCHER_OPTIONS=verbose=1 \
