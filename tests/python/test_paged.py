@@ -191,6 +191,7 @@ def test_forward_pool_matches_the_kv_cache_and_fork_copies_on_write():
     # the pool's own blocks through attention_paged: the parent's keys as the layer left them
     k, v = pool.keys(0), pool.values(0)
     assert k.shape == (64, 4, 2, 8) and not k.flags.writeable
+    assert v.shape == k.shape and not v.flags.writeable
     for s in [*seqs, child]:
         pool.release(s)
     assert pool.free_blocks == pool.num_blocks

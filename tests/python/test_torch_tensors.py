@@ -1,6 +1,6 @@
 """The module's entries with torch tensors (DLPack) instead of NumPy arrays.
 
-Every option of the NumPy tests (test_simdattn.py's features) again with torch tensors in
+Every option of the NumPy tests (oracles.py's features) again with torch tensors in
 float32, float64, float16 and bfloat16 against the same float64 oracle; outputs are torch
 tensors of the query's dtype; inputs and out= are read and written in place (the module's view
 of a tensor is the tensor's own memory: data_ptr() and strides).
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import simdattn
-from test_simdattn import FEATURES, TOL, make_case, torch_oracle
+from oracles import FEATURES, TOL, make_case, torch_oracle
 
 TORCH_DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
                 "bfloat16": torch.bfloat16}
