@@ -14,15 +14,15 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cli  # noqa: E402  (CliCase)
+import cli_case  # noqa: E402  (CliCase)
 
 MPIRUN = ["mpirun", "--oversubscribe", "--allow-run-as-root"]
 
 
-class ContextParallel(test_cli.CliCase):
+class ContextParallel(cli_case.CliCase):
     def mpirun(self, ranks, *args):
         env = dict(os.environ, OMP_NUM_THREADS="1")
-        return subprocess.run(MPIRUN + ["-np", str(ranks), test_cli.BIN, *args], capture_output=True, text=True,
+        return subprocess.run(MPIRUN + ["-np", str(ranks), cli_case.BIN, *args], capture_output=True, text=True,
                               env=env, timeout=300)
 
     def compare(self, q, k, v, *extra):
@@ -71,5 +71,5 @@ class ContextParallel(test_cli.CliCase):
 
 
 if __name__ == "__main__":
-    test_cli.BIN = os.path.abspath(sys.argv.pop(1))
+    cli_case.BIN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

@@ -13,7 +13,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_cli  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run)
+import cli_case  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run)
 
 KEYS = ("op", "backend", "path", "not", "isa", "dtype", "kv_dtype", "opts", "threads", "runtime", "time_us")
 
@@ -37,7 +37,7 @@ def verbose_lines(stderr):
     return out
 
 
-class ThreadRuntime(test_cli.CliCase):
+class ThreadRuntime(cli_case.CliCase):
     """SIMDATTN_THREAD_RUNTIME: `info` and the verbose line name the runtime; a bad value is an error."""
 
     def test_info_and_the_verbose_line_name_it(self):
@@ -63,14 +63,14 @@ class ThreadRuntime(test_cli.CliCase):
             self.assertIn("'tbb'", r.stderr)
 
 
-class Verbose(test_cli.CliCase):
+class Verbose(cli_case.CliCase):
     def run_args(self, B=1, H=2, Sq=64, Sk=64, D=16):
         q, k, v = self.inputs(B=B, H=H, Hkv=H, Sq=Sq, Sk=Sk, D=D, Dv=D, dtype=np.float32)
         return ["run", "--q", self.save("q.npy", q), "--k", self.save("k.npy", k), "--v", self.save("v.npy", v),
                 "--out", self.path("o.npy")]
 
     def test_environment_turns_it_on(self):
-        isa = test_cli.info_fields()["isa"].split()[0]
+        isa = cli_case.info_fields()["isa"].split()[0]
         r = self.run_cli(*self.run_args(), "--causal", "top-left", "--threads", "1", env={"SIMDATTN_VERBOSE": "1"})
         self.assertEqual(r.returncode, 0, r.stderr)
         lines = verbose_lines(r.stderr)
@@ -111,9 +111,9 @@ class Verbose(test_cli.CliCase):
             self.assertEqual(len(mine), e["runs"] + 1, e["backend"])  # the timed calls and the warm-up
 
 
-class Info(test_cli.CliCase):
+class Info(cli_case.CliCase):
     def test_forced_isa_is_noted(self):
-        fields = test_cli.info_fields()
+        fields = cli_case.info_fields()
         best = fields["isa available"].split()[0]
         r = self.run_cli("info", env={"SIMDATTN_ISA": "sse2"})
         self.assertEqual(r.returncode, 0, r.stderr)
@@ -122,9 +122,9 @@ class Info(test_cli.CliCase):
         self.assertNotIn("SIMDATTN_ISA", r.stdout)
 
 
-class ComparePeak(test_cli.CliCase):
+class ComparePeak(cli_case.CliCase):
     def test_each_dtype_against_its_peak(self):
-        amx = test_cli.info_fields()["isa"].split()[0] == "amx"
+        amx = cli_case.info_fields()["isa"].split()[0] == "amx"
         want = {"f32": "fma-f32", "f64": "fma-f64", "f16": "fma-f32", "bf16": "amx-bf16" if amx else "fma-f32"}
         for dtype, peak in want.items():
             entries = json.loads(self.run_cli("compare", "--sq", "32", "--h", "2", "--d", "16", "--threads", "1",
@@ -138,5 +138,5 @@ class ComparePeak(test_cli.CliCase):
 
 
 if __name__ == "__main__":
-    test_cli.BIN = os.path.abspath(sys.argv.pop(1))
+    cli_case.BIN = os.path.abspath(sys.argv.pop(1))
     unittest.main(verbosity=2)

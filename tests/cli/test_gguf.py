@@ -17,12 +17,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_files as gg  # noqa: E402
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402
-import test_cli  # noqa: E402  (CliCase)
+import cli_case  # noqa: E402  (CliCase)
 
 FAMILIES = ("llama", "mistral", "qwen2", "qwen3")
 
 
-class Gguf(test_cli.CliCase):
+class Gguf(cli_case.CliCase):
     def setUp(self):
         super().setUp()
         self.rng = np.random.default_rng(20261205)
@@ -206,5 +206,5 @@ class Gguf(test_cli.CliCase):
 
 
 if __name__ == "__main__":
-    test_cli.BIN = os.path.abspath(sys.argv.pop(1))
+    cli_case.BIN = os.path.abspath(sys.argv.pop(1))
     unittest.main()

@@ -16,16 +16,16 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402
-import test_cli  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run; backends())
+import cli_case  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run; backends())
 
-backends = test_cli.backends
+backends = cli_case.backends
 
 
 # Tolerance on max |y - want| / max(1, max |want|): the layer's dtype against float64.
 TOL = {"F32": 1e-4, "F16": 1e-4, "BF16": 4e-2}
 
 
-class Models(test_cli.CliCase):
+class Models(cli_case.CliCase):
     def setUp(self):
         super().setUp()
         self.rng = np.random.default_rng(20261201)
@@ -77,7 +77,7 @@ class Models(test_cli.CliCase):
                                         stack=stack or "encoder", rnd=rnd)
                     rows = ~pad[:, :, None] if causal_stack else np.ones((B, S, 1), bool)  # pad queries: no row
                     for backend in backends():
-                        if spec["dtype"].lower() not in test_cli.backend_dtypes(backend):
+                        if spec["dtype"].lower() not in cli_case.backend_dtypes(backend):
                             continue  # oneDNN without a bf16 matmul on this CPU
                         what = f"{family} layer {layer} {stack or ''} {backend}"
                         y = self.mha("--model", d, "--layer", str(layer), *s_args, "--query", self.save("x.npy", x),
@@ -252,5 +252,5 @@ class Models(test_cli.CliCase):
 
 
 if __name__ == "__main__":
-    test_cli.BIN = os.path.abspath(sys.argv.pop(1))
+    cli_case.BIN = os.path.abspath(sys.argv.pop(1))
     unittest.main()
