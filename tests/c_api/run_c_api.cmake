@@ -1,5 +1,6 @@
 # ctest driver for the C API: install the build tree into a scratch prefix, check the installed
-# shared library (SONAME, exported symbols), then build and run test_c_api.c and test_c_api_paged.c twice against it:
+# shared library (SONAME, exported symbols), then build and run test_c_api (test_c_api.c and its parts
+# c_api_*.c) and test_c_api_paged (test_c_api_paged.c, c_api_check.c) twice against it:
 #   (a) with `cc -std=c11 -Wall -Wextra -pedantic -Werror` and `pkg-config --cflags --libs simdattn`;
 #   (b) as the CMake project in SOURCE_DIR with find_package(simdattn) and simdattn::shared.
 # Usage: cmake -DBUILD_DIR=... -DSOURCE_DIR=... -DWORK_DIR=... [-DCONFIG=Release] -P run_c_api.cmake
@@ -139,11 +140,15 @@ string(STRIP "${pc_version}" pc_version)
 string(STRIP "${pc_flags}" pc_flags)
 separate_arguments(pc_flags UNIX_COMMAND "${pc_flags}")
 message(STATUS "pkg-config simdattn ${pc_version}: ${pc_flags}")
+set(c_api_parts "")
+foreach(part attention mha gguf errors check)
+  list(APPEND c_api_parts ${SOURCE_DIR}/c_api_${part}.c)
+endforeach()
 run(${CC_EXE} -std=c11 -Wall -Wextra -pedantic -Werror -O1 -DSIMDATTN_EXPECTED_VERSION=${pc_version}
-    ${SOURCE_DIR}/test_c_api.c -o ${WORK_DIR}/test_c_api_pkgconfig ${pc_flags} -lm)
+    ${SOURCE_DIR}/test_c_api.c ${c_api_parts} -o ${WORK_DIR}/test_c_api_pkgconfig ${pc_flags} -lm)
 run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK_DIR}/test_c_api_pkgconfig)
 run(${CC_EXE} -std=c11 -Wall -Wextra -pedantic -Werror -O1 ${SOURCE_DIR}/test_c_api_paged.c
-    -o ${WORK_DIR}/test_c_api_paged_pkgconfig ${pc_flags} -lm)
+    ${SOURCE_DIR}/c_api_check.c -o ${WORK_DIR}/test_c_api_paged_pkgconfig ${pc_flags} -lm)
 run(${CMAKE_COMMAND} -E env LD_LIBRARY_PATH=${libdir} ${WORK_DIR}/test_c_api_paged_pkgconfig)
 
 # ---- (b) the CMake consumer: find_package(simdattn), simdattn::shared -----------------------

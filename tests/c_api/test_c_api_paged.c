@@ -7,28 +7,17 @@
  * over the codes with k_scale / v_scale against the reference on their values, an options struct
  * of C API 1's size still taken). Exits 0 only if every check passes.
  *
- * Build: cc -std=c11 -Wall -Wextra -pedantic -Werror test_c_api_paged.c $(pkg-config --cflags
- * --libs simdattn) -lm
+ * Build: cc -std=c11 -Wall -Wextra -pedantic -Werror test_c_api_paged.c c_api_check.c $(pkg-config
+ * --cflags --libs simdattn) -lm
  */
 #include <simdattn/simdattn.h>
 
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
-#include <stdio.h>
 #include <string.h>
 
-static int g_checks = 0, g_failures = 0;
-
-#define CHECK(cond)                                                                                   \
-  do {                                                                                                \
-    ++g_checks;                                                                                       \
-    if (!(cond)) {                                                                                    \
-      ++g_failures;                                                                                   \
-      fprintf(stderr, "%s:%d: CHECK(%s) failed; last error: %s\n", __FILE__, __LINE__, #cond,         \
-              simdattn_last_error());                                                                 \
-    }                                                                                                 \
-  } while (0)
+#include "c_api_check.h"
 
 static uint64_t g_rng = 0x2545F4914F6CDD1Dull;
 static float frand(void) { /* [-1, 1) */
@@ -254,10 +243,5 @@ int main(void) {
   test_attention_paged();
   test_pool();
   test_codes();
-  if (g_failures != 0) {
-    fprintf(stderr, "test_c_api_paged: %d of %d checks FAILED\n", g_failures, g_checks);
-    return 1;
-  }
-  printf("test_c_api_paged: all %d checks passed\n", g_checks);
-  return 0;
+  return report("test_c_api_paged");
 }
