@@ -2,6 +2,7 @@
 // status: 0 success, 2 bad command line or input (one line on stderr naming the argument or file,
 // or saying memory ran out), 1 for an unexpected internal failure.
 #include <cstdio>
+#include <exception>
 #include <iostream>
 #include <new>
 #include <string>
@@ -71,15 +72,7 @@ int run_unguarded(int argc, char** argv) {
           print_error("simdattn: error: ", (opt->get_name() + ": expected a value, got an empty string").c_str());
           return 2;
         }
-  try {
-    for (auto& c : commands) c();
-  } catch (const simdattn::cli::UsageError& e) {
-    print_error("simdattn: error: ", e.what());
-    return 2;
-  } catch (const simdattn::Error& e) {
-    print_error("simdattn: error: ", e.what());
-    return 2;
-  }
+  for (auto& c : commands) c();
   return 0;
 }
 
@@ -87,15 +80,34 @@ int run_unguarded(int argc, char** argv) {
 
 namespace simdattn::cli {
 
-int run(int argc, char** argv) noexcept {
+int report_error(std::exception_ptr error) noexcept {
   try {
-    return run_unguarded(argc, argv);
+    std::rethrow_exception(error);
+  } catch (const Reported& r) {
+    return r.status;
+  } catch (const UsageError& e) {
+    print_error("simdattn: error: ", e.what());
+    return 2;
+  } catch (const Error& e) {
+    print_error("simdattn: error: ", e.what());
+    return 2;
   } catch (const std::bad_alloc&) {  // anywhere: building the parser, parsing, a command, a message
     std::fputs("simdattn: error: out of memory: the inputs need more memory than this machine can allocate\n", stderr);
     return 2;
   } catch (const std::exception& e) {
     print_error("simdattn: internal error: ", e.what());
     return 1;
+  } catch (...) {
+    print_error("simdattn: internal error: ", "an exception of unknown type");
+    return 1;
+  }
+}
+
+int run(int argc, char** argv) noexcept {
+  try {
+    return run_unguarded(argc, argv);
+  } catch (...) {
+    return report_error(std::current_exception());
   }
 }
 

@@ -2,7 +2,6 @@
 #include <string>
 #include <vector>
 
-#include <optional>
 
 #include "args.hpp"
 #include "commands.hpp"
@@ -76,11 +75,17 @@ ConstTensorView block_mask_view(const std::string& path, const NpyArray& blocks,
   return ConstTensorView(blocks.data.data(), DType::u8, {1, 1, nbq, nbk});
 }
 
+void run_command(const RunArgs& a, const ContextParallel* parallel);
+
 void run(const RunArgs& a) {
+  if (a.context_parallel.empty()) return run_command(a, nullptr);
+  const ContextParallel parallel(a.context_parallel);  // MPI from here to the end of the run
+  parallel.run([&] { run_command(a, &parallel); });
+}
+
+void run_command(const RunArgs& a, const ContextParallel* parallel) {
   AttentionOptions opt = parse_options(a);
   const DtypeChoice dtype = parse_dtype_option(a.dtype);
-  std::optional<ContextParallel> parallel;  // MPI from here to the end of the run
-  if (!a.context_parallel.empty()) parallel.emplace(a.context_parallel);
   QkvFiles in = load_qkv(a.q, a.k, a.v, true);
   // The files the options' views point into.
   NpyArray mask, blocks;

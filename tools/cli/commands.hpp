@@ -2,6 +2,7 @@
 // that runs it; errors are thrown as UsageError (exit 2) or simdattn::Error.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <memory>
 #include <string>
@@ -15,6 +16,16 @@ using Command = std::function<void()>;
 // The whole command line: argv[1] the command, the rest its options. Prints errors (one line)
 // on stderr and returns the exit status; throws nothing (out of memory anywhere: exit 2).
 int run(int argc, char** argv) noexcept;
+
+// An error whose line is already printed: run() returns its status and prints nothing more.
+struct Reported {
+  int status;
+};
+
+// Prints the line of a command's error on stderr (as run() does) and returns its exit status:
+// 2 for a bad command line or input (UsageError, simdattn::Error, out of memory), 1 for anything
+// else; a Reported error prints nothing and gives its own status.
+int report_error(std::exception_ptr error) noexcept;
 
 Command add_run_command(CLI::App& app);
 Command add_info_command(CLI::App& app);

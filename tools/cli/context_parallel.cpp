@@ -1,12 +1,17 @@
 #include "context_parallel.hpp"
 
 #include "args.hpp"
+#include "commands.hpp"
 
 #ifdef SIMDATTN_HAVE_MPI
 #include <mpi.h>
 
+#include <chrono>
 #include <climits>
+#include <cstdio>
 #include <cstring>
+#include <exception>
+#include <thread>
 #include <vector>
 
 #include "simdattn/mpi.hpp"
@@ -23,6 +28,7 @@ ContextParallel::ContextParallel(const std::string&) {
 }
 ContextParallel::~ContextParallel() = default;
 bool ContextParallel::writes() const { return true; }
+void ContextParallel::run(const std::function<void()>& body) const { body(); }
 void ContextParallel::attention(const ConstTensorView&, const ConstTensorView&, const ConstTensorView&,
                                 const TensorView&, const AttentionOptions&) const {}
 
@@ -32,9 +38,31 @@ struct ContextParallel::State {
   mpi::ShardOrder order = mpi::ShardOrder::zigzag;
   bool initialized_here = false;
   int rank = 0, ranks = 1;
+  MPI_Comm settle = MPI_COMM_NULL;  // the ranks' meeting after an error (a communicator of its own)
 };
 
 namespace {
+
+// How long a rank that failed waits for the others before it exits anyway: they fail together
+// (the sharded calls agree on an error before any rank throws), so this bounds only a rank left
+// alone, which then ends the run without the others' lines.
+constexpr int kSettleSeconds = 20;
+
+// The error's line printed, then every rank's awaited (a non-blocking barrier, polled: never
+// longer than kSettleSeconds). Returns whether they all arrived.
+bool settle(MPI_Comm comm, std::exception_ptr error, int& status) {
+  status = report_error(error);
+  std::fflush(stderr);
+  MPI_Request request = MPI_REQUEST_NULL;
+  if (comm == MPI_COMM_NULL || MPI_Ibarrier(comm, &request) != MPI_SUCCESS) return false;
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(kSettleSeconds);
+  for (int done = 0;;) {
+    if (MPI_Test(&request, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) return false;
+    if (done) return true;
+    if (std::chrono::steady_clock::now() > until) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
 
 void mpi_check(int rc, const char* call) {
   if (rc != MPI_SUCCESS) throw UsageError(std::string("--context-parallel: ") + call + " failed (MPI error " + std::to_string(rc) + ")");
@@ -93,9 +121,6 @@ void gather_rows(const std::vector<unsigned char>& mine, const TensorView& to, s
 }  // namespace
 
 ContextParallel::ContextParallel(const std::string& mode) : state_(std::make_unique<State>()) {
-  if (mode == "zigzag") state_->order = mpi::ShardOrder::zigzag;
-  else if (mode == "contiguous") state_->order = mpi::ShardOrder::contiguous;
-  else throw UsageError("--context-parallel: expected zigzag or contiguous, got '" + mode + "'");
   int initialized = 0;
   MPI_Initialized(&initialized);
   if (!initialized) {
@@ -105,10 +130,33 @@ ContextParallel::ContextParallel(const std::string& mode) : state_(std::make_uni
   }
   MPI_Comm_rank(MPI_COMM_WORLD, &state_->rank);
   MPI_Comm_size(MPI_COMM_WORLD, &state_->ranks);
+  if (MPI_Comm_dup(MPI_COMM_WORLD, &state_->settle) != MPI_SUCCESS) state_->settle = MPI_COMM_NULL;
+  // checked with MPI up, so that every rank's line of a bad value is printed before any exits
+  run([&] {
+    if (mode == "zigzag") state_->order = mpi::ShardOrder::zigzag;
+    else if (mode == "contiguous") state_->order = mpi::ShardOrder::contiguous;
+    else throw UsageError("--context-parallel: expected zigzag or contiguous, got '" + mode + "'");
+  });
 }
 
 ContextParallel::~ContextParallel() {
-  if (state_ && state_->initialized_here) MPI_Finalize();
+  if (!state_) return;
+  if (state_->settle != MPI_COMM_NULL) MPI_Comm_free(&state_->settle);
+  if (state_->initialized_here) MPI_Finalize();
+}
+
+void ContextParallel::run(const std::function<void()>& body) const {
+  try {
+    body();
+  } catch (...) {
+    int status = 1;
+    if (!settle(state_->settle, std::current_exception(), status))  // a rank left alone: end them all
+      MPI_Abort(MPI_COMM_WORLD, status);
+    if (state_->settle != MPI_COMM_NULL) MPI_Comm_free(&state_->settle);
+    if (state_->initialized_here) MPI_Finalize();
+    state_->initialized_here = false;
+    throw Reported{status};
+  }
 }
 
 bool ContextParallel::writes() const { return state_->rank == 0; }

@@ -3,6 +3,7 @@
 // the outputs (docs/distributed.md).
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -21,6 +22,12 @@ class ContextParallel {
 
   // Whether this rank writes the outputs (rank 0).
   bool writes() const;
+  // Runs `body` (the rest of the command) so that the ranks end together: an error's line is
+  // printed on this rank, then the ranks wait for each other's (at most kSettleSeconds) before
+  // any of them exits, since mpirun ends every rank once one exits with an error and would cut
+  // off the lines of the ranks that have not printed theirs yet. The error then leaves as
+  // Reported (with its exit status).
+  void run(const std::function<void()>& body) const;
   // attention(q, k, v, out, options) with the work dealt to the ranks: ring_attention when the
   // call is causal self-attention (Sq = Sk, no mask, key lengths or query offsets), else
   // sharded_attention over the keys. out and options.lse are written on rank 0 only.
