@@ -232,7 +232,7 @@ TEST_CASE("verbose mode: linear_attention and attention_paged have lines of thei
   CHECK(lines[0].at("path") == "native");
   CHECK(lines[0].at("opts").find("causal") == 0);
   CHECK(lines[1].at("op") == "attention_paged");
-  CHECK(lines[1].at("path") == "paged");
+  CHECK(lines[1].at("path") == "decode");  // a decode step over the blocks: the decode path
   CHECK(lines[1].at("seqs") == "1");
   CHECK(lines[1].at("kv_cache") == "1x16x2x8");
 }

@@ -80,10 +80,33 @@ struct Window {
   std::int64_t right = -1;
 };
 
-struct AttentionOptions {
+// The options attention() and attention_paged() (paged.hpp) share, meaning the same in both: the
+// scale, the window, the score modifiers that depend on a row's head and position, 8-bit K/V's
+// scales, the threads and the backend. Each call's options add their own to these.
+struct ScoreOptions {
   // Multiplies Q K^T. Default 1/sqrt(D). Must be finite.
   std::optional<double> scale;
 
+  std::optional<Window> window;
+
+  // Score modifiers (see the top of this file). softcap: cap > 0, finite. alibi_slopes: [H]
+  // finite slopes (standard_alibi_slopes gives the usual ones). sinks: [H] finite logits.
+  std::optional<double> softcap = {};
+  std::span<const float> alibi_slopes = {};
+  std::span<const float> sinks = {};
+  // 8-bit K and V only (else empty): the scales of k's and v's rows, f32 of K's and V's shape
+  // with a last dimension of 1 (attention(): [B, Hkv, Sk, 1]), each finite and >= 0.
+  ConstTensorView k_scale = {};
+  ConstTensorView v_scale = {};
+  // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
+  // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
+  // worker threads run on the calling thread.
+  int threads = 0;
+
+  Backend backend = Backend::native;
+};
+
+struct AttentionOptions : ScoreOptions {
   Causal causal = Causal::none;
 
   // Mask, broadcastable to [B, H, Sq, Sk]: each dimension equals the target's or is 1 (e.g.
@@ -94,8 +117,6 @@ struct AttentionOptions {
 
   // Per-batch key lengths L[b] in [0, Sk]; empty means L[b] = Sk. Size must be B.
   std::span<const std::int64_t> key_lengths;
-
-  std::optional<Window> window;
 
   // Sparse patterns (docs/design.md, "Positions and visibility"). Global tokens: the first
   // `global_tokens` positions on the key axis are global: a query whose position p is in [0, G)
@@ -108,12 +129,8 @@ struct AttentionOptions {
   ConstTensorView block_mask;
   std::int64_t block_size = 64;
 
-  // Score modifiers (see the top of this file). softcap: cap > 0, finite. alibi_slopes: [H]
-  // finite slopes (standard_alibi_slopes gives the usual ones). sinks: [H] finite logits.
-  std::optional<double> softcap = {};
-  std::span<const float> alibi_slopes = {};
+  // T5's relative position bias (a score modifier, after ALiBi).
   std::optional<RelativePositionBias> relative_bias = {};
-  std::span<const float> sinks = {};
   // Per-batch query positions: query i of batch b sits at p = i + query_offsets[b] (for causal,
   // windows, global tokens, ALiBi and the T5 bias) instead of the alignment's rule. Size B,
   // |offset| <= 2^40; empty: the rule above.
@@ -128,16 +145,6 @@ struct AttentionOptions {
   // not written. May not overlap any input, out or lse.
   TensorView scores = {};
   ScoreStage scores_stage = ScoreStage::softmax;
-  // 8-bit K and V only (else empty): the scales of k's and v's rows, [B, Hkv, Sk, 1] f32, each
-  // finite and >= 0.
-  ConstTensorView k_scale = {};
-  ConstTensorView v_scale = {};
-  // Threads for this call: 0 = OpenMP's default count; 1 = run wholly on the calling thread,
-  // starting no thread. Calls made inside an OpenMP parallel region or on one of the library's
-  // worker threads run on the calling thread.
-  int threads = 0;
-
-  Backend backend = Backend::native;
 };
 
 // Computes attention into `out`. Thread-safe: may be called concurrently from many threads.

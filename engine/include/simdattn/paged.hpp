@@ -20,11 +20,11 @@
 // p + right; softcap, ALiBi slopes [H], sinks [H] and the scale as in attention.hpp. A query row
 // with no visible key writes zeros.
 //
-// The native backend splits the work into (sequence, kv head, query block, key split) items
-// spread over the threads by their cost, so short sequences do not wait for a long one: the keys
-// of a sequence's step of at most kPagedSplitMaxQueries tokens are split into runs of
-// kPagedSplitKeys keys whose partial results merge by their log-sum-exp in key order. The split
-// depends on the shapes only: the output is bitwise identical at any thread count.
+// The call is attention()'s over another key source (docs/architecture.md, "Key sources"): the
+// native backend runs the same paths (the decode paths for steps of a few tokens, the fused path
+// for prompt chunks), reading each block's rows where they lie, and splits a sequence's keys
+// when there are few (sequence, kv head) units to spread over the threads. The split depends on
+// the shapes only: the output is bitwise identical at any thread count.
 #pragma once
 
 #include "simdattn/export.hpp"
@@ -47,24 +47,14 @@ struct BlockTable {
   std::int64_t row_stride = 0;  // elements from one row to the next (0: cols)
 };
 
-// The key splits of the native backend (see the top of this file).
-inline constexpr std::int64_t kPagedSplitKeys = 512;
-inline constexpr std::int64_t kPagedSplitMaxQueries = 16;
-
-struct PagedAttentionOptions {
+// The options of attention(), ScoreOptions (attention.hpp: scale, window, softcap, ALiBi slopes
+// [H], sinks [H], k_scale / v_scale [num_blocks, block_size, Hkv, 1], threads; backend native or
+// reference), and the paged call's own.
+struct PagedAttentionOptions : ScoreOptions {
   // [N + 1] increasing offsets into q's tokens, query_start[0] = 0, query_start[N] = total_q
   // (FlashAttention's cu_seqlens_q). Empty: one token per sequence (total_q = N).
   std::span<const std::int64_t> query_start = {};
   Causal causal = Causal::bottom_right;  // bottom_right or none
-  std::optional<double> scale = {};      // default 1/sqrt(D); finite
-  std::optional<Window> window = {};
-  std::optional<double> softcap = {};    // > 0, finite
-  std::span<const float> alibi_slopes = {};  // [H], finite
-  std::span<const float> sinks = {};         // [H], finite
-  ConstTensorView k_scale = {};              // 8-bit caches only: [num_blocks, block_size, Hkv, 1] f32
-  ConstTensorView v_scale = {};
-  int threads = 0;                           // as AttentionOptions::threads
-  Backend backend = Backend::native;         // native or reference
 };
 
 // Computes the attention of every sequence's new tokens into `out`. Thread-safe. Throws Error

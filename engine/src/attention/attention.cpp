@@ -1,5 +1,9 @@
+// attention() and attention_paged(): each call's arguments validated into one Problem
+// (core/validate.cpp, validate_paged.cpp), then the same way through the backends (run_problem).
 #include "simdattn/attention.hpp"
+#include "simdattn/paged.hpp"
 
+#include "attention/run.hpp"
 #include "attention/verbose.hpp"
 #include "core/backends.hpp"
 #include "core/validate.hpp"
@@ -59,18 +63,13 @@ bool backend_takes(Backend b, DType dtype) noexcept {
 
 namespace {
 
-void run_attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
-                   const TensorView& out, const AttentionOptions& options, detail::VerboseCall* verbose) {
-  const detail::CallScope in_use;  // the thread budget counts this thread as busy
-  if (!backend_available(options.backend))
-    throw Error("options.backend", "backend '" + std::string(backend_name(options.backend)) +
-                                       "' is not available in this build");
-  const detail::Problem p = detail::make_problem(q, k, v, out, options);
+// A validated problem on `backend`: verbose mode's fields, the backend, the scores output.
+void run_problem(const detail::Problem& p, Backend backend, detail::VerboseCall* verbose) {
   if (verbose != nullptr) {
-    detail::describe_attention(*verbose, p, options.backend);
-    if (options.backend == Backend::onednn) verbose->set_threads(detail::resolve_threads(p.threads));
+    detail::describe_attention(*verbose, p, backend);
+    if (backend == Backend::onednn) verbose->set_threads(detail::resolve_threads(p.threads));
   }
-  switch (options.backend) {
+  switch (backend) {
     case Backend::reference: detail::attention_reference(p); break;
     case Backend::native: detail::attention_native(p); break;
     case Backend::onednn:
@@ -84,9 +83,38 @@ void run_attention(const ConstTensorView& q, const ConstTensorView& k, const Con
 
 }  // namespace
 
+namespace detail {
+
+void run_attention(std::string_view op, const Problem& p, Backend backend) {
+  verbose_entry(op, [&](VerboseCall* verbose) {
+    const CallScope in_use;
+    run_problem(p, backend, verbose);
+  });
+}
+
+}  // namespace detail
+
 void attention(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                const TensorView& out, const AttentionOptions& options) {
-  detail::verbose_entry("attention", [&](detail::VerboseCall* verbose) { run_attention(q, k, v, out, options, verbose); });
+  detail::verbose_entry("attention", [&](detail::VerboseCall* verbose) {
+    const detail::CallScope in_use;  // the thread budget counts this thread as busy
+    if (!backend_available(options.backend))
+      throw Error("options.backend", "backend '" + std::string(backend_name(options.backend)) +
+                                         "' is not available in this build");
+    run_problem(detail::make_problem(q, k, v, out, options), options.backend, verbose);
+  });
+}
+
+void attention_paged(const ConstTensorView& q, const ConstTensorView& k_cache, const ConstTensorView& v_cache,
+                     const BlockTable& block_table, std::span<const std::int64_t> seq_lens, const TensorView& out,
+                     const PagedAttentionOptions& options) {
+  detail::verbose_entry("attention_paged", [&](detail::VerboseCall* verbose) {
+    const detail::CallScope in_use;
+    if (options.backend != Backend::native && options.backend != Backend::reference)
+      throw Error("options.backend", "attention_paged runs on the native and reference backends, not '" +
+                                         std::string(backend_name(options.backend)) + "'");
+    run_problem(detail::make_problem(q, k_cache, v_cache, block_table, seq_lens, out, options), options.backend, verbose);
+  });
 }
 
 }  // namespace simdattn

@@ -1,5 +1,6 @@
 // The score modifiers (simdattn/attention.hpp, docs/design.md "Score modifiers"): T5's buckets,
-// the ALiBi and T5 line the native kernel adds, and the end of a row (the sink, lse). Applied in
+// and the ALiBi and T5 line the native kernel adds (a row's end, the sink and lse: partial.hpp's
+// finish_row). Applied in
 // this order: softcap, ALiBi, T5's relative bias, then the additive mask (the reference's
 // reference_row_scores, the native path's scale_mask_row).
 #pragma once
@@ -81,28 +82,6 @@ void fill_bias_line(const Problem& p, std::int64_t h, std::int64_t rel0, std::in
     }
     line[k] = static_cast<T>(v);
   }
-}
-
-// The end of row i of head (b, h) whose online softmax left the sum l of exp(s - m) (m the
-// reference it used; l == 0: no visible key): the sink's term added to l (so that the output
-// acc / l is the contract's), and the row's log-sum-exp written where asked. In double.
-template <class T>
-void finish_row(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, T m, T& l) {
-  if (p.sinks == nullptr && p.lse == nullptr) return;
-  const double inf = std::numeric_limits<double>::infinity();
-  const double md = static_cast<double>(m), ld = static_cast<double>(l);
-  double lse = ld == 0.0 ? -inf : md + std::log(ld);  // NaN stays NaN
-  if (p.sinks != nullptr) {
-    const double sink = p.sinks[h];
-    if (ld == 0.0) {
-      lse = sink;  // no visible key: zeros, and the sink alone
-    } else if (!std::isnan(ld)) {
-      l = static_cast<T>(ld + std::exp(sink - md));  // inf past the range: the output 0
-      const double hi = std::max(lse, sink), lo = std::min(lse, sink);
-      lse = hi + std::log1p(std::exp(lo - hi));
-    }
-  }
-  if (p.lse != nullptr) p.lse[b * p.lse_strides[0] + h * p.lse_strides[1] + i * p.lse_strides[2]] = static_cast<float>(lse);
 }
 
 }  // namespace simdattn::detail

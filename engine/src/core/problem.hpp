@@ -1,6 +1,7 @@
 // The validated, normalised form of one attention() call that every backend consumes.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -16,10 +17,28 @@ inline bool view_given(const ConstTensorView& v) noexcept { return v.data != nul
 // How the mask is read: by its dtype (u8 boolean; f32, f64, bf16 or f16 additive).
 enum class MaskKind : std::uint8_t { none, boolean, additive };
 
+// Where the keys lie (the key source). Dense (no table): key j of batch b, kv head hk at element
+// b * s[0] + hk * s[1] + j * s[2] of K (s = k_strides; V and the 8-bit scales alike). In blocks
+// of a paged cache (attention_paged, the KV pool): at blk * s[0] + hk * s[1] + slot * s[2], blk =
+// table[b * table_stride + j / block_size], slot = j % block_size. A dense source is the paged one
+// with one block per batch, of all its keys.
+struct KeyBlocks {
+  const std::int32_t* table = nullptr;  // null: dense
+  std::int64_t table_stride = 0;
+  std::int64_t block_size = 0;
+  std::int64_t blocks = 0;  // the cache's (every table entry read is below)
+};
+
+// Keys j .. j + n - 1 of one batch that lie one row stride apart (one block's, or a dense batch's
+// all): the first at `outer` (the batch, or the block) and `slot` (its key, or its slot).
+struct KeyRun {
+  std::int64_t outer = 0, slot = 0, n = 0;
+};
+
 struct Problem {
   DType dtype = DType::f32;  // of q and out (and of k and v unless they hold 8-bit codes)
   // k and v: dtype, or 8-bit codes (int8, fp8_e4m3, fp8_e5m2; dtype then f32, bf16 or f16) with
-  // one f32 scale per row, k_scale[b * s0 + hk * s1 + j * s2] (element strides).
+  // one f32 scale per row, k_scale[outer * s0 + hk * s1 + slot * s2] (element strides; KeyBlocks).
   DType kv_dtype = DType::f32;
   const float* k_scale = nullptr;
   const float* v_scale = nullptr;
@@ -27,19 +46,59 @@ struct Problem {
   bool kv_codes() const { return is_kv_code(kv_dtype); }
   // Element (b, hk, j, d) of K or V codes as attention reads it: decode(code) * scale, rounded to f32.
   double k_code_value(std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) const {
-    return code_value(k, k_strides, k_scale, k_scale_strides, b, hk, j, d);
+    return code_value(k, k_strides, k_scale, k_scale_strides, key_run(b, j, j + 1), hk, d);
   }
   double v_code_value(std::int64_t b, std::int64_t hk, std::int64_t j, std::int64_t d) const {
-    return code_value(v, v_strides, v_scale, v_scale_strides, b, hk, j, d);
+    return code_value(v, v_strides, v_scale, v_scale_strides, key_run(b, j, j + 1), hk, d);
   }
+  // B batches (sequences), each with Sq query rows (at most Sq: query_start) and Sk keys (at
+  // most Sk: key_lengths).
   std::int64_t B = 0, H = 0, Hkv = 0, Sq = 0, Sk = 0, D = 0, Dv = 0;
 
-  // Element strides; data pointers are typed by `dtype`.
+  // Element strides; data pointers are typed by `dtype`. q, out and lse over [B, H, Sq, .], K and
+  // V over [outer, Hkv, key or slot, .] (KeyBlocks).
   const void* q = nullptr;
   const void* k = nullptr;
   const void* v = nullptr;
   void* o = nullptr;
   Shape4 q_strides{}, k_strides{}, v_strides{}, o_strides{};
+  KeyBlocks kv_blocks;
+  bool paged() const { return kv_blocks.table != nullptr; }
+  // Varlen queries (attention_paged's query_start): batch b's rows are rows query_start[b] ..
+  // query_start[b + 1] - 1 along q's, out's and lse's dimension 2 (their strides[0] then 0).
+  // Null: Sq rows each.
+  const std::int64_t* query_start = nullptr;
+  std::int64_t query_len(std::int64_t b) const { return query_start ? query_start[b + 1] - query_start[b] : Sq; }
+  std::int64_t first_row(std::int64_t b) const { return query_start ? query_start[b] : 0; }
+  // Element offsets of row i of head (b, h) in q, out and lse.
+  std::int64_t q_offset(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return b * q_strides[0] + h * q_strides[1] + (first_row(b) + i) * q_strides[2];
+  }
+  std::int64_t o_offset(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return b * o_strides[0] + h * o_strides[1] + (first_row(b) + i) * o_strides[2];
+  }
+  std::int64_t lse_offset(std::int64_t b, std::int64_t h, std::int64_t i) const {
+    return b * lse_strides[0] + h * lse_strides[1] + (first_row(b) + i) * lse_strides[2];
+  }
+  // The run of batch b's keys from j on, to the end of j's block or `end`, whichever comes first.
+  KeyRun key_run(std::int64_t b, std::int64_t j, std::int64_t end) const {
+    if (!paged()) return {b, j, end - j};
+    const std::int64_t bs = kv_blocks.block_size, slot = j % bs;
+    return {kv_blocks.table[b * kv_blocks.table_stride + j / bs], slot, std::min(end, j - slot + bs) - j};
+  }
+  // Element offsets of a run's first K row, V row and scales in kv head hk.
+  std::int64_t k_at(const KeyRun& r, std::int64_t hk) const {
+    return r.outer * k_strides[0] + hk * k_strides[1] + r.slot * k_strides[2];
+  }
+  std::int64_t v_at(const KeyRun& r, std::int64_t hk) const {
+    return r.outer * v_strides[0] + hk * v_strides[1] + r.slot * v_strides[2];
+  }
+  std::int64_t k_scale_at(const KeyRun& r, std::int64_t hk) const {
+    return r.outer * k_scale_strides[0] + hk * k_scale_strides[1] + r.slot * k_scale_strides[2];
+  }
+  std::int64_t v_scale_at(const KeyRun& r, std::int64_t hk) const {
+    return r.outer * v_scale_strides[0] + hk * v_scale_strides[1] + r.slot * v_scale_strides[2];
+  }
 
   // Mask: strides are 0 on broadcast (size-1) dimensions, so mask_at(b, h, i, j) needs no
   // broadcasting logic.
@@ -96,7 +155,7 @@ struct Problem {
   // Position of query 0 of batch b on the key axis (docs/design.md's position rule).
   std::int64_t query_offset(std::int64_t b) const {
     if (query_offsets != nullptr) return query_offsets[b];
-    return causal == Causal::top_left ? 0 : key_len(b) - Sq;
+    return causal == Causal::top_left ? 0 : key_len(b) - query_len(b);
   }
 
   std::int64_t mask_offset(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
@@ -110,11 +169,11 @@ struct Problem {
   }
 
  private:
-  double code_value(const void* base, const Shape4& st, const float* sc, const std::int64_t* ss, std::int64_t b,
-                    std::int64_t hk, std::int64_t j, std::int64_t d) const {
+  double code_value(const void* base, const Shape4& st, const float* sc, const std::int64_t* ss, const KeyRun& r,
+                    std::int64_t hk, std::int64_t d) const {
     const std::uint8_t c =
-        static_cast<const std::uint8_t*>(base)[b * st[0] + hk * st[1] + j * st[2] + d * st[3]];
-    return static_cast<float>(code8_value(kv_dtype, c) * sc[b * ss[0] + hk * ss[1] + j * ss[2]]);
+        static_cast<const std::uint8_t*>(base)[r.outer * st[0] + hk * st[1] + r.slot * st[2] + d * st[3]];
+    return static_cast<float>(code8_value(kv_dtype, c) * sc[r.outer * ss[0] + hk * ss[1] + r.slot * ss[2]]);
   }
 };
 

@@ -1,4 +1,4 @@
-// Text the error messages share (error.cpp).
+// Text the error messages share (error.cpp): numbers and shapes, formatted one way everywhere.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,9 @@
 #include <string>
 
 namespace simdattn::detail {
+
+// A number in a message: "42".
+inline std::string num(std::int64_t x) { return std::to_string(x); }
 
 // "[2, 3, 4]"
 std::string shape_str(std::span<const std::int64_t> dims);

@@ -270,32 +270,20 @@ void set_key_lengths(Problem& p, const AttentionOptions& opt, const Span& so) {
                                                std::to_string(L) + ", expected 0 <= L <= Sk=" +
                                                std::to_string(p.Sk));
     }
-    const auto kl = reinterpret_cast<std::uintptr_t>(opt.key_lengths.data());
-    if (overlaps(so, Span{kl, kl + opt.key_lengths.size_bytes()}))
+    if (overlaps(so, span_of(opt.key_lengths.data(), opt.key_lengths.size_bytes())))
       throw Error("out", "memory overlaps options.key_lengths");
     p.key_lengths = opt.key_lengths.data();
   }
 }
 
-// Causal and window.
+// Causal and window. Positions are within Sq + Sk of the keys, or, with query offsets
+// (|offset| <= 2^40), within Sq + Sk + 2^40.
 void set_structure(Problem& p, const AttentionOptions& opt) {
   if (opt.causal != Causal::none && opt.causal != Causal::top_left &&
       opt.causal != Causal::bottom_right)
     throw Error("options.causal", "unknown value " + std::to_string(int(opt.causal)));
   p.causal = opt.causal;
-  if (opt.window) {
-    if (opt.window->left < -1 || opt.window->right < -1)
-      throw Error("options.window", "(" + std::to_string(opt.window->left) + ", " +
-                                        std::to_string(opt.window->right) +
-                                        "): each side must be >= 0, or -1 for unbounded");
-    p.has_window = true;
-    // A side longer than any distance between a query's position and a key reaches every key
-    // either way: saturate so that position arithmetic cannot overflow. Positions are within
-    // Sq + Sk of the keys, or, with query offsets (|offset| <= 2^40), within Sq + Sk + 2^40.
-    const std::int64_t reach = p.Sq + p.Sk + (opt.query_offsets.empty() ? 0 : std::int64_t{1} << 40);
-    p.window_left = std::min(opt.window->left, reach);
-    p.window_right = std::min(opt.window->right, reach);
-  }
+  set_window(p, opt.window, opt.query_offsets.empty() ? 0 : std::int64_t{1} << 40);
 }
 
 // Global tokens and the block mask.
@@ -328,6 +316,27 @@ void set_sparse(Problem& p, const AttentionOptions& opt, const Span& so) {
 
 }  // namespace
 
+void set_window(Problem& p, const std::optional<Window>& window, std::int64_t offsets_reach) {
+  if (!window) return;
+  if (window->left < -1 || window->right < -1)
+    throw Error("options.window", "(" + std::to_string(window->left) + ", " + std::to_string(window->right) +
+                                      "): each side must be >= 0, or -1 for unbounded");
+  p.has_window = true;
+  // A side longer than any distance between a query's position and a key reaches every key
+  // either way: saturate so that position arithmetic cannot overflow.
+  const std::int64_t reach = p.Sq + p.Sk + offsets_reach;
+  p.window_left = std::min(window->left, reach);
+  p.window_right = std::min(window->right, reach);
+}
+
+void set_scale_threads(Problem& p, const ScoreOptions& opt) {
+  p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
+  if (!std::isfinite(p.scale)) throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));
+  if (opt.threads < 0)
+    throw Error("options.threads", "must be >= 0 (0 = default), got " + std::to_string(opt.threads));
+  p.threads = opt.threads;
+}
+
 void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
                     const Span& so) {
   if (static_cast<std::int64_t>(values.size()) != want)
@@ -336,8 +345,7 @@ void check_per_head(const std::string& name, std::span<const float> values, std:
   for (std::size_t i = 0; i < values.size(); ++i)
     if (!std::isfinite(values[i]))
       throw Error(name, "entry " + std::to_string(i) + " is " + std::to_string(values[i]) + ", expected a finite value");
-  const auto a = reinterpret_cast<std::uintptr_t>(values.data());
-  if (overlaps(so, Span{a, a + values.size_bytes()})) throw Error("out", "memory overlaps " + name);
+  if (overlaps(so, span_of(values.data(), values.size_bytes()))) throw Error("out", "memory overlaps " + name);
 }
 
 namespace {
@@ -359,10 +367,6 @@ void check_output_option(const std::string& name, const TensorView& view, const 
     if (&view != other && view_given(*other) &&
         overlaps(s, byte_span(name, other->data, other->dtype, other->shape, other->strides)))
       throw Error(name, std::string("memory overlaps ") + (other == &opt.lse ? "options.lse" : "options.scores"));
-  auto span_of = [](const void* d, std::size_t bytes) {
-    const auto a = reinterpret_cast<std::uintptr_t>(d);
-    return Span{a, a + bytes};
-  };
   if (overlaps(s, span_of(opt.alibi_slopes.data(), opt.alibi_slopes.size_bytes())) ||
       overlaps(s, span_of(opt.sinks.data(), opt.sinks.size_bytes())) ||
       overlaps(s, span_of(opt.key_lengths.data(), opt.key_lengths.size_bytes())) ||
@@ -408,8 +412,7 @@ void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorVie
       if (opt.query_offsets[b] < -kMaxOffset || opt.query_offsets[b] > kMaxOffset)
         throw Error("options.query_offsets", "entry " + std::to_string(b) + " is " +
                                                  std::to_string(opt.query_offsets[b]) + ", expected |offset| <= 2^40");
-    const auto a = reinterpret_cast<std::uintptr_t>(opt.query_offsets.data());
-    if (overlaps(so, Span{a, a + opt.query_offsets.size_bytes()}))
+    if (overlaps(so, span_of(opt.query_offsets.data(), opt.query_offsets.size_bytes())))
       throw Error("out", "memory overlaps options.query_offsets");
     p.query_offsets = opt.query_offsets.data();
   }
@@ -453,12 +456,7 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const C
   set_structure(p, opt);
   set_sparse(p, opt, so);
   set_modifiers(p, opt, q, k, v, so);
-  p.scale = opt.scale ? *opt.scale : 1.0 / std::sqrt(static_cast<double>(p.D));
-  if (!std::isfinite(p.scale))
-    throw Error("options.scale", "must be finite, got " + std::to_string(p.scale));
-  if (opt.threads < 0)
-    throw Error("options.threads", "must be >= 0 (0 = default), got " + std::to_string(opt.threads));
-  p.threads = opt.threads;
+  set_scale_threads(p, opt);
   return p;
 }
 

@@ -1,4 +1,5 @@
-// Turning the arguments of attention() into a Problem.
+// Turning the arguments of attention() and attention_paged() into a Problem: one validator, two
+// forms of the call (validate.cpp, validate_paged.cpp).
 #pragma once
 
 #include <cmath>
@@ -9,6 +10,7 @@
 
 #include "core/problem.hpp"
 #include "simdattn/attention.hpp"
+#include "simdattn/paged.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/runtime.hpp"
 
@@ -30,6 +32,11 @@ inline Span byte_span(const std::string& name, const ConstTensorView& v) {
 // by stride, each dimension's stride exceeds the extent of all smaller ones. Throws Error(name).
 void check_no_self_overlap(const std::string& name, const Shape4& shape, const Shape4& strides);
 bool overlaps(const Span& a, const Span& b);
+// The bytes [data, data + bytes) (an option's span of values).
+inline Span span_of(const void* data, std::size_t bytes) {
+  const auto a = reinterpret_cast<std::uintptr_t>(data);
+  return Span{a, a + bytes};
+}
 // An 8-bit K/V scales option `name`: absent unless kv_dtype is an 8-bit code dtype (given
 // anyway: Error), then required, f32, of shape `want` (written shape_name in messages), clear of
 // out's span so. Returns its data, or nullptr for K/V without codes. Throws Error(name).
@@ -62,6 +69,14 @@ void set_softcap_alibi_sinks(P& p, const Options& opt, const Span& so) {
   }
 }
 
+// The window of options onto a problem whose Sq and Sk are set (each side >= -1; saturated past
+// every distance between a query's position and a key, `offsets_reach` further with query
+// offsets). Throws Error("options.window").
+void set_window(Problem& p, const std::optional<Window>& window, std::int64_t offsets_reach = 0);
+// The scale (default 1 / sqrt(D); finite) and the thread count (>= 0) of options onto a problem
+// whose D is set. Throws Error naming the option.
+void set_scale_threads(Problem& p, const ScoreOptions& opt);
+
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a
 // bad environment is a named input error on every path, never an escape from a parallel region.
@@ -76,5 +91,9 @@ std::optional<ThreadRuntime> env_thread_runtime();
 // Validates the arguments of attention() and builds the Problem. Throws Error.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      const TensorView& out, const AttentionOptions& options);
+// The same for attention_paged() (validate_paged.cpp): its keys in blocks, varlen queries.
+Problem make_problem(const ConstTensorView& q, const ConstTensorView& k_cache, const ConstTensorView& v_cache,
+                     const BlockTable& block_table, std::span<const std::int64_t> seq_lens, const TensorView& out,
+                     const PagedAttentionOptions& options);
 
 }  // namespace simdattn::detail

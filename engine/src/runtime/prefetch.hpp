@@ -56,7 +56,9 @@ class NextRows {
   void clear() { n_ = cur_ = 0, row_ = line_ = 0; }
 
  private:
-  static constexpr std::size_t kStreams = 4;
+  // K and V rows of a key block: one run each when dense, a run per block of a paged cache
+  // (128 keys in blocks of 16: 16 runs; more are not prefetched).
+  static constexpr std::size_t kStreams = 16;
   struct Stream {
     std::uintptr_t base;
     std::int64_t stride, bytes, rows;

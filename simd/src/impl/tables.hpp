@@ -14,6 +14,7 @@
 #include "impl/products/gemm_tile.hpp"
 #include "impl/products/gemv.hpp"
 #include "impl/products/gemv16.hpp"
+#include "impl/products/gemv_rows.hpp"
 #include "impl/products/pack.hpp"
 #include "impl/probe.hpp"
 #include "impl/convert/quant8.hpp"
@@ -129,7 +130,8 @@ GemmKernels<T> make_gemm_kernels() {
         return &gemm_ukernel_a_in_place_pf<Arch, T, decltype(m)::value, decltype(nv)::value, ANV>;
       }),
       .gemv_n = &gemv_n<Arch, T>,
-      .gemv_t = &gemv_t<Arch, T>};
+      .gemv_t = &gemv_t<Arch, T>,
+      .rows = make_rows_kernels<Arch, PlainRows<Arch, T>>()};
 }
 
 // The 16-bit-B GEMM in the conversion layout on an MR x NV tile (the f32 GEMM's).
@@ -151,7 +153,8 @@ Quant8Kernels make_quant8_kernels() {
   return {.quantize = &quantize8_rows<Arch, F>,
           .dequantize = &dequantize8_row<Arch, F>,
           .gemv_t = &gemv8_t<Arch, F>,
-          .gemv_n = &gemv8_n<Arch, F>};
+          .gemv_n = &gemv8_n<Arch, F>,
+          .rows = make_rows_kernels<Arch, CodeRows<Arch, F>>()};
 }
 
 // The whole table of one ISA; F32 and F64: its GEMM blocking per dtype (F32's also the 16-bit
@@ -164,8 +167,12 @@ KernelTable make_kernel_table(Isa isa) {
           .gemm_f64 = make_gemm_kernels<Arch, double, F64>(),
           .vec_f32 = make_vector_kernels<Arch, float>(),
           .vec_f64 = make_vector_kernels<Arch, double>(),
-          .gemv_bf16 = {.gemv_n = &gemv16_n<Arch, true>, .gemv_t = &gemv16_t<Arch, true>},
-          .gemv_f16 = {.gemv_n = &gemv16_n<Arch, false>, .gemv_t = &gemv16_t<Arch, false>},
+          .gemv_bf16 = {.gemv_n = &gemv16_n<Arch, true>,
+                        .gemv_t = &gemv16_t<Arch, true>,
+                        .rows = make_rows_kernels<Arch, HalfRows<Arch, true>>()},
+          .gemv_f16 = {.gemv_n = &gemv16_n<Arch, false>,
+                       .gemv_t = &gemv16_t<Arch, false>,
+                       .rows = make_rows_kernels<Arch, HalfRows<Arch, false>>()},
           .gemm_bf16 = make_gemm16_kernels<Arch, true, F32>(),
           .gemm_f16 = make_gemm16_kernels<Arch, false, F32>(),
           .gemm_bf16_pairs = {},

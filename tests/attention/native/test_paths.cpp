@@ -78,7 +78,7 @@ TEST_CASE("standard workloads take their native paths (f32)" * doctest::test_sui
   const Taken bert = taken(Operands(workload("bert"), DType::f32).problem());
   CHECK(bert.passed_over == std::vector<std::string>{
                                 "decode16: dtype f32 (bf16 and f16 only)", "decode.widened: dtype f32 (bf16 and f16 only)",
-                                "decode: 128 query rows per kv head > 8", "decode8: K and V of dtype f32 (8-bit codes only)",
+                                "decode: 128 query tokens > 16", "decode8: K and V of dtype f32 (8-bit codes only)",
                                 "fused.tiles: dtype f32 (bf16 only)",
                                 "short_keys: 128 keys (1 to 96 only)"});
   const Taken decode = taken(Operands(workload("decode"), DType::f32).problem());

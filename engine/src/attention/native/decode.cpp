@@ -1,199 +1,226 @@
-// The native backend's decode path: few query rows per kv head (Sq * H / Hkv <= kDecodeMaxRows),
-// e.g. one new token against a KV cache. The work is a few matrix-vector products per head,
-// bound by reading K and V: with one row per kv head nothing is packed and the GEMV kernels
-// stream K (scores) and then V (weighted sum) exactly once; 2-8 rows take the GEMM driver's
-// small-M path. Per (batch, kv head), the group's query rows are gathered into one small
-// matrix Qg, then
-//   S = Qg K^T          [rows, L]   (keys past the batch's key length L are never read)
-//   P = softmax(S)      per row, with the scale, mask and visibility rule of scale_mask_row
-//   O = P V / l         [rows, Dv]
+// The native backend's decode paths (decode: f32/f64, decode16: bf16/f16 K and V, decode8: 8-bit
+// K and V codes): a few query tokens a sequence (at most kDecodeMaxTokens: a new token against a
+// KV cache, a speculative step's drafts), bound by reading K and V. Per (sequence, kv head) the
+// group's query heads are one block of rows (RowBlock: heads x tokens, e.g. 8 x 1 for a
+// grouped-query decode step, 128 x 1 for MLA's latent cache), so each K and V row is read once
+// for the whole group:
+//   a few rows     (up to 8: a grouped-query step of one token) S = Qg K^T, P = softmax(S),
+//                  acc = P V on the few-rows kernels (RowsKernels), which read each K and V row
+//                  where it lies, once for all the rows, nothing packed (FewRows, below)
+//   more rows      (MQA's 32 heads, MLA's 16-128) the fused path's worker over stacked rows
+//                  (fused/worker.hpp): each key block packed once (widened, or dequantized from
+//                  codes) and S = Qg K^T, the online softmax and O += P V on the in-place-A
+//                  micro-kernel: grouped heads make such a step compute-bound
+// A sequence's keys are split when the (sequence, kv head) units are few (work.hpp): a long
+// sequence's step spreads over every thread and its parts merge in key order. Keys come from the
+// key source (dense, or a paged cache's blocks) run by run.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
+#include <xmmintrin.h>
+
+#include "attention/native/fused/plan.hpp"
+#include "attention/native/fused/tile_steps.hpp"
+#include "attention/native/fused/vector_steps.hpp"
+#include "attention/native/fused/worker.hpp"
 #include "attention/native/paths.hpp"
 #include "attention/native/rows.hpp"
+#include "attention/native/work.hpp"
 #include "core/element.hpp"
-#include "core/modifiers.hpp"
+#include "core/partial.hpp"
 #include "core/position_rule.hpp"
-#include "linalg/gemm.hpp"
-#include "runtime/threading.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
+
+namespace scratch {
+struct DecodeRow : ScratchSlot {};  // FewRows' q rows, scores, outputs, m and l
+}  // namespace scratch
+
 namespace {
 
-constexpr std::int64_t kDecodeMaxRows = 8;
-
-// One (batch b, kv head hk) item: Qg, S and O are this thread's scratch.
-template <class T>
-void decode_item(const Problem& p, const simd::KernelTable& kt, std::int64_t b, std::int64_t hk, T* qg, T* s,
-                 T* og) {
-  const simd::VectorKernels<T>& vk = kt.vec<T>();
-  const std::int64_t group = p.H / p.Hkv, rows = group * p.Sq;
-  // Qg: row r = (head hk * group + r / Sq, query r % Sq)
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const T* src =
-        static_cast<const T*>(p.q) + b * p.q_strides[0] + (hk * group + r / p.Sq) * p.q_strides[1] + (r % p.Sq) * p.q_strides[2];
-    std::memcpy(qg + r * p.D, src, sizeof(T) * static_cast<std::size_t>(p.D));
+// A few query rows (at most kMaxProductRows: a group's heads of one token, as a grouped-query
+// decode step has) against a range of their keys: their scores from K's rows, each row's softmax,
+// their outputs from V's rows, each K and V row read once for all of them, where it lies
+// (RowsKernels: K's and V's rows streamed once, nothing packed). T: computed in (f32, f64); S:
+// q's and out's dtype (T, or bf16 / f16); K and V of S, or 8-bit codes.
+template <class T, class S>
+class FewRows {
+ public:
+  FewRows(const Problem& p, const simd::KernelTable& kt, std::int64_t max_keys)
+      : p_(p), kt_(kt), vk_(kt.vec<T>()), rows_(rows_kernels(p, kt)) {
+    const std::int64_t q_size = round_up(simd::kMaxProductRows * p.D, kLineElems<T>);
+    lds_max_ = round_up(std::max<std::int64_t>(1, max_keys), kLineElems<T>);
+    const std::int64_t o_size = round_up(simd::kMaxProductRows * p.Dv, kLineElems<T>);
+    q_ = thread_buffer<T, scratch::DecodeRow>().get(
+        static_cast<std::size_t>(q_size + simd::kMaxProductRows * lds_max_ + o_size + 2 * simd::kMaxProductRows));
+    s_ = q_ + q_size;
+    acc_ = s_ + simd::kMaxProductRows * lds_max_;
+    m_ = acc_ + o_size;
+    l_ = m_ + simd::kMaxProductRows;
   }
-  const T* k = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1];
-  const T* v = static_cast<const T*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1];
-  const std::int64_t L = p.key_len(b);
-  GemmArgs<T> qk;  // S = Qg K^T
-  qk.trans_b = Trans::T;
-  qk.M = rows, qk.N = L, qk.K = p.D;
-  qk.A = qg, qk.lda = p.D, qk.B = k, qk.ldb = p.k_strides[2], qk.C = s, qk.ldc = p.Sk;
-  gemm(qk, 1, &kt);  // L == 0: nothing
-  std::int64_t visible_rows = 0;
-  T l[kDecodeMaxRows];
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-    T* row = s + r * p.Sk;
-    const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
-    const T m = scale_mask_row(p, vk, row, b, h, i, 0, L, full);
-    l[r] = vk.exp_sub_max_sum(row, L, m);
-    visible_rows += l[r] != T(0);
-    finish_row(p, b, h, i, m, l[r]);  // the sink joins l; lse written
-  }
-  if (visible_rows > 0) {
-    GemmArgs<T> pv;  // O = P V
-    pv.M = rows, pv.N = p.Dv, pv.K = L;
-    pv.A = s, pv.lda = p.Sk, pv.B = v, pv.ldb = p.v_strides[2], pv.C = og, pv.ldc = p.Dv;
-    gemm(pv, 1, &kt);
-  }
-  for (std::int64_t r = 0; r < rows; ++r) {
-    const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-    T* dst = static_cast<T*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
-    write_output_row(p, vk, og + r * p.Dv, l[r], dst);
-  }
-}
 
-template <class T>
-void decode(const Problem& p) {
-  const simd::KernelTable& kt = simd::kernels();
-  const std::int64_t rows = (p.H / p.Hkv) * p.Sq;
-  const std::int64_t q_size = round_up(rows * p.D, kLineElems<T>), s_size = round_up(rows * p.Sk, kLineElems<T>);
-  const std::int64_t o_size = round_up(rows * p.Dv, kLineElems<T>);
-  const double bytes = double(p.Sk) * double(p.D + p.Dv) * sizeof(T);  // per item
-  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
-
-  RegionFailure failure;
-  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
-    failure.guard([&] {
-      T* qg = thread_buffer<T, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + o_size));
-      // The GEMM's packing buffers for the largest key length this problem allows (Sk): a KV
-      // cache passes its capacity as Sk, so decode steps whose lengths grow allocate nothing.
-      GemmArgs<T> bound;
-      bound.trans_b = Trans::T;
-      bound.M = rows, bound.N = std::max(p.Sk, p.Dv), bound.K = std::max(p.D, p.Sk);
-      gemm_reserve(bound, &kt);
-      for (std::int64_t it = it0; it < it1; ++it) decode_item(p, kt, it / p.Hkv, it % p.Hkv, qg, qg + q_size,
-                                                             qg + q_size + s_size);
-    });
-  });
-  failure.rethrow();
-}
-
-// The decode paths that read K and V in place (bf16/f16 rows, 8-bit codes): per (batch, kv
-// head), each query row of the group widened to f32, its scores from reader.scores (K's rows
-// dotted with it), the f32 softmax of scale_mask_row, and its output from reader.values (V's rows
-// weighted by the weights), rounded to the output's dtype S at the end. bytes_per_key: what one
-// key of an item reads (K and V), for the work split.
-template <class S, class Reader>
-void decode_in_place(const Problem& p, double bytes_per_key, const Reader& reader) {
-  const simd::VectorKernels<float>& vk = simd::kernels().vec<float>();
-  const std::int64_t group = p.H / p.Hkv;
-  const std::int64_t q_size = round_up(p.D, kLineElems<float>), s_size = round_up(p.Sk, kLineElems<float>);
-  const double bytes = double(p.Sk) * bytes_per_key;  // per item
-  const auto min_items = static_cast<std::int64_t>(kMinFlopsPerThread / (2.0 * bytes)) + 1;
-  RegionFailure failure;
-  parallel_for(p.B * p.Hkv, p.threads, min_items, [&](std::int64_t it0, std::int64_t it1) {
-    failure.guard([&] {
-      float* q = thread_buffer<float, scratch::NativeAttention>().get(static_cast<std::size_t>(q_size + s_size + p.Dv));
-      float* s = q + q_size;
-      float* o = s + s_size;
-      for (std::int64_t it = it0; it < it1; ++it) {
-        const std::int64_t b = it / p.Hkv, hk = it % p.Hkv, L = p.key_len(b);
-        for (std::int64_t r = 0; r < group * p.Sq; ++r) {
-          const std::int64_t h = hk * group + r / p.Sq, i = r % p.Sq;
-          const S* qi = static_cast<const S*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
-          for (std::int64_t d = 0; d < p.D; ++d) q[d] = static_cast<float>(widen(qi[d * p.q_strides[3]]));
-          reader.scores(b, hk, L, q, s);
-          const bool full = classify(p, b, i, i + 1, 0, L) == Cover::full;
-          const float m = scale_mask_row(p, vk, s, b, h, i, 0, L, full);
-          float l = vk.exp_sub_max_sum(s, L, m);
-          finish_row(p, b, h, i, m, l);  // the sink joins l; lse written
-          S* dst = static_cast<S*>(p.o) + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
-          if (l == 0.0f) {  // no visible key: zeros
-            for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = S{};
-            continue;
-          }
-          reader.values(b, hk, L, 1.0f / l, s, o);
-          for (std::int64_t d = 0; d < p.Dv; ++d) dst[d * p.o_strides[3]] = narrow<S>(o[d]);
-        }
+  void run(const WorkUnit& u, const WorkItem& it, T* parts) {
+    const RowBlock& rb = u.rows;
+    const std::int64_t b = rb.b, hk = rb.hk, k0 = it.k0, n = it.k1 - it.k0, R = rb.rows();
+    const std::int64_t lds = round_up(std::max<std::int64_t>(1, n), kLineElems<T>);
+    const int m = static_cast<int>(R);
+    bool any = false;
+    for (std::int64_t r = 0; r < R; ++r) m_[r] = -std::numeric_limits<T>::infinity(), l_[r] = T(0);
+    if (n > 0) {
+      for (std::int64_t r = 0; r < R; ++r) {
+        const S* q = static_cast<const S*>(p_.q) + p_.q_offset(b, rb.head(r), rb.token(r));
+        for (std::int64_t d = 0; d < p_.D; ++d) q_[r * p_.D + d] = static_cast<T>(widen(q[d * p_.q_strides[3]]));
       }
-    });
-  });
-  failure.rethrow();
-}
+      for_runs(b, hk, k0, n, 0, [&](std::int64_t off, const KeyRun& run) {
+        rows_.dot(m, run.n, p_.D, T(1), q_, p_.D, k_rows(run, hk), p_.k_strides[2], k_scales(run, hk), p_.k_scale_strides[2],
+                  s_ + off, lds);
+      });
+      for (std::int64_t r = 0; r < R; ++r) {
+        const std::int64_t i = rb.token(r);
+        T* row = s_ + r * lds;
+        const bool full = classify(p_, b, i, i + 1, k0, k0 + n) == Cover::full;
+        m_[r] = scale_mask_row(p_, vk_, row, b, rb.head(r), i, k0, n, full);
+        l_[r] = vk_.exp_sub_max_sum(row, n, m_[r]);  // no visible key: zeros, l = 0
+        any = any || l_[r] != T(0);
+      }
+      if (any)
+        for_runs(b, hk, k0, n, 1, [&](std::int64_t off, const KeyRun& run) {
+          rows_.weighted(m, p_.Dv, run.n, T(1), s_ + off, lds, v_rows(run, hk), p_.v_strides[2], v_scales(run, hk),
+                         p_.v_scale_strides[2], off == 0 ? T(0) : T(1), acc_, p_.Dv);
+        });
+    }
+    if (it.part >= 0) {
+      store_part(parts + it.part, R, p_.Dv, m_, l_, acc_, p_.Dv);
+      return;
+    }
+    for (std::int64_t r = 0; r < R; ++r) {
+      const std::int64_t h = rb.head(r), i = rb.token(r);
+      finish_row(p_, b, h, i, m_[r], l_[r]);  // the sink joins l; lse written
+      S* dst = static_cast<S*>(p_.o) + p_.o_offset(b, h, i);
+      T* acc = acc_ + r * p_.Dv;
+      if constexpr (std::is_same_v<S, T>) {
+        write_output_row(p_, vk_, acc, l_[r], dst);  // l == 0 (no visible key): zeros
+      } else {
+        const T inv = l_[r] == T(0) ? T(0) : T(1) / l_[r];
+        for (std::int64_t d = 0; d < p_.Dv; ++d) dst[d * p_.o_strides[3]] = l_[r] == T(0) ? S{} : narrow<S>(acc[d] * inv);
+      }
+    }
+  }
 
-// bf16/f16 K and V rows (half the bytes of f32) on the 16-bit GEMV kernels.
-template <class H>
-struct Rows16 {
-  const Problem& p;
-  const simd::Gemv16Kernels& g;
-  const std::uint16_t* head(const void* base, const Shape4& st, std::int64_t b, std::int64_t hk) const {
-    return reinterpret_cast<const std::uint16_t*>(static_cast<const H*>(base) + b * st[0] + hk * st[1]);
+ private:
+  static const simd::RowsKernels<T>& rows_kernels(const Problem& p, const simd::KernelTable& kt) {
+    if constexpr (std::is_same_v<T, float>) {
+      if (p.kv_codes()) return kt.code8(code8_of(p.kv_dtype)).rows;
+      if constexpr (!std::is_same_v<S, T>) return std::is_same_v<S, float16> ? kt.gemv_f16.rows : kt.gemv_bf16.rows;
+    }
+    return kt.gemm<T>().rows;
   }
-  void scores(std::int64_t b, std::int64_t hk, std::int64_t L, const float* q, float* s) const {
-    g.gemv_t(L, p.D, 1.0f, q, head(p.k, p.k_strides, b, hk), p.k_strides[2], 0.0f, s);
+  // A run's first K and V rows in kv head hk (the codes' bytes, or S's elements), and their
+  // scales (8-bit codes; else null).
+  const void* k_rows(const KeyRun& r, std::int64_t hk) const {
+    return static_cast<const char*>(p_.k) + p_.k_at(r, hk) * element_bytes();
   }
-  void values(std::int64_t b, std::int64_t hk, std::int64_t L, float alpha, const float* w, float* o) const {
-    g.gemv_n(p.Dv, L, alpha, w, head(p.v, p.v_strides, b, hk), p.v_strides[2], 0.0f, o);
+  const void* v_rows(const KeyRun& r, std::int64_t hk) const {
+    return static_cast<const char*>(p_.v) + p_.v_at(r, hk) * element_bytes();
   }
+  const float* k_scales(const KeyRun& r, std::int64_t hk) const { return p_.kv_codes() ? p_.k_scale + p_.k_scale_at(r, hk) : nullptr; }
+  const float* v_scales(const KeyRun& r, std::int64_t hk) const { return p_.kv_codes() ? p_.v_scale + p_.v_scale_at(r, hk) : nullptr; }
+  std::int64_t element_bytes() const { return p_.kv_codes() ? 1 : static_cast<std::int64_t>(sizeof(S)); }
+
+  // f(offset from j0, run) for the runs of keys [j0, j0 + n) of kv head (b, hk), K's (kv 0) or
+  // V's, each run's successor (or, after K's last, V's first) prefetched while it is read: a
+  // paged cache's next block is a jump the hardware prefetcher would start over at (guarded by
+  // attention/native/paged-decode).
+  template <class F>
+  void for_runs(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n, int kv, F&& f) const {
+    for (std::int64_t j = j0; j < j0 + n;) {
+      const KeyRun r = p_.key_run(b, j, j0 + n);
+      if (p_.paged()) {
+        if (j + r.n < j0 + n) prefetch_run(p_.key_run(b, j + r.n, j0 + n), hk, kv);
+        else if (kv == 0) prefetch_run(p_.key_run(b, j0, j0 + n), hk, 1);
+      }
+      f(j - j0, r);
+      j += r.n;
+    }
+  }
+  void prefetch_run(const KeyRun& r, std::int64_t hk, int kv) const {
+    const Shape4& st = kv == 0 ? p_.k_strides : p_.v_strides;
+    if (st[3] != 1) return;
+    const std::int64_t es = element_bytes();
+    const char* row = static_cast<const char*>(kv == 0 ? p_.k : p_.v) + (kv == 0 ? p_.k_at(r, hk) : p_.v_at(r, hk)) * es;
+    const std::int64_t bytes = (kv == 0 ? p_.D : p_.Dv) * es, step = st[2] * es;
+    for (std::int64_t x = 0; x < r.n; ++x, row += step)
+      for (std::int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+  }
+
+  const Problem& p_;
+  const simd::KernelTable& kt_;
+  const simd::VectorKernels<T>& vk_;
+  const simd::RowsKernels<T>& rows_;
+  std::int64_t lds_max_ = 0;
+  T *q_ = nullptr, *s_ = nullptr, *acc_ = nullptr, *m_ = nullptr, *l_ = nullptr;
 };
 
-// 8-bit K and V codes (a quarter of f32's bytes) on the code GEMV: K's scale on each key's score,
-// V's on each key's weight.
-struct Rows8 {
-  const Problem& p;
-  const simd::Quant8Kernels& g;
-  void scores(std::int64_t b, std::int64_t hk, std::int64_t L, const float* q, float* s) const {
-    g.gemv_t(L, p.D, 1.0f, q, static_cast<const std::uint8_t*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1],
-             p.k_strides[2], p.k_scale + b * p.k_scale_strides[0] + hk * p.k_scale_strides[1], p.k_scale_strides[2], s);
+// A decode path's worker: units of a few rows on FewRows, more on the fused path's worker over
+// stacked rows, which also merges split units' parts (in key order) and writes them.
+template <class T, class S>
+class DecodeWorker {
+ public:
+  DecodeWorker(const FusedPlan<T, S>& plan, std::int64_t max_keys)
+      : rows_(plan, thread_buffer<T, scratch::NativeAttention>().get(plan.scratch_size())), few_(plan.p, plan.kt, max_keys) {}
+  void run(const WorkUnit& u, const WorkItem& it, T* parts) {
+    if (u.rows.rows() <= simd::kMaxProductRows) few_.run(u, it, parts);
+    else rows_.run(u, it, parts);
   }
-  void values(std::int64_t b, std::int64_t hk, std::int64_t L, float alpha, const float* w, float* o) const {
-    g.gemv_n(p.Dv, L, alpha, w, static_cast<const std::uint8_t*>(p.v) + b * p.v_strides[0] + hk * p.v_strides[1],
-             p.v_strides[2], p.v_scale + b * p.v_scale_strides[0] + hk * p.v_scale_strides[1], p.v_scale_strides[2],
-             0.0f, o);
-  }
+  void finish(const WorkUnit& u, std::span<const PartRows<T>> parts) { rows_.finish(u, parts); }
+  void end() const { rows_.end(); }
+
+ private:
+  FusedWorker<T, S> rows_;
+  FewRows<T, S> few_;
 };
 
-template <class H>
-void decode16(const Problem& p) {
-  const simd::KernelTable& kt = simd::kernels();
-  decode_in_place<H>(p, double(p.D + p.Dv) * sizeof(H),
-                     Rows16<H>{p, std::is_same_v<H, bfloat16> ? kt.gemv_bf16 : kt.gemv_f16});
+template <class T, class S>
+void decode_units(const Problem& p) {
+  const FusedPlan<T, S> plan(p, simd::kernels(), RowLayout::stacked);
+  WorkPlan& work = WorkPlan::of_this_thread();
+  const std::int64_t group = p.H / p.Hkv;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    const std::int64_t tokens = p.query_len(b);
+    if (tokens == 0) continue;
+    // a group's heads: all in one unit where they are a few rows (FewRows), else as many a unit as
+    // kBlockRowsStacked rows hold
+    const std::int64_t heads =
+        group * tokens <= simd::kMaxProductRows ? group : std::max<std::int64_t>(1, plan.q_rows / tokens);
+    const KeyRange keys = unit_keys(p, b, 0, tokens);
+    for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
+      for (std::int64_t c = 0; c < group; c += heads)
+        work.add(RowBlock{b, hk, hk * group + c, 0, std::min(heads, group - c), tokens}, keys);
+  }
+  work.cut(work.split_keys(plan.k_keys), p.Dv);
+  // One row's scores, for the most keys this problem allows (Sk): a KV cache passes its capacity
+  // as Sk, so decode steps whose lengths grow allocate nothing.
+  const std::int64_t max_keys = p.Sk;
+  // an item's cost: its rows times its keys, plus a fixed part (gathering q, writing the rows)
+  const auto cost = [&](const WorkItem& it) {
+    return work.units[static_cast<std::size_t>(it.unit)].rows.rows() * (it.k1 - it.k0 + 16);
+  };
+  run_plan<T>(p, work, 2.0 * double(p.D + p.Dv), [&] { return DecodeWorker<T, S>(plan, max_keys); }, cost);
 }
 
-template <class S>
-void decode8(const Problem& p) {
-  decode_in_place<S>(p, double(p.D + p.Dv + 8), Rows8{p, simd::kernels().code8(code8_of(p.kv_dtype))});
-}
-
-}  // namespace
-
-namespace {
-
-// The checks the decode paths make: unmodified scores, at least one key, few rows per kv head.
+// The checks the decode paths make: unmodified scores, at least one key, few query tokens, K and
+// V unit-stride along D.
 Refusal decode_shape_why_not(const Problem& p) {
   if (Refusal r = needs_modified_scores(p)) return r;
   if (p.Sk == 0) return {"no keys"};
-  const std::int64_t rows = (p.H / p.Hkv) * p.Sq;
-  if (rows > kDecodeMaxRows) return {"{} query rows per kv head > {}", rows, kDecodeMaxRows};
+  if (p.Sq > kDecodeMaxTokens) return {"{} query tokens > {}", p.Sq, kDecodeMaxTokens};
+  if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
+    return {"K or V strided along D (inner strides {} and {})", p.k_strides[3], p.v_strides[3]};
   return {};
 }
 
@@ -201,44 +228,35 @@ Refusal decode_shape_why_not(const Problem& p) {
 
 Refusal decode8_why_not(const Problem& p) {
   if (!p.kv_codes()) return {"K and V of dtype {w} (8-bit codes only)", dtype_name(p.kv_dtype)};
-  if (Refusal r = decode_shape_why_not(p)) return r;
-  if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
-    return {"K or V strided along D (inner strides {} and {})", p.k_strides[3], p.v_strides[3]};
-  return {};
+  return decode_shape_why_not(p);
 }
 
 void decode8_attention(const Problem& p) {
-  if (p.dtype == DType::bf16) decode8<bfloat16>(p);
-  else if (p.dtype == DType::f16) decode8<float16>(p);
-  else decode8<float>(p);
+  if (p.dtype == DType::bf16) decode_units<float, bfloat16>(p);
+  else if (p.dtype == DType::f16) decode_units<float, float16>(p);
+  else decode_units<float, float>(p);
 }
 
 Refusal decode16_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
   if (!is_16bit(p.dtype)) return {"dtype {w} (bf16 and f16 only)", dtype_name(p.dtype)};
-  if (Refusal r = decode_shape_why_not(p)) return r;
-  if (p.k_strides[3] != 1 || p.v_strides[3] != 1)
-    return {"K or V strided along D (inner strides {} and {})", p.k_strides[3], p.v_strides[3]};
-  return {};
+  return decode_shape_why_not(p);
 }
 
 void decode16_attention(const Problem& p) {
-  if (p.dtype == DType::bf16) decode16<bfloat16>(p);
-  else decode16<float16>(p);
+  if (p.dtype == DType::bf16) decode_units<float, bfloat16>(p);
+  else decode_units<float, float16>(p);
 }
 
 Refusal decode_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
   if (is_16bit(p.dtype)) return {"dtype {w} (the 16-bit decode paths take it)", dtype_name(p.dtype)};
-  if (Refusal r = decode_shape_why_not(p)) return r;
-  if (p.q_strides[3] != 1 || p.k_strides[3] != 1 || p.v_strides[3] != 1)
-    return {"q, K or V strided along D"};
-  return {};
+  return decode_shape_why_not(p);
 }
 
 void decode_attention(const Problem& p) {
-  if (p.dtype == DType::f32) decode<float>(p);
-  else decode<double>(p);
+  if (p.dtype == DType::f32) decode_units<float, float>(p);
+  else decode_units<double, double>(p);
 }
 
 }  // namespace simdattn::detail

@@ -2,6 +2,7 @@
 // taking a validated problem.
 #include "attention/native/native.hpp"
 
+#include <algorithm>
 #include <array>
 #include <string>
 
@@ -67,9 +68,38 @@ NativeChoice choose_native_path(const Problem& p) {
   return choice;
 }
 
+std::int64_t native_part_end(const Problem& p, std::int64_t b0) {
+  if (p.query_start == nullptr) return p.B;
+  const auto few = [&](std::int64_t b) { return p.query_len(b) <= kDecodeMaxTokens; };
+  std::int64_t b1 = b0 + 1;
+  while (b1 < p.B && few(b1) == few(b0)) ++b1;
+  return b1;
+}
+
+Problem batches_of(const Problem& p, std::int64_t b0, std::int64_t b1) {
+  Problem s = p;
+  s.B = b1 - b0;
+  // q, out (and lse) rows are numbered by query_start, whose entries stay the call's
+  s.query_start = p.query_start + b0;
+  if (p.key_lengths != nullptr) s.key_lengths = p.key_lengths + b0;
+  if (p.query_offsets != nullptr) s.query_offsets = p.query_offsets + b0;
+  if (p.paged()) s.kv_blocks.table = p.kv_blocks.table + b0 * p.kv_blocks.table_stride;
+  else s.q = nullptr, s.k = s.v = nullptr, s.o = nullptr;  // never: dense keys come with whole query blocks
+  s.Sq = s.Sk = 0;
+  for (std::int64_t b = 0; b < s.B; ++b) s.Sq = std::max(s.Sq, s.query_len(b)), s.Sk = std::max(s.Sk, s.key_len(b));
+  return s;
+}
+
 void attention_native(const Problem& p) {
-  for (const NativePath& path : kPaths)
-    if (!path.why_not(p)) return path.run(p);
+  for (std::int64_t b0 = 0, b1 = 0; b0 < p.B; b0 = b1) {
+    b1 = native_part_end(p, b0);
+    const Problem part = b0 == 0 && b1 == p.B ? p : batches_of(p, b0, b1);
+    for (const NativePath& path : kPaths)
+      if (!path.why_not(part)) {
+        path.run(part);
+        break;
+      }
+  }
 }
 
 }  // namespace simdattn::detail

@@ -44,4 +44,11 @@ struct NativeChoice {
 };
 NativeChoice choose_native_path(const Problem& p);
 
+// With varlen queries (attention_paged's, the KV pool's) whose sequences have both a few query
+// tokens and more (decode steps beside prompt chunks), attention_native runs each run of
+// neighbouring sequences of one kind as a problem of its own, on its own path: the end of the run
+// that starts at sequence b0 (p.B for every other problem), and sequences [b0, b1) as a problem.
+std::int64_t native_part_end(const Problem& p, std::int64_t b0);
+Problem batches_of(const Problem& p, std::int64_t b0, std::int64_t b1);
+
 }  // namespace simdattn::detail

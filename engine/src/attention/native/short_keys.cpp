@@ -210,6 +210,7 @@ void short_keys(const Problem& p) {
 
 Refusal short_keys_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
+  if (Refusal r = needs_dense_keys(p)) return r;
   return p.dtype == DType::f64 ? why_not<double>(p) : why_not<float>(p);
 }
 

@@ -75,6 +75,7 @@ void widened(const Problem& p) {
 Refusal widened_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
   if (!is_16bit(p.dtype)) return {"dtype {w} (bf16 and f16 only)", dtype_name(p.dtype)};
+  if (Refusal r = needs_dense_keys(p)) return r;
   return decode_why_not(as_f32_copies(p));
 }
 

@@ -41,10 +41,10 @@ void reference_impl(const Problem& p) {
   for (std::int64_t b = 0; b < p.B; ++b) {
     for (std::int64_t h = 0; h < p.H; ++h) {
       const std::int64_t hk = h / group;
-      for (std::int64_t i = 0; i < p.Sq; ++i) {
+      for (std::int64_t i = 0; i < p.query_len(b); ++i) {
         const RowStats st = reference_row_scores<T>(p, b, h, i, ScoreStage::biased, score.data());
         const double lse = reference_row_weights(p, h, st, score.data(), weight.data());
-        if (p.lse != nullptr) p.lse[b * p.lse_strides[0] + h * p.lse_strides[1] + i * p.lse_strides[2]] = static_cast<float>(lse);
+        if (p.lse != nullptr) p.lse[p.lse_offset(b, h, i)] = static_cast<float>(lse);
         for (auto& a : acc) a = st.any_nan ? nan : 0.0;  // a NaN score: a NaN row; no visible key: zeros
         if (!st.any_nan)
           for (std::int64_t j = 0; j < p.Sk; ++j) {
@@ -53,10 +53,10 @@ void reference_impl(const Problem& p) {
               for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * p.v_code_value(b, hk, j, d);
               continue;
             }
-            const T* vj = v + b * p.v_strides[0] + hk * p.v_strides[1] + j * p.v_strides[2];
+            const T* vj = v + p.v_at(p.key_run(b, j, j + 1), hk);
             for (std::int64_t d = 0; d < p.Dv; ++d) acc[d] += weight[j] * widen(vj[d * p.v_strides[3]]);
           }
-        T* oi = o + b * p.o_strides[0] + h * p.o_strides[1] + i * p.o_strides[2];
+        T* oi = o + p.o_offset(b, h, i);
         for (std::int64_t d = 0; d < p.Dv; ++d) oi[d * p.o_strides[3]] = narrow<T>(acc[d]);
       }
     }

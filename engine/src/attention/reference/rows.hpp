@@ -28,7 +28,7 @@ struct RowStats {
 template <class T>
 RowStats reference_row_scores(const Problem& p, std::int64_t b, std::int64_t h, std::int64_t i, ScoreStage stage,
                               double* score) {
-  const T* qi = static_cast<const T*>(p.q) + b * p.q_strides[0] + h * p.q_strides[1] + i * p.q_strides[2];
+  const T* qi = static_cast<const T*>(p.q) + p.q_offset(b, h, i);
   const std::int64_t hk = h / (p.H / p.Hkv);
   const double neg_inf = -std::numeric_limits<double>::infinity();
   const bool visibility = stage == ScoreStage::biased || stage == ScoreStage::softmax;
@@ -45,7 +45,7 @@ RowStats reference_row_scores(const Problem& p, std::int64_t b, std::int64_t h, 
     if (p.kv_codes()) {
       for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * p.k_code_value(b, hk, j, d);
     } else {
-      const T* kj = static_cast<const T*>(p.k) + b * p.k_strides[0] + hk * p.k_strides[1] + j * p.k_strides[2];
+      const T* kj = static_cast<const T*>(p.k) + p.k_at(p.key_run(b, j, j + 1), hk);
       for (std::int64_t d = 0; d < p.D; ++d) dot += widen(qi[d * p.q_strides[3]]) * widen(kj[d * p.k_strides[3]]);
     }
     double s = p.scale * dot;

@@ -6,7 +6,9 @@
 #include <map>
 #include <string>
 
-#include "attention/paged/paged.hpp"
+#include "attention/run.hpp"
+#include "core/text.hpp"
+#include "core/validate.hpp"
 #include "layer/cache/kv_cache.hpp"
 #include "linalg/code8.hpp"
 #include "linalg/convert.hpp"
@@ -29,7 +31,6 @@ struct PoolOut : ScratchSlot {};
 
 namespace {
 
-std::string num(std::int64_t x) { return std::to_string(x); }
 
 std::int64_t blocks_for(const PoolState& pool, std::int64_t tokens) {
   return (tokens + pool.block_size - 1) / pool.block_size;
@@ -177,6 +178,12 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
   for (const PoolWrite& w : writes) max_blocks = std::max(max_blocks, blocks_for(pool, w.start + w.tokens));
   table.assign(writes.size() * static_cast<std::size_t>(max_blocks), 0);
   lens.clear(), starts.assign(1, 0);
+  // The problem of attention_paged over the pool's blocks (core/problem.hpp's KeyBlocks), built
+  // here: the pool keeps its tables, lengths and views valid, so only the options are checked.
+  Problem q;
+  q.dtype = core_dtype(pool.dtype, dtype_of<T>());
+  q.kv_dtype = pool.dtype;
+  q.B = static_cast<std::int64_t>(writes.size()), q.H = H, q.Hkv = pool.kv_heads, q.D = q.Dv = hd;
   for (std::size_t i = 0; i < writes.size(); ++i) {
     const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(writes[i].seq)];
     const std::int64_t L = writes[i].start + writes[i].tokens;
@@ -184,34 +191,42 @@ void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, co
     lens.push_back(L);
     M += writes[i].tokens;
     starts.push_back(M);
+    q.Sq = std::max(q.Sq, writes[i].tokens), q.Sk = std::max(q.Sk, L);
   }
-  PagedAttentionOptions po;
-  po.query_start = starts;
-  po.scale = a.scale, po.window = a.window, po.softcap = a.softcap;
-  po.alibi_slopes = a.alibi_slopes, po.sinks = a.sinks, po.threads = a.threads;
-  po.backend = a.backend == Backend::reference ? Backend::reference : Backend::native;
-  const BlockTable bt{table.data(), static_cast<std::int64_t>(writes.size()), max_blocks, max_blocks};
+  q.key_lengths = lens.data();
+  q.query_start = starts.data();
+  q.kv_blocks = {table.data(), max_blocks, pool.block_size, pool.num_blocks};
   const std::int64_t layer_index = writes.empty() ? 0 : writes[0].layer;  // a batch writes one layer
-  const ConstTensorView kc = pool.view(layer_index, 0), vc = pool.view(layer_index, 1);
-  po.k_scale = pool.scale_view(layer_index, 0), po.v_scale = pool.scale_view(layer_index, 1);
-  const DType cd = core_dtype(pool.dtype, dtype_of<T>());
-  auto run = [&](const ConstTensorView& q, const TensorView& out) {
-    const PagedProblem pp = make_paged_problem(q, kc, vc, bt, lens, out, po);
-    if (po.backend == Backend::reference) paged_reference(pp);
-    else paged_native(pp);
-  };
-  if (cd == dtype_of<T>()) {
-    run(ConstTensorView(p, {1, M, H, hd}, {M * N, N, hd, 1}), TensorView(o, {1, M, H, hd}, {M * nq, nq, hd, 1}));
+  const std::int64_t esize = static_cast<std::int64_t>(pool.esize());
+  q.k = pool.view(layer_index, 0).data, q.v = pool.view(layer_index, 1).data;
+  // a block's kv head runs of block_size rows (problem order: block, kv head, slot, d)
+  q.k_strides = q.v_strides = {pool.block_bytes / esize, pool.block_size * hd, hd, 1};
+  if (is_kv_code(pool.dtype)) {
+    q.k_scale = static_cast<const float*>(pool.scale_view(layer_index, 0).data);
+    q.v_scale = static_cast<const float*>(pool.scale_view(layer_index, 1).data);
+    for (std::int64_t* st : {q.k_scale_strides, q.v_scale_strides}) st[0] = pool.block_bytes / 4, st[1] = pool.block_size, st[2] = 1;
+  }
+  q.causal = Causal::bottom_right;  // a step's tokens see the keys before them, as over a KvCache
+  set_window(q, a.window);
+  set_scale_threads(q, a);
+  set_softcap_alibi_sinks(q, a, Span{});
+  const Backend backend = a.backend == Backend::reference ? Backend::reference : Backend::native;
+  if (q.dtype == dtype_of<T>()) {  // q and out: the steps' rows one after another, N and nq apart
+    q.q = p, q.q_strides = {0, hd, N, 1};
+    q.o = o, q.o_strides = {0, hd, nq, 1};
+    run_attention("attention_paged", q, backend);
     return;
   }
   // A pool of another dtype: the core runs in the pool's, q converted to it and the output back
   // (as a KvCache of another dtype).
-  const std::int64_t n = M * nq, esize = static_cast<std::int64_t>(dtype_size(cd));
-  std::byte* qc = thread_buffer<std::byte, scratch::PoolQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * esize)));
-  std::byte* oc = thread_buffer<std::byte, scratch::PoolOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * esize)));
-  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * nq * esize, cd, nq);
-  run(ConstTensorView(qc, cd, {1, M, H, hd}, {n, nq, hd, 1}), TensorView(oc, cd, {1, M, H, hd}, {n, nq, hd, 1}));
-  convert_elements(oc, cd, o, dtype_of<T>(), n);
+  const std::int64_t n = M * nq, cs = static_cast<std::int64_t>(dtype_size(q.dtype));
+  std::byte* qc = thread_buffer<std::byte, scratch::PoolQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
+  std::byte* oc = thread_buffer<std::byte, scratch::PoolOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
+  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * nq * cs, q.dtype, nq);
+  q.q = qc, q.q_strides = {0, hd, nq, 1};
+  q.o = oc, q.o_strides = {0, hd, nq, 1};
+  run_attention("attention_paged", q, backend);
+  convert_elements(oc, q.dtype, o, dtype_of<T>(), n);
 }
 
 #define SIMDATTN_POOL(T)                                                                                              \

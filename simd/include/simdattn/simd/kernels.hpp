@@ -75,6 +75,24 @@ struct GemmBlocking {
 inline constexpr int kMaxMr = 16;
 inline constexpr int kMaxNv = 4;
 
+// Products of a few rows X (m <= kMaxProductRows, row stride ldx) with a B streamed once, each
+// B row read once for all m rows (a decode step's grouped query heads as one matrix). B's
+// element is the table's: T, bf16 / f16 bits (Gemv16Kernels::rows) or 8-bit codes
+// (Quant8Kernels::rows, the codes' values as decode8 gives them); scale null: 1.
+inline constexpr int kMaxProductRows = 8;
+template <class T>
+struct RowsKernels {
+  // S[r * lds + j] = alpha * scale[j * ss] * sum_p X[r * ldx + p] * B[j * ldb + p], r < m, j < n:
+  // B's rows dotted with every row of X (a group's scores against K's rows).
+  void (*dot)(int m, std::int64_t n, std::int64_t k, T alpha, const T* X, std::int64_t ldx, const void* B,
+              std::int64_t ldb, const float* scale, std::int64_t ss, T* S, std::int64_t lds);
+  // Y[r * ldy + c] = alpha * sum_p X[r * ldx + p] * scale[p * ss] * B[p * ldb + c] + beta * Y[r * ldy + c],
+  // r < m, c < n: B's rows weighted by each row of X and summed (a group's P V); beta == 0 never
+  // reads Y.
+  void (*weighted)(int m, std::int64_t n, std::int64_t k, T alpha, const T* X, std::int64_t ldx, const void* B,
+                   std::int64_t ldb, const float* scale, std::int64_t ss, T beta, T* Y, std::int64_t ldy);
+};
+
 template <class T>
 struct GemmKernels {
   GemmBlocking blocking;  // packed A and B
@@ -100,6 +118,7 @@ struct GemmKernels {
   // y[0:n] := alpha * sum_k x[k] * B[0:n, k] + beta * y  (B is n x k row-major: dot products).
   void (*gemv_t)(std::int64_t n, std::int64_t k, T alpha, const T* x, const T* B, std::int64_t ldb,
                  T beta, T* y);
+  RowsKernels<T> rows;  // B of T
 };
 
 template <class T>
@@ -197,6 +216,7 @@ struct Gemv16Kernels {
   // (GemmKernels::gemv_t).
   void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
                  std::int64_t ldb, float beta, float* y);
+  RowsKernels<float> rows;  // B of 16-bit floats
 };
 
 // GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
@@ -273,6 +293,7 @@ struct Quant8Kernels {
   // rows weighted by x and their scales, summed (P V over V's codes); beta == 0 never reads y.
   void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
                  const float* scale, std::int64_t ss, float beta, float* y);
+  RowsKernels<float> rows;  // B of codes
 };
 
 // AMX tables only (else null): the fused attention path's softmax step, written straight into

@@ -16,11 +16,13 @@
 // first computes that block (its rows prefetched by the products of the block before, or for a
 // kv head's first block by the last products of the head before), and every
 // later query block (and every query head of a grouped-query group) of that kv head reuses them.
-// The online-softmax step of a block's rows is one call (VectorKernels::softmax_rows). Threads
-// own equal shares of the flattened (batch, head, query block) items by the number of key blocks
-// each computes (so causal work splits evenly) and steal when theirs is done (parallel_shares).
-// Every row is computed the same way whatever the thread count or schedule: results are bitwise
-// identical for any count.
+// The online-softmax step of a block's rows is one call (VectorKernels::softmax_rows). The
+// (batch, head, query block) units go to the work plan (attention/native/work.hpp): their keys
+// split when there are few of them (each part's rows merged after, in key order), the items
+// shared by the number of key blocks each computes (so causal work splits evenly), stolen when a
+// thread's share is done (parallel_shares). The keys come from the problem's key source, run by
+// run (a paged cache's blocks), into the same packed blocks. Every row is computed the same way
+// whatever the thread count or schedule: results are bitwise identical for any count.
 #include <algorithm>
 #include <cstdint>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "attention/native/fused/vector_steps.hpp"
 #include "attention/native/fused/worker.hpp"
 #include "attention/native/paths.hpp"
+#include "attention/native/work.hpp"
 #include "core/fp_env.hpp"
 #include "core/position_rule.hpp"
 #include "runtime/threading.hpp"
@@ -42,39 +45,31 @@ namespace {
 template <class T, class S>
 void fused(const Problem& p) {
   const FusedPlan<T, S> plan(p, simd::kernels());
-  const std::int64_t items = p.B * p.H * plan.q_blocks;
-  if (items == 0) return;
-
-  // Cost of each item in key blocks, prefix-summed: threads take equal shares of the total.
-  thread_local std::vector<std::int64_t> prefix;
-  prefix.resize(static_cast<std::size_t>(items) + 1);
-  prefix[0] = 0;
-  for (std::int64_t it = 0; it < items; ++it) {
-    const std::int64_t qb = it % plan.q_blocks, b = it / (plan.q_blocks * p.H);
-    const std::int64_t i0 = qb * plan.q_rows, i1 = std::min(p.Sq, i0 + plan.q_rows);
-    std::int64_t cost = 1;  // packing Q and writing O
-    for (std::int64_t jb = 0; jb < plan.k_blocks; ++jb)
-      cost += classify(p, b, i0, i1, jb * plan.k_keys, std::min(p.Sk, (jb + 1) * plan.k_keys)) != Cover::hidden;
-    prefix[static_cast<std::size_t>(it) + 1] = prefix[static_cast<std::size_t>(it)] + cost;
+  WorkPlan& work = WorkPlan::of_this_thread();
+  const std::int64_t group = p.H / p.Hkv;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    const std::int64_t ql = p.query_len(b);
+    for (std::int64_t h = 0; h < p.H; ++h)
+      for (std::int64_t i0 = 0; i0 < ql; i0 += plan.q_rows) {
+        const std::int64_t i1 = std::min(ql, i0 + plan.q_rows);
+        work.add(RowBlock{b, h / group, h, i0, 1, i1 - i0}, unit_keys(p, b, i0, i1));
+      }
   }
+  work.cut(work.split_keys(plan.k_keys), p.Dv);
+  // An item's cost in key blocks (plus one: packing Q and writing O), so that causal work
+  // splits evenly.
+  const auto cost = [&](const WorkItem& it) {
+    const RowBlock& rb = work.units[static_cast<std::size_t>(it.unit)].rows;
+    std::int64_t blocks = 1;
+    for (std::int64_t jb = it.k0 / plan.k_keys; jb * plan.k_keys < it.k1; ++jb)
+      blocks += classify(p, rb.b, rb.i0, rb.i0 + rb.tokens, jb * plan.k_keys, std::min(p.Sk, (jb + 1) * plan.k_keys)) !=
+                Cover::hidden;
+    return blocks;
+  };
   const double flops_per_block = 2.0 * double(plan.q_rows) * double(plan.k_keys) * double(p.D + p.Dv);
-  const double useful = std::min(double(items), double(prefix.back()) * flops_per_block / kMinFlopsPerThread);
-  const auto nt = static_cast<int>(std::max(1.0, std::min<double>(resolve_threads(p.threads), useful)));
-
-  RegionFailure failure;
-  parallel_shares(prefix, nt, [&](auto next_run) {
-    failure.guard([&] {
-      const FlushDenormals ftz;
-      FusedWorker<T, S> worker(plan, thread_buffer<T, scratch::NativeAttention>().get(plan.scratch_size()));
-      for (auto run = next_run(); run.first < run.second; run = next_run())
-        for (std::int64_t it = run.first; it < run.second; ++it) {
-          const std::int64_t qb = it % plan.q_blocks, h = (it / plan.q_blocks) % p.H;
-          worker.run(it / (plan.q_blocks * p.H), h, qb);
-        }
-      if (plan.amx) plan.kt.gemm_bf16.amx_done();
-    });
-  });
-  failure.rethrow();
+  run_plan<T>(
+      p, work, flops_per_block,
+      [&] { return FusedWorker<T, S>(plan, thread_buffer<T, scratch::NativeAttention>().get(plan.scratch_size())); }, cost);
 }
 
 }  // namespace

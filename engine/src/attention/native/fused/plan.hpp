@@ -27,14 +27,22 @@ constexpr std::int64_t kBlockQ = 96;
 // instead of two.
 constexpr std::int64_t kBlockK = 128;
 constexpr std::int64_t kMaxBlockK = 256;
+// Stacked rows (the decode paths: a group's heads of a few tokens as one block of rows,
+// RowBlock): up to 128 rows a block, MLA's 128 heads of one token in one block (S 128 x 128
+// keys is 64 KiB, in L2 beside the packed block).
+constexpr std::int64_t kBlockRowsStacked = 128;
 // On AMX tiles (FusedPlan::amx): query blocks of up to 128 rows (four groups of 32 tile rows),
 // their rows a multiple of 16 (one tile's), and key blocks of kMaxBlockK keys (round_up(Sk, 32)
 // when fewer): half as many softmax steps and passes over O per key as 128, where 512 gained
 // nothing more (guarded by attention/native/gpt.bf16 and batch.bf16).
 constexpr std::int64_t kBlockQTiles = 128;
-constexpr std::int64_t kMaxBlockQ = std::max(kBlockQ, kBlockQTiles);
+constexpr std::int64_t kMaxBlockQ = std::max({kBlockQ, kBlockQTiles, kBlockRowsStacked});
 // Largest register-tile height or panel width of any ISA (bounds the row-pointer arrays).
 constexpr std::int64_t kMaxTile = 64;
+
+// How a call's rows come: blocks of one head's rows (the fused path: prompts, long queries) or a
+// group's heads stacked (the decode paths: a few tokens a sequence).
+enum class RowLayout { one_head, stacked };
 
 // Everything one call needs to know, shared by its threads.
 // T: the type computed in (f32 or f64); S: the type q, k, v and out are stored in (T, or bf16 /
@@ -50,9 +58,14 @@ struct FusedPlan {
   std::int64_t lanes;                 // elements per vector
   std::int64_t dv_computed;           // Dv rounded up to a vector: the columns of O computed
   std::int64_t dv_padded;             // Dv rounded up to tile_cols: O's row stride in scratch
-  std::int64_t q_blocks, k_blocks;    // query blocks per head, key blocks
-  std::int64_t q_rows;                // query rows per block (the last may have fewer)
+  RowLayout layout;
+  std::int64_t q_blocks, k_blocks;    // query blocks per head (one_head), key blocks
+  std::int64_t q_rows;                // query rows per block (the last may have fewer); stacked: the most
   std::int64_t k_keys;                // keys per block (the last may have fewer)
+  // Packed key blocks a worker keeps: every block of its kv head (one_head: the later query
+  // blocks of the head and its group reuse them), or one (stacked: a unit's rows read each
+  // block once; a long sequence's keys would not fit). Block jb sits in slot jb % k_slots.
+  std::int64_t k_slots;
   // Scratch layout (elements, each part 64-byte aligned): packed K^T and V of one kv head,
   // packed Q block, S block, O block, row max m, row sum l and rescale factor, which key blocks
   // are packed.
@@ -68,15 +81,15 @@ struct FusedPlan {
   std::int64_t k16_size = 0, v16_size = 0, q16_size = 0, p16_size = 0;
   std::int64_t stage16_size = 0;  // AMX over 8-bit codes: a block's K and V rows in bf16 (in T elements)
 
-  FusedPlan(const Problem& prob, const simd::KernelTable& table)
-      : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()) {
+  FusedPlan(const Problem& prob, const simd::KernelTable& table, RowLayout rows = RowLayout::one_head)
+      : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()), layout(rows) {
     tile_rows = gk.blocking_a_in_place.mr;
     tile_cols = gk.blocking_a_in_place.nr;
     lanes = gk.blocking_a_in_place.lanes;
     dv_computed = round_up(p.Dv, lanes);
     if (tile_cols > kMaxTile || kBlockK % tile_cols != 0) std::abort();  // ISA table invariant
-    amx = fused_on_tiles(p);
-    max_rows = amx ? kBlockQTiles : kBlockQ;
+    amx = layout == RowLayout::one_head && fused_on_tiles(p);
+    max_rows = amx ? kBlockQTiles : layout == RowLayout::stacked ? kBlockRowsStacked : kBlockQ;
     const std::int64_t row_unit = amx ? 16 : tile_rows;
     if (amx) k_keys = std::min(kMaxBlockK, round_up(std::max<std::int64_t>(p.Sk, 1), 32));  // Sk = 0: one empty block
     else k_keys = p.Sk > kBlockK && p.Sk <= kMaxBlockK ? round_up(p.Sk, tile_cols) : kBlockK;
@@ -97,15 +110,17 @@ struct FusedPlan {
     if (p.block_mask == nullptr && p.has_window && p.window_left >= 0 && p.window_left <= 8 * k_keys)
       q_rows = std::min(q_rows, round_up(kBlockQ / 2, row_unit));
     q_blocks = q_blocks > 0 ? (p.Sq + q_rows - 1) / q_rows : 0;
+    if (layout == RowLayout::stacked) q_rows = max_rows;
     k_blocks = (p.Sk + k_keys - 1) / k_keys;
+    k_slots = layout == RowLayout::stacked ? std::min<std::int64_t>(1, k_blocks) : k_blocks;
     const std::int64_t a = kLineElems<T>;
-    k_size = round_up(k_blocks * p.D * k_keys, a);
-    v_size = round_up(k_blocks * k_keys * dv_padded, a);
+    k_size = round_up(k_slots * p.D * k_keys, a);
+    v_size = round_up(k_slots * k_keys * dv_padded, a);
     q_size = round_up(max_rows * p.D, a);
     s_size = round_up(max_rows * k_keys, a);
     o_size = round_up(max_rows * dv_padded, a);
     row_size = round_up(max_rows, a);
-    flag_size = round_up(k_blocks, a);
+    flag_size = round_up(k_slots, a);
     conv_size = std::is_same_v<S, T> && !p.kv_codes() ? 0 : round_up(std::max(tile_cols * p.D, k_keys * p.Dv), a);
     t5_reach = t5_table_reach(p);
     t5_size = p.t5_table != nullptr ? round_up(2 * t5_reach + 1, a) : 0;
@@ -113,15 +128,14 @@ struct FusedPlan {
       if (amx) {
         dp = round_up(p.D, 32);
         const std::int64_t groups = (max_rows + 31) / 32;
-        k16_size = round_up(k_blocks * k_keys * dp / 2, a);
-        v16_size = round_up(k_blocks * k_keys * round_up(p.Dv, 32) / 2, a);
+        k16_size = round_up(k_slots * k_keys * dp / 2, a);
+        v16_size = round_up(k_slots * k_keys * round_up(p.Dv, 32) / 2, a);
         q16_size = round_up(groups * 32 * dp / 2, a);
         p16_size = round_up(groups * 32 * k_keys / 2, a);
         k_size = v_size = conv_size = 0;  // the f32 panels and the widening buffer are not used
-        if (p.kv_codes()) {  // 8-bit codes: a block's rows dequantized (f32) and rounded (bf16)
-          conv_size = round_up(k_keys * std::max(p.D, p.Dv), a);
-          stage16_size = round_up((k_keys * (p.D + p.Dv) + 1) / 2, a);
-        }
+        if (p.kv_codes()) conv_size = round_up(k_keys * std::max(p.D, p.Dv), a);  // dequantized (f32)
+        // 8-bit codes (rounded to bf16) and keys in blocks (gathered): a block's K and V rows
+        if (p.kv_codes() || p.paged()) stage16_size = round_up((k_keys * (p.D + p.Dv) + 1) / 2, a);
       }
     }
   }

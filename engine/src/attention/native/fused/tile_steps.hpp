@@ -11,27 +11,42 @@
 #include "attention/native/fused/worker.hpp"
 
 namespace simdattn::detail {
-// Part of fused.cpp, the one file that includes it: internal linkage, as if written there.
+// Part of the files that include it (fused.cpp, decode.cpp): internal linkage, as if written there.
 namespace {
 
 template <class T, class S>
 inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
   const std::int64_t kk = plan_.k_keys, j00 = jb * kk;
   const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
+  const std::int64_t D = prob_.D, Dv = prob_.Dv;
+  if (!prob_.kv_codes() && !prob_.paged()) {
+    const KeyRun all = prob_.key_run(packed_b_, j00, j00 + rows);
+    pack_block_amx_rows(jb, k_rows(all), prob_.k_strides[2], prob_.k_strides[3], v_rows(all), prob_.v_strides[2],
+                        prob_.v_strides[3]);
+    return;
+  }
   if (!prob_.kv_codes()) {
-    pack_block_amx_rows(jb, k_ + j00 * prob_.k_strides[2], prob_.k_strides[2], prob_.k_strides[3],
-                        v_ + j00 * prob_.v_strides[2], prob_.v_strides[2], prob_.v_strides[3]);
+    // keys in blocks: the block's rows gathered run by run into stage16_ (K's rows then V's, dense)
+    auto* kd = reinterpret_cast<S*>(stage16_);
+    S* vd = kd + kk * D;
+    for_runs(j00, rows, [&](std::int64_t off, const KeyRun& r) {
+      const S* k = k_rows(r);
+      const S* v = v_rows(r);
+      for (std::int64_t q = 0; q < r.n; ++q) {
+        for (std::int64_t d = 0; d < D; ++d) kd[(off + q) * D + d] = k[q * prob_.k_strides[2] + d * prob_.k_strides[3]];
+        for (std::int64_t d = 0; d < Dv; ++d) vd[(off + q) * Dv + d] = v[q * prob_.v_strides[2] + d * prob_.v_strides[3]];
+      }
+    });
+    pack_block_amx_rows(jb, kd, D, 1, vd, Dv, 1);
     return;
   }
   // 8-bit codes: the block's rows dequantized (f32, in conv_) and rounded to bf16 (in stage16_),
   // K's rows then V's, packed from there
-  const std::int64_t D = prob_.D, Dv = prob_.Dv;
-  for (const auto& [src, st, sc, ss, width, dst] :
-       {std::tuple{k8_, prob_.k_strides, ks_, prob_.k_scale_strides[2], D, stage16_},
-        std::tuple{v8_, prob_.v_strides, vs_, prob_.v_scale_strides[2], Dv, stage16_ + kk * D}}) {
+  for (int kv = 0; kv < 2; ++kv) {
+    const std::int64_t width = kv == 0 ? D : Dv;
     auto* f = reinterpret_cast<float*>(conv_);
-    dequantize_rows(src + j00 * st[2], st[2], st[3], sc + j00 * ss, ss, rows, width, f, width);
-    plan_.kt.convert_bf16.narrow(f, dst, rows * width);
+    dequantize_keys(kv, j00, rows, f, width);
+    plan_.kt.convert_bf16.narrow(f, stage16_ + (kv == 0 ? 0 : kk * D), rows * width);
   }
   pack_block_amx_rows(jb, reinterpret_cast<const S*>(stage16_), D, 1, reinterpret_cast<const S*>(stage16_ + kk * D), Dv, 1);
 }
@@ -84,12 +99,12 @@ inline void FusedWorker<T, S>::pack_block_amx_rows(std::int64_t jb, const S* kb,
         out[x] = bits_at(s0 + x * vcs) | (s1 ? std::uint32_t{bits_at(s1 + x * vcs)} << 16 : 0u);
     }
   }
-  packed_[jb] = T(1);
+  packed_[slot(jb)] = T(jb + 1);
 }
 
 template <class T, class S>
 inline void FusedWorker<T, S>::prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-  const S* q = static_cast<const S*>(prob_.q) + b * prob_.q_strides[0] + h * prob_.q_strides[1] + i0 * prob_.q_strides[2];
+  const S* q = static_cast<const S*>(prob_.q) + prob_.q_offset(b, h, i0);
   const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
   if (prob_.q_strides[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
     for (std::int64_t r0 = 0; r0 < br; r0 += 32)
@@ -105,8 +120,8 @@ inline void FusedWorker<T, S>::prepare_q_amx(std::int64_t b, std::int64_t h, std
 }
 
 template <class T, class S>
-inline void FusedWorker<T, S>::step_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br, std::int64_t jb,
-                                 std::int64_t a, std::int64_t n, Cover cover, bool first) {
+inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std::int64_t jb, std::int64_t a, std::int64_t n,
+                                        Cover cover, bool first) {
   if constexpr (std::is_same_v<T, float>) {
     const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
     auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
@@ -114,7 +129,7 @@ inline void FusedWorker<T, S>::step_amx(std::int64_t b, std::int64_t h, std::int
       amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                       static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
-      const StepRows sr = step_rows(b, h, i0, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
+      const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
       plan_.kt.amx_attention.softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
                                           alpha_ + r0, p16_ + r0 * kk + a32 * 32, a - a32);
     }
