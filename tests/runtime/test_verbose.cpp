@@ -236,3 +236,34 @@ TEST_CASE("verbose mode: linear_attention and attention_paged have lines of thei
   CHECK(lines[1].at("seqs") == "1");
   CHECK(lines[1].at("kv_cache") == "1x16x2x8");
 }
+
+TEST_CASE("verbose mode: one sequence's decode step splits its keys over the threads; a paged batch names each part's path") {
+  std::mt19937_64 rng(test::base_seed() + 75);
+  // multi-query: one (sequence, kv head) unit, so only a split of its keys gives a second thread work
+  const auto t = test::random_qkv<float>(rng, 1, 32, 1, 1, 8192, 64);
+  test::Buffer<float> out({1, 32, 1, 64});
+  // decode steps of two sequences beside a 40-token chunk of a third, in blocks of 16
+  test::Buffer<float> q({1, 42, 2, 8}), kc({8, 16, 2, 8}), vc({8, 16, 2, 8}), po({1, 42, 2, 8});
+  q.fill_normal(rng), kc.fill_normal(rng), vc.fill_normal(rng);
+  const std::int32_t table[3][3] = {{0, 1, 2}, {3, 4, 5}, {6, 7, 0}};
+  const std::int64_t lens[3] = {40, 33, 45}, starts[4] = {0, 1, 2, 42};
+  PagedAttentionOptions popt;
+  popt.query_start = starts;
+  const std::string text = captured_stderr([&] {
+    const VerboseOn on;
+    for (int threads : {1, 2}) {
+      AttentionOptions opt;
+      opt.threads = threads;
+      attention(t.q.cview(), t.k.cview(), t.v.cview(), out.view(), opt);
+    }
+    attention_paged(q.cview(), kc.cview(), vc.cview(), BlockTable{&table[0][0], 3, 3, 3}, lens, po.view(), popt);
+  });
+  const std::vector<Fields> lines = parse_lines(text);
+  REQUIRE(lines.size() == 3);
+  CHECK(lines[0].at("path") == "decode");
+  CHECK(lines[0].at("threads") == "1");
+  CHECK(lines[1].at("path") == "decode");
+  CHECK(lines[1].at("threads") == "2");
+  CHECK(lines[2].at("op") == "attention_paged");
+  CHECK(lines[2].at("path") == "decode+fused");
+}

@@ -191,9 +191,12 @@ __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bo
   using C = typename L::C;
   using V = batch<C, Arch>;
   constexpr std::int64_t W = V::size;
+  // alpha 1 (the decode paths' sums): Y starts the chain, so that a sum over keys split into
+  // calls (a paged cache's blocks) is the one sum over them all, to the bit
+  const bool carry = alpha == C(1) && beta != C(0);
   V acc[M][NV];
   for (int r = 0; r < M; ++r)
-    for (int v = 0; v < NV; ++v) acc[r][v] = V(C(0));
+    for (int v = 0; v < NV; ++v) acc[r][v] = carry ? V::load_unaligned(Y + r * ldy + c + v * W) * V(beta) : V(C(0));
   const typename L::E* row = Bm + c;
   const std::int64_t ahead = first ? n * static_cast<std::int64_t>(sizeof(typename L::E)) : 0;
   for (std::int64_t p = 0; p < k; ++p, row += ldb) {
@@ -212,6 +215,10 @@ __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bo
   for (int r = 0; r < M; ++r)
     for (int v = 0; v < NV; ++v) {
       C* y = Y + r * ldy + c + v * W;
+      if (carry) {
+        acc[r][v].store_unaligned(y);
+        continue;
+      }
       const V out = acc[r][v] * V(alpha);
       (beta == C(0) ? out : xsimd::fma(V::load_unaligned(y), V(beta), out)).store_unaligned(y);
     }
@@ -243,13 +250,14 @@ void rows_weighted_scaled(std::int64_t n, std::int64_t k, typename L::C alpha, c
       rows_weighted_cols<Arch, L, M, 1, kScaled>(c, c == 0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
     for (; c < n; ++c)
       for (int r = 0; r < M; ++r) {
-        C s = C(0);
+        C& y = Y[r * ldy + c];
+        const bool carry = alpha == C(1) && b != C(0);  // as rows_weighted_cols
+        C s = carry ? y * b : C(0);
         // std::fma: one rounding a step whatever the compiler contracts, so that a column's sum
         // does not depend on how many zero weights follow (the visible keys of a causal row)
         for (std::int64_t p = 0; p < kb; ++p)
           s = std::fma(kScaled ? x[r * ldx + p] * C(sc[p * ss]) : x[r * ldx + p], L::one(rows[p * ldb + c]), s);
-        C& y = Y[r * ldy + c];
-        y = b == C(0) ? alpha * s : alpha * s + b * y;
+        y = carry ? s : b == C(0) ? alpha * s : alpha * s + b * y;
       }
     if (k == 0) break;
   }

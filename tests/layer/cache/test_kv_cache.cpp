@@ -14,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "mha_reference.hpp"
+#include "layer/mha_reference.hpp"
 #include "support/test_util.hpp"
 
 using namespace simdattn;
