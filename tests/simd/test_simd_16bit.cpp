@@ -1,7 +1,6 @@
-// The SIMD layer's 16-bit kernels on every ISA this CPU supports, bf16 and f16: the GEMV kernels
-// (gemv_t, gemv_n; sizes around the vector width, beta) against sums in double, and the row
-// conversions (widen, narrow, the widening transpose, every length to 40) bit for bit against the
-// scalar ones of simdattn/half.hpp.
+// The SIMD layer's 16-bit row conversions on every ISA this CPU supports, bf16 and f16 (widen,
+// narrow, the widening transpose, every length to 40) bit for bit against the scalar ones of
+// simdattn/half.hpp. (The products over 16-bit rows: test_simd_rows.cpp.)
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -17,46 +16,6 @@
 
 using simdattn::bfloat16;
 using simdattn::float16;
-
-TEST_CASE("16-bit GEMV kernels on every ISA: sizes around the vector width, beta, bf16 and f16" *
-          doctest::test_suite(simdattn::test::every_isa)) {
-  using namespace simdattn;
-  std::mt19937_64 rng(test::base_seed() + 42);
-  std::normal_distribution<double> nd(0.0, 1.0);
-  for (const simd::KernelTable* kt : test::kernel_tables()) {
-    CAPTURE(simd::isa_name(kt->isa));
-    for (bool bf16 : {true, false}) {
-      const simd::Gemv16Kernels& g = bf16 ? kt->gemv_bf16 : kt->gemv_f16;
-      auto widen = [&](std::uint16_t h) { return bf16 ? double(to_float(bfloat16{h})) : double(to_float(float16{h})); };
-      for (std::int64_t n : {1, 3, 4, 5, 15, 16, 17, 33, 64, 70}) {
-        for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
-          const std::int64_t ldb = std::max(n, k) + 3;
-          std::vector<std::uint16_t> Bm(static_cast<std::size_t>(ldb * std::max(n, k)));
-          for (auto& b : Bm) b = bf16 ? to_bfloat16(nd(rng)).bits : to_float16(nd(rng)).bits;
-          std::vector<float> x(static_cast<std::size_t>(std::max(n, k)));
-          for (auto& v : x) v = static_cast<float>(nd(rng));
-          for (float beta : {0.0f, 0.5f}) {
-            // dot_rows: y[j] = 1.5 * x . B[j, :] + beta y[j]; sum_rows: y[j] = 1.5 * sum_p x[p] B[p, j] + beta y[j]
-            std::vector<float> y1(static_cast<std::size_t>(n), beta == 0.0f ? NAN : 0.25f), y2 = y1;
-            g.gemv_t(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y1.data());
-            g.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, beta, y2.data());
-            for (std::int64_t j = 0; j < n; ++j) {
-              double d = 0, s = 0, scale = 0;
-              for (std::int64_t p = 0; p < k; ++p) {
-                d += x[p] * widen(Bm[j * ldb + p]);
-                s += x[p] * widen(Bm[p * ldb + j]);
-                scale += std::fabs(x[p]) * 4.0;
-              }
-              const double prev = beta == 0.0f ? 0.0 : 0.25 * beta;
-              CHECK(std::fabs(y1[j] - (1.5 * d + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
-              CHECK(std::fabs(y2[j] - (1.5 * s + prev)) <= 1e-5 * (1.0 + 1.5 * scale));
-            }
-          }
-        }
-      }
-    }
-  }
-}
 
 TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit (but a NaN's quiet bit): every pattern widened, "
           "ties, overflow, subnormals, NaN and random f32 narrowed, every length to 40" * doctest::test_suite(simdattn::test::every_isa)) {

@@ -1,8 +1,8 @@
 // The 8-bit K/V formats (simdattn/simd/code8.hpp) and their kernels on every ISA this CPU
 // supports: the scalar encode8 against an oracle written from the formats' definitions (the
 // nearest of all 256 codes' values, ties to the even code, saturating), decode8 against the OCP
-// tables' landmarks, and each ISA's quantize, dequantize and GEMV kernels bit for bit (quantize,
-// dequantize) or against sums in double (GEMV).
+// tables' landmarks, and each ISA's quantize, dequantize and few-rows product kernels bit for bit (quantize,
+// dequantize) or against sums in double (the products).
 #include <doctest/doctest.h>
 
 #include <cmath>
@@ -121,7 +121,7 @@ TEST_CASE("8-bit formats: decode8 at the OCP landmarks, encode8 equals the neare
   }
 }
 
-TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, GEMV against double" *
+TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, the few-rows products against double" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
   std::mt19937_64 rng(test::base_seed() + 82);
@@ -181,35 +181,38 @@ TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, GEMV
           CHECK(s2[2] == scale[2]);
         }
       }
-      // GEMV over random codes (the NaN codes of E4M3/E5M2 left out), scales of stride 3
-      for (std::int64_t n : {1, 4, 5, 16, 17, 64, 70}) {
-        for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
-          const std::int64_t ldb = std::max(n, k) + 3, rows = std::max(n, k);
-          std::vector<std::uint8_t> Bm(static_cast<std::size_t>(ldb * rows));
-          for (auto& b : Bm) {
-            do b = static_cast<std::uint8_t>(rng());
-            while (!std::isfinite(decode(f, b)) || (f == Code8::int8 && b == 0x80));
-          }
-          std::vector<float> x(static_cast<std::size_t>(rows)), sc(static_cast<std::size_t>(3 * rows));
-          for (auto& v : x) v = nd(rng);
-          for (auto& v : sc) v = std::fabs(nd(rng)) / simd::code8_max(f);
-          std::vector<float> y1(static_cast<std::size_t>(n)), y2(y1.size(), NAN), y3(y1.size(), 0.25f);
-          q.gemv_t(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, y1.data());
-          q.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, 0.0f, y2.data());  // beta 0: y not read
-          q.gemv_n(n, k, 1.5f, x.data(), Bm.data(), ldb, sc.data(), 3, 0.5f, y3.data());
-          for (std::int64_t j = 0; j < n; ++j) {
-            double d = 0, s = 0, md = 0, ms = 0;
-            for (std::int64_t p = 0; p < k; ++p) {
-              const double a = double(x[p]) * decode(f, Bm[j * ldb + p]) * sc[j * 3];
-              const double b = double(x[p]) * decode(f, Bm[p * ldb + j]) * sc[p * 3];
-              d += a, s += b, md += std::fabs(a), ms += std::fabs(b);
+      // the few-rows products over random codes (the NaN codes of E4M3/E5M2 left out), scales of
+      // stride 3, one row and three
+      for (int m : {1, 3})
+        for (std::int64_t n : {1, 4, 5, 16, 17, 64, 70}) {
+          for (std::int64_t k : {1, 7, 8, 16, 31, 128, 129}) {
+            const std::int64_t ldb = std::max(n, k) + 3, rows = std::max(n, k), ldx = rows + 1;
+            std::vector<std::uint8_t> Bm(static_cast<std::size_t>(ldb * rows));
+            for (auto& b : Bm) {
+              do b = static_cast<std::uint8_t>(rng());
+              while (!std::isfinite(decode(f, b)) || (f == Code8::int8 && b == 0x80));
             }
-            CHECK(std::fabs(y1[j] - 1.5 * d) <= 1e-5 * (1e-30 + 1.5 * md));
-            CHECK(std::fabs(y2[j] - 1.5 * s) <= 1e-5 * (1e-30 + 1.5 * ms));
-            CHECK(std::fabs(y3[j] - (1.5 * s + 0.125)) <= 1e-5 * (1.0 + 1.5 * ms));
+            std::vector<float> x(static_cast<std::size_t>(m * ldx)), sc(static_cast<std::size_t>(3 * rows));
+            for (auto& v : x) v = nd(rng);
+            for (auto& v : sc) v = std::fabs(nd(rng)) / simd::code8_max(f);
+            std::vector<float> y1(static_cast<std::size_t>(m * n)), y2(y1.size(), NAN), y3(y1.size(), 0.25f);
+            q.rows.dot(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, y1.data(), n);
+            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.0f, y2.data(), n);  // beta 0: y not read
+            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.5f, y3.data(), n);
+            for (int r = 0; r < m; ++r)
+              for (std::int64_t j = 0; j < n; ++j) {
+                double d = 0, s = 0, md = 0, ms = 0;
+                for (std::int64_t p = 0; p < k; ++p) {
+                  const double a = double(x[r * ldx + p]) * decode(f, Bm[j * ldb + p]) * sc[j * 3];
+                  const double b = double(x[r * ldx + p]) * decode(f, Bm[p * ldb + j]) * sc[p * 3];
+                  d += a, s += b, md += std::fabs(a), ms += std::fabs(b);
+                }
+                CHECK(std::fabs(y1[r * n + j] - 1.5 * d) <= 1e-5 * (1e-30 + 1.5 * md));
+                CHECK(std::fabs(y2[r * n + j] - 1.5 * s) <= 1e-5 * (1e-30 + 1.5 * ms));
+                CHECK(std::fabs(y3[r * n + j] - (1.5 * s + 0.125)) <= 1e-5 * (1.0 + 1.5 * ms));
+              }
           }
         }
-      }
     }
   }
 }

@@ -128,8 +128,8 @@ TEST_CASE("few-rows products (dot, weighted) on every ISA, every element type, r
     CAPTURE(simd::isa_name(kt->isa));
     check_rows(kt->gemm_f32.rows, {"f32", 4}, DType::f32, rng);
     check_rows(kt->gemm_f64.rows, {"f64", 8}, DType::f64, rng);
-    check_rows(kt->gemv_bf16.rows, {"bf16", 2}, DType::bf16, rng);
-    check_rows(kt->gemv_f16.rows, {"f16", 2}, DType::f16, rng);
+    check_rows(kt->rows_bf16, {"bf16", 2}, DType::bf16, rng);
+    check_rows(kt->rows_f16, {"f16", 2}, DType::f16, rng);
     for (DType code : {DType::int8, DType::fp8_e4m3, DType::fp8_e5m2}) {
       CAPTURE(dtype_name(code));
       check_rows(kt->code8(detail::code8_of(code)).rows, {"code", 1}, code, rng);

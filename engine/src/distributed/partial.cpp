@@ -27,29 +27,23 @@ T* row_of(const TensorView& t, std::int64_t r) {
   return static_cast<T*>(t.data) + b * t.strides[0] + h * t.strides[1] + i * t.strides[2];
 }
 
-// One part's row x (lse lb, in S) merged into the accumulator's row a (element stride st, lse la).
+// One part's row x (lse lb, in S) merged into the accumulator's row a (element stride st, lse
+// la), by core/partial.hpp's state merge.
 template <class A, class S>
 void merge_row(A* a, std::int64_t st, double& la, const S* x, double lb, std::int64_t dv) {
   if (std::isnan(la)) return;
-  if (std::isnan(lb)) {
+  const StateWeights w = merge_states(la, lb);
+  if (w.nan) {
     for (std::int64_t d = 0; d < dv; ++d) a[d * st] = std::numeric_limits<A>::quiet_NaN();
-    la = lb;
     return;
   }
-  if (lb == -kInf) return;
-  if (la == -kInf) {
+  if (w.b == 0.0) return;
+  if (w.a == 0.0) {
     for (std::int64_t d = 0; d < dv; ++d) a[d * st] = static_cast<A>(widen(x[d]));
-    la = lb;
     return;
   }
-  const double m = std::max(la, lb);
-  const double merged = m + std::log(std::exp(la - m) + std::exp(lb - m));
-  const A wa = static_cast<A>(std::exp(la - merged)), wb = static_cast<A>(std::exp(lb - merged));
-  if (st == 1)
-    for (std::int64_t d = 0; d < dv; ++d) a[d] = a[d] * wa + static_cast<A>(widen(x[d])) * wb;
-  else
-    for (std::int64_t d = 0; d < dv; ++d) a[d * st] = a[d * st] * wa + static_cast<A>(widen(x[d])) * wb;
-  la = merged;
+  const A wa = static_cast<A>(w.a), wb = static_cast<A>(w.b);
+  for (std::int64_t d = 0; d < dv; ++d) a[d * st] = a[d * st] * wa + static_cast<A>(widen(x[d])) * wb;
 }
 
 template <class A, class S>
@@ -164,15 +158,8 @@ void Accumulator::finish(std::span<const float> sinks, const TensorView& lse) {
   for (std::size_t r = 0; r < lse_.size(); ++r) {
     double& l = lse_[r];
     const auto ri = static_cast<std::int64_t>(r);
-    double w = 1.0;  // the rows' scale: the sink's share taken out, 0 for a row no key reached
-    if (l == -kInf) w = 0.0;
-    if (!sinks.empty() && !std::isnan(l)) {
-      const double sink = sinks[static_cast<std::size_t>(ri / sq % H)];
-      const double m = std::max(l, sink);
-      const double merged = m + std::log(std::exp(l - m) + std::exp(sink - m));
-      if (l != -kInf) w = std::exp(l - merged);
-      l = merged;
-    }
+    double w = l == -kInf ? 0.0 : 1.0;  // the rows' scale: 0 for a row no key reached, the sink's share taken out
+    if (!sinks.empty() && !std::isnan(l)) w *= merge_states(l, sinks[static_cast<std::size_t>(ri / sq % H)]).a;
     if (w == 1.0) continue;
     const auto st = acc_.strides[3];
     if (dtype_ == DType::f64) {

@@ -1,9 +1,7 @@
-// Partial attention results and their exact merge (docs/distributed.md): attention over a part
-// of the keys gives, per query row, the output over that part O_p and its log-sum-exp l_p; two
-// parts merge as
-//   l = log(exp(l_a) + exp(l_b)),   O = O_a exp(l_a - l) + O_b exp(l_b - l)
-// (a part that sees no key has l = -inf and weight 0). Done in double, in a fixed order, so the
-// merged rows do not depend on the thread count.
+// The ranks' partial attention results (docs/distributed.md): attention over a part of the keys
+// gives, per query row, the output over that part O_p and its log-sum-exp l_p, an attention state
+// that merges with another by core/partial.hpp's rule (merge_states). Done in double, in a fixed
+// order, so the merged rows do not depend on the thread count.
 #pragma once
 
 #include <cmath>
@@ -13,6 +11,7 @@
 #include <span>
 #include <vector>
 
+#include "core/partial.hpp"
 #include "simdattn/attention.hpp"
 
 namespace simdattn::detail::mpi {
@@ -36,36 +35,19 @@ class Partial {
   double* data() { return data_.data(); }
   const double* data() const { return data_.data(); }
 
-  // Merges into acc (a row: dv outputs, then the lse) a part's row: output o[0, dv), lse l.
+  // Merges into acc (a row: dv outputs, then the lse) a part's row: output o[0, dv), lse l (the
+  // state merge of core/partial.hpp).
   static void merge_row(double* acc, std::int64_t dv, const double* o, double l) {
-    double& a = acc[dv];
-    if (std::isnan(a)) return;
-    if (std::isnan(l)) {
-      for (std::int64_t d = 0; d <= dv; ++d) acc[d] = std::numeric_limits<double>::quiet_NaN();
-      return;
-    }
-    if (l == -inf()) return;
-    if (a == -inf()) {
-      for (std::int64_t d = 0; d < dv; ++d) acc[d] = o[d];
-      a = l;
-      return;
-    }
-    const double m = std::max(a, l);
-    const double merged = m + std::log(std::exp(a - m) + std::exp(l - m));
-    const double wa = std::exp(a - merged), wl = std::exp(l - merged);
-    for (std::int64_t d = 0; d < dv; ++d) acc[d] = acc[d] * wa + o[d] * wl;
-    a = merged;
+    const StateWeights w = merge_states(acc[dv], l);
+    for (std::int64_t d = 0; d < dv; ++d)
+      acc[d] = w.nan ? std::numeric_limits<double>::quiet_NaN() : w.b == 0.0 ? acc[d] : w.a == 0.0 ? o[d] : acc[d] * w.a + o[d] * w.b;
   }
 
-  // The sink's share (AttentionOptions::sinks): l = log(exp(l) + exp(sink)), O scaled down.
+  // The sink's share (AttentionOptions::sinks): a state of output 0 and lse `sink` merged in.
   static void add_sink(double* acc, std::int64_t dv, double sink) {
-    double& a = acc[dv];
-    if (std::isnan(a)) return;
-    const double m = std::max(a, sink);
-    const double merged = m + std::log(std::exp(a - m) + std::exp(sink - m));
-    const double w = a == -inf() ? 0.0 : std::exp(a - merged);
-    for (std::int64_t d = 0; d < dv; ++d) acc[d] *= w;
-    a = merged;
+    if (std::isnan(acc[dv])) return;
+    const StateWeights w = merge_states(acc[dv], sink);
+    for (std::int64_t d = 0; d < dv; ++d) acc[d] *= w.a;
   }
 
   static constexpr double inf() { return std::numeric_limits<double>::infinity(); }

@@ -13,7 +13,7 @@
 #include "impl/products/gemm16.hpp"
 #include "impl/products/gemm_tile.hpp"
 #include "impl/products/gemv.hpp"
-#include "impl/products/gemv16.hpp"
+#include "impl/convert/widen16.hpp"
 #include "impl/products/gemv_rows.hpp"
 #include "impl/products/pack.hpp"
 #include "impl/probe.hpp"
@@ -152,8 +152,6 @@ template <class Arch, Code8 F>
 Quant8Kernels make_quant8_kernels() {
   return {.quantize = &quantize8_rows<Arch, F>,
           .dequantize = &dequantize8_row<Arch, F>,
-          .gemv_t = &gemv8_t<Arch, F>,
-          .gemv_n = &gemv8_n<Arch, F>,
           .rows = make_rows_kernels<Arch, CodeRows<Arch, F>>()};
 }
 
@@ -167,12 +165,8 @@ KernelTable make_kernel_table(Isa isa) {
           .gemm_f64 = make_gemm_kernels<Arch, double, F64>(),
           .vec_f32 = make_vector_kernels<Arch, float>(),
           .vec_f64 = make_vector_kernels<Arch, double>(),
-          .gemv_bf16 = {.gemv_n = &gemv16_n<Arch, true>,
-                        .gemv_t = &gemv16_t<Arch, true>,
-                        .rows = make_rows_kernels<Arch, HalfRows<Arch, true>>()},
-          .gemv_f16 = {.gemv_n = &gemv16_n<Arch, false>,
-                       .gemv_t = &gemv16_t<Arch, false>,
-                       .rows = make_rows_kernels<Arch, HalfRows<Arch, false>>()},
+          .rows_bf16 = make_rows_kernels<Arch, HalfRows<Arch, true>>(),
+          .rows_f16 = make_rows_kernels<Arch, HalfRows<Arch, false>>(),
           .gemm_bf16 = make_gemm16_kernels<Arch, true, F32>(),
           .gemm_f16 = make_gemm16_kernels<Arch, false, F32>(),
           .gemm_bf16_pairs = {},

@@ -116,7 +116,7 @@ class FewRows {
   static const simd::RowsKernels<T>& rows_kernels(const Problem& p, const simd::KernelTable& kt) {
     if constexpr (std::is_same_v<T, float>) {
       if (p.kv_codes()) return kt.code8(code8_of(p.kv_dtype)).rows;
-      if constexpr (!std::is_same_v<S, T>) return std::is_same_v<S, float16> ? kt.gemv_f16.rows : kt.gemv_bf16.rows;
+      if constexpr (!std::is_same_v<S, T>) return std::is_same_v<S, float16> ? kt.rows_f16 : kt.rows_bf16;
     }
     return kt.gemm<T>().rows;
   }

@@ -77,8 +77,9 @@ inline constexpr int kMaxNv = 4;
 
 // Products of a few rows X (m <= kMaxProductRows, row stride ldx) with a B streamed once, each
 // B row read once for all m rows (a decode step's grouped query heads as one matrix). B's
-// element is the table's: T, bf16 / f16 bits (Gemv16Kernels::rows) or 8-bit codes
-// (Quant8Kernels::rows, the codes' values as decode8 gives them); scale null: 1.
+// element is the table's: T (GemmKernels::rows), bf16 / f16 bits widened exactly
+// (KernelTable::rows_bf16, rows_f16) or 8-bit codes (Quant8Kernels::rows, the codes' values as
+// decode8 gives them); scale null: 1. Sums in T (f32 for 16-bit and codes).
 inline constexpr int kMaxProductRows = 8;
 template <class T>
 struct RowsKernels {
@@ -205,20 +206,6 @@ struct ProbeKernels {
   float (*amx_peak)(std::int64_t iters) = nullptr;
 };
 
-// Matrix-vector products with B in 16-bit floats (bf16 or f16 bits), widened to f32 as they are
-// loaded; x, y and every sum in f32. beta == 0 never reads y.
-struct Gemv16Kernels {
-  // y[j] = alpha * sum_p x[p] * B[p * ldb + j] + beta * y[j], j < n: B's rows weighted by x,
-  // summed (GemmKernels::gemv_n).
-  void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
-                 std::int64_t ldb, float beta, float* y);
-  // y[j] = alpha * sum_p x[p] * B[j * ldb + p] + beta * y[j], j < n: B's rows dotted with x
-  // (GemmKernels::gemv_t).
-  void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint16_t* B,
-                 std::int64_t ldb, float beta, float* y);
-  RowsKernels<float> rows;  // B of 16-bit floats
-};
-
 // GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
 // once (engine/src/linalg/gemm16.cpp):
 //
@@ -285,14 +272,6 @@ struct Quant8Kernels {
                            std::int64_t ldc, float* scale, std::int64_t scale_stride);
   // dst[i] = decode(codes[i]) * scale (rounded to f32), i < n.
   void (*dequantize)(const std::uint8_t* codes, std::int64_t n, float scale, float* dst);
-  // y[j] = alpha * scale[j * ss] * sum_p x[p] * decode(B[j * ldb + p]), j < n: code rows dotted
-  // with x (scores against K's codes).
-  void (*gemv_t)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
-                 const float* scale, std::int64_t ss, float* y);
-  // y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) + beta * y[j], j < n: code
-  // rows weighted by x and their scales, summed (P V over V's codes); beta == 0 never reads y.
-  void (*gemv_n)(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* B, std::int64_t ldb,
-                 const float* scale, std::int64_t ss, float beta, float* y);
   RowsKernels<float> rows;  // B of codes
 };
 
@@ -318,8 +297,8 @@ struct KernelTable {
   GemmKernels<double> gemm_f64;
   VectorKernels<float> vec_f32;
   VectorKernels<double> vec_f64;
-  Gemv16Kernels gemv_bf16;
-  Gemv16Kernels gemv_f16;
+  RowsKernels<float> rows_bf16;  // B of bf16 bits
+  RowsKernels<float> rows_f16;   // B of f16 bits
   Gemm16Kernels gemm_bf16;
   Gemm16Kernels gemm_f16;
   // bf16 in the pair layout on vdpbf16ps (AVX512-BF16 only; elsewhere mr == 0). gemm_bf16 is

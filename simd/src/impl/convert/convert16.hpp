@@ -12,7 +12,7 @@
 #include <immintrin.h>
 
 #include "impl/batch.hpp"
-#include "impl/products/gemv16.hpp"
+#include "impl/convert/widen16.hpp"
 #include "impl/products/pack.hpp"
 
 namespace simdattn::simd::impl {

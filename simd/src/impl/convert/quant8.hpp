@@ -1,6 +1,6 @@
 // 8-bit K/V codes (Quant8Kernels; the formats are simdattn/simd/code8.hpp's): rows quantized as
-// tokens are appended, and read in place by the decode and paged products, each code widened to
-// f32 in registers (a quarter of f32's bytes, which a step bound by reading K and V turns into
+// tokens are appended, and read in place by the few-rows products (gemv_rows.hpp), each code
+// widened to f32 in registers (a quarter of f32's bytes, which a step bound by reading K and V turns into
 // time: guarded by attention/native/decode.int8 and .fp8_e4m3).
 //
 // Widening: int8 sign-extends and converts; E5M2 is the top byte of an IEEE f16, so code << 8
@@ -17,7 +17,6 @@
 #include <immintrin.h>
 
 #include "impl/batch.hpp"
-#include "impl/products/gemv.hpp"  // the prefetch rule
 #include "simdattn/simd/code8.hpp"
 
 namespace simdattn::simd::impl {
@@ -204,94 +203,6 @@ void dequantize8_row(const std::uint8_t* codes, std::int64_t n, float scale, flo
     (v * B(scale)).store_unaligned(dst + i);
   }
   for (; i < n; ++i) dst[i] = decode8<F, Arch>(codes[i]) * scale;
-}
-
-// y[j] = alpha * scale[j * ss] * sum_p x[p] * decode(B[j * ldb + p]) for j < n: code rows dotted
-// with x (the scores of q against K's codes). Four rows at a time.
-template <class Arch, Code8 F>
-void gemv8_t(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* Bm, std::int64_t ldb,
-             const float* scale, std::int64_t ss, float* y) {
-  using B = batch<float, Arch>;
-  constexpr std::int64_t W = B::size;
-  const std::int64_t kv = k / W * W;
-  const float a = alpha * kFold<F>;
-  auto tail = [&](const std::uint8_t* row) {
-    float s = 0.0f;
-    for (std::int64_t p = kv; p < k; ++p) s += x[p] * widen8<Arch, F>(row[p]);
-    return s;
-  };
-  std::int64_t j = 0;
-  for (; j + 4 <= n; j += 4) {
-    const std::uint8_t* r0 = Bm + j * ldb;
-    const std::uint8_t *r1 = r0 + ldb, *r2 = r1 + ldb, *r3 = r2 + ldb;
-    prefetch_four_rows_ahead(r0, ldb, k);
-    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
-    std::int64_t p = 0;
-    for (; p + 2 * W <= kv; p += 2 * W) {
-      const B xl = B::load_unaligned(x + p), xh = B::load_unaligned(x + p + W);
-      B l, h;
-      load8x2<Arch, F>(r0 + p, l, h), a0 = xsimd::fma(xl, l, a0), a0 = xsimd::fma(xh, h, a0);
-      load8x2<Arch, F>(r1 + p, l, h), a1 = xsimd::fma(xl, l, a1), a1 = xsimd::fma(xh, h, a1);
-      load8x2<Arch, F>(r2 + p, l, h), a2 = xsimd::fma(xl, l, a2), a2 = xsimd::fma(xh, h, a2);
-      load8x2<Arch, F>(r3 + p, l, h), a3 = xsimd::fma(xl, l, a3), a3 = xsimd::fma(xh, h, a3);
-    }
-    for (; p < kv; p += W) {
-      const B xv = B::load_unaligned(x + p);
-      a0 = xsimd::fma(xv, load8<Arch, F>(r0 + p), a0);
-      a1 = xsimd::fma(xv, load8<Arch, F>(r1 + p), a1);
-      a2 = xsimd::fma(xv, load8<Arch, F>(r2 + p), a2);
-      a3 = xsimd::fma(xv, load8<Arch, F>(r3 + p), a3);
-    }
-    y[j] = a * scale[j * ss] * (xsimd::hadd(a0) + tail(r0));
-    y[j + 1] = a * scale[(j + 1) * ss] * (xsimd::hadd(a1) + tail(r1));
-    y[j + 2] = a * scale[(j + 2) * ss] * (xsimd::hadd(a2) + tail(r2));
-    y[j + 3] = a * scale[(j + 3) * ss] * (xsimd::hadd(a3) + tail(r3));
-  }
-  for (; j < n; ++j) {
-    const std::uint8_t* r = Bm + j * ldb;
-    B acc(0.0f);
-    for (std::int64_t p = 0; p < kv; p += W) acc = xsimd::fma(B::load_unaligned(x + p), load8<Arch, F>(r + p), acc);
-    y[j] = a * scale[j * ss] * (xsimd::hadd(acc) + tail(r));
-  }
-}
-
-// y[j] = alpha * sum_p x[p] * scale[p * ss] * decode(B[p * ldb + j]) + beta * y[j] for j < n: code
-// rows weighted by x times their scales, summed (P V over V's codes). Columns in chunks of 4
-// vectors; beta == 0 never reads y.
-template <class Arch, Code8 F>
-void gemv8_n(std::int64_t n, std::int64_t k, float alpha, const float* x, const std::uint8_t* Bm, std::int64_t ldb,
-             const float* scale, std::int64_t ss, float beta, float* y) {
-  using B = batch<float, Arch>;
-  constexpr std::int64_t W = B::size;
-  const float a = alpha * kFold<F>;
-  auto store = [&](float* out, const B& acc) {
-    const B r = acc * B(a);
-    (beta == 0.0f ? r : xsimd::fma(B::load_unaligned(out), B(beta), r)).store_unaligned(out);
-  };
-  std::int64_t j = 0;
-  for (; j + 4 * W <= n; j += 4 * W) {
-    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f);
-    const std::uint8_t* row = Bm + j;
-    for (std::int64_t p = 0; p < k; ++p, row += ldb) {
-      prefetch_row(row, kGemvPrefetchRows, ldb, 4 * W);
-      const B xv(x[p] * scale[p * ss]);
-      B l, h;
-      load8x2<Arch, F>(row, l, h), a0 = xsimd::fma(xv, l, a0), a1 = xsimd::fma(xv, h, a1);
-      load8x2<Arch, F>(row + 2 * W, l, h), a2 = xsimd::fma(xv, l, a2), a3 = xsimd::fma(xv, h, a3);
-    }
-    store(y + j, a0), store(y + j + W, a1), store(y + j + 2 * W, a2), store(y + j + 3 * W, a3);
-  }
-  for (; j + W <= n; j += W) {
-    B acc(0.0f);
-    const std::uint8_t* row = Bm + j;
-    for (std::int64_t p = 0; p < k; ++p, row += ldb) acc = xsimd::fma(B(x[p] * scale[p * ss]), load8<Arch, F>(row), acc);
-    store(y + j, acc);
-  }
-  for (; j < n; ++j) {
-    float s = 0.0f;
-    for (std::int64_t p = 0; p < k; ++p) s += x[p] * scale[p * ss] * widen8<Arch, F>(Bm[p * ldb + j]);
-    y[j] = beta == 0.0f ? a * s : a * s + beta * y[j];
-  }
 }
 
 }  // namespace simdattn::simd::impl

@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "impl/batch.hpp"
-#include "impl/products/gemv16.hpp"
+#include "impl/convert/widen16.hpp"
 
 namespace simdattn::simd::impl {
 

@@ -17,37 +17,35 @@
 #include "impl/batch.hpp"
 #include "impl/convert/quant8.hpp"
 #include "impl/products/gemv.hpp"
-#include "impl/products/gemv16.hpp"
+#include "impl/convert/widen16.hpp"
 #include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::simd::impl {
 
 // How the rows kernels read B: E its element, C the type computed in, W elements as a batch of C
 // (load), one element (one), and the factor the loads fall short by (fold: E4M3's 256).
+template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), C_ Fold>
+struct RowsOf {
+  using E = E_;
+  using C = C_;
+  static batch<C, Arch> load(const E* p) { return Load(p); }
+  static C one(E e) { return One(e); }
+  static constexpr C fold = Fold;
+};
 template <class Arch, class T>
-struct PlainRows {
-  using E = T;
-  using C = T;
-  static batch<C, Arch> load(const E* p) { return batch<C, Arch>::load_unaligned(p); }
-  static C one(E e) { return e; }
-  static constexpr C fold = C(1);
-};
+batch<T, Arch> load_plain(const T* p) {
+  return batch<T, Arch>::load_unaligned(p);
+}
+template <class Arch, class T>
+T as_is(T x) {
+  return x;
+}
+template <class Arch, class T>
+using PlainRows = RowsOf<Arch, T, T, &load_plain<Arch, T>, &as_is<Arch, T>, T(1)>;
 template <class Arch, bool kBf16>
-struct HalfRows {
-  using E = std::uint16_t;
-  using C = float;
-  static batch<C, Arch> load(const E* p) { return load16<Arch, kBf16>(p); }
-  static C one(E e) { return widen16<Arch, kBf16>(e); }
-  static constexpr C fold = 1.0f;
-};
+using HalfRows = RowsOf<Arch, std::uint16_t, float, &load16<Arch, kBf16>, &widen16<Arch, kBf16>, 1.0f>;
 template <class Arch, Code8 F>
-struct CodeRows {
-  using E = std::uint8_t;
-  using C = float;
-  static batch<C, Arch> load(const E* p) { return load8<Arch, F>(p); }
-  static C one(E e) { return widen8<Arch, F>(e); }
-  static constexpr C fold = kFold<F>;
-};
+using CodeRows = RowsOf<Arch, std::uint8_t, float, &load8<Arch, F>, &widen8<Arch, F>, kFold<F>>;
 
 #if defined(__AVX512F__)
 // Lane i = the sum of v[i]'s lanes, for 16 batches (4 levels of shuffles and adds, 46
