@@ -22,23 +22,18 @@ using namespace simdattn::c_api;
 
 AttentionOptions attention_options(const simdattn_attention_options* c) {
   AttentionOptions o;
-  if (c == nullptr) return o;
-  const simdattn_attention_options s = checked_options(c, "options", offsetof(simdattn_attention_options, k_scale));
-  o.scale = optional_double(s.has_scale, s.scale);
-  o.causal = causal_of_c(s.causal, "options.causal");
+  const std::optional<simdattn_attention_options> given = read_options(c, offsetof(simdattn_attention_options, k_scale), o);
+  if (!given) return o;
+  const simdattn_attention_options& s = *given;
   o.mask = optional_view<ConstTensorView>(s.mask, "options.mask");
   o.key_lengths = span_of(s.key_lengths, s.key_lengths_count, "options.key_lengths");
-  if (s.has_window) o.window = Window{s.window_left, s.window_right};
   o.global_tokens = s.global_tokens;
   o.block_mask = optional_view<ConstTensorView>(s.block_mask, "options.block_mask");
   o.block_size = s.block_size;
-  o.softcap = optional_double(s.has_softcap, s.softcap);
-  o.alibi_slopes = span_of(s.alibi_slopes, s.alibi_slopes_count, "options.alibi_slopes");
   if (s.relative_bias_table.data != nullptr)
     o.relative_bias = RelativePositionBias{
         optional_view<ConstTensorView>(s.relative_bias_table, "options.relative_bias_table"),
         s.relative_bias_bidirectional != 0, s.relative_bias_max_distance};
-  o.sinks = span_of(s.sinks, s.sinks_count, "options.sinks");
   o.query_offsets = span_of(s.query_offsets, s.query_offsets_count, "options.query_offsets");
   o.lse = optional_view<TensorView>(s.lse, "options.lse");
   o.scores = optional_view<TensorView>(s.scores, "options.scores");
@@ -51,10 +46,6 @@ AttentionOptions attention_options(const simdattn_attention_options* c) {
       throw Error("options.scores_stage", "expected SIMDATTN_SCORES_SCALED, _CAPPED, _BIASED or _SOFTMAX, got " +
                                               std::to_string(static_cast<long long>(s.scores_stage)));
   }
-  o.threads = s.threads;
-  o.backend = backend_of_c(s.backend, "options.backend");
-  o.k_scale = optional_view<ConstTensorView>(s.k_scale, "options.k_scale");
-  o.v_scale = optional_view<ConstTensorView>(s.v_scale, "options.v_scale");
   return o;
 }
 

@@ -27,19 +27,8 @@ using namespace simdattn::c_api;
 
 PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
   PagedAttentionOptions o;
-  if (c == nullptr) return o;
-  const simdattn_paged_options s = checked_options(c, "options", offsetof(simdattn_paged_options, k_scale));
-  o.query_start = span_of(s.query_start, s.query_start_count, "options.query_start");
-  o.causal = causal_of_c(s.causal, "options.causal");
-  o.scale = optional_double(s.has_scale, s.scale);
-  if (s.has_window) o.window = Window{s.window_left, s.window_right};
-  o.softcap = optional_double(s.has_softcap, s.softcap);
-  o.alibi_slopes = span_of(s.alibi_slopes, s.alibi_slopes_count, "options.alibi_slopes");
-  o.sinks = span_of(s.sinks, s.sinks_count, "options.sinks");
-  o.threads = s.threads;
-  o.backend = backend_of_c(s.backend, "options.backend");
-  o.k_scale = optional_view<ConstTensorView>(s.k_scale, "options.k_scale");
-  o.v_scale = optional_view<ConstTensorView>(s.v_scale, "options.v_scale");
+  if (const std::optional<simdattn_paged_options> s = read_options(c, offsetof(simdattn_paged_options, k_scale), o))
+    o.query_start = span_of(s->query_start, s->query_start_count, "options.query_start");
   return o;
 }
 

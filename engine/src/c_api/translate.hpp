@@ -131,6 +131,37 @@ std::optional<double> optional_double(int has, double value);
 
 simdattn_tensor empty_tensor();
 
+// The fields both options structs (simdattn_attention_options, simdattn_paged_options) name alike,
+// as the C++ ScoreOptions they share: the scale, window, softcap, ALiBi slopes, sinks, threads,
+// backend and 8-bit scales.
+template <class C>
+void score_options(const C& s, ScoreOptions& o);
+
+// An options struct given by pointer (NULL: the defaults, and none returned), its size checked
+// against base_size (the fields every version has), its shared fields and causal read onto o;
+// the struct, for the call's own fields.
+template <class C, class O>
+std::optional<C> read_options(const C* c, std::size_t base_size, O& o) {
+  if (c == nullptr) return std::nullopt;
+  const C s = checked_options(c, "options", base_size);
+  score_options(s, o);
+  o.causal = causal_of_c(s.causal, "options.causal");
+  return s;
+}
+
+template <class C>
+void score_options(const C& s, ScoreOptions& o) {
+  o.scale = optional_double(s.has_scale, s.scale);
+  if (s.has_window) o.window = Window{s.window_left, s.window_right};
+  o.softcap = optional_double(s.has_softcap, s.softcap);
+  o.alibi_slopes = span_of(s.alibi_slopes, s.alibi_slopes_count, "options.alibi_slopes");
+  o.sinks = span_of(s.sinks, s.sinks_count, "options.sinks");
+  o.threads = s.threads;
+  o.backend = backend_of_c(s.backend, "options.backend");
+  o.k_scale = optional_view<ConstTensorView>(s.k_scale, "options.k_scale");
+  o.v_scale = optional_view<ConstTensorView>(s.v_scale, "options.v_scale");
+}
+
 // Writes an output struct: the caller's struct_size must hold ours; bytes past ours are zeroed.
 template <class S>
 void write_out(S* out, const S& value, const char* name) {

@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/text.hpp"
 #include "distributed/comm.hpp"
 #include "distributed/options.hpp"
 #include "distributed/partial.hpp"
@@ -13,8 +14,7 @@ namespace {
 
 using detail::mpi::Outcome;
 using detail::mpi::Shared;
-
-std::string num(std::int64_t v) { return std::to_string(v); }
+using detail::num;
 
 // Rows [from, from + count) of a [1, Hkv, T, W] view copied to positions at.. of a
 // [1, Hkv, capacity, W] store.

@@ -2,7 +2,10 @@
 // arguments every rank must give alike, and the checks of the options a sharded call takes.
 #pragma once
 
+#include <cstdint>
+#include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "distributed/comm.hpp"
 #include "simdattn/mpi.hpp"
@@ -20,6 +23,23 @@ using simdattn::mpi::TokenRange;
 // unless same_queries) and every option whose value must agree across the ranks.
 void describe(Shared& shared, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
               const AttentionOptions& options, bool same_queries);
+
+// The start a sharded call (sharded_attention, ring_attention) makes on every rank: MPI errors
+// returned for its duration, its rank among the ranks, and the description of what they must
+// give alike (describe) for the ranks' agreement (comm.hpp's agree).
+// `own`: the call's own arguments that must agree too, by name.
+struct ShardedCall {
+  ShardedCall(MPI_Comm comm, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+              const AttentionOptions& options, bool same_queries,
+              std::initializer_list<std::pair<const char*, std::int64_t>> own)
+      : errors_return(comm), ranks(size_of(comm)), me(rank_of(comm)) {
+    describe(shared, q, k, v, options, same_queries);
+    for (const auto& [name, value] : own) shared.add(name, value);
+  }
+  ErrorsReturn errors_return;
+  int ranks, me;
+  Shared shared;
+};
 
 // Error(option, "<what> does not take it (...)") for the options no sharded call takes:
 // global_tokens, block_mask and scores (their positions are local key indices).

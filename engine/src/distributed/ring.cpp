@@ -5,6 +5,7 @@
 #include <cstring>
 #include <string>
 
+#include "core/text.hpp"
 #include "distributed/comm.hpp"
 #include "distributed/options.hpp"
 #include "distributed/partial.hpp"
@@ -14,8 +15,6 @@
 namespace simdattn::detail::mpi {
 
 namespace {
-
-std::string num(std::int64_t v) { return std::to_string(v); }
 
 void check_ring(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const TensorView& out,
                 const AttentionOptions& options, const RingOptions& ring, std::int64_t n) {
@@ -113,13 +112,11 @@ namespace simdattn::mpi {
 void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                     const TensorView& out, const AttentionOptions& options, const RingOptions& ring) {
   using namespace detail::mpi;
-  ErrorsReturn errors_return(comm);
-  const int ranks = size_of(comm), me = rank_of(comm);
-  Shared shared;
-  describe(shared, q, k, v, options, false);
-  shared.add("ring.total_tokens", ring.total_tokens);
-  shared.add("ring.order", static_cast<std::int64_t>(ring.order));
-  shared.add("options.lse", options.lse.empty() ? 0 : 1);
+  ShardedCall call(comm, q, k, v, options, false,
+                   {{"ring.total_tokens", ring.total_tokens},
+                    {"ring.order", static_cast<std::int64_t>(ring.order)},
+                    {"options.lse", options.lse.empty() ? 0 : 1}});
+  const int ranks = call.ranks, me = call.me;
   std::vector<TokenRange> mine;
   const std::int64_t B = q.shape[0], Hkv = k.shape[1], D = k.shape[3], Dv = v.shape[3];
   const auto esz = static_cast<std::int64_t>(dtype_size(k.dtype));
@@ -163,7 +160,7 @@ void ring_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorVi
       attention(slice_seq(q, 0, 1), k, v, TensorView(row.data(), q.dtype, {B, q.shape[1], 1, Dv}), first);
     }
   });
-  agree(comm, outcome, shared);
+  agree(comm, outcome, call.shared);
 
   const int right = (me + 1) % ranks, left = (me + ranks - 1) % ranks;
   for (int t = 0; t < ranks; ++t) {

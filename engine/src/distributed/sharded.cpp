@@ -3,6 +3,7 @@
 #include <climits>
 #include <string>
 
+#include "core/text.hpp"
 #include "distributed/comm.hpp"
 #include "distributed/options.hpp"
 #include "distributed/partial.hpp"
@@ -11,8 +12,6 @@
 namespace simdattn::detail::mpi {
 
 namespace {
-
-std::string num(std::int64_t v) { return std::to_string(v); }
 
 // The local checks that attention() on the pieces would not make about the whole call.
 void check_shard(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
@@ -141,19 +140,14 @@ namespace simdattn::mpi {
 void sharded_attention(MPI_Comm comm, const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                        const TensorView& out, const AttentionOptions& options, const ShardOptions& shard) {
   using namespace detail::mpi;
-  ErrorsReturn errors_return(comm);
-  const int ranks = size_of(comm), me = rank_of(comm);
-  Shared shared;
-  describe(shared, q, k, v, options, true);
-  shared.add("shard.total_keys", shard.total_keys);
-  shared.add("shard.root", shard.root);
+  ShardedCall call(comm, q, k, v, options, true, {{"shard.total_keys", shard.total_keys}, {"shard.root", shard.root}});
   Accumulator acc;
   const Outcome outcome = outcome_of([&] {
-    check_shard(q, k, v, out, options, shard, ranks, me);
+    check_shard(q, k, v, out, options, shard, call.ranks, call.me);
     acc.reset({q.shape[0], q.shape[1], q.shape[2], v.shape[3]}, q.dtype, TensorView());
     attend_local(acc, q, k, v, options, shard.total_keys, shard.key_ranges);
   });
-  const Gathered ranges = agree(comm, outcome, shared, flatten(shard.key_ranges));
+  const Gathered ranges = agree(comm, outcome, call.shared, flatten(shard.key_ranges));
   check_cover(ranges, shard.total_keys, "shard.key_ranges");
   merge_and_write(comm, acc, q, v.shape[3], out, options, shard.root);
 }

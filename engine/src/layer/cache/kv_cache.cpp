@@ -128,26 +128,18 @@ void cached_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, 
   convert_elements(oc, core, o, dtype_of<T>(), n);
 }
 
-template void check_cached_step<float>(const LayerStorage<float>&, const ConstSeqView&, const CacheRef&, const SeqView&,
-                                       const MhaOptions&, std::span<const std::int64_t>);
-template void append_kv<float>(const LayerStorage<float>&, const float*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
-template void cached_attention<float>(const LayerStorage<float>&, const float*, std::int64_t, std::int64_t, std::int64_t,
-                                      const CacheRef&, float*, AttentionOptions);
-template void check_cached_step<double>(const LayerStorage<double>&, const ConstSeqView&, const CacheRef&, const SeqView&,
-                                       const MhaOptions&, std::span<const std::int64_t>);
-template void append_kv<double>(const LayerStorage<double>&, const double*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
-template void cached_attention<double>(const LayerStorage<double>&, const double*, std::int64_t, std::int64_t, std::int64_t,
-                                      const CacheRef&, double*, AttentionOptions);
-template void check_cached_step<bfloat16>(const LayerStorage<bfloat16>&, const ConstSeqView&, const CacheRef&, const SeqView&,
-                                       const MhaOptions&, std::span<const std::int64_t>);
-template void append_kv<bfloat16>(const LayerStorage<bfloat16>&, const bfloat16*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
-template void cached_attention<bfloat16>(const LayerStorage<bfloat16>&, const bfloat16*, std::int64_t, std::int64_t, std::int64_t,
-                                      const CacheRef&, bfloat16*, AttentionOptions);
-template void check_cached_step<float16>(const LayerStorage<float16>&, const ConstSeqView&, const CacheRef&, const SeqView&,
-                                       const MhaOptions&, std::span<const std::int64_t>);
-template void append_kv<float16>(const LayerStorage<float16>&, const float16*, std::int64_t, std::int64_t, std::int64_t, const CacheRef&);
-template void cached_attention<float16>(const LayerStorage<float16>&, const float16*, std::int64_t, std::int64_t, std::int64_t,
-                                      const CacheRef&, float16*, AttentionOptions);
+#define SIMDATTN_CACHE(T)                                                                                      \
+  template void check_cached_step<T>(const LayerStorage<T>&, const ConstSeqView&, const CacheRef&, const SeqView&,   \
+                                     const MhaOptions&, std::span<const std::int64_t>);                            \
+  template void append_kv<T>(const LayerStorage<T>&, const T*, std::int64_t, std::int64_t, std::int64_t,             \
+                             const CacheRef&);                                                                     \
+  template void cached_attention<T>(const LayerStorage<T>&, const T*, std::int64_t, std::int64_t, std::int64_t,      \
+                                    const CacheRef&, T*, AttentionOptions);
+SIMDATTN_CACHE(float)
+SIMDATTN_CACHE(double)
+SIMDATTN_CACHE(bfloat16)
+SIMDATTN_CACHE(float16)
+#undef SIMDATTN_CACHE
 
 }  // namespace detail
 
