@@ -138,7 +138,8 @@ std::vector<float> randn(std::mt19937_64& rng, std::size_t n) {
 TEST_CASE("every decoder family: decoding with a KV cache (one token, chunks of 3) equals the full forward") {
   std::mt19937_64 rng(test::base_seed() + 91);
   for (const char* family : {"gpt2", "bloom", "t5", "llama", "mistral", "qwen2", "qwen3", "gemma2"}) {
-    CAPTURE(family);
+    const std::string family_name = family;
+    CAPTURE(family_name);
     const ModelDir dir(std::string("dec_") + family);
     write_family(dir, family, rng);
     for (std::int64_t layer : {0, 1}) {

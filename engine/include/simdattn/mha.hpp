@@ -132,6 +132,7 @@ struct MhaOptions {
 class KvCache;
 namespace detail {
 struct CacheAccess;
+struct CacheState;
 }
 
 // One request's step in MultiHeadAttention::forward_batch: its new tokens (query
@@ -290,10 +291,16 @@ class SIMDATTN_API KvCache {
   KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity);
   KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64_t capacity, DType dtype);
 
-  std::int64_t batch() const noexcept { return batch_; }
-  std::int64_t capacity() const noexcept { return capacity_; }
-  std::span<const std::int64_t> lengths() const noexcept { return lengths_; }
-  DType dtype() const noexcept { return dtype_; }
+  ~KvCache();
+  KvCache(const KvCache& other);  // copies the keys and values
+  KvCache& operator=(const KvCache& other);
+  KvCache(KvCache&&) noexcept;
+  KvCache& operator=(KvCache&&) noexcept;
+
+  std::int64_t batch() const noexcept;
+  std::int64_t capacity() const noexcept;
+  std::span<const std::int64_t> lengths() const noexcept;
+  DType dtype() const noexcept;
 
   void reset() noexcept;                                   // every sequence back to length 0
   void truncate(std::int64_t sequence, std::int64_t length);  // keep the first `length` tokens
@@ -307,11 +314,7 @@ class SIMDATTN_API KvCache {
 
  private:
   friend struct detail::CacheAccess;
-  DType dtype_;
-  std::int64_t batch_, kv_heads_, head_dim_, capacity_;
-  std::vector<std::int64_t> lengths_, next_lengths_;
-  std::vector<std::byte> k_, v_;
-  std::vector<float> k_scale_, v_scale_;  // 8-bit caches: [B, Hkv, capacity]
+  std::unique_ptr<detail::CacheState> state_;  // the storage and lengths (engine/src/layer/cache/kv_cache.hpp)
 };
 
 }  // namespace simdattn

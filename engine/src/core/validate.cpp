@@ -337,6 +337,28 @@ void set_scale_threads(Problem& p, const ScoreOptions& opt) {
   p.threads = opt.threads;
 }
 
+void set_relative_bias(Problem& p, const RelativePositionBias& rb, const Span& so) {
+  const ConstTensorView& t = rb.table;
+  check_float("options.relative_bias.table", t.dtype);
+  if (t.shape[0] != 1 || t.shape[1] != 1 || t.shape[3] != p.H || t.shape[2] < (rb.bidirectional ? 4 : 2))
+    throw Error("options.relative_bias.table",
+                "expected shape [1, 1, num_buckets, H=" + std::to_string(p.H) + "] with num_buckets >= " +
+                    (rb.bidirectional ? "4 (bidirectional)" : "2") + ", got " + shape_str(t.shape));
+  const std::int64_t exact = rb.bidirectional ? t.shape[2] / 4 : t.shape[2] / 2;
+  if (rb.max_distance <= exact)
+    throw Error("options.relative_bias.max_distance", "must exceed the exact buckets (" + std::to_string(exact) +
+                                                          "), got " + std::to_string(rb.max_distance));
+  const Span st = byte_span("options.relative_bias.table", t.data, t.dtype, t.shape, t.strides);
+  if (overlaps(so, st)) throw Error("out", "memory overlaps options.relative_bias.table");
+  p.t5_table = t.data;
+  p.t5_dtype = t.dtype;
+  p.t5_buckets = t.shape[2];
+  p.t5_strides[0] = t.strides[2];
+  p.t5_strides[1] = t.strides[3];
+  p.t5_bidirectional = rb.bidirectional;
+  p.t5_max_distance = rb.max_distance;
+}
+
 void check_per_head(const std::string& name, std::span<const float> values, std::int64_t want, const char* per,
                     const Span& so) {
   if (static_cast<std::int64_t>(values.size()) != want)
@@ -381,28 +403,7 @@ void check_output_option(const std::string& name, const TensorView& view, const 
 void set_modifiers(Problem& p, const AttentionOptions& opt, const ConstTensorView& q, const ConstTensorView& k,
                    const ConstTensorView& v, const Span& so) {
   set_softcap_alibi_sinks(p, opt, so);
-  if (opt.relative_bias) {
-    const RelativePositionBias& rb = *opt.relative_bias;
-    const ConstTensorView& t = rb.table;
-    check_float("options.relative_bias.table", t.dtype);
-    if (t.shape[0] != 1 || t.shape[1] != 1 || t.shape[3] != p.H || t.shape[2] < (rb.bidirectional ? 4 : 2))
-      throw Error("options.relative_bias.table",
-                  "expected shape [1, 1, num_buckets, H=" + std::to_string(p.H) + "] with num_buckets >= " +
-                      (rb.bidirectional ? "4 (bidirectional)" : "2") + ", got " + shape_str(t.shape));
-    const std::int64_t exact = rb.bidirectional ? t.shape[2] / 4 : t.shape[2] / 2;
-    if (rb.max_distance <= exact)
-      throw Error("options.relative_bias.max_distance", "must exceed the exact buckets (" + std::to_string(exact) +
-                                                            "), got " + std::to_string(rb.max_distance));
-    const Span st = byte_span("options.relative_bias.table", t.data, t.dtype, t.shape, t.strides);
-    if (overlaps(so, st)) throw Error("out", "memory overlaps options.relative_bias.table");
-    p.t5_table = t.data;
-    p.t5_dtype = t.dtype;
-    p.t5_buckets = t.shape[2];
-    p.t5_strides[0] = t.strides[2];
-    p.t5_strides[1] = t.strides[3];
-    p.t5_bidirectional = rb.bidirectional;
-    p.t5_max_distance = rb.max_distance;
-  }
+  if (opt.relative_bias) set_relative_bias(p, *opt.relative_bias, so);
   if (!opt.query_offsets.empty()) {
     if (static_cast<std::int64_t>(opt.query_offsets.size()) != p.B)
       throw Error("options.query_offsets", "expected " + std::to_string(p.B) + " entries (one per batch), got " +

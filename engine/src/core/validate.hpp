@@ -77,6 +77,11 @@ void set_window(Problem& p, const std::optional<Window>& window, std::int64_t of
 // whose D is set. Throws Error naming the option.
 void set_scale_threads(Problem& p, const ScoreOptions& opt);
 
+// T5's relative position bias onto a problem whose H is set: its table f32, f64, bf16 or f16
+// [1, 1, num_buckets, H] (num_buckets >= 4 bidirectional, >= 2 one-way), max_distance past the
+// exact buckets, clear of out's span so. Throws Error naming the option.
+void set_relative_bias(Problem& p, const RelativePositionBias& rb, const Span& so);
+
 // Resolves the ISA the kernels dispatch to (once per process): an unknown or unavailable
 // SIMDATTN_ISA throws Error("SIMDATTN_ISA", ...). Every public entry point calls it first, so a
 // bad environment is a named input error on every path, never an escape from a parallel region.

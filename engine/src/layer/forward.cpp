@@ -8,10 +8,12 @@
 
 #include "layer/cache/kv_cache.hpp"
 #include "layer/cache/kv_pool.hpp"
+#include "layer/cache/kv_store.hpp"
 #include "layer/call_options.hpp"
 #include "layer/positions/positions.hpp"
 #include "layer/projection.hpp"
 #include "layer/storage.hpp"
+#include "core/text.hpp"
 #include "runtime/threading.hpp"
 #include "runtime/verbose.hpp"
 #include "runtime/workspace.hpp"
@@ -20,15 +22,23 @@
 namespace simdattn::detail {
 namespace {
 
-// One batch of sequences of a call: the whole call, or one step of forward_batch.
+// A segment's cached keys (kv_store.hpp): the store its K and V are appended to, its sequences
+// over it (their rows from the segment's first), and the keys each held before the step (RoPE's
+// positions).
+struct SegmentCache {
+  KvStore store;
+  std::span<const StoreSeq> seqs;
+  const std::int64_t* starts = nullptr;  // per sequence of the segment
+};
+
+// One batch of sequences of a call: the whole call, or one step of forward_batch / forward_pool.
 template <class T>
 struct Segment {
   const T* query = nullptr;  // B * S rows of d_model
   T* out = nullptr;          // B * S rows of d_model
   std::int64_t B = 0, S = 0;
   std::span<const std::int64_t> positions;
-  const CacheRef* cache = nullptr;  // K and V appended to it and attended from it
-  PoolWrite* pool_write = nullptr;  // or to the call's pool (one sequence, B = 1)
+  const SegmentCache* cache = nullptr;  // K and V appended to it and attended from it
 };
 
 // What a forward gives the pipeline.
@@ -46,10 +56,13 @@ struct ForwardCall {
   // Several steps: their attention cores side by side, one thread each (on onednn, oneDNN's
   // own threads: one step at a time).
   bool steps_side_by_side = false;
-  // A batch of pool steps: K and V appended to the pool's blocks and every step's attention
-  // core one attention_paged call (balanced over the threads by the work of each).
+  // A batch of pool steps: the blocks taken for their writes, and every step's attention core one
+  // problem over the pool (balanced over the threads by the work of each).
   PoolState* pool = nullptr;
   std::span<const PoolWrite> pool_writes;
+  std::span<const StoreSeq> pool_seqs;  // every step's sequence over the pool
+  // The KvCaches of the call's steps: their lengths advance last, once the step has succeeded.
+  std::span<CacheState* const> caches;
   WeightsOut weights;
 };
 
@@ -97,13 +110,14 @@ Projected<T> project_inputs(const LayerStorage<T>& layer, const ForwardCall<T>& 
   return {pq, layer.nq, pkv, pkv + layer.nkv, ldkv};
 }
 
-// The attention core of one segment whose rows start at row r0 of the projections and of o.
+// The attention core of one segment: a cached one's sequences name their rows of the projections
+// and of o; an uncached one is the call's only segment.
 template <class T>
-void attend(const LayerStorage<T>& layer, const ForwardCall<T>& call, const Projected<T>& pr, const Segment<T>& s,
-            std::int64_t r0, T* o, const AttentionOptions& a) {
+void attend(const LayerStorage<T>& layer, const ForwardCall<T>& call, const Projected<T>& pr, const Segment<T>& s, T* o,
+            const AttentionOptions& a) {
   const std::int64_t H = layer.cfg.heads, Hkv = layer.cfg.kv_heads, hd = layer.cfg.head_dim, nq = layer.nq;
   if (s.cache != nullptr) {
-    cached_attention(layer, pr.q + r0 * pr.ldq, pr.ldq, s.B, s.S, *s.cache, o + r0 * nq, a);
+    store_attention(layer, pr.q, pr.ldq, s.cache->store, s.cache->seqs, o, a);
     return;
   }
   const std::int64_t Sq = s.S, Sk = call.key != nullptr ? call.Sk : s.S;
@@ -144,34 +158,32 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
   T* o = nullptr;
   const Projected<T> pr = project_inputs(layer, call, x, M, o, opt);
   // a cached step without tokens adds nothing and attends to nothing
-  auto active = [](const Segment<T>& s) { return (s.cache == nullptr && s.pool_write == nullptr) || s.S > 0; };
+  auto active = [](const Segment<T>& s) { return s.cache == nullptr || s.S > 0; };
   for (std::size_t i = 0; i < segs.size() && call.positions; ++i) {
     const Segment<T>& s = segs[i];
     if (!active(s)) continue;
-    T* rows = pr.q + row0[i] * pr.ldq;
-    const std::int64_t* start = s.cache != nullptr ? s.cache->lengths.data() : nullptr;
-    if (s.pool_write != nullptr) start = &s.pool_write->start;
-    position_qk(layer, rows, pr.ldq, layer.k0, s.B, s.S, s.positions, start, opt.threads);
+    const std::int64_t* start = s.cache != nullptr ? s.cache->starts : nullptr;
+    position_qk(layer, pr.q + row0[i] * pr.ldq, pr.ldq, layer.k0, s.B, s.S, s.positions, start, opt.threads);
   }
-  if (call.pool != nullptr) {
-    // an 8-bit pool cannot hold a NaN or an infinity: every row checked before any block changes
-    for (std::size_t i = 0; i < segs.size(); ++i)
-      if (segs[i].pool_write != nullptr && active(segs[i]))
-        check_pool_rows(layer, pr.q + row0[i] * pr.ldq, pr.ldq, *call.pool, *segs[i].pool_write, i);
-    prepare_pool_writes(*call.pool, call.pool_writes);
+  // an 8-bit cache or pool cannot hold a NaN or an infinity: every row checked before any changes
+  for (std::size_t i = 0; i < segs.size(); ++i) {
+    const SegmentCache* sc = segs[i].cache;
+    if (sc == nullptr || !active(segs[i])) continue;
+    const BadRow bad = first_bad_row(layer, pr.q, pr.ldq, sc->store, sc->seqs);
+    if (bad.seq < 0) continue;
+    const std::int64_t id = sc->seqs[static_cast<std::size_t>(bad.seq)].index;
+    if (call.pool == nullptr) throw Error("cache", bad_row_text(bad, id, sc->store.dtype, "cache"));
+    throw Error("steps[" + std::to_string(i) + "]", bad_row_text(bad, id, sc->store.dtype, "pool"));
   }
-  for (std::size_t i = 0; i < segs.size() && call.positions; ++i) {
-    const Segment<T>& s = segs[i];
-    if (!active(s)) continue;
-    T* rows = pr.q + row0[i] * pr.ldq;
-    if (s.cache != nullptr) append_kv(layer, rows, pr.ldq, s.B, s.S, *s.cache);  // K appended rotated
-    if (s.pool_write != nullptr) append_pool_kv(layer, rows, pr.ldq, *call.pool, *s.pool_write);
-  }
-  if (call.pool != nullptr) {
-    pool_attention(layer, pr.q, pr.ldq, *call.pool, call.pool_writes, o, call.attention);
+  if (call.pool != nullptr) prepare_pool_writes(*call.pool, call.pool_writes);  // (the tables now hold the blocks)
+  for (std::size_t i = 0; i < segs.size(); ++i)  // K appended rotated
+    if (segs[i].cache != nullptr && active(segs[i]))
+      append_store_rows(layer, pr.q, pr.ldq, segs[i].cache->store, segs[i].cache->seqs);
+  if (call.pool != nullptr) {  // every step in one problem over the pool
+    store_attention(layer, pr.q, pr.ldq, segs[0].cache->store, call.pool_seqs, o, call.attention);
   } else if (!call.steps_side_by_side || opt.backend == Backend::onednn) {
     for (std::size_t i = 0; i < segs.size(); ++i)
-      if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, call.attention);
+      if (active(segs[i])) attend(layer, call, pr, segs[i], o, call.attention);
   } else {
     AttentionOptions one = call.attention;
     one.threads = 1;
@@ -180,7 +192,7 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
     parallel_for_each_claimed(n, opt.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
       const VerboseAdopt report_to(verbose);
       for (std::int64_t i = i0; i < i1; ++i)
-        if (active(segs[i])) attend(layer, call, pr, segs[i], row0[i], o, one);
+        if (active(segs[i])) attend(layer, call, pr, segs[i], o, one);
     });
   }
   average_weights(call.weights, opt.attn_weights);
@@ -189,9 +201,8 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
   for (std::size_t i = 0; i < segs.size(); ++i) {
     const Segment<T>& s = segs[i];
     if (gathered) std::copy_n(y + row0[i] * d, s.B * s.S * d, s.out);
-    // spans from lengths() stay valid
-    if (s.cache != nullptr) std::copy(s.cache->next.begin(), s.cache->next.end(), s.cache->lengths.begin());
   }
+  for (CacheState* cache : call.caches) cache->lengths = cache->next;  // (spans from lengths() stay valid: same size)
   if (call.pool != nullptr) commit_pool_writes(*call.pool, call.pool_writes);
 }
 
@@ -253,28 +264,79 @@ void cross_forward(const LayerStorage<T>& layer, const ConstSeqView& query, cons
   run(layer, call, opt);
 }
 
+// The options a call of several cached steps refuses: the call's positions (each step has its
+// own) and attention weights. `call`: the method, `per_step`: where positions go.
+void check_steps_options(const MhaOptions& opt, const char* call, const char* per_step) {
+  if (!opt.positions.empty())
+    throw Error("options.positions", std::string(call) + " takes positions per step (" + per_step + ")");
+  if (opt.attn_weights.data != nullptr)
+    throw Error("options.attn_weights", std::string(call) + " does not output attention weights");
+}
+
+// The cached segments of a call's KvCache steps (their lengths then advance in run()), in the
+// calling thread's vectors: a decode step allocates nothing once their sizes were seen.
 template <class T>
-void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+struct CacheSegments {
+  std::vector<StoreSeq>& seqs = storage().seqs;
+  std::vector<SegmentCache>& caches = storage().caches;
+  std::vector<Segment<T>>& segments = storage().segments;
+  std::vector<CacheState*>& states = storage().states;
+  std::int64_t rows = 0;  // the call's rows so far
+  struct Storage {
+    std::vector<StoreSeq> seqs;
+    std::vector<SegmentCache> caches;
+    std::vector<Segment<T>> segments;
+    std::vector<CacheState*> states;
+  };
+  static Storage& storage() {
+    thread_local Storage s;
+    return s;
+  }
+  CacheSegments() { seqs.clear(), caches.clear(), segments.clear(), states.clear(); }
+  // A step's segment: its query and out over cache c (checked), `tokens` rows a sequence.
+  void add(CacheState& c, const ConstSeqView& query, const SeqView& out, std::span<const std::int64_t> positions) {
+    cache_seqs(c, query.S, rows, seqs);
+    caches.push_back({cache_store(c), {}, c.lengths.data()});
+    segments.push_back({static_cast<const T*>(query.data), static_cast<T*>(out.data), query.B, query.S, positions, nullptr});
+    states.push_back(&c);
+    rows += query.B * query.S;
+  }
+  // Spans and pointers, once every step is added (the vectors no longer move).
+  void link() {
+    std::size_t at = 0;
+    for (std::size_t i = 0; i < caches.size(); ++i) {
+      const std::size_t n = static_cast<std::size_t>(states[i]->batch);
+      caches[i].seqs = std::span<const StoreSeq>(seqs).subspan(at, n);
+      segments[i].cache = &caches[i];
+      at += n;
+    }
+  }
+};
+
+template <class T>
+void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
                     const MhaOptions& opt) {
   check_cached_step(layer, query, cache, out, opt, opt.positions);
   const std::int64_t B = query.B, tokens = query.S;
   if (tokens == 0) return;
+  CacheSegments<T> steps;
+  steps.add(cache, query, out, opt.positions);
+  steps.link();
   ForwardCall<T> call;
   add_config_options(layer.cfg, call.attention);
   call.weights = weights_output(opt, B, layer.cfg.heads, tokens, cache.capacity, call.attention);
   call.attention.threads = opt.threads;
   call.attention.backend = opt.backend;
   call.positions = true;
-  const Segment<T> whole{static_cast<const T*>(query.data), static_cast<T*>(out.data), B, tokens, opt.positions,
-                         &cache};
-  call.segments = {&whole, 1};
+  call.segments = steps.segments;
+  call.caches = steps.states;
   run(layer, call, opt);
 }
 
 template <class T>
 void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> steps, const MhaOptions& opt) {
-  std::vector<CacheRef> refs;
-  refs.reserve(steps.size());
+  std::vector<CacheState*> states;
+  states.reserve(steps.size());
   for (std::size_t i = 0; i < steps.size(); ++i) {
     if (steps[i].cache == nullptr) throw Error("steps[" + std::to_string(i) + "].cache", "null");
     for (std::size_t j = 0; j < i; ++j)
@@ -282,36 +344,34 @@ void batched_forward(const LayerStorage<T>& layer, std::span<const DecodeStep> s
         throw Error("steps[" + std::to_string(i) + "].cache",
                     "the cache of steps[" + std::to_string(j) + "] too: each step needs a cache of its own");
     try {
-      refs.push_back(cache_ref(layer.cfg, *steps[i].cache));
+      states.push_back(&cache_of_layer(layer.cfg, *steps[i].cache));
     } catch (const Error& e) {
       throw step_error(i, e);
     }
   }
-  if (!opt.positions.empty())
-    throw Error("options.positions", "forward_batch takes positions per step (DecodeStep::positions)");
-  if (opt.attn_weights.data != nullptr)
-    throw Error("options.attn_weights", "forward_batch does not output attention weights");
-  std::vector<Segment<T>> segments(steps.size());
+  check_steps_options(opt, "forward_batch", "DecodeStep::positions");
+  CacheSegments<T> cached;
   std::int64_t M = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     const DecodeStep& s = steps[i];
     try {
-      check_cached_step(layer, s.query, refs[i], s.out, opt, s.positions);
+      check_cached_step(layer, s.query, *states[i], s.out, opt, s.positions);
     } catch (const Error& e) {
       throw step_error(i, e);
     }
-    segments[i] = {static_cast<const T*>(s.query.data), static_cast<T*>(s.out.data), s.query.B, s.query.S, s.positions,
-                   &refs[i]};
+    cached.add(*states[i], s.query, s.out, s.positions);
     M += s.query.B * s.query.S;
   }
   if (M == 0) return;
+  cached.link();
   ForwardCall<T> call;
   add_config_options(layer.cfg, call.attention);
   call.attention.threads = opt.threads;
   call.attention.backend = opt.backend;
   call.positions = true;
   call.steps_side_by_side = true;
-  call.segments = segments;
+  call.segments = cached.segments;
+  call.caches = cached.states;
   run(layer, call, opt);
 }
 
@@ -320,27 +380,18 @@ void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const 
   const MhaConfig& c = layer.cfg;
   if (!layer.fused_qkv) throw Error("pool", "a pool holds self-attention's keys: it needs kdim == vdim == d_model");
   if (pool.kv_heads != c.kv_heads || pool.head_dim != c.head_dim)
-    throw Error("pool", "was made for another layer (kv_heads " + std::to_string(pool.kv_heads) + ", head_dim " +
-                            std::to_string(pool.head_dim) + "; this layer has " + std::to_string(c.kv_heads) + " and " +
-                            std::to_string(c.head_dim) + ")");
+    throw Error("pool", "was made for another layer (kv_heads " + num(pool.kv_heads) + ", head_dim " + num(pool.head_dim) +
+                            "; this layer has " + num(c.kv_heads) + " and " + num(c.head_dim) + ")");
   if (!c.t5_table.empty()) throw Error("pool", "T5's relative position bias is not supported over a pool");
-  if (opt.causal == Causal::top_left)
-    throw Error("options.causal", "a pool step attends with bottom-right alignment (use none or bottom_right)");
-  if (!opt.key_padding_mask.empty() || opt.attn_mask.data != nullptr)
-    throw Error("options", "masks are not supported over a pool (truncate the sequence instead)");
-  if (!opt.positions.empty()) throw Error("options.positions", "forward_pool takes positions per step (PoolStep::positions)");
-  if (opt.attn_weights.data != nullptr) throw Error("options.attn_weights", "forward_pool does not output attention weights");
+  check_cached_options(opt, "a pool");
+  check_steps_options(opt, "forward_pool", "PoolStep::positions");
   if (opt.backend == Backend::onednn)
     throw Error("options.backend", "forward_pool runs on the native and reference backends (oneDNN has no paged attention)");
 }
 
 template <class T>
 void check_pool_step(const LayerStorage<T>& layer, const PoolStep& s) {
-  const MhaConfig& c = layer.cfg;
-  check_seq("query", s.query, dtype_of<T>(), 1, c.d_model);
-  check_rows("query", s.query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
-  check_out(s.out, dtype_of<T>(), 1, s.query.S, c.d_model);
-  if (c.rope || !c.q_norm.empty()) check_positions(s.positions, 1, s.query.S);
+  check_step_rows(layer, s.query, s.out, s.positions, 1);
 }
 
 template <class T>
@@ -348,7 +399,6 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
                   const MhaOptions& opt) {
   check_pool_call(layer, pool, opt);
   std::vector<PoolWrite> writes(steps.size());
-  std::vector<Segment<T>> segments(steps.size());
   std::int64_t M = 0;
   for (std::size_t i = 0; i < steps.size(); ++i) {
     try {
@@ -361,9 +411,16 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
   }
   check_pool_writes(pool, writes);  // sets each write's start; Error("pool") when too few blocks are free
   if (M == 0) return;  // (run() takes the blocks: prepare_pool_writes, once the rows are checked)
-  for (std::size_t i = 0; i < steps.size(); ++i)
+  std::vector<StoreSeq> seqs;
+  pool_seqs(pool, writes, seqs);
+  std::vector<SegmentCache> caches(steps.size());
+  std::vector<Segment<T>> segments(steps.size());
+  const KvStore store = pool_store(pool, layer_index);
+  for (std::size_t i = 0; i < steps.size(); ++i) {
+    caches[i] = {store, std::span<const StoreSeq>(seqs).subspan(i, 1), &writes[i].start};
     segments[i] = {static_cast<const T*>(steps[i].query.data), static_cast<T*>(steps[i].out.data), 1, steps[i].query.S,
-                   steps[i].positions, nullptr, &writes[i]};
+                   steps[i].positions, &caches[i]};
+  }
   ForwardCall<T> call;
   add_config_options(layer.cfg, call.attention);
   call.attention.threads = opt.threads;
@@ -371,6 +428,7 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
   call.positions = true;
   call.pool = &pool;
   call.pool_writes = writes;
+  call.pool_seqs = seqs;
   call.segments = segments;
   run(layer, call, opt);
 }
@@ -379,7 +437,7 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
   template void self_forward(const LayerStorage<T>&, const ConstSeqView&, const SeqView&, const MhaOptions&);      \
   template void cross_forward(const LayerStorage<T>&, const ConstSeqView&, const ConstSeqView&, const ConstSeqView&, \
                               const SeqView&, const MhaOptions&);                                                  \
-  template void cached_forward(const LayerStorage<T>&, const ConstSeqView&, const CacheRef&, const SeqView&,        \
+  template void cached_forward(const LayerStorage<T>&, const ConstSeqView&, CacheState&, const SeqView&,       \
                                const MhaOptions&);                                                                 \
   template void batched_forward(const LayerStorage<T>&, std::span<const DecodeStep>, const MhaOptions&);            \
   template void pool_forward(const LayerStorage<T>&, std::span<const PoolStep>, PoolState&, std::int64_t,         \

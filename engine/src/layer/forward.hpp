@@ -24,7 +24,7 @@ void cross_forward(const LayerStorage<T>& layer, const ConstSeqView& query, cons
                    const ConstSeqView& value, const SeqView& out, const MhaOptions& opt);
 
 template <class T>
-void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, const CacheRef& cache, const SeqView& out,
+void cached_forward(const LayerStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
                     const MhaOptions& opt);
 
 // Every step is checked first (nothing changes if one is bad: Error naming "steps[i].<argument>").

@@ -119,10 +119,10 @@ void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& 
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
-  const detail::CacheRef ref = detail::cache_ref(config(), cache);
+  detail::CacheState& state = detail::cache_of_layer(config(), cache);
   const CallShape shape{"mha_forward_cached", cache.dtype(), -1, 0, &query};
   in_call(*this, storage_->layer, options, shape,
-          [&](const auto& layer) { detail::cached_forward(layer, query, ref, out, options); });
+          [&](const auto& layer) { detail::cached_forward(layer, query, state, out, options); });
 }
 
 void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
@@ -157,8 +157,8 @@ void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, co
 
 void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {
   if (step.cache == nullptr) throw Error("cache", "null");
-  const detail::CacheRef ref = detail::cache_ref(config(), *step.cache);
-  std::visit([&](const auto& layer) { detail::check_cached_step(layer, step.query, ref, step.out, options, step.positions); },
+  detail::CacheState& state = detail::cache_of_layer(config(), *step.cache);
+  std::visit([&](const auto& layer) { detail::check_cached_step(layer, step.query, state, step.out, options, step.positions); },
              storage_->layer);
 }
 

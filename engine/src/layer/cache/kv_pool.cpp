@@ -6,12 +6,7 @@
 #include <map>
 #include <string>
 
-#include "attention/run.hpp"
 #include "core/text.hpp"
-#include "core/validate.hpp"
-#include "layer/cache/kv_cache.hpp"
-#include "linalg/code8.hpp"
-#include "linalg/convert.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
@@ -23,11 +18,6 @@ struct KvPool::State {
 };
 
 namespace detail {
-
-namespace scratch {
-struct PoolQ : ScratchSlot {};  // a pool of another dtype: q and the output in the pool's dtype
-struct PoolOut : ScratchSlot {};
-}  // namespace scratch
 
 namespace {
 
@@ -130,116 +120,27 @@ void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
     pool.sequences[static_cast<std::size_t>(w.seq)].lengths[static_cast<std::size_t>(w.layer)] = w.start + w.tokens;
 }
 
-template <class T>
-void check_pool_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool, const PoolWrite& w,
-                     std::size_t i) {
-  if (!is_kv_code(pool.dtype)) return;
-  const std::int64_t hd = layer.cfg.head_dim;
-  for (std::int64_t t = 0; t < w.tokens; ++t)
-    for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk)
-      for (const auto& [off, what] : {std::pair{layer.k0, "K"}, std::pair{layer.v0, "V"}})
-        if (first_nonfinite_row(p + t * N + hk * hd + off, dtype_of<T>(), 1, hd, hd) == 0)
-          throw Error("steps[" + num(static_cast<std::int64_t>(i)) + "]",
-                      "sequence " + num(w.seq) + ", token " + num(w.start + t) + ": its " + what + " row of kv head " +
-                          num(hk) + " holds a NaN or an infinity, which a " + std::string(dtype_name(pool.dtype)) +
-                          " pool cannot represent (the pool is unchanged)");
-}
-
-template <class T>
-void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, PoolState& pool, const PoolWrite& w) {
-  const std::int64_t hd = layer.cfg.head_dim;
-  const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
-  const bool codes = is_kv_code(pool.dtype);
-  float* row = codes ? thread_buffer<float, scratch::PoolQ>().get(static_cast<std::size_t>(hd)) : nullptr;
-  for (std::int64_t t = 0; t < w.tokens; ++t) {
-    const std::int64_t pos = w.start + t, slot = pos % pool.block_size;
-    const std::int32_t blk = s.blocks[static_cast<std::size_t>(pos / pool.block_size)];
-    for (std::int64_t hk = 0; hk < pool.kv_heads; ++hk) {
-      const T* src = p + t * N + hk * hd;
-      if (codes) {  // checked finite before (check_pool_rows)
-        for (int kv = 0; kv < 2; ++kv)
-          quantize_row(pool.dtype, src + (kv == 0 ? layer.k0 : layer.v0), dtype_of<T>(), hd, row,
-                       reinterpret_cast<std::uint8_t*>(pool.row(blk, w.layer, kv, hk, slot)), pool.scale(blk, w.layer, kv, hk, slot));
-        continue;
-      }
-      convert_elements(src + layer.k0, dtype_of<T>(), pool.row(blk, w.layer, 0, hk, slot), pool.dtype, hd);
-      convert_elements(src + layer.v0, dtype_of<T>(), pool.row(blk, w.layer, 1, hk, slot), pool.dtype, hd);
-    }
-  }
-}
-
-template <class T>
-void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool,
-                    std::span<const PoolWrite> writes, T* o, const AttentionOptions& a) {
-  const std::int64_t H = layer.cfg.heads, hd = layer.cfg.head_dim, nq = layer.nq;
-  thread_local std::vector<std::int32_t> table;
-  thread_local std::vector<std::int64_t> lens, starts;
-  std::int64_t max_blocks = 1, M = 0;
-  for (const PoolWrite& w : writes) max_blocks = std::max(max_blocks, blocks_for(pool, w.start + w.tokens));
-  table.assign(writes.size() * static_cast<std::size_t>(max_blocks), 0);
-  lens.clear(), starts.assign(1, 0);
-  // The problem of attention_paged over the pool's blocks (core/problem.hpp's KeyBlocks), built
-  // here: the pool keeps its tables, lengths and views valid, so only the options are checked.
-  Problem q;
-  q.dtype = core_dtype(pool.dtype, dtype_of<T>());
-  q.kv_dtype = pool.dtype;
-  q.B = static_cast<std::int64_t>(writes.size()), q.H = H, q.Hkv = pool.kv_heads, q.D = q.Dv = hd;
-  for (std::size_t i = 0; i < writes.size(); ++i) {
-    const PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(writes[i].seq)];
-    const std::int64_t L = writes[i].start + writes[i].tokens;
-    std::copy_n(s.blocks.begin(), blocks_for(pool, L), table.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
-    lens.push_back(L);
-    M += writes[i].tokens;
-    starts.push_back(M);
-    q.Sq = std::max(q.Sq, writes[i].tokens), q.Sk = std::max(q.Sk, L);
-  }
-  q.key_lengths = lens.data();
-  q.query_start = starts.data();
-  q.kv_blocks = {table.data(), max_blocks, pool.block_size, pool.num_blocks};
-  const std::int64_t layer_index = writes.empty() ? 0 : writes[0].layer;  // a batch writes one layer
-  const std::int64_t esize = static_cast<std::int64_t>(pool.esize());
-  q.k = pool.view(layer_index, 0).data, q.v = pool.view(layer_index, 1).data;
-  // a block's kv head runs of block_size rows (problem order: block, kv head, slot, d)
-  q.k_strides = q.v_strides = {pool.block_bytes / esize, pool.block_size * hd, hd, 1};
+KvStore pool_store(PoolState& pool, std::int64_t layer) {
+  KvStore s;
+  s.dtype = pool.dtype;
+  s.kv_heads = pool.kv_heads, s.head_dim = pool.head_dim, s.block_size = pool.block_size, s.blocks = pool.num_blocks;
+  s.k = pool.row(0, layer, 0, 0, 0), s.v = pool.row(0, layer, 1, 0, 0);
+  s.block_stride = pool.block_bytes / static_cast<std::int64_t>(pool.esize());
   if (is_kv_code(pool.dtype)) {
-    q.k_scale = static_cast<const float*>(pool.scale_view(layer_index, 0).data);
-    q.v_scale = static_cast<const float*>(pool.scale_view(layer_index, 1).data);
-    for (std::int64_t* st : {q.k_scale_strides, q.v_scale_strides}) st[0] = pool.block_bytes / 4, st[1] = pool.block_size, st[2] = 1;
+    s.k_scale = pool.scale(0, layer, 0, 0, 0), s.v_scale = pool.scale(0, layer, 1, 0, 0);
+    s.scale_stride = pool.block_bytes / 4;
   }
-  q.causal = Causal::bottom_right;  // a step's tokens see the keys before them, as over a KvCache
-  set_window(q, a.window);
-  set_scale_threads(q, a);
-  set_softcap_alibi_sinks(q, a, Span{});
-  const Backend backend = a.backend == Backend::reference ? Backend::reference : Backend::native;
-  if (q.dtype == dtype_of<T>()) {  // q and out: the steps' rows one after another, N and nq apart
-    q.q = p, q.q_strides = {0, hd, N, 1};
-    q.o = o, q.o_strides = {0, hd, nq, 1};
-    run_attention("attention_paged", q, backend);
-    return;
-  }
-  // A pool of another dtype: the core runs in the pool's, q converted to it and the output back
-  // (as a KvCache of another dtype).
-  const std::int64_t n = M * nq, cs = static_cast<std::int64_t>(dtype_size(q.dtype));
-  std::byte* qc = thread_buffer<std::byte, scratch::PoolQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
-  std::byte* oc = thread_buffer<std::byte, scratch::PoolOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
-  for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * nq * cs, q.dtype, nq);
-  q.q = qc, q.q_strides = {0, hd, nq, 1};
-  q.o = oc, q.o_strides = {0, hd, nq, 1};
-  run_attention("attention_paged", q, backend);
-  convert_elements(oc, q.dtype, o, dtype_of<T>(), n);
+  s.paged = true;
+  return s;
 }
 
-#define SIMDATTN_POOL(T)                                                                                              \
-  template void check_pool_rows(const LayerStorage<T>&, const T*, std::int64_t, const PoolState&, const PoolWrite&,   \
-                                std::size_t);                                                                        \
-  template void append_pool_kv(const LayerStorage<T>&, const T*, std::int64_t, PoolState&, const PoolWrite&);      \
-  template void pool_attention(const LayerStorage<T>&, const T*, std::int64_t, const PoolState&,                    \
-                               std::span<const PoolWrite>, T*, const AttentionOptions&);
-SIMDATTN_POOL(float)
-SIMDATTN_POOL(double)
-SIMDATTN_POOL(bfloat16)
-SIMDATTN_POOL(float16)
-#undef SIMDATTN_POOL
+void pool_seqs(const PoolState& pool, std::span<const PoolWrite> writes, std::vector<StoreSeq>& seqs) {
+  std::int64_t row = 0;
+  for (const PoolWrite& w : writes) {
+    seqs.push_back({w.seq, &pool.sequences[static_cast<std::size_t>(w.seq)].blocks, w.start, w.tokens, row});
+    row += w.tokens;
+  }
+}
 
 }  // namespace detail
 

@@ -1,7 +1,7 @@
 // The KV pool as the layer reads and writes it (the public KvPool: simdattn/kv_pool.hpp, defined
 // in kv_pool.cpp): its blocks and sequences, the checks and block allocation of a batch of
-// writes, the K/V rows of a step appended into the blocks, and the one attention_paged call over
-// every step of a batch.
+// writes, and a layer of it as a paged key store (kv_store.hpp), which the forwards append to and
+// attend over as they do a KvCache.
 #pragma once
 
 #include <cstddef>
@@ -9,6 +9,7 @@
 #include <span>
 #include <vector>
 
+#include "layer/cache/kv_store.hpp"
 #include "layer/storage.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/attention.hpp"
@@ -84,22 +85,10 @@ void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
 // Every write's layer length advanced past its tokens.
 void commit_pool_writes(PoolState& pool, std::span<const PoolWrite> writes);
 
-// 8-bit pools: Error("steps[i]") naming the sequence and token of a K or V row of the step's
-// projected rows p (tokens rows, N apart) with a NaN or an infinity. Other pools: nothing.
-template <class T>
-void check_pool_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool, const PoolWrite& w,
-                     std::size_t i);
-
-// Appends the rotated K and V of one step's projected rows p (tokens rows, N apart) at the
-// write's positions, converted to the pool's dtype.
-template <class T>
-void append_pool_kv(const LayerStorage<T>& layer, const T* p, std::int64_t N, PoolState& pool, const PoolWrite& w);
-
-// The attention core of every write's step in one attention_paged call: q from the projected
-// rows p (the steps' rows one after another, N apart) over each sequence's keys at the write's
-// layer, bottom-right aligned, into o (rows of nq).
-template <class T>
-void pool_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const PoolState& pool,
-                    std::span<const PoolWrite> writes, T* o, const AttentionOptions& a);
+// Layer `layer` of the pool as a paged key store (kv_store.hpp), and the writes' sequences over it
+// (their tables hold the blocks the writes take once prepare_pool_writes has run), each write's
+// rows following the one before's from row 0, appended to seqs.
+KvStore pool_store(PoolState& pool, std::int64_t layer);
+void pool_seqs(const PoolState& pool, std::span<const PoolWrite> writes, std::vector<StoreSeq>& seqs);
 
 }  // namespace simdattn::detail

@@ -1,0 +1,93 @@
+// A layer's cached keys and values as a step writes and reads them, one view for both caches: a
+// KvCache (a dense key source: sequence b's keys in its one block, b) and a KvPool's layer (a
+// paged one: blocks through each sequence's table). A step's new rows are checked and appended
+// the same way for both, and its attention core is one problem over the store (core/problem.hpp's
+// key source), run on the one engine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "layer/storage.hpp"
+#include "simdattn/attention.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn::detail {
+
+// Element (block, kv head hk, slot, d) of K at k + block * block_stride + (hk * block_size + slot)
+// * head_dim + d (elements of dtype), V's likewise; 8-bit stores' row scales at k_scale[block *
+// scale_stride + hk * block_size + slot].
+struct KvStore {
+  DType dtype = DType::f32;
+  std::int64_t kv_heads = 0, head_dim = 0, block_size = 0, blocks = 0;
+  std::byte* k = nullptr;
+  std::byte* v = nullptr;
+  std::int64_t block_stride = 0;
+  float* k_scale = nullptr;
+  float* v_scale = nullptr;
+  std::int64_t scale_stride = 0;
+  bool paged = false;  // blocks through the sequences' tables (a pool), else sequence b's in block b
+};
+
+// One sequence of a step: its index (dense: its block; a pool: its handle), its keys' blocks
+// (paged: the pool sequence's table, read when the step writes and attends, once its blocks are
+// taken), the keys it holds before the step and the step's tokens, which are rows row0 .. row0 +
+// tokens - 1 of the call's projected rows (every step's, one after another).
+struct StoreSeq {
+  std::int64_t index = 0;
+  const std::vector<std::int32_t>* blocks = nullptr;
+  std::int64_t start = 0, tokens = 0, row0 = 0;
+};
+
+// The checks every cached step makes (over a KvCache or a pool): query [B, S, d_model] (B: the
+// step's sequences, -1 any) and out of the layer's dtype and rows, positions (with RoPE or
+// QK-norm); and the options: bottom-right alignment (top-left refused), no masks (truncate the
+// sequence instead). `what`: "a KvCache" or "a pool" in messages. Error naming the argument.
+template <class T>
+void check_step_rows(const LayerStorage<T>& layer, const ConstSeqView& query, const SeqView& out,
+                     std::span<const std::int64_t> positions, std::int64_t B);
+void check_cached_options(const MhaOptions& opt, const char* what);
+
+// 8-bit stores: the first K or V row among the step's projected rows p (N apart) that holds a NaN
+// or an infinity, which no code represents (its sequence of seqs, token, kv head and K or V);
+// none (seq -1) for other stores. Checked before anything is written.
+struct BadRow {
+  std::int64_t seq = -1, token = 0, kv_head = 0;
+  const char* which = "K";
+};
+template <class T>
+BadRow first_bad_row(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
+                     std::span<const StoreSeq> seqs);
+// Its message: "sequence <id>, token <t>: its K row of kv head <h> holds a NaN or an infinity,
+// which an int8 <what> cannot represent (the <what> is unchanged)".
+std::string bad_row_text(const BadRow& bad, std::int64_t id, DType dtype, const char* what);
+
+// The step's K and V rows (rotated) written past each sequence's keys, converted or quantized to
+// the store's dtype. Never throws (check_store_rows first).
+template <class T>
+void append_store_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
+                       std::span<const StoreSeq> seqs);
+
+// The attention core of a step (its sequences' rows consecutive in p from the first's row0): each
+// sequence's query rows (from p, N apart) over its keys (start
+// + tokens of them, bottom-right aligned) into its rows of o (nq apart), with options a (the
+// layer's config's scale, window and modifiers, threads, backend; a KvCache's step also the
+// weights' output), as one problem on the engine: a KvCache's attention() over dense views of it
+// (every sequence the same tokens, rows in order), a pool's problem over its blocks (varlen). A
+// store of another dtype than the layer's runs in the store's (8-bit: the layer's; f64 layers:
+// f32): q converted to it, the output back.
+template <class T>
+void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
+                     std::span<const StoreSeq> seqs, T* o, const AttentionOptions& a);
+
+// The dtype a store's attention core runs in: the store's, or for 8-bit codes the layer's (an f64
+// layer's: f32, as 8-bit K and V come with f32, bf16 or f16 q).
+inline DType core_dtype(DType store, DType layer) {
+  if (!is_kv_code(store)) return store;
+  return layer == DType::f64 ? DType::f32 : layer;
+}
+
+}  // namespace simdattn::detail
