@@ -18,24 +18,22 @@
 // between chunks: step() returns false and the sequence is as it was before the step.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
-#include <deque>
-#include <mutex>
+#include <memory>
 #include <optional>
-#include <span>
 #include <stop_token>
-#include <thread>
-#include <vector>
 
 #include "simdattn/export.hpp"
 #include "simdattn/kv_pool.hpp"
 #include "simdattn/mha.hpp"
 
 namespace simdattn {
+
+namespace detail {
+struct PoolSchedulerState;
+}
 
 struct PoolSchedulerOptions {
   std::int64_t token_budget = 24;           // a batch's cost in tokens (>= 1): decode steps, then prompt chunks
@@ -74,23 +72,7 @@ class SIMDATTN_API PoolScheduler {
   std::size_t tokens_run() const;
 
  private:
-  struct Request;
-  void run();
-  void form_batch(std::unique_lock<std::mutex>& lock);
-  void finish(Request* request);
-
-  const MultiHeadAttention& layer_;
-  KvPool& pool_;
-  PoolSchedulerOptions options_;
-  mutable std::mutex mutex_;      // the queue and the counters
-  mutable std::mutex pool_mutex_; // the pool: held by the scheduler's thread while a batch runs
-  std::condition_variable work_cv_;
-  std::atomic<std::uint32_t> finished_epoch_{0};
-  std::deque<Request*> pending_;
-  std::vector<KvPool::Sequence> busy_;  // sequences with a step in progress
-  bool stopping_ = false;
-  std::size_t last_batch_ = 1, batches_ = 0, tokens_run_ = 0;
-  std::thread runner_;
+  std::unique_ptr<detail::PoolSchedulerState> state_;  // the queue and its thread (engine/src/serving/pool_scheduler.cpp)
 };
 
 }  // namespace simdattn

@@ -22,21 +22,19 @@
 // streams that run at once.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
-#include <deque>
-#include <mutex>
-#include <span>
+#include <memory>
 #include <stop_token>
-#include <thread>
 
 #include "simdattn/export.hpp"
 #include "simdattn/mha.hpp"
 
 namespace simdattn {
+
+namespace detail {
+struct DecodeSchedulerState;
+}
 
 struct DecodeSchedulerOptions {
   std::chrono::microseconds max_wait{500};  // the longest a step waits for others to join (>= 0)
@@ -69,28 +67,7 @@ class SIMDATTN_API DecodeScheduler {
   std::size_t steps_run() const;
 
  private:
-  struct Request;
-  void run();
-  void run_batch(std::unique_lock<std::mutex>& lock);
-  void finish(std::span<Request* const> requests);
-  void finish(Request* request) { finish({&request, 1}); }
-
-  const MultiHeadAttention& layer_;
-  DecodeSchedulerOptions options_;
-  mutable std::mutex mutex_;
-  std::condition_variable forming_cv_;  // the thread forming a batch waits here for it to fill
-  std::condition_variable work_cv_;     // the scheduler's thread waits here, idle, for a step
-  // Bumped, and every waiting request thread woken (one futex call), when requests finish: each
-  // then checks its own request.
-  std::atomic<std::uint32_t> finished_epoch_{0};
-  std::deque<Request*> pending_;
-  bool idle_ = false;              // the scheduler's thread waits on work_cv_
-  bool stopping_ = false;          // the destructor asks it to end
-  bool forming_ = false;           // it waits for forming_want_ pending steps
-  std::size_t forming_want_ = 0;
-  std::size_t last_batch_ = 1;     // steps in the previous batch
-  std::size_t batches_ = 0, steps_run_ = 0;
-  std::thread runner_;             // runs every batch (started last, joined first)
+  std::unique_ptr<detail::DecodeSchedulerState> state_;  // the queue and its thread (engine/src/serving/scheduler.cpp)
 };
 
 }  // namespace simdattn

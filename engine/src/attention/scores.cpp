@@ -35,12 +35,7 @@ void scores_impl(const Problem& p) {
 
 void write_scores(const Problem& p) {
   if (p.scores == nullptr) return;
-  switch (p.dtype) {
-    case DType::f64: scores_impl<double>(p); break;
-    case DType::bf16: scores_impl<bfloat16>(p); break;
-    case DType::f16: scores_impl<float16>(p); break;
-    default: scores_impl<float>(p); break;
-  }
+  visit_dtype(p.dtype, [&](auto t) { scores_impl<decltype(t)>(p); });
 }
 
 }  // namespace simdattn::detail

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "c_api/translate.hpp"
+#include "core/element.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/mha.hpp"
 #include "simdattn/simdattn.h"
@@ -188,13 +189,8 @@ simdattn_status simdattn_mha_create(const simdattn_mha_config* config, const sim
     const MhaConfig c = mha_config(checked(config, "config"));
     const simdattn_mha_weights& w = checked(weights, "weights");
     simdattn_mha* h = nullptr;
-    switch (dtype_of_c(w.dtype, "weights.dtype")) {
-      case DType::f32: h = new simdattn_mha{make_layer<float>(c, w)}; break;
-      case DType::f64: h = new simdattn_mha{make_layer<double>(c, w)}; break;
-      case DType::bf16: h = new simdattn_mha{make_layer<bfloat16>(c, w)}; break;
-      case DType::f16: h = new simdattn_mha{make_layer<float16>(c, w)}; break;
-      default: throw Error("weights.dtype", "expected f32, f64, bf16 or f16");
-    }
+    h = detail::visit_float_dtype(dtype_of_c(w.dtype, "weights.dtype"), "weights.dtype",
+                                  [&](auto t) { return new simdattn_mha{make_layer<decltype(t)>(c, w)}; });
     *layer = h;
   });
 }

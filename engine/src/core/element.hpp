@@ -3,7 +3,11 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
+#include <type_traits>
+#include <utility>
 
+#include "simdattn/error.hpp"
 #include "simdattn/half.hpp"
 #include "simdattn/simd/code8.hpp"
 #include "simdattn/tensor.hpp"
@@ -40,24 +44,39 @@ inline simd::Code8 code8_of(DType code) noexcept {
   return code == DType::int8 ? simd::Code8::int8 : code == DType::fp8_e4m3 ? simd::Code8::e4m3 : simd::Code8::e5m2;
 }
 
+// fn(T{}) for the element type T of dtype, f32, f64, bf16 or f16: the one switch from a dtype to
+// its type. Any other dtype: fn(float{}) (for callers that validated it).
+template <class Fn>
+decltype(auto) visit_dtype(DType dtype, Fn&& fn) {
+  switch (dtype) {
+    case DType::f64: return fn(double{});
+    case DType::bf16: return fn(bfloat16{});
+    case DType::f16: return fn(float16{});
+    default: return fn(float{});
+  }
+}
+
+// The same for a dtype not yet validated: another than those four is Error(argument).
+template <class Fn>
+decltype(auto) visit_float_dtype(DType dtype, const char* argument, Fn&& fn) {
+  if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16)
+    throw Error(argument, "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dtype)));
+  return visit_dtype(dtype, std::forward<Fn>(fn));
+}
+
+// The type attention computes in for elements of S: double for f64, else float (bf16 and f16
+// widened).
+template <class S>
+using compute_type = std::conditional_t<std::is_same_v<S, double>, double, float>;
+
 // Element `off` of an array of dtype f32, f64, bf16 or f16 (an additive mask), widened exactly.
 inline double widen_at(const void* data, DType dtype, std::int64_t off) noexcept {
-  switch (dtype) {
-    case DType::f64: return static_cast<const double*>(data)[off];
-    case DType::bf16: return widen(static_cast<const bfloat16*>(data)[off]);
-    case DType::f16: return widen(static_cast<const float16*>(data)[off]);
-    default: return static_cast<const float*>(data)[off];
-  }
+  return visit_dtype(dtype, [&](auto t) { return widen(static_cast<const decltype(t)*>(data)[off]); });
 }
 
 // Stores d, narrowed to dtype (rounded once), as element `off` of an array of that dtype.
 inline void store_at(void* data, DType dtype, std::int64_t off, double d) noexcept {
-  switch (dtype) {
-    case DType::f64: static_cast<double*>(data)[off] = d; break;
-    case DType::bf16: static_cast<bfloat16*>(data)[off] = narrow<bfloat16>(d); break;
-    case DType::f16: static_cast<float16*>(data)[off] = narrow<float16>(d); break;
-    default: static_cast<float*>(data)[off] = static_cast<float>(d);
-  }
+  visit_dtype(dtype, [&](auto t) { static_cast<decltype(t)*>(data)[off] = narrow<decltype(t)>(d); });
 }
 
 }  // namespace simdattn::detail

@@ -85,12 +85,7 @@ void LinearAttentionState::step(const ConstTensorView& q, const ConstTensorView&
         double num = 0.0;
         for (std::int64_t d = 0; d < D_; ++d) num += fq_[static_cast<std::size_t>(d)] * s[d * W + e];
         const std::int64_t off = b * out.strides[0] + h * out.strides[1] + e * out.strides[3];
-        switch (dtype_) {  // rounded once, to nearest even
-          case DType::f32: static_cast<float*>(out.data)[off] = static_cast<float>(num / den); break;
-          case DType::f64: static_cast<double*>(out.data)[off] = num / den; break;
-          case DType::bf16: static_cast<bfloat16*>(out.data)[off] = to_bfloat16(num / den); break;
-          default: static_cast<float16*>(out.data)[off] = to_float16(num / den);
-        }
+        detail::store_at(out.data, dtype_, off, num / den);  // rounded once, to nearest even
       }
     }
   ++tokens_;

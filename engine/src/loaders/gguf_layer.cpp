@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/element.hpp"
 #include "core/text.hpp"
 #include "io/gguf.hpp"
 #include "loaders/families.hpp"
@@ -253,13 +254,7 @@ MultiHeadAttention MultiHeadAttention::from_gguf(const std::string& path, std::i
   const GgufFile f(path);
   GgufPlan p = plan_gguf(f, layer);
   const DType dt = dtype ? *dtype : stored_dtype(f, p);
-  switch (dt) {
-    case DType::f32: return load<float>(f, std::move(p));
-    case DType::f64: return load<double>(f, std::move(p));
-    case DType::bf16: return load<bfloat16>(f, std::move(p));
-    case DType::f16: return load<float16>(f, std::move(p));
-    default: throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dt)));
-  }
+  return visit_float_dtype(dt, "dtype", [&](auto t) { return load<decltype(t)>(f, std::move(p)); });
 }
 
 DType MultiHeadAttention::gguf_dtype(const std::string& path, std::int64_t layer) {

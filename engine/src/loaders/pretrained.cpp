@@ -8,6 +8,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/element.hpp"
 #include "core/text.hpp"
 #include "io/file_io.hpp"
 #include "io/json.hpp"
@@ -135,13 +136,7 @@ DType stored_dtype(const Checkpoint& ck, const LayerPlan& p) {
 
 MultiHeadAttention load(const Checkpoint& ck, LayerPlan p, const std::optional<DType>& dtype) {
   const DType dt = dtype ? *dtype : stored_dtype(ck, p);
-  switch (dt) {
-    case DType::f32: return load_plan<float>(ck, std::move(p));
-    case DType::f64: return load_plan<double>(ck, std::move(p));
-    case DType::bf16: return load_plan<bfloat16>(ck, std::move(p));
-    case DType::f16: return load_plan<float16>(ck, std::move(p));
-    default: throw Error("dtype", "expected f32, f64, bf16 or f16, got " + std::string(dtype_name(dt)));
-  }
+  return visit_float_dtype(dt, "dtype", [&](auto t) { return load_plan<decltype(t)>(ck, std::move(p)); });
 }
 
 // Limits for config.json: far above any published one.

@@ -1,5 +1,5 @@
 // DecodeScheduler (simdattn/scheduler.hpp): the scheduler's thread runs the batches request threads
-// submit.
+// submit (the queue, the thread and the wake-ups: batch_queue.hpp, shared with PoolScheduler).
 #include "simdattn/scheduler.hpp"
 
 #include <algorithm>
@@ -7,138 +7,59 @@
 #include <string>
 #include <vector>
 
+#include "serving/batch_queue.hpp"
 #include "simdattn/error.hpp"
 
-namespace simdattn {
+namespace simdattn::detail {
 
-// A pending or running step. taken and cancelled are guarded by the scheduler's mutex; error is
-// written before finished, whose store is the last touch of the request by any thread but its
-// own (which may then return and destroy it).
-struct DecodeScheduler::Request {
+// A pending or running step. taken is guarded by the queue's mutex.
+struct DecodeRequest : QueuedRequest {
   const DecodeStep* step = nullptr;
-  bool taken = false;      // in a batch (running or done)
-  bool cancelled = false;  // left the queue before it was taken
-  std::exception_ptr error;
-  std::atomic<bool> finished{false};
+  bool taken = false;  // in a batch (running or done)
 };
 
-DecodeScheduler::DecodeScheduler(const MultiHeadAttention& layer, const DecodeSchedulerOptions& options)
-    : layer_(layer), options_(options) {
-  if (options.max_batch < 1) throw Error("options.max_batch", "expected >= 1, got 0");
-  if (options.max_wait.count() < 0)
-    throw Error("options.max_wait", "expected >= 0 us, got " + std::to_string(options.max_wait.count()));
-  runner_ = std::thread([this] { run(); });  // last: everything it reads is set
-}
+struct DecodeSchedulerState {
+  DecodeSchedulerState(const MultiHeadAttention& l, const DecodeSchedulerOptions& o) : layer(l), options(o) {}
+  const MultiHeadAttention& layer;
+  DecodeSchedulerOptions options;
+  BatchQueue<DecodeRequest> queue;
+  std::condition_variable forming_cv;  // the runner forming a batch waits here for it to fill
+  bool forming = false;                // it waits for forming_want pending steps
+  std::size_t forming_want = 0, steps_run = 0;
 
-DecodeScheduler::~DecodeScheduler() {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
-  }
-  work_cv_.notify_one();
-  forming_cv_.notify_one();  // (a batch forming for steps that were cancelled meanwhile)
-  runner_.join();
-}
-
-std::size_t DecodeScheduler::batches() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return batches_;
-}
-
-std::size_t DecodeScheduler::steps_run() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return steps_run_;
-}
-
-bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
-  MhaOptions check;
-  check.backend = options_.backend;
-  layer_.check_step(step, check);  // a bad request fails alone, before it can join a batch
-  Request r;
-  r.step = &step;
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (stop.stop_requested()) return false;
-  pending_.push_back(&r);
-  const bool full = forming_ && pending_.size() >= forming_want_, wake = !full && idle_;
-  lock.unlock();
-  // (the scheduler outlives its calls: its condition variables can be notified unlocked, so the
-  // thread woken does not then wait for this one to release the mutex)
-  if (full) forming_cv_.notify_one();  // the batch is full
-  else if (wake) work_cv_.notify_one();
-  {
-    // Cancels the step when a stop is requested while it is pending (runs here at once if it
-    // already was).
-    std::stop_callback on_stop(stop, [&] {
-      bool cancel = false;
-      {
-        std::lock_guard<std::mutex> guard(mutex_);
-        if (!r.taken && !r.cancelled) {
-          r.cancelled = cancel = true;
-          pending_.erase(std::find(pending_.begin(), pending_.end(), &r));
-        }
-      }
-      if (cancel) finish(&r);
-    });
-    for (;;) {  // (the epoch is read before the flag: a finish after the read changes it)
-      const std::uint32_t epoch = finished_epoch_.load(std::memory_order_acquire);
-      if (r.finished.load(std::memory_order_acquire)) break;
-      finished_epoch_.wait(epoch, std::memory_order_acquire);
-    }
-  }  // on_stop is destroyed (waiting out a callback that is running) before r's fields are read
-  if (r.cancelled) return false;
-  if (r.error) std::rethrow_exception(r.error);
-  return true;
-}
-
-// Marks the requests finished, then wakes the waiting request threads with one call (rather
-// than one wake-up each, in turn, under the mutex: gpt-layer decode, 8 streams at 256 tokens).
-void DecodeScheduler::finish(std::span<Request* const> requests) {
-  for (Request* q : requests) q->finished.store(true, std::memory_order_release);
-  finished_epoch_.fetch_add(1, std::memory_order_release);
-  finished_epoch_.notify_all();
-}
-
-// The scheduler's thread: a batch whenever steps are pending, until the destructor.
-void DecodeScheduler::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  for (;;) {
-    idle_ = true;
-    work_cv_.wait(lock, [&] { return stopping_ || !pending_.empty(); });
-    idle_ = false;
-    if (stopping_) return;  // no step is in progress (the destructor's precondition)
-    run_batch(lock);
-  }
-}
+  void run_batch(std::unique_lock<std::mutex>& lock);
+};
 
 // With the lock held: waits (bounded) for the batch to fill, takes the pending steps, runs them
 // unlocked, counts the batch, then finishes its requests (unlocked).
-void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
-  const std::size_t want = std::min(last_batch_, options_.max_batch);
-  if (pending_.size() < want) {
-    forming_ = true;
-    forming_want_ = want;
-    const auto deadline = std::chrono::steady_clock::now() + options_.max_wait;
-    forming_cv_.wait_until(lock, deadline, [&] { return stopping_ || pending_.size() >= want; });
-    forming_ = false;
+void DecodeSchedulerState::run_batch(std::unique_lock<std::mutex>& lock) {
+  std::deque<DecodeRequest*>& pending = queue.pending;
+  const std::size_t want = std::min(queue.last_batch, options.max_batch);
+  if (pending.size() < want) {
+    forming = true;
+    forming_want = want;
+    const auto deadline = std::chrono::steady_clock::now() + options.max_wait;
+    forming_cv.wait_until(lock, deadline, [&] { return queue.stopping || pending.size() >= want; });
+    forming = false;
   }
   MhaOptions opt;
-  opt.threads = options_.threads;
-  opt.backend = options_.backend;
-  std::vector<Request*> batch;
+  opt.threads = options.threads;
+  opt.backend = options.backend;
+  std::vector<DecodeRequest*> batch;
   std::vector<DecodeStep> steps;
   try {  // room for the whole batch first: nothing below allocates
-    const std::size_t n = std::min(pending_.size(), options_.max_batch);
+    const std::size_t n = std::min(pending.size(), options.max_batch);
     batch.reserve(n);
     steps.reserve(n);
   } catch (...) {  // no memory to form a batch: the first pending step fails with it
-    Request* q = pending_.front();
-    pending_.pop_front();
+    DecodeRequest* q = pending.front();
+    pending.pop_front();
     q->taken = true;
     q->error = std::current_exception();
-    finish(q);
+    queue.finish(q);
     return;
   }
-  for (auto it = pending_.begin(); it != pending_.end() && batch.size() < options_.max_batch;) {
+  for (auto it = pending.begin(); it != pending.end() && batch.size() < options.max_batch;) {
     const bool same_cache = std::any_of(steps.begin(), steps.end(), [&](const DecodeStep& s) {
       return s.cache == (*it)->step->cache;
     });
@@ -148,34 +69,86 @@ void DecodeScheduler::run_batch(std::unique_lock<std::mutex>& lock) {
     }
     (*it)->taken = true;
     try {  // checked again now: its cache may have moved on since it was submitted
-      layer_.check_step(*(*it)->step, opt);
+      layer.check_step(*(*it)->step, opt);
     } catch (...) {
-      Request* q = *it;
-      it = pending_.erase(it);
+      DecodeRequest* q = *it;
+      it = pending.erase(it);
       q->error = std::current_exception();
-      finish(q);
+      queue.finish(q);
       continue;
     }
     batch.push_back(*it);
     steps.push_back(*(*it)->step);
-    it = pending_.erase(it);
+    it = pending.erase(it);
   }
   if (batch.empty()) return;  // every pending step was cancelled or refused meanwhile
   lock.unlock();
   std::exception_ptr failure;
   try {
-    layer_.forward_batch(steps, opt);
+    layer.forward_batch(steps, opt);
   } catch (...) {
     failure = std::current_exception();
   }
   lock.lock();
-  last_batch_ = batch.size();
-  ++batches_;
-  steps_run_ += batch.size();  // (counted before any of its steps returns)
+  queue.last_batch = batch.size();
+  ++queue.batches;
+  steps_run += batch.size();  // (counted before any of its steps returns)
   lock.unlock();
-  for (Request* q : batch) q->error = failure;
-  finish(batch);  // (taken: nothing else touches them meanwhile)
+  for (DecodeRequest* q : batch) q->error = failure;
+  queue.finish(batch);  // (taken: nothing else touches them meanwhile)
   lock.lock();
+}
+
+}  // namespace simdattn::detail
+
+namespace simdattn {
+
+DecodeScheduler::DecodeScheduler(const MultiHeadAttention& layer, const DecodeSchedulerOptions& options)
+    : state_(std::make_unique<detail::DecodeSchedulerState>(layer, options)) {
+  if (options.max_batch < 1) throw Error("options.max_batch", "expected >= 1, got 0");
+  if (options.max_wait.count() < 0)
+    throw Error("options.max_wait", "expected >= 0 us, got " + std::to_string(options.max_wait.count()));
+  detail::DecodeSchedulerState* s = state_.get();
+  s->queue.start([s](std::unique_lock<std::mutex>& lock) { s->run_batch(lock); });  // last: everything it reads is set
+}
+
+DecodeScheduler::~DecodeScheduler() { state_->queue.stop(&state_->forming_cv); }  // (a batch forming for steps cancelled meanwhile)
+
+std::size_t DecodeScheduler::batches() const {
+  std::lock_guard<std::mutex> lock(state_->queue.mutex);
+  return state_->queue.batches;
+}
+
+std::size_t DecodeScheduler::steps_run() const {
+  std::lock_guard<std::mutex> lock(state_->queue.mutex);
+  return state_->steps_run;
+}
+
+bool DecodeScheduler::step(const DecodeStep& step, std::stop_token stop) {
+  detail::DecodeSchedulerState& s = *state_;
+  MhaOptions check;
+  check.backend = s.options.backend;
+  s.layer.check_step(step, check);  // a bad request fails alone, before it can join a batch
+  detail::DecodeRequest r;
+  r.step = &step;
+  std::unique_lock<std::mutex> lock(s.queue.mutex);
+  if (stop.stop_requested()) return false;
+  s.queue.pending.push_back(&r);
+  const bool full = s.forming && s.queue.pending.size() >= s.forming_want, wake = !full && s.queue.idle;
+  lock.unlock();
+  // (the scheduler outlives its calls: its condition variables can be notified unlocked, so the
+  // thread woken does not then wait for this one to release the mutex)
+  if (full) s.forming_cv.notify_one();  // the batch is full
+  else if (wake) s.queue.work_cv.notify_one();
+  // a stop while the step is pending cancels it (at once if already requested)
+  s.queue.wait(r, stop, [&](detail::DecodeRequest& q) {
+    if (q.taken || q.cancelled) return false;
+    q.cancelled = true;
+    return s.queue.remove(&q);
+  });
+  if (r.cancelled) return false;
+  if (r.error) std::rethrow_exception(r.error);
+  return true;
 }
 
 }  // namespace simdattn

@@ -231,11 +231,17 @@ Refusal decode8_why_not(const Problem& p) {
   return decode_shape_why_not(p);
 }
 
-void decode8_attention(const Problem& p) {
-  if (p.dtype == DType::bf16) decode_units<float, bfloat16>(p);
-  else if (p.dtype == DType::f16) decode_units<float, float16>(p);
-  else decode_units<float, float>(p);
+namespace {
+
+// Every decode path runs decode_units in the problem's types (8-bit codes come with q of f32, bf16
+// or f16: computed in f32).
+void decode_any(const Problem& p) {
+  visit_dtype(p.dtype, [&](auto s) { decode_units<compute_type<decltype(s)>, decltype(s)>(p); });
 }
+
+}  // namespace
+
+void decode8_attention(const Problem& p) { decode_any(p); }
 
 Refusal decode16_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
@@ -243,10 +249,7 @@ Refusal decode16_why_not(const Problem& p) {
   return decode_shape_why_not(p);
 }
 
-void decode16_attention(const Problem& p) {
-  if (p.dtype == DType::bf16) decode_units<float, bfloat16>(p);
-  else decode_units<float, float16>(p);
-}
+void decode16_attention(const Problem& p) { decode_any(p); }
 
 Refusal decode_why_not(const Problem& p) {
   if (p.kv_codes()) return {"K and V of dtype {w} (the 8-bit paths take them)", dtype_name(p.kv_dtype)};
@@ -254,9 +257,6 @@ Refusal decode_why_not(const Problem& p) {
   return decode_shape_why_not(p);
 }
 
-void decode_attention(const Problem& p) {
-  if (p.dtype == DType::f32) decode_units<float, float>(p);
-  else decode_units<double, double>(p);
-}
+void decode_attention(const Problem& p) { decode_any(p); }
 
 }  // namespace simdattn::detail

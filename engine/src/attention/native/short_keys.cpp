@@ -215,12 +215,7 @@ Refusal short_keys_why_not(const Problem& p) {
 }
 
 void short_keys_attention(const Problem& p) {
-  switch (p.dtype) {
-    case DType::f64: short_keys<double, double>(p); break;
-    case DType::bf16: short_keys<float, bfloat16>(p); break;
-    case DType::f16: short_keys<float, float16>(p); break;
-    default: short_keys<float, float>(p);
-  }
+  visit_dtype(p.dtype, [&](auto s) { short_keys<compute_type<decltype(s)>, decltype(s)>(p); });
 }
 
 }  // namespace simdattn::detail

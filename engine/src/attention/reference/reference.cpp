@@ -66,12 +66,7 @@ void reference_impl(const Problem& p) {
 }  // namespace
 
 void attention_reference(const Problem& p) {
-  switch (p.dtype) {
-    case DType::f64: reference_impl<double>(p); break;
-    case DType::bf16: reference_impl<bfloat16>(p); break;
-    case DType::f16: reference_impl<float16>(p); break;
-    default: reference_impl<float>(p); break;
-  }
+  visit_dtype(p.dtype, [&](auto t) { reference_impl<decltype(t)>(p); });
 }
 
 }  // namespace simdattn::detail

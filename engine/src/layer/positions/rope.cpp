@@ -35,12 +35,7 @@ void apply_rope(const TensorView& x, std::span<const std::int64_t> positions, co
           detail::rope_rotate(table, cs.data(), data + b * x.strides[0] + h * x.strides[1] + s * x.strides[2], x.strides[3]);
       }
   };
-  switch (x.dtype) {
-    case DType::f64: rotate_all(static_cast<double*>(x.data)); break;
-    case DType::bf16: rotate_all(static_cast<bfloat16*>(x.data)); break;
-    case DType::f16: rotate_all(static_cast<float16*>(x.data)); break;
-    default: rotate_all(static_cast<float*>(x.data));
-  }
+  detail::visit_dtype(x.dtype, [&](auto t) { rotate_all(static_cast<decltype(t)*>(x.data)); });
 }
 
 }  // namespace simdattn

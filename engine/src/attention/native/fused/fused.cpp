@@ -84,12 +84,7 @@ Refusal fused_tiles_why_not(const Problem& p) {
 }
 
 void fused_attention(const Problem& p) {
-  switch (p.dtype) {
-    case DType::f64: fused<double, double>(p); break;
-    case DType::bf16: fused<float, bfloat16>(p); break;
-    case DType::f16: fused<float, float16>(p); break;
-    default: fused<float, float>(p);
-  }
+  visit_dtype(p.dtype, [&](auto s) { fused<compute_type<decltype(s)>, decltype(s)>(p); });
 }
 
 }  // namespace simdattn::detail
