@@ -44,7 +44,7 @@ INTERNAL_FOR_TESTS = {
     "attention/native/native.hpp",  # the native path table
     "core/backends.hpp",            # the backends' entry points (oneDNN primitive counts)
     "core/element.hpp",             # scalar conversions of the oracle helpers
-    "core/validate.hpp",            # make_problem (the path table's input)
+    "core/validate/validate.hpp",   # make_problem (the path table's input)
     "io/gguf.hpp",                  # the GGUF reader (its doctest and fuzz target)
     "io/json.hpp",
     "linalg/gemm.hpp",

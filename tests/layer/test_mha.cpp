@@ -1,7 +1,7 @@
 // The multi-head attention layer against a float64 computation from first principles
 // (layer/mha_reference.hpp): f64 and f32 on every backend, bf16 and f16 layers, cross-attention,
 // validation, loading weights from safetensors (both naming conventions, 16-bit files) and the
-// attention weights it returns. The KV cache's tests are in test_kv_cache.cpp.
+// attention weights it returns. The KV cache's tests are in cache/test_kv_cache.cpp.
 #include <doctest/doctest.h>
 
 #include <cmath>

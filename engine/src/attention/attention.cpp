@@ -1,12 +1,12 @@
 // attention() and attention_paged(): each call's arguments validated into one Problem
-// (core/validate.cpp, validate_paged.cpp), then the same way through the backends (run_problem).
+// (core/validate/validate.cpp, paged.cpp), then the same way through the backends (run_problem).
 #include "simdattn/attention.hpp"
 #include "simdattn/paged.hpp"
 
 #include "attention/run.hpp"
 #include "attention/verbose.hpp"
 #include "core/backends.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
 

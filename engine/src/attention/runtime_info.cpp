@@ -8,7 +8,7 @@
 #include <omp.h>
 
 #include "attention/native/native.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "runtime/team.hpp"
 #include "runtime/thread_runtime.hpp"
 #include "runtime/verbose.hpp"

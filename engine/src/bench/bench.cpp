@@ -8,7 +8,7 @@
 #include <omp.h>
 
 #include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/simd/kernels.hpp"
 

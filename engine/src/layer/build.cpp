@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "core/text.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "layer/positions/rope_table.hpp"
 #include "layer/storage.hpp"
 #include "linalg/gemm.hpp"

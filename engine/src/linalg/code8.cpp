@@ -8,7 +8,7 @@
 
 #include "core/element.hpp"
 #include "core/text.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "linalg/convert.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"

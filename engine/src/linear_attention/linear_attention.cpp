@@ -12,7 +12,7 @@
 
 #include "core/element.hpp"
 #include "core/problem.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "linalg/convert.hpp"
 #include "linalg/panels.hpp"
 #include "linear_attention/native.hpp"

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "core/element.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "linear_attention/phi.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/linear.hpp"

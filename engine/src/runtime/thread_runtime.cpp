@@ -4,7 +4,7 @@
 #include <atomic>
 #include <optional>
 
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "simdattn/error.hpp"
 
 namespace simdattn::detail {
@@ -15,7 +15,7 @@ std::atomic<int> g_runtime{kUndecided};
 std::atomic<bool> g_chosen{false};  // by set_thread_runtime (or, when read, the environment)
 
 // SIMDATTN_THREAD_RUNTIME's runtime, if it names one (every computing entry point reports an
-// invalid value: core/validate.hpp; here it counts as unset).
+// invalid value: core/validate/validate.hpp; here it counts as unset).
 std::optional<ThreadRuntime> env_runtime() noexcept {
   try {
     return env_thread_runtime();

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "attention/native/native.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "simdattn/bench.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "support/test_util.hpp"

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "attention/native/native.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "support/test_util.hpp"
 
 namespace simdattn::test {

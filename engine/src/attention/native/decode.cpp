@@ -43,6 +43,10 @@ struct DecodeRow : ScratchSlot {};  // FewRows' q rows, scores, outputs, m and l
 
 namespace {
 
+// The rows of a paged cache's next block fetched ahead while a block is read (FewRows::for_runs);
+// the products fetch the later ones kGemvPrefetchRows (16) rows ahead.
+constexpr std::int64_t kRunPrefetchRows = 16;
+
 // A few query rows (at most kMaxProductRows: a group's heads of one token, as a grouped-query
 // decode step has) against a range of their keys: their scores from K's rows, each row's softmax,
 // their outputs from V's rows, each K and V row read once for all of them, where it lies
@@ -133,9 +137,10 @@ class FewRows {
   std::int64_t element_bytes() const { return p_.kv_codes() ? 1 : static_cast<std::int64_t>(sizeof(S)); }
 
   // f(offset from j0, run) for the runs of keys [j0, j0 + n) of kv head (b, hk), K's (kv 0) or
-  // V's, each run's successor (or, after K's last, V's first) prefetched while it is read: a
-  // paged cache's next block is a jump the hardware prefetcher would start over at (guarded by
-  // attention/native/paged-decode).
+  // V's, each run's successor's first rows (or, after K's last, V's first run's) fetched while it
+  // is read: a paged cache's next block is a jump the hardware prefetcher would start over at,
+  // and the products fetch only the rows of their own run ahead (guarded by
+  // attention/native/paged-decode*).
   template <class F>
   void for_runs(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n, int kv, F&& f) const {
     for (std::int64_t j = j0; j < j0 + n;) {
@@ -148,14 +153,19 @@ class FewRows {
       j += r.n;
     }
   }
+  // Run r's first kRunPrefetchRows rows of K (kv 0) or V, and its scales.
   void prefetch_run(const KeyRun& r, std::int64_t hk, int kv) const {
     const Shape4& st = kv == 0 ? p_.k_strides : p_.v_strides;
     if (st[3] != 1) return;
     const std::int64_t es = element_bytes();
     const char* row = static_cast<const char*>(kv == 0 ? p_.k : p_.v) + (kv == 0 ? p_.k_at(r, hk) : p_.v_at(r, hk)) * es;
     const std::int64_t bytes = (kv == 0 ? p_.D : p_.Dv) * es, step = st[2] * es;
-    for (std::int64_t x = 0; x < r.n; ++x, row += step)
+    for (std::int64_t x = 0; x < std::min(r.n, kRunPrefetchRows); ++x, row += step)
       for (std::int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
+    if (p_.kv_codes() && (kv == 0 ? p_.k_scale_strides : p_.v_scale_strides)[2] == 1) {
+      const float* sc = kv == 0 ? k_scales(r, hk) : v_scales(r, hk);
+      for (std::int64_t x = 0; x < r.n; x += 16) _mm_prefetch(reinterpret_cast<const char*>(sc + x), _MM_HINT_T0);
+    }
   }
 
   const Problem& p_;

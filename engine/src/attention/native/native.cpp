@@ -14,23 +14,24 @@ namespace {
 
 Refusal takes_all(const Problem&) { return {}; }
 
-// In order: the decode paths first (a few query rows, bound by reading K and V; the 8-bit one
-// after the others, which refuse 8-bit K/V), then the tile
-// path before the short-key one (its tile blocks take sdcross's 77 keys too), the fused path
-// last (every problem).
+// In order: the decode paths first (up to kDecodeMaxTokens query tokens, bound by reading K and
+// V; the 8-bit one after the others, which refuse 8-bit K/V), then the tile path before the
+// short-key one (its tile blocks take sdcross's 77 keys too), the fused path last (every
+// problem). Every path but decode.widened and short_keys reads every key source (dense, paged,
+// 8-bit codes); those two refuse a paged one (needs_dense_keys).
 constexpr std::array<NativePath, 7> kPaths{{
-    {"decode16", "few query rows per kv head; bf16/f16 K and V read as they are (16-bit GEMV)",
+    {"decode16", "up to 16 query tokens (a decode step), dense or paged: a kv head's query rows as one matrix, bf16/f16 K and V rows read once as they are",
      &decode16_why_not, &decode16_attention},
-    {"decode.widened", "decode in bf16/f16 with K or V strided along D, on dense f32 copies",
+    {"decode.widened", "decode in bf16/f16 with dense K or V strided along D, on dense f32 copies",
      &widened_why_not, &widened_attention},
-    {"decode", "few query rows per kv head (a new token against a KV cache): K and V streamed once",
+    {"decode", "up to 16 query tokens (a decode step), dense or paged: a kv head's query rows as one matrix, f32/f64 K and V rows read once",
      &decode_why_not, &decode_attention},
-    {"decode8", "few query rows per kv head; 8-bit K and V codes read as they are (code GEMV, scales per key)",
+    {"decode8", "up to 16 query tokens (a decode step), dense or paged: a kv head's query rows as one matrix, 8-bit K and V codes read once (scales per key)",
      &decode8_why_not, &decode8_attention},
-    {"fused.tiles", "flash attention on AMX tiles (bf16, D <= 256)", &fused_tiles_why_not, &fused_attention},
-    {"short_keys", "up to 96 keys, no mask or causal: queries on the vector lanes", &short_keys_why_not,
+    {"fused.tiles", "flash attention on AMX tiles (bf16, D <= 256), dense or paged", &fused_tiles_why_not, &fused_attention},
+    {"short_keys", "up to 96 dense keys, no mask or causal: queries on the vector lanes", &short_keys_why_not,
      &short_keys_attention},
-    {"fused", "flash attention over key blocks: every other problem", &takes_all, &fused_attention},
+    {"fused", "flash attention over key blocks, dense or paged: every other problem", &takes_all, &fused_attention},
 }};
 
 }  // namespace

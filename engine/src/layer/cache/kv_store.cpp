@@ -10,7 +10,7 @@
 #include "attention/run.hpp"
 #include "core/problem.hpp"
 #include "core/text.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "layer/call_options.hpp"
 #include "layer/positions/positions.hpp"
 #include "linalg/code8.hpp"

@@ -7,7 +7,9 @@
 // factor 256 folded into alpha), read by the loaders below. Accumulators tile keys x rows (dot)
 // or rows x column vectors (weighted) so that the loaded B vectors are used m times each from
 // registers: at most 16 (8 without AVX-512's 32 registers). Short B rows are fetched ahead as
-// gemv.hpp's kernels fetch them.
+// gemv.hpp's kernels fetch them, B's own rows only: B may be one block of a paged cache, whose
+// next rows in memory are another head's or another sequence's (fetching them cost a quarter
+// more traffic over blocks of 64 rows); the caller fetches its next block's first rows.
 #pragma once
 
 #include <algorithm>
@@ -96,7 +98,7 @@ constexpr int kRowsAccumulators = kHasAvx512<Arch> ? 16 : 8;
 // (sixteen f32 ones reduced together on AVX-512, in row-major order so that a row's NK scores
 // go out as one masked store).
 template <class Arch, class L, int M, int NK, bool kScaled>
-__attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::int64_t k, typename L::C alpha,
+__attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::int64_t n, std::int64_t k, typename L::C alpha,
                                                         const typename L::C* X, std::int64_t ldx, const typename L::E* Bm,
                                                         std::int64_t ldb, const float* scale, std::int64_t ss,
                                                         typename L::C* S, std::int64_t lds) {
@@ -107,7 +109,7 @@ __attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::in
   const typename L::E* b = Bm + j * ldb;
   const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(typename L::E));
   if (row_bytes <= kGemvPrefetchMaxRowBytes)
-    for (int q = 0; q < NK; ++q) prefetch_row(b, kGemvPrefetchRows + q, ldb, row_bytes);
+    for (int q = 0; q < NK && j + kGemvPrefetchRows + q < n; ++q) prefetch_row(b, kGemvPrefetchRows + q, ldb, row_bytes);
   V acc[M][NK];
   for (int r = 0; r < M; ++r)
     for (int q = 0; q < NK; ++q) acc[r][q] = V(C(0));
@@ -170,18 +172,19 @@ void rows_dot(std::int64_t n, std::int64_t k, typename L::C alpha, const typenam
   alpha *= L::fold;
   std::int64_t j = 0;
   if (scale != nullptr) {
-    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, true>(j, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
-    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, true>(j, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
   } else {
-    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, false>(j, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
-    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, false>(j, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
   }
 }
 
 // Columns [c, c + NV * W) of the weighted sum for M rows: M x NV accumulators over the k rows of
-// B. The first columns' pass (first) fetches each whole row ahead for the passes after it.
+// B. The first columns' pass (first) fetches each whole row ahead for the passes after it, of the
+// `left` rows B has from here.
 template <class Arch, class L, int M, int NV, bool kScaled>
-__attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bool first, std::int64_t n, std::int64_t k,
+__attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bool first, std::int64_t left, std::int64_t n, std::int64_t k,
                                                              typename L::C alpha, const typename L::C* X, std::int64_t ldx,
                                                              const typename L::E* Bm, std::int64_t ldb,
                                                              const float* scale, std::int64_t ss, typename L::C beta,
@@ -198,7 +201,7 @@ __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bo
   const typename L::E* row = Bm + c;
   const std::int64_t ahead = first ? n * static_cast<std::int64_t>(sizeof(typename L::E)) : 0;
   for (std::int64_t p = 0; p < k; ++p, row += ldb) {
-    if (ahead > 0) prefetch_row(row, kGemvPrefetchRows, ldb, ahead);
+    if (ahead > 0 && p + kGemvPrefetchRows < left) prefetch_row(row, kGemvPrefetchRows, ldb, ahead);
     V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = L::load(row + v * W);
     if constexpr (kScaled) {
@@ -243,9 +246,9 @@ void rows_weighted_scaled(std::int64_t n, std::int64_t k, typename L::C alpha, c
     const float* sc = kScaled ? scale + p0 * ss : scale;
     std::int64_t c = 0;
     for (; c + NV * W <= n; c += NV * W)
-      rows_weighted_cols<Arch, L, M, NV, kScaled>(c, c == 0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
+      rows_weighted_cols<Arch, L, M, NV, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
     for (; c + W <= n; c += W)
-      rows_weighted_cols<Arch, L, M, 1, kScaled>(c, c == 0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
+      rows_weighted_cols<Arch, L, M, 1, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
     for (; c < n; ++c)
       for (int r = 0; r < M; ++r) {
         C& y = Y[r * ldy + c];

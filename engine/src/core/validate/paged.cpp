@@ -12,7 +12,7 @@
 
 #include "core/problem.hpp"
 #include "core/text.hpp"
-#include "core/validate.hpp"
+#include "core/validate/validate.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/paged.hpp"
 

@@ -1,5 +1,5 @@
 // Turning the arguments of attention() and attention_paged() into a Problem: one validator, two
-// forms of the call (validate.cpp, validate_paged.cpp).
+// forms of the call (validate.cpp, paged.cpp).
 #pragma once
 
 #include <cmath>
@@ -96,7 +96,7 @@ std::optional<ThreadRuntime> env_thread_runtime();
 // Validates the arguments of attention() and builds the Problem. Throws Error.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
                      const TensorView& out, const AttentionOptions& options);
-// The same for attention_paged() (validate_paged.cpp): its keys in blocks, varlen queries.
+// The same for attention_paged() (paged.cpp): its keys in blocks, varlen queries.
 Problem make_problem(const ConstTensorView& q, const ConstTensorView& k_cache, const ConstTensorView& v_cache,
                      const BlockTable& block_table, std::span<const std::int64_t> seq_lens, const TensorView& out,
                      const PagedAttentionOptions& options);
