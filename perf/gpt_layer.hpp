@@ -1,4 +1,4 @@
-// The gpt-layer stand-in of the serving benchmarks (perf/bench_pool.cpp, perf/serve/): d_model
+// The gpt-layer stand-in of the serving benchmarks (perf/suite/bench_pool.cpp, perf/serve/): d_model
 // 1024, 16 heads, f32, random weights N(0, 1/32^2) and biases from a fixed seed.
 #pragma once
 

@@ -182,7 +182,7 @@ py::object linear_attention_py(const py::object& q_in, const py::object& k_in, c
 }
 
 // Per-call seconds of `reps` attention() calls made from C++ on the same arrays (the calling
-// overhead benchmark's baseline; perf/python_overhead.py).
+// overhead benchmark's baseline; perf/hosts/python_overhead.py).
 std::vector<double> time_attention_cpp(const py::object& q_in, const py::object& k_in, const py::object& v_in,
                                        const py::object& out_in, int reps, int threads) {
   const Array q = array_of(q_in, "q"), k = array_of(k_in, "k"), v = array_of(v_in, "v"), out = array_of(out_in, "out");

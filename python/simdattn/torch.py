@@ -30,7 +30,7 @@ __all__ = ["scaled_dot_product_attention", "MultiheadAttention"]
 # PyTorch is an OpenMP host (its intra-op pool is libgomp's): simdattn's parallel loops run on that
 # pool (the openmp runtime) unless the runtime was chosen (set_thread_runtime before this import,
 # or SIMDATTN_THREAD_RUNTIME): right after a torch op on its pool, simdattn's own team would wake
-# workers that compete with torch's spinning ones for the cores (perf/host_openmp.py torch;
+# workers that compete with torch's spinning ones for the cores (perf/hosts/host_openmp.py torch;
 # docs/serving.md, "Thread runtimes").
 _simdattn._set_default_thread_runtime("openmp")
 

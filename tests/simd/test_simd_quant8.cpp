@@ -196,9 +196,9 @@ TEST_CASE("8-bit kernels on every ISA: quantize and dequantize bit for bit, the 
             for (auto& v : x) v = nd(rng);
             for (auto& v : sc) v = std::fabs(nd(rng)) / simd::code8_max(f);
             std::vector<float> y1(static_cast<std::size_t>(m * n)), y2(y1.size(), NAN), y3(y1.size(), 0.25f);
-            q.rows.dot(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, y1.data(), n);
-            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.0f, y2.data(), n);  // beta 0: y not read
-            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.5f, y3.data(), n);
+            q.rows.dot(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, y1.data(), n, nullptr);
+            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.0f, y2.data(), n, nullptr);  // beta 0: y not read
+            q.rows.weighted(m, n, k, 1.5f, x.data(), ldx, Bm.data(), ldb, sc.data(), 3, 0.5f, y3.data(), n, nullptr);
             for (int r = 0; r < m; ++r)
               for (std::int64_t j = 0; j < n; ++j) {
                 double d = 0, s = 0, md = 0, ms = 0;

@@ -93,7 +93,8 @@ void check_rows(const simd::RowsKernels<T>& rk, const Elements& el, DType code, 
           const float* sc = scaled ? scale.data() : nullptr;
           // dot: S[r, j] = 0.5 * sc[2j] * X[r, :k] . B[j, :k]
           std::vector<T> S(static_cast<std::size_t>(m * lds), T(-7));
-          rk.dot(m, n, k, T(0.5), X.data(), ldx, B.data(), ldb, sc, 2, S.data(), lds);
+          // next: a B that follows (only fetched ahead; a paged cache's next block): the same results
+          rk.dot(m, n, k, T(0.5), X.data(), ldx, B.data(), ldb, sc, 2, S.data(), lds, scaled ? B.data() : nullptr);
           for (int r = 0; r < m; ++r)
             for (std::int64_t j = 0; j < n; ++j) {
               double want = 0;
@@ -106,7 +107,7 @@ void check_rows(const simd::RowsKernels<T>& rk, const Elements& el, DType code, 
           // weighted: Y[r, c] = 0.5 * sum_p X[r, p] sc[2p] B[p, c] + beta Y[r, c], beta 0 never reading Y
           for (T beta : {T(0), T(1)}) {
             std::vector<T> Y(static_cast<std::size_t>(m * ldy), beta == T(0) ? std::numeric_limits<T>::quiet_NaN() : T(3));
-            rk.weighted(m, n, k, T(0.5), X.data(), ldx, B.data(), ldb, sc, 2, beta, Y.data(), ldy);
+            rk.weighted(m, n, k, T(0.5), X.data(), ldx, B.data(), ldb, sc, 2, beta, Y.data(), ldy, scaled ? B.data() : nullptr);
             for (int r = 0; r < m; ++r)
               for (std::int64_t c = 0; c < n; ++c) {
                 double want = 0;
@@ -151,9 +152,9 @@ TEST_CASE("few-rows products: a row's scores do not depend on how many keys the 
         for (auto& x : X) x = nd(rng);
         for (auto& b : B) b = nd(rng);
         std::vector<float> all(static_cast<std::size_t>(m * 40)), part(all.size());
-        kt->gemm_f32.rows.dot(m, 40, k, 1.0f, X.data(), k, B.data(), k, nullptr, 0, all.data(), 40);
+        kt->gemm_f32.rows.dot(m, 40, k, 1.0f, X.data(), k, B.data(), k, nullptr, 0, all.data(), 40, nullptr);
         for (std::int64_t n : {1, 3, 17, 39}) {
-          kt->gemm_f32.rows.dot(m, n, k, 1.0f, X.data(), k, B.data(), k, nullptr, 0, part.data(), 40);
+          kt->gemm_f32.rows.dot(m, n, k, 1.0f, X.data(), k, B.data(), k, nullptr, 0, part.data(), 40, nullptr);
           for (int r = 0; r < m; ++r)
             for (std::int64_t j = 0; j < n; ++j) CHECK(part[r * 40 + j] == all[r * 40 + j]);
         }

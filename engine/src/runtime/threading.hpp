@@ -32,7 +32,7 @@ namespace simdattn::detail {
 
 // Below this many flops per thread a parallel region costs more than it saves (waking a worker
 // and joining it takes a few microseconds; 4 MFLOP is ~16 us at a per-core peak of 250 GFLOP/s).
-// perf/bench_gemm.cpp's 128x768x768 and 1x4096x128 cases sit on either side of it.
+// perf/suite/bench_gemm.cpp's 128x768x768 and 1x4096x128 cases sit on either side of it.
 constexpr double kMinFlopsPerThread = 4e6;
 
 // Threads a call asks for: `requested`, or OpenMP's default (OMP_NUM_THREADS, else the CPUs the

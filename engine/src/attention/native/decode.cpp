@@ -43,8 +43,8 @@ struct DecodeRow : ScratchSlot {};  // FewRows' q rows, scores, outputs, m and l
 
 namespace {
 
-// The rows of a paged cache's next block fetched ahead while a block is read (FewRows::for_runs);
-// the products fetch the later ones kGemvPrefetchRows (16) rows ahead.
+// The rows of V's first run fetched while K's last is read (FewRows::for_runs); within K's or V's
+// runs the products fetch rows kGemvPrefetchRows (16) ahead, into the next run.
 constexpr std::int64_t kRunPrefetchRows = 16;
 
 // A few query rows (at most kMaxProductRows: a group's heads of one token, as a grouped-query
@@ -80,9 +80,9 @@ class FewRows {
         const S* q = static_cast<const S*>(p_.q) + p_.q_offset(b, rb.head(r), rb.token(r));
         for (std::int64_t d = 0; d < p_.D; ++d) q_[r * p_.D + d] = static_cast<T>(widen(q[d * p_.q_strides[3]]));
       }
-      for_runs(b, hk, k0, n, 0, [&](std::int64_t off, const KeyRun& run) {
+      for_runs(b, hk, k0, n, 0, [&](std::int64_t off, const KeyRun& run, const void* next) {
         rows_.dot(m, run.n, p_.D, T(1), q_, p_.D, k_rows(run, hk), p_.k_strides[2], k_scales(run, hk), p_.k_scale_strides[2],
-                  s_ + off, lds);
+                  s_ + off, lds, next);
       });
       for (std::int64_t r = 0; r < R; ++r) {
         const std::int64_t i = rb.token(r);
@@ -93,9 +93,9 @@ class FewRows {
         any = any || l_[r] != T(0);
       }
       if (any)
-        for_runs(b, hk, k0, n, 1, [&](std::int64_t off, const KeyRun& run) {
+        for_runs(b, hk, k0, n, 1, [&](std::int64_t off, const KeyRun& run, const void* next) {
           rows_.weighted(m, p_.Dv, run.n, T(1), s_ + off, lds, v_rows(run, hk), p_.v_strides[2], v_scales(run, hk),
-                         p_.v_scale_strides[2], off == 0 ? T(0) : T(1), acc_, p_.Dv);
+                         p_.v_scale_strides[2], off == 0 ? T(0) : T(1), acc_, p_.Dv, next);
         });
     }
     if (it.part >= 0) {
@@ -136,21 +136,25 @@ class FewRows {
   const float* v_scales(const KeyRun& r, std::int64_t hk) const { return p_.kv_codes() ? p_.v_scale + p_.v_scale_at(r, hk) : nullptr; }
   std::int64_t element_bytes() const { return p_.kv_codes() ? 1 : static_cast<std::int64_t>(sizeof(S)); }
 
-  // f(offset from j0, run) for the runs of keys [j0, j0 + n) of kv head (b, hk), K's (kv 0) or
-  // V's, each run's successor's first rows (or, after K's last, V's first run's) fetched while it
-  // is read: a paged cache's next block is a jump the hardware prefetcher would start over at,
-  // and the products fetch only the rows of their own run ahead (guarded by
-  // attention/native/paged-decode*).
+  // f(offset from j0, run, next) for the runs of keys [j0, j0 + n) of kv head (b, hk), K's (kv 0)
+  // or V's, next the first row of the run after it (null after the last). A paged cache's next
+  // block is a jump the hardware prefetcher would start over at: the products fetch the next
+  // run's first rows as they read their own last ones, as they fetch their own rows ahead, and
+  // K's last run is followed by V's first run's first rows and a run by its successor's scales
+  // (guarded by attention/native/paged-decode*).
   template <class F>
   void for_runs(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t n, int kv, F&& f) const {
+    KeyRun r = p_.key_run(b, j0, j0 + n);
     for (std::int64_t j = j0; j < j0 + n;) {
-      const KeyRun r = p_.key_run(b, j, j0 + n);
+      const bool last = j + r.n == j0 + n;
+      const KeyRun next = last ? KeyRun{} : p_.key_run(b, j + r.n, j0 + n);
       if (p_.paged()) {
-        if (j + r.n < j0 + n) prefetch_run(p_.key_run(b, j + r.n, j0 + n), hk, kv);
+        if (!last) prefetch_scales(next, hk, kv);
         else if (kv == 0) prefetch_run(p_.key_run(b, j0, j0 + n), hk, 1);
       }
-      f(j - j0, r);
+      f(j - j0, r, last ? nullptr : (kv == 0 ? k_rows(next, hk) : v_rows(next, hk)));
       j += r.n;
+      r = next;
     }
   }
   // Run r's first kRunPrefetchRows rows of K (kv 0) or V, and its scales.
@@ -162,10 +166,12 @@ class FewRows {
     const std::int64_t bytes = (kv == 0 ? p_.D : p_.Dv) * es, step = st[2] * es;
     for (std::int64_t x = 0; x < std::min(r.n, kRunPrefetchRows); ++x, row += step)
       for (std::int64_t off = 0; off < bytes; off += 64) _mm_prefetch(row + off, _MM_HINT_T0);
-    if (p_.kv_codes() && (kv == 0 ? p_.k_scale_strides : p_.v_scale_strides)[2] == 1) {
-      const float* sc = kv == 0 ? k_scales(r, hk) : v_scales(r, hk);
-      for (std::int64_t x = 0; x < r.n; x += 16) _mm_prefetch(reinterpret_cast<const char*>(sc + x), _MM_HINT_T0);
-    }
+    prefetch_scales(r, hk, kv);
+  }
+  void prefetch_scales(const KeyRun& r, std::int64_t hk, int kv) const {
+    if (!p_.kv_codes() || (kv == 0 ? p_.k_scale_strides : p_.v_scale_strides)[2] != 1) return;
+    const float* sc = kv == 0 ? k_scales(r, hk) : v_scales(r, hk);
+    for (std::int64_t x = 0; x < r.n; x += 16) _mm_prefetch(reinterpret_cast<const char*>(sc + x), _MM_HINT_T0);
   }
 
   const Problem& p_;

@@ -79,19 +79,23 @@ inline constexpr int kMaxNv = 4;
 // B row read once for all m rows (a decode step's grouped query heads as one matrix). B's
 // element is the table's: T (GemmKernels::rows), bf16 / f16 bits widened exactly
 // (KernelTable::rows_bf16, rows_f16) or 8-bit codes (Quant8Kernels::rows, the codes' values as
-// decode8 gives them); scale null: 1. Sums in T (f32 for 16-bit and codes).
+// decode8 gives them); scale null: 1. Sums in T (f32 for 16-bit and codes). `next`: the first row
+// of the B a caller multiplies after this one (a paged cache's next block of the same head, row
+// stride ldb as B's), whose first rows are fetched into cache as B's last are read, or null; it is
+// never read.
 inline constexpr int kMaxProductRows = 8;
 template <class T>
 struct RowsKernels {
   // S[r * lds + j] = alpha * scale[j * ss] * sum_p X[r * ldx + p] * B[j * ldb + p], r < m, j < n:
   // B's rows dotted with every row of X (a group's scores against K's rows).
   void (*dot)(int m, std::int64_t n, std::int64_t k, T alpha, const T* X, std::int64_t ldx, const void* B,
-              std::int64_t ldb, const float* scale, std::int64_t ss, T* S, std::int64_t lds);
+              std::int64_t ldb, const float* scale, std::int64_t ss, T* S, std::int64_t lds, const void* next);
   // Y[r * ldy + c] = alpha * sum_p X[r * ldx + p] * scale[p * ss] * B[p * ldb + c] + beta * Y[r * ldy + c],
   // r < m, c < n: B's rows weighted by each row of X and summed (a group's P V); beta == 0 never
   // reads Y.
   void (*weighted)(int m, std::int64_t n, std::int64_t k, T alpha, const T* X, std::int64_t ldx, const void* B,
-                   std::int64_t ldb, const float* scale, std::int64_t ss, T beta, T* Y, std::int64_t ldy);
+                   std::int64_t ldb, const float* scale, std::int64_t ss, T beta, T* Y, std::int64_t ldy,
+                   const void* next);
 };
 
 template <class T>
@@ -195,7 +199,7 @@ struct VectorKernels {
   void (*normalize_cols)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, const T* l);
 };
 
-// Machine-limit probes for the perf suite (perf/bench_machine.cpp).
+// Machine-limit probes for the perf suite (perf/suite/bench_machine.cpp).
 struct ProbeKernels {
   // Runs `iters` steps of kFmaChains independent FMA chains on full-width f32 vectors; returns
   // a value that depends on every chain (so nothing is optimised away).

@@ -7,9 +7,10 @@
 // factor 256 folded into alpha), read by the loaders below. Accumulators tile keys x rows (dot)
 // or rows x column vectors (weighted) so that the loaded B vectors are used m times each from
 // registers: at most 16 (8 without AVX-512's 32 registers). Short B rows are fetched ahead as
-// gemv.hpp's kernels fetch them, B's own rows only: B may be one block of a paged cache, whose
-// next rows in memory are another head's or another sequence's (fetching them cost a quarter
-// more traffic over blocks of 64 rows); the caller fetches its next block's first rows.
+// gemv.hpp's kernels fetch them, B's own rows and then the first rows of the B the caller reads
+// next (`next`: a paged cache's next block), never the rows that follow B in memory: past a
+// paged cache's block they are another head's or another sequence's (fetching them cost a
+// quarter more traffic over blocks of 64 rows).
 #pragma once
 
 #include <algorithm>
@@ -25,14 +26,15 @@
 namespace simdattn::simd::impl {
 
 // How the rows kernels read B: E its element, C the type computed in, W elements as a batch of C
-// (load), one element (one), and the factor the loads fall short by (fold: E4M3's 256).
-template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), C_ Fold>
+// (load), one element (one), and the factor the loads fall short by (fold: E4M3's 256; an integer
+// because clang 14 takes no floating-point template arguments).
+template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), int Fold>
 struct RowsOf {
   using E = E_;
   using C = C_;
   static batch<C, Arch> load(const E* p) { return Load(p); }
   static C one(E e) { return One(e); }
-  static constexpr C fold = Fold;
+  static constexpr C fold = C(Fold);
 };
 template <class Arch, class T>
 batch<T, Arch> load_plain(const T* p) {
@@ -43,11 +45,11 @@ T as_is(T x) {
   return x;
 }
 template <class Arch, class T>
-using PlainRows = RowsOf<Arch, T, T, &load_plain<Arch, T>, &as_is<Arch, T>, T(1)>;
+using PlainRows = RowsOf<Arch, T, T, &load_plain<Arch, T>, &as_is<Arch, T>, 1>;
 template <class Arch, bool kBf16>
-using HalfRows = RowsOf<Arch, std::uint16_t, float, &load16<Arch, kBf16>, &widen16<Arch, kBf16>, 1.0f>;
+using HalfRows = RowsOf<Arch, std::uint16_t, float, &load16<Arch, kBf16>, &widen16<Arch, kBf16>, 1>;
 template <class Arch, Code8 F>
-using CodeRows = RowsOf<Arch, std::uint8_t, float, &load8<Arch, F>, &widen8<Arch, F>, kFold<F>>;
+using CodeRows = RowsOf<Arch, std::uint8_t, float, &load8<Arch, F>, &widen8<Arch, F>, int(kFold<F>)>;
 
 #if defined(__AVX512F__)
 // Lane i = the sum of v[i]'s lanes, for 16 batches (4 levels of shuffles and adds, 46
@@ -90,6 +92,15 @@ inline C sum_lanes(const batch<C, Arch>& v) {
   return xsimd::hadd(v);
 }
 
+// Fetches row r of B (n rows, ldb apart) into L1, or past B's end row r - n of the B that
+// follows it (next; null: nothing).
+template <class E>
+__attribute__((always_inline)) inline void prefetch_row_of(const E* Bm, std::int64_t r, std::int64_t n, const E* next,
+                                                          std::int64_t ldb, std::int64_t bytes) {
+  if (r < n) prefetch_row(Bm, r, ldb, bytes);
+  else if (next != nullptr) prefetch_row(next, r - n, ldb, bytes);
+}
+
 // Accumulators a kernel keeps in registers.
 template <class Arch>
 constexpr int kRowsAccumulators = kHasAvx512<Arch> ? 16 : 8;
@@ -101,7 +112,7 @@ template <class Arch, class L, int M, int NK, bool kScaled>
 __attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::int64_t n, std::int64_t k, typename L::C alpha,
                                                         const typename L::C* X, std::int64_t ldx, const typename L::E* Bm,
                                                         std::int64_t ldb, const float* scale, std::int64_t ss,
-                                                        typename L::C* S, std::int64_t lds) {
+                                                        typename L::C* S, std::int64_t lds, const typename L::E* next) {
   using C = typename L::C;
   using V = batch<C, Arch>;
   constexpr std::int64_t W = V::size;
@@ -109,7 +120,7 @@ __attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::in
   const typename L::E* b = Bm + j * ldb;
   const std::int64_t row_bytes = k * static_cast<std::int64_t>(sizeof(typename L::E));
   if (row_bytes <= kGemvPrefetchMaxRowBytes)
-    for (int q = 0; q < NK && j + kGemvPrefetchRows + q < n; ++q) prefetch_row(b, kGemvPrefetchRows + q, ldb, row_bytes);
+    for (int q = 0; q < NK; ++q) prefetch_row_of(Bm, j + kGemvPrefetchRows + q, n, next, ldb, row_bytes);
   V acc[M][NK];
   for (int r = 0; r < M; ++r)
     for (int q = 0; q < NK; ++q) acc[r][q] = V(C(0));
@@ -166,29 +177,31 @@ constexpr int rows_dot_keys_per_block() {
 
 template <class Arch, class L, int M>
 void rows_dot(std::int64_t n, std::int64_t k, typename L::C alpha, const typename L::C* X, std::int64_t ldx,
-              const void* B, std::int64_t ldb, const float* scale, std::int64_t ss, typename L::C* S, std::int64_t lds) {
+              const void* B, std::int64_t ldb, const float* scale, std::int64_t ss, typename L::C* S, std::int64_t lds,
+              const void* next_b) {
   constexpr int NK = rows_dot_keys_per_block<Arch, M>();
   const auto* Bm = static_cast<const typename L::E*>(B);
+  const auto* next = static_cast<const typename L::E*>(next_b);
   alpha *= L::fold;
   std::int64_t j = 0;
   if (scale != nullptr) {
-    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
-    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds, next);
+    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, true>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds, next);
   } else {
-    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
-    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds);
+    for (; j + NK <= n; j += NK) rows_dot_keys<Arch, L, M, NK, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds, next);
+    for (; j < n; ++j) rows_dot_keys<Arch, L, M, 1, false>(j, n, k, alpha, X, ldx, Bm, ldb, scale, ss, S, lds, next);
   }
 }
 
 // Columns [c, c + NV * W) of the weighted sum for M rows: M x NV accumulators over the k rows of
-// B. The first columns' pass (first) fetches each whole row ahead for the passes after it, of the
-// `left` rows B has from here.
+// B. The first columns' pass (first) fetches each whole row ahead for the passes after it: of
+// the `left` rows B has from here, then of next's.
 template <class Arch, class L, int M, int NV, bool kScaled>
 __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bool first, std::int64_t left, std::int64_t n, std::int64_t k,
                                                              typename L::C alpha, const typename L::C* X, std::int64_t ldx,
                                                              const typename L::E* Bm, std::int64_t ldb,
                                                              const float* scale, std::int64_t ss, typename L::C beta,
-                                                             typename L::C* Y, std::int64_t ldy) {
+                                                             typename L::C* Y, std::int64_t ldy, const typename L::E* next) {
   using C = typename L::C;
   using V = batch<C, Arch>;
   constexpr std::int64_t W = V::size;
@@ -201,7 +214,7 @@ __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bo
   const typename L::E* row = Bm + c;
   const std::int64_t ahead = first ? n * static_cast<std::int64_t>(sizeof(typename L::E)) : 0;
   for (std::int64_t p = 0; p < k; ++p, row += ldb) {
-    if (ahead > 0 && p + kGemvPrefetchRows < left) prefetch_row(row, kGemvPrefetchRows, ldb, ahead);
+    if (ahead > 0) prefetch_row_of(Bm, p + kGemvPrefetchRows, left, next, ldb, ahead);
     V bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = L::load(row + v * W);
     if constexpr (kScaled) {
@@ -233,7 +246,7 @@ constexpr std::int64_t kRowsBlockBytes = 32768;
 template <class Arch, class L, int M, bool kScaled>
 void rows_weighted_scaled(std::int64_t n, std::int64_t k, typename L::C alpha, const typename L::C* X, std::int64_t ldx,
                           const typename L::E* Bm, std::int64_t ldb, const float* scale, std::int64_t ss,
-                          typename L::C beta, typename L::C* Y, std::int64_t ldy) {
+                          typename L::C beta, typename L::C* Y, std::int64_t ldy, const typename L::E* next) {
   using C = typename L::C;
   constexpr std::int64_t W = batch<C, Arch>::size;
   constexpr int NV = std::max(1, std::min(4, kRowsAccumulators<Arch> / M));
@@ -246,9 +259,9 @@ void rows_weighted_scaled(std::int64_t n, std::int64_t k, typename L::C alpha, c
     const float* sc = kScaled ? scale + p0 * ss : scale;
     std::int64_t c = 0;
     for (; c + NV * W <= n; c += NV * W)
-      rows_weighted_cols<Arch, L, M, NV, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
+      rows_weighted_cols<Arch, L, M, NV, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy, next);
     for (; c + W <= n; c += W)
-      rows_weighted_cols<Arch, L, M, 1, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy);
+      rows_weighted_cols<Arch, L, M, 1, kScaled>(c, c == 0, k - p0, n, kb, alpha, x, ldx, rows, ldb, sc, ss, b, Y, ldy, next);
     for (; c < n; ++c)
       for (int r = 0; r < M; ++r) {
         C& y = Y[r * ldy + c];
@@ -267,43 +280,45 @@ void rows_weighted_scaled(std::int64_t n, std::int64_t k, typename L::C alpha, c
 template <class Arch, class L, int M>
 void rows_weighted(std::int64_t n, std::int64_t k, typename L::C alpha, const typename L::C* X, std::int64_t ldx,
                    const void* B, std::int64_t ldb, const float* scale, std::int64_t ss, typename L::C beta,
-                   typename L::C* Y, std::int64_t ldy) {
+                   typename L::C* Y, std::int64_t ldy, const void* next_b) {
   const auto* Bm = static_cast<const typename L::E*>(B);
+  const auto* next = static_cast<const typename L::E*>(next_b);
   alpha *= L::fold;
-  if (scale != nullptr) rows_weighted_scaled<Arch, L, M, true>(n, k, alpha, X, ldx, Bm, ldb, scale, ss, beta, Y, ldy);
-  else rows_weighted_scaled<Arch, L, M, false>(n, k, alpha, X, ldx, Bm, ldb, scale, ss, beta, Y, ldy);
+  if (scale != nullptr) rows_weighted_scaled<Arch, L, M, true>(n, k, alpha, X, ldx, Bm, ldb, scale, ss, beta, Y, ldy, next);
+  else rows_weighted_scaled<Arch, L, M, false>(n, k, alpha, X, ldx, Bm, ldb, scale, ss, beta, Y, ldy, next);
 }
 
 // The table entries: m (1 .. kMaxProductRows) to the kernel of that many rows.
 template <class Arch, class L>
 void rows_dot_any(int m, std::int64_t n, std::int64_t k, typename L::C alpha, const typename L::C* X, std::int64_t ldx,
-                  const void* B, std::int64_t ldb, const float* scale, std::int64_t ss, typename L::C* S, std::int64_t lds) {
+                  const void* B, std::int64_t ldb, const float* scale, std::int64_t ss, typename L::C* S, std::int64_t lds,
+                  const void* next) {
   static_assert(kMaxProductRows == 8);
   switch (m) {
-    case 1: return rows_dot<Arch, L, 1>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 2: return rows_dot<Arch, L, 2>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 3: return rows_dot<Arch, L, 3>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 4: return rows_dot<Arch, L, 4>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 5: return rows_dot<Arch, L, 5>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 6: return rows_dot<Arch, L, 6>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    case 7: return rows_dot<Arch, L, 7>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
-    default: return rows_dot<Arch, L, 8>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds);
+    case 1: return rows_dot<Arch, L, 1>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 2: return rows_dot<Arch, L, 2>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 3: return rows_dot<Arch, L, 3>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 4: return rows_dot<Arch, L, 4>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 5: return rows_dot<Arch, L, 5>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 6: return rows_dot<Arch, L, 6>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    case 7: return rows_dot<Arch, L, 7>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
+    default: return rows_dot<Arch, L, 8>(n, k, alpha, X, ldx, B, ldb, scale, ss, S, lds, next);
   }
 }
 
 template <class Arch, class L>
 void rows_weighted_any(int m, std::int64_t n, std::int64_t k, typename L::C alpha, const typename L::C* X,
                        std::int64_t ldx, const void* B, std::int64_t ldb, const float* scale, std::int64_t ss,
-                       typename L::C beta, typename L::C* Y, std::int64_t ldy) {
+                       typename L::C beta, typename L::C* Y, std::int64_t ldy, const void* next) {
   switch (m) {
-    case 1: return rows_weighted<Arch, L, 1>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 2: return rows_weighted<Arch, L, 2>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 3: return rows_weighted<Arch, L, 3>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 4: return rows_weighted<Arch, L, 4>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 5: return rows_weighted<Arch, L, 5>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 6: return rows_weighted<Arch, L, 6>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    case 7: return rows_weighted<Arch, L, 7>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
-    default: return rows_weighted<Arch, L, 8>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy);
+    case 1: return rows_weighted<Arch, L, 1>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 2: return rows_weighted<Arch, L, 2>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 3: return rows_weighted<Arch, L, 3>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 4: return rows_weighted<Arch, L, 4>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 5: return rows_weighted<Arch, L, 5>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 6: return rows_weighted<Arch, L, 6>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    case 7: return rows_weighted<Arch, L, 7>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
+    default: return rows_weighted<Arch, L, 8>(n, k, alpha, X, ldx, B, ldb, scale, ss, beta, Y, ldy, next);
   }
 }
 

@@ -7,7 +7,7 @@ baseline (one rank x T threads, attention() directly) to the sharded run (N rank
 a ratio >= 1 means the sharded run is as fast. Also MPI's one-way latency and bandwidth on this
 host (pingpong), the inputs of docs/distributed.md's model.
 
-  python3 perf/distributed.py [--build build] [--rounds 3] [--ring-tokens 16384]
+  python3 perf/distributed/distributed.py [--build build] [--rounds 3] [--ring-tokens 16384]
                               [--decode-tokens 262144] [--ranks 2,4] [--json FILE]
 """
 import argparse

@@ -1,4 +1,4 @@
-// simdattn::mpi on one host (perf/distributed.py runs the grid and the ratios): one mode per run,
+// simdattn::mpi on one host (perf/distributed/distributed.py runs the grid and the ratios): one mode per run,
 // under mpirun -np N, each rank on --threads threads. Rank 0 prints one JSON line per measurement.
 //
 //   simdattn_mpi_bench ring   [--tokens 16384] [--heads 8] [--kv-heads 8] [--dim 128] [--order zigzag]
@@ -37,7 +37,7 @@ struct Args {
 };
 
 [[noreturn]] void usage(const std::string& why) {
-  std::fprintf(stderr, "simdattn_mpi_bench: %s (see the comment at the top of perf/distributed.cpp)\n", why.c_str());
+  std::fprintf(stderr, "simdattn_mpi_bench: %s (see the comment at the top of perf/distributed/distributed.cpp)\n", why.c_str());
   MPI_Abort(MPI_COMM_WORLD, 2);
   std::exit(2);
 }

@@ -1,5 +1,5 @@
 // Decode shapes of grouped heads, and a prompt chunk over a paged cache (docs/performance.md,
-// "Decode shapes and their roofline"; perf/decode_roofline.py turns a run into roofline shares):
+// "Decode shapes and their roofline"; perf/suite/decode_roofline.py turns a run into roofline shares):
 //   attention/native/<shape>-decode[.bf16|.int8]/t<N>: one sequence's decode step, f32, bf16 or
 //     int8 K/V (q and out f32 with int8), GB/s of the K and V read:
 //       mha8     H 8,   Hkv 8, 16384 keys, D 128   (the byte rate of gqa4 / gqa8's K and V)

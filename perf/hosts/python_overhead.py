@@ -2,7 +2,7 @@
 """Calling overhead of the Python module: simdattn.attention() from Python against the same
 attention() call made from C++ (simdattn._time_attention_cpp), on the same arrays, in one process.
 
-  PYTHONPATH=build/python /usr/bin/python3 perf/python_overhead.py [--workload bert] [--rounds 40]
+  PYTHONPATH=build/python /usr/bin/python3 perf/hosts/python_overhead.py [--workload bert] [--rounds 40]
                                              [--kind numpy|torch]
 
 --kind torch passes torch tensors (read and written through DLPack) to the Python call; the C++

@@ -15,7 +15,7 @@
 //                       [--calls 20] [--threads 0] [--json]
 //
 // OMP_WAIT_POLICY is read by libgomp when the process starts: compare policies by running the
-// program under each (perf/host_openmp.py runs the grid: runtimes x policies, interleaved).
+// program under each (perf/hosts/host_openmp.py runs the grid: runtimes x policies, interleaved).
 #include <omp.h>
 
 #include <algorithm>

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """simdattn inside an OpenMP host, under each thread runtime and each OMP_WAIT_POLICY.
 
-  perf/host_openmp.py cpp   BUILD/perf/simdattn_host_bench [--rounds 3] [--workload bert]
-  PYTHONPATH=build/python perf/host_openmp.py torch [--rounds 3]
+  perf/hosts/host_openmp.py cpp   BUILD/perf/simdattn_host_bench [--rounds 3] [--workload bert]
+  PYTHONPATH=build/python perf/hosts/host_openmp.py torch [--rounds 3]
 
 cpp: runs simdattn_host_bench (an OpenMP-parallel matmul, then an attention call, in a loop; the
 call alone in alternating phases) under --runtime team|openmp x OMP_WAIT_POLICY unset|active|passive.

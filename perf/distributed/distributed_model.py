@@ -13,7 +13,7 @@ P hosts, from measured rates and a stated network. Prints the markdown tables of
                 step_compute = flops(N) / (P^2 * flop_rate),  flops(N) = 2 * heads * N^2 * dim (causal)
                 step_comm    = latency + 2 * kv_heads * dim * (N / P) * dtype_bytes / net_rate
 
-  python3 perf/distributed_model.py [--flop-rate GFLOPS] [--mem-rate GBPS] [--layers 32] ...
+  python3 perf/distributed/distributed_model.py [--flop-rate GFLOPS] [--mem-rate GBPS] [--layers 32] ...
 """
 import argparse
 import math
