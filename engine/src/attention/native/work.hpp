@@ -86,8 +86,11 @@ struct WorkPlan {
     if (n == 0 || n >= kSplitUnits) return 0;
     std::int64_t longest = 0;
     for (const WorkUnit& u : units) longest = std::max(longest, u.keys.hi - u.keys.lo);
-    const std::int64_t parts = (kSplitUnits + n - 1) / n;
-    const std::int64_t keys = round_up(std::max(kMinSplitKeys, (longest + parts - 1) / parts), granule);
+    // as many parts as give about kSplitUnits items, each of at least kMinSplitKeys keys (a
+    // step over 513 keys is not cut into 512 and 1)
+    const std::int64_t parts = std::min((kSplitUnits + n - 1) / n, longest / kMinSplitKeys);
+    if (parts < 2) return 0;
+    const std::int64_t keys = round_up((longest + parts - 1) / parts, granule);
     return longest > keys ? keys : 0;
   }
 

@@ -26,13 +26,20 @@
 namespace simdattn::simd::impl {
 
 // How the rows kernels read B: E its element, C the type computed in, W elements as a batch of C
-// (load), one element (one), and the factor the loads fall short by (fold: E4M3's 256; an integer
-// because clang 14 takes no floating-point template arguments).
-template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), int Fold>
+// (load), 2W as two (load2, where pairs widen in fewer steps: pairs set), one element (one), and
+// the factor the loads fall short by (fold: E4M3's 256; an integer because clang 14 takes no
+// floating-point template arguments).
+template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), int Fold,
+          void (*Load2)(const E_*, batch<C_, Arch>&, batch<C_, Arch>&) = nullptr>
 struct RowsOf {
   using E = E_;
   using C = C_;
   static batch<C, Arch> load(const E* p) { return Load(p); }
+  static constexpr bool pairs = Load2 != nullptr;
+  static void load2(const E* p, batch<C, Arch>& lo, batch<C, Arch>& hi) {
+    if constexpr (pairs) Load2(p, lo, hi);
+    else lo = Load(p), hi = Load(p + batch<C, Arch>::size);
+  }
   static C one(E e) { return One(e); }
   static constexpr C fold = C(Fold);
 };
@@ -49,7 +56,7 @@ using PlainRows = RowsOf<Arch, T, T, &load_plain<Arch, T>, &as_is<Arch, T>, 1>;
 template <class Arch, bool kBf16>
 using HalfRows = RowsOf<Arch, std::uint16_t, float, &load16<Arch, kBf16>, &widen16<Arch, kBf16>, 1>;
 template <class Arch, Code8 F>
-using CodeRows = RowsOf<Arch, std::uint8_t, float, &load8<Arch, F>, &widen8<Arch, F>, int(kFold<F>)>;
+using CodeRows = RowsOf<Arch, std::uint8_t, float, &load8<Arch, F>, &widen8<Arch, F>, int(kFold<F>), &load8x2<Arch, F>>;
 
 #if defined(__AVX512F__)
 // Lane i = the sum of v[i]'s lanes, for 16 batches (4 levels of shuffles and adds, 46
@@ -124,7 +131,18 @@ __attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::in
   V acc[M][NK];
   for (int r = 0; r < M; ++r)
     for (int q = 0; q < NK; ++q) acc[r][q] = V(C(0));
-  for (std::int64_t p = 0; p < kv; p += W) {
+  std::int64_t p = 0;
+  if constexpr (L::pairs)  // 2W codes a row widened together; each accumulator's order as below
+    for (; p + 2 * W <= kv; p += 2 * W)
+      for (int q = 0; q < NK; ++q) {
+        V lo, hi;
+        L::load2(b + q * ldb + p, lo, hi);
+        for (int r = 0; r < M; ++r) {
+          acc[r][q] = xsimd::fma(V::load_unaligned(X + r * ldx + p), lo, acc[r][q]);
+          acc[r][q] = xsimd::fma(V::load_unaligned(X + r * ldx + p + W), hi, acc[r][q]);
+        }
+      }
+  for (; p < kv; p += W) {
     V bv[NK];
     for (int q = 0; q < NK; ++q) bv[q] = L::load(b + q * ldb + p);
     for (int r = 0; r < M; ++r) {
@@ -134,7 +152,7 @@ __attribute__((always_inline)) inline void rows_dot_keys(std::int64_t j, std::in
   }
   auto tail = [&](int r, int q) {
     C t = C(0);
-    for (std::int64_t p = kv; p < k; ++p) t = std::fma(X[r * ldx + p], L::one(b[q * ldb + p]), t);
+    for (std::int64_t e = kv; e < k; ++e) t = std::fma(X[r * ldx + e], L::one(b[q * ldb + e]), t);
     return t;
   };
   auto factor = [&](int q) { return kScaled ? alpha * C(scale[(j + q) * ss]) : alpha; };
@@ -216,7 +234,10 @@ __attribute__((always_inline)) inline void rows_weighted_cols(std::int64_t c, bo
   for (std::int64_t p = 0; p < k; ++p, row += ldb) {
     if (ahead > 0) prefetch_row_of(Bm, p + kGemvPrefetchRows, left, next, ldb, ahead);
     V bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = L::load(row + v * W);
+    int v0 = 0;
+    if constexpr (L::pairs)
+      for (; v0 + 2 <= NV; v0 += 2) L::load2(row + v0 * W, bv[v0], bv[v0 + 1]);
+    for (int v = v0; v < NV; ++v) bv[v] = L::load(row + v * W);
     if constexpr (kScaled) {
       const C s = C(scale[p * ss]);
       for (int v = 0; v < NV; ++v) bv[v] *= V(s);
