@@ -2,8 +2,8 @@
 """Decode shapes against their roofline, and the paged key source against the dense one, from one run
 of simdattn_perf (perf/suite/bench_decode.cpp's rows; docs/performance.md, "Decode shapes"):
 
-    build/perf/simdattn_perf --benchmark_filter='^(attention/native/.*-decode.*/t(1|2)|attention/native/chunk512-.*/t2|attention/native/(paged-)?decode(\\.bf16)?/t2|peak/fma/t2)$' \\
-        --benchmark_repetitions=3 --benchmark_enable_random_interleaving=true --benchmark_format=json > run.json
+    build/perf/simdattn_perf --benchmark_filter='^(attention/native/.*-decode.*/t(1|2)|attention/native/chunk512-.*/t2|attention/native/(paged-)?decode(\\.bf16|\\.int8)?/t2|peak/fma/t2)$' \\
+        --benchmark_repetitions=5 --benchmark_enable_random_interleaving=true --benchmark_format=json > run.json
     python3 perf/suite/decode_roofline.py run.json
 
 A decode shape's roofline is max(its K/V bytes / the GB/s the plain H = Hkv decode of the same

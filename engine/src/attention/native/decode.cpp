@@ -227,11 +227,10 @@ void decode_units(const Problem& p) {
     return work.units[static_cast<std::size_t>(it.unit)].rows.rows() * (it.k1 - it.k0 + 16);
   };
   // threads (kMinFlopsPerThread's threshold): a step is bound by reading K and V, so a row's work
-  // on a key counts as two flops a byte of the key's D + Dv elements, or as its FLOPs where these
-  // are more (a 16-head f32 step over 513 keys ran on one thread of two when only FLOPs counted)
+  // on a key counts as two flops a byte of the key's D + Dv elements, never fewer than its FLOPs
+  // (a 16-head f32 step over 513 keys ran on one thread of two when only FLOPs counted)
   const double key_bytes = double(p.D + p.Dv) * double(p.kv_codes() ? 1 : sizeof(S));
-  run_plan<T>(p, work, 2.0 * std::max(double(p.D + p.Dv), key_bytes), [&] { return DecodeWorker<T, S>(plan, max_keys); },
-              cost);
+  run_plan<T>(p, work, 2.0 * key_bytes, [&] { return DecodeWorker<T, S>(plan, max_keys); }, cost);
 }
 
 // The checks the decode paths make: unmodified scores, at least one key, few query tokens, K and

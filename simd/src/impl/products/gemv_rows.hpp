@@ -26,9 +26,9 @@
 namespace simdattn::simd::impl {
 
 // How the rows kernels read B: E its element, C the type computed in, W elements as a batch of C
-// (load), 2W as two (load2, where pairs widen in fewer steps: pairs set), one element (one), and
-// the factor the loads fall short by (fold: E4M3's 256; an integer because clang 14 takes no
-// floating-point template arguments).
+// (load), 2W as two where a pair widens in fewer steps (load2, called only where pairs is set),
+// one element (one), and the factor the loads fall short by (fold: E4M3's 256; an integer because
+// clang 14 takes no floating-point template arguments).
 template <class Arch, class E_, class C_, batch<C_, Arch> (*Load)(const E_*), C_ (*One)(E_), int Fold,
           void (*Load2)(const E_*, batch<C_, Arch>&, batch<C_, Arch>&) = nullptr>
 struct RowsOf {
@@ -36,10 +36,7 @@ struct RowsOf {
   using C = C_;
   static batch<C, Arch> load(const E* p) { return Load(p); }
   static constexpr bool pairs = Load2 != nullptr;
-  static void load2(const E* p, batch<C, Arch>& lo, batch<C, Arch>& hi) {
-    if constexpr (pairs) Load2(p, lo, hi);
-    else lo = Load(p), hi = Load(p + batch<C, Arch>::size);
-  }
+  static void load2(const E* p, batch<C, Arch>& lo, batch<C, Arch>& hi) { Load2(p, lo, hi); }
   static C one(E e) { return One(e); }
   static constexpr C fold = C(Fold);
 };
