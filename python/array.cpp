@@ -346,24 +346,24 @@ Converted converted(const Array& a, DType t, const std::string& name) {
 }
 
 Output output_of(const py::object& out, const Array& like, DType array_dtype, DType call_dtype,
-                 const std::vector<std::int64_t>& shape, bool contiguous) {
+                 const std::vector<std::int64_t>& shape, bool contiguous, const std::string& name) {
   Output o;
   const int ndim = static_cast<int>(shape.size());
   if (out.is_none()) {
     o.object = new_array(like, array_dtype, shape);
-    o.array = array_of(o.object, "out");
+    o.array = array_of(o.object, name);
   } else {
     o.object = out;
-    o.array = array_of(out, "out");
+    o.array = array_of(out, name);
     std::string want = "[";
     for (std::size_t i = 0; i < shape.size(); ++i) want += (i ? ", " : "") + std::to_string(shape[i]);
     want += "]";
-    if (o.array.shape != shape) throw Error("out", "expected shape " + want);
+    if (o.array.shape != shape) throw Error(name, "expected shape " + want);
     if (o.array.dtype != array_dtype)
-      throw Error("out", "expected dtype " + std::string(dtype_name(array_dtype)) + ", got " + o.array.dtype_text());
-    if (contiguous && !o.array.c_contiguous()) throw Error("out", "expected a C-contiguous array");
+      throw Error(name, "expected dtype " + std::string(dtype_name(array_dtype)) + ", got " + o.array.dtype_text());
+    if (contiguous && !o.array.c_contiguous()) throw Error(name, "expected a C-contiguous array");
   }
-  o.target = mutable_view(o.array, "out", ndim);
+  o.target = mutable_view(o.array, name, ndim);
   o.view = o.target;
   if (call_dtype != array_dtype) {
     std::int64_t n = 1;

@@ -69,7 +69,7 @@ Converted converted(const Array& a, DType t, const std::string& name);
 // An output: the array returned (the caller's `out=` or a new one of the inputs' kind) and the
 // view the call writes: the array itself, or, where the call computes in another dtype than the
 // array holds (bf16 results returned as float32), a scratch of the call's dtype that finish()
-// copies into the array. Error("out") for a given array of another shape or dtype, read-only,
+// copies into the array. Error(name) for a given array of another shape or dtype, read-only,
 // or (contiguous) not C-contiguous.
 struct Output {
   py::object object;
@@ -82,7 +82,7 @@ struct Output {
   }
 };
 Output output_of(const py::object& out, const Array& like, DType array_dtype, DType call_dtype,
-                 const std::vector<std::int64_t>& shape, bool contiguous = false);
+                 const std::vector<std::int64_t>& shape, bool contiguous = false, const std::string& name = "out");
 
 // Registers the DLPack export object new_array hands to from_dlpack (module.cpp calls it).
 void bind_array(py::module_& m);

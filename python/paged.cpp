@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <optional>
+#include <type_traits>
 #include <string>
 #include <vector>
 
@@ -49,15 +50,54 @@ std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) 
   return vector_of<std::int64_t>(o, name);
 }
 
+// A tree mask: a 1-D bool or uint8 array, as bytes (nonzero: sees). Given even when empty.
+std::vector<std::uint8_t> tree_mask_of(const py::object& o) {
+  const Array a = array_of(o, "tree_mask");
+  if (a.ndim() != 1) throw Error("tree_mask", "expected a 1-D array, got " + std::to_string(a.ndim()) + "-D");
+  if (a.dtype != DType::u8) throw Error("tree_mask", "expected bool or uint8 elements, got " + a.dtype_text());
+  std::vector<std::uint8_t> m(static_cast<std::size_t>(a.shape[0]));
+  const auto* d = static_cast<const std::uint8_t*>(a.data);
+  for (std::size_t i = 0; i < m.size(); ++i) m[i] = d[static_cast<std::int64_t>(i) * a.strides[0]] != 0;
+  return m;
+}
+
+// A [T, H] f32 array as the [1, T, H, 1] view of an lse (name: the argument).
+template <class View>
+View lse_view(const Array& a, const std::string& name) {
+  if (a.ndim() != 2) throw Error(name, "expected a 2-D array [T, H], got " + std::to_string(a.ndim()) + "-D");
+  if (a.dtype != DType::f32) throw Error(name, "expected float32, got " + a.dtype_text());
+  View v;
+  if constexpr (std::is_same_v<View, TensorView>) {
+    if (!a.writeable) throw Error(name, "expected a writeable array");
+    v.data = a.data;
+  } else {
+    v.data = a.data;
+  }
+  v.dtype = DType::f32;
+  v.shape = {1, a.shape[0], a.shape[1], 1};
+  v.strides = {a.shape[0] * a.shape[1], a.strides[0], a.strides[1], 1};
+  return v;
+}
+
 py::object attention_paged_py(const py::object& q_in, const py::object& k_in, const py::object& v_in,
                               const py::object& block_table, const py::object& seq_lens, const py::object& query_start,
                               const py::object& causal, const py::object& scale, const py::object& window,
                               const py::object& softcap, const py::object& alibi_slopes, const py::object& sinks,
-                              int threads, const py::object& out, const std::string& backend, const py::object& dtype,
-                              const py::object& k_scale, const py::object& v_scale, const py::object& kv_dtype) {
+                              const py::object& tree_mask, const py::object& tree_mask_start, const py::object& lse,
+                              bool return_lse, int threads, const py::object& out, const std::string& backend,
+                              const py::object& dtype, const py::object& k_scale, const py::object& v_scale,
+                              const py::object& kv_dtype) {
   PagedAttentionOptions o;
   std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
   if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
+  static const std::uint8_t kNoElement = 0;  // an empty tree mask is still given
+  std::vector<std::uint8_t> tree;
+  std::vector<std::int64_t> tree_starts;
+  if (!tree_mask.is_none()) {
+    tree = tree_mask_of(tree_mask);
+    o.tree_mask = {tree.empty() ? &kNoElement : tree.data(), tree.size()};
+  }
+  if (!tree_mask_start.is_none()) tree_starts = ints_of(tree_mask_start, "tree_mask_start"), o.tree_mask_start = tree_starts;
   if (causal.is_none()) o.causal = Causal::none;
   else if (py::isinstance<py::bool_>(causal)) o.causal = causal.cast<bool>() ? Causal::bottom_right : Causal::none;
   else o.causal = causal_of(causal);
@@ -96,13 +136,37 @@ py::object attention_paged_py(const py::object& q_in, const py::object& k_in, co
   const std::int64_t total_q = qv.shape[1], H = qv.shape[2], Dv = vv.shape[3];
   // dtype='bf16' computes in bf16 and returns float32 (NumPy has no bfloat16)
   const Output result = output_of(out, q, bf16 ? DType::f32 : qv.dtype, qv.dtype, {total_q, H, Dv});
+  std::optional<Output> lse_out;
+  if (!lse.is_none() || return_lse) {
+    lse_out = output_of(lse, q, DType::f32, DType::f32, {total_q, H}, false, "lse");
+    o.lse = lse_view<TensorView>(lse_out->array, "lse");
+  }
   const BlockTable bt{table.data(), rows, cols, cols};
   {
     py::gil_scoped_release release;
     attention_paged(qv, kv, vv, bt, lens, result.view, o);
     result.finish();
   }
+  if (return_lse) return py::make_tuple(result.object, lse_out->object);
   return result.object;
+}
+
+py::tuple merge_attention_states_py(const py::object& out_a, const py::object& lse_a, const py::object& out_b,
+                                    const py::object& lse_b, const py::object& out, const py::object& lse) {
+  const Array a = array_of(out_a, "out_a"), b = array_of(out_b, "out_b");
+  const Array la = array_of(lse_a, "lse_a"), lb = array_of(lse_b, "lse_b");
+  if (a.ndim() != 3) throw Error("out_a", "expected a 3-D array [T, H, Dv], got " + std::to_string(a.ndim()) + "-D");
+  if (b.ndim() != 3) throw Error("out_b", "expected a 3-D array [T, H, Dv], got " + std::to_string(b.ndim()) + "-D");
+  const ConstTensorView av = const_view(a, "out_a", 3), bv = const_view(b, "out_b", 3);
+  const ConstTensorView lav = lse_view<ConstTensorView>(la, "lse_a"), lbv = lse_view<ConstTensorView>(lb, "lse_b");
+  const Output o = output_of(out, a, a.dtype, a.dtype, a.shape, false, "out");
+  const Output l = output_of(lse, a, DType::f32, DType::f32, {a.shape[0], a.shape[1]}, false, "lse");
+  const TensorView lv = lse_view<TensorView>(l.array, "lse");
+  {
+    py::gil_scoped_release release;
+    merge_attention_states(av, lav, bv, lbv, o.view, lv);
+  }
+  return py::make_tuple(o.object, l.object);
 }
 
 // A layer's pool view as a NumPy array sharing the pool's memory (f32 and f16 pools).
@@ -197,9 +261,10 @@ void bind_paged(py::module_& m) {
         py::arg("block_table"), py::arg("seq_lens"), py::kw_only(), py::arg("query_start") = py::none(),
         py::arg("causal") = "bottom_right", py::arg("scale") = py::none(), py::arg("window") = py::none(),
         py::arg("softcap") = py::none(), py::arg("alibi_slopes") = py::none(), py::arg("sinks") = py::none(),
-        py::arg("threads") = 0, py::arg("out") = py::none(), py::arg("backend") = "native",
-        py::arg("dtype") = py::none(), py::arg("k_scale") = py::none(), py::arg("v_scale") = py::none(),
-        py::arg("kv_dtype") = py::none(),
+        py::arg("tree_mask") = py::none(), py::arg("tree_mask_start") = py::none(), py::arg("lse") = py::none(),
+        py::arg("return_lse") = false, py::arg("threads") = 0, py::arg("out") = py::none(),
+        py::arg("backend") = "native", py::arg("dtype") = py::none(), py::arg("k_scale") = py::none(),
+        py::arg("v_scale") = py::none(), py::arg("kv_dtype") = py::none(),
         R"doc(Attention of many sequences' new tokens over K/V caches in blocks (FlashAttention's
 flash_attn_with_kvcache block_table and flash_attn_varlen_func cu_seqlens conventions).
 
@@ -215,7 +280,21 @@ flash_attn_with_kvcache block_table and flash_attn_varlen_func cu_seqlens conven
   scale, window=(left, right), softcap, alibi_slopes [H], sinks [H]: as attention()
   kv_dtype 'int8', 'fp8_e4m3' or 'fp8_e5m2': the caches hold 8-bit codes (int8, or uint8
            holding fp8; quantize_kv), with k_scale and v_scale float32 [num_blocks, block_size, Hkv]
-Returns out [total_q, H, Dv] (written into `out` when given).)doc");
+  tree_mask 1-D bool/uint8: the row-major [q_len_i, q_len_i] matrices M_i of the sequences,
+           one after another (or at tree_mask_start [N+1]); new token j of sequence i sees its
+           context (keys < seq_len - q_len) and the new tokens j' with M_i[j, j'] nonzero (causal
+           ignored; window and alibi_slopes refused)
+  lse      float32 [total_q, H]: each row's log-sum-exp (sinks included), written; return_lse=True
+           returns (out, lse), allocating lse when not given
+Returns out [total_q, H, Dv] (written into `out` when given), or (out, lse).)doc");
+
+  m.def("merge_attention_states", &merge_attention_states_py, py::arg("out_a"), py::arg("lse_a"), py::arg("out_b"),
+        py::arg("lse_b"), py::kw_only(), py::arg("out") = py::none(), py::arg("lse") = py::none(),
+        R"doc(Merges two attention states of the same rows over two key sets (FlashInfer's merge_state):
+out_a, out_b [T, H, Dv] (float32, float16 or bfloat16), lse_a, lse_b float32 [T, H]. With
+m = max(lse_a, lse_b), w = exp(lse - m): out = (w_a out_a + w_b out_b) / (w_a + w_b),
+lse = m + log(w_a + w_b); rows whose two lse are -inf give 0 and -inf. out / lse may be
+out_a / lse_a themselves (in place). Returns (out, lse).)doc");
 
   py::class_<KvPool>(m, "KvPool", R"doc(A paged KV cache: the keys and values of `layers` layers in `num_blocks` blocks of
 `block_size` tokens, shared by sequences (handles: ints) with copy-on-write after fork().)doc")

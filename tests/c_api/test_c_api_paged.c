@@ -5,7 +5,8 @@
  * pool's sequences and simdattn_mha_forward_pool against simdattn_mha_forward_cached step by step;
  * running out of blocks; 8-bit K/V codes (C API 2: simdattn_quantize_kv / _dequantize_kv, attention
  * over the codes with k_scale / v_scale against the reference on their values, an options struct
- * of C API 1's size still taken). Exits 0 only if every check passes.
+ * of C API 1's size still taken); tree masks, lse and merge_attention_states (C API 4). Exits 0
+ * only if every check passes.
  *
  * Build: cc -std=c11 -Wall -Wextra -pedantic -Werror test_c_api_paged.c c_api_check.c $(pkg-config
  * --cflags --libs simdattn) -lm
@@ -27,6 +28,14 @@ static float frand(void) { /* [-1, 1) */
 
 enum { N = 3, H = 4, HKV = 2, D = 8, BS = 4, NB = 16, MAXB = 5 };
 
+static void random_fill(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = frand();
+}
+/* [1, 6, H, last]: the 6 query tokens' q, out or lse */
+static simdattn_tensor tokens(float* x, int64_t last) { return simdattn_tensor_contiguous(x, SIMDATTN_F32, 1, 6, H, last); }
+/* [NB, BS, HKV, D]: a cache */
+static simdattn_tensor blocks(float* x) { return simdattn_tensor_contiguous(x, SIMDATTN_F32, NB, BS, HKV, D); }
+
 static void test_attention_paged(void) {
   static const int64_t lens[N] = {9, 1, 17}, qlens[N] = {2, 1, 3};
   const int64_t qstart[N + 1] = {0, 2, 3, 6};
@@ -34,12 +43,8 @@ static void test_attention_paged(void) {
   int32_t table[N * MAXB];
   for (int i = 0; i < N * MAXB; ++i) table[i] = (int32_t)((7 * i + 3) % NB);
   static float q[6 * H * D], k[NB * BS * HKV * D], v[NB * BS * HKV * D], out[6 * H * D];
-  for (size_t i = 0; i < sizeof q / sizeof *q; ++i) q[i] = frand();
-  for (size_t i = 0; i < sizeof k / sizeof *k; ++i) k[i] = frand(), v[i] = frand();
-  const simdattn_tensor tq = simdattn_tensor_contiguous(q, SIMDATTN_F32, 1, 6, H, D);
-  const simdattn_tensor tk = simdattn_tensor_contiguous(k, SIMDATTN_F32, NB, BS, HKV, D);
-  const simdattn_tensor tv = simdattn_tensor_contiguous(v, SIMDATTN_F32, NB, BS, HKV, D);
-  const simdattn_tensor to = simdattn_tensor_contiguous(out, SIMDATTN_F32, 1, 6, H, D);
+  random_fill(q, sizeof q / sizeof *q), random_fill(k, sizeof k / sizeof *k), random_fill(v, sizeof v / sizeof *v);
+  const simdattn_tensor tq = tokens(q, D), tk = blocks(k), tv = blocks(v), to = tokens(out, D);
   simdattn_paged_options po;
   simdattn_paged_options_init(&po);
   po.query_start = qstart, po.query_start_count = N + 1;
@@ -236,12 +241,67 @@ static void test_codes(void) {
   for (i = 0; i < H * SQ * D; ++i) CHECK(out[i] == want[i]);
   v1.struct_size = offsetof(simdattn_attention_options, k_scale) - 8;
   CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_ERROR_VERSION);
-  CHECK(simdattn_c_api_version() == 3);
+  CHECK(simdattn_c_api_version() == 4);
+}
+
+/* C API 4: tree masks, lse and merge_attention_states. A tree mask showing each new token its
+ * predecessors and itself is bottom-right causal; a state merged with itself is itself, its lse
+ * + log 2. An options struct of C API 3's size (without the tree mask and lse) is still taken. */
+static void test_speculative(void) {
+  static const int64_t lens[N] = {9, 1, 17};
+  const int64_t qstart[N + 1] = {0, 2, 3, 6};
+  /* the sequences' [q_len, q_len] matrices, q_len 2, 1 and 3, lower-triangular */
+  static const uint8_t tril[4 + 1 + 9] = {1, 0, 1, 1, 1, 1, 0, 0, 1, 1, 0, 1, 1, 1};
+  int32_t table[N * MAXB];
+  for (int i = 0; i < N * MAXB; ++i) table[i] = (int32_t)((5 * i + 1) % NB);
+  static float q[6 * H * D], k[NB * BS * HKV * D], v[NB * BS * HKV * D], out[6 * H * D], out2[6 * H * D];
+  static float lse[6 * H], lse2[6 * H], merged[6 * H * D], merged_lse[6 * H];
+  random_fill(q, sizeof q / sizeof *q), random_fill(k, sizeof k / sizeof *k), random_fill(v, sizeof v / sizeof *v);
+  const simdattn_tensor tq = tokens(q, D), tk = blocks(k), tv = blocks(v), to = tokens(out, D), to2 = tokens(out2, D);
+  const simdattn_tensor tl = tokens(lse, 1), tl2 = tokens(lse2, 1), tm = tokens(merged, D), tml = tokens(merged_lse, 1);
+  simdattn_paged_options po, tree, v3;
+  simdattn_paged_options_init(&po);
+  po.query_start = qstart, po.query_start_count = N + 1;
+  po.lse = tl;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to, &po) == SIMDATTN_OK);
+  tree = po;
+  tree.tree_mask = tril, tree.tree_mask_count = sizeof tril;
+  tree.lse = tl2;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to2, &tree) == SIMDATTN_OK);
+  CHECK(memcmp(out, out2, sizeof out) == 0);
+  CHECK(memcmp(lse, lse2, sizeof lse) == 0);
+  for (int i = 0; i < 6 * H; ++i) CHECK(isfinite(lse[i]));
+  CHECK(simdattn_merge_attention_states(&to, &tl, &to, &tl, &tm, &tml) == SIMDATTN_OK);
+  for (int i = 0; i < 6 * H * D; ++i) CHECK(merged[i] == out[i]);
+  for (int i = 0; i < 6 * H; ++i) CHECK(fabs((double)merged_lse[i] - (lse[i] + log(2.0))) <= 1e-6);
+  /* errors: matrices one element short; tree_mask_start 3^2 apart; a window; merge shapes */
+  tree.tree_mask_count = sizeof tril - 1;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to2, &tree) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "tree_mask") == 0);
+  tree.tree_mask_count = sizeof tril;
+  {
+    const int64_t starts[N + 1] = {0, 4, 5, 13};
+    tree.tree_mask_start = starts, tree.tree_mask_start_count = N + 1;
+    CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to2, &tree) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(strcmp(simdattn_last_error_argument(), "tree_mask_start") == 0);
+    tree.tree_mask_start = NULL, tree.tree_mask_start_count = 0;
+  }
+  tree.has_window = 1, tree.window_left = 2, tree.window_right = 0;
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to2, &tree) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "tree_mask") == 0);
+  CHECK(simdattn_merge_attention_states(&to, &tl, &to, &to, &tm, &tml) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "lse_b") == 0);
+  /* C API 3's struct, without the tree mask and lse: taken, the same output */
+  v3 = po;
+  v3.struct_size = offsetof(simdattn_paged_options, tree_mask);
+  CHECK(simdattn_attention_paged(&tq, &tk, &tv, table, N, MAXB, lens, &to2, &v3) == SIMDATTN_OK);
+  CHECK(memcmp(out, out2, sizeof out) == 0);
 }
 
 int main(void) {
   test_attention_paged();
   test_pool();
   test_codes();
+  test_speculative();
   return report("test_c_api_paged");
 }

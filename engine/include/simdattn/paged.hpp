@@ -54,17 +54,49 @@ struct PagedAttentionOptions : ScoreOptions {
   // [N + 1] increasing offsets into q's tokens, query_start[0] = 0, query_start[N] = total_q
   // (FlashAttention's cu_seqlens_q). Empty: one token per sequence (total_q = N).
   std::span<const std::int64_t> query_start = {};
-  Causal causal = Causal::bottom_right;  // bottom_right or none
+  Causal causal = Causal::bottom_right;  // bottom_right or none (ignored with a tree mask)
+
+  // Tree masks (speculative decoding: a drafted tree verified in one call). Given (data or size):
+  // the concatenation over the sequences i of a row-major [q_len_i, q_len_i] matrix M_i (q_len_i
+  // = query_start[i + 1] - query_start[i]), starting at element tree_mask_start[i]; M_i[j, j']
+  // nonzero means new token j of sequence i sees its new token j'. New token j of sequence i then
+  // sees every key t < seq_lens[i] - q_len_i (its context) and the new tokens its row of M_i
+  // lists; causal is ignored, and a window or ALiBi slopes with it are an Error("tree_mask")
+  // (positions inside a tree are not linear). tree_mask_start: [N + 1] with tree_mask_start[i +
+  // 1] - tree_mask_start[i] == q_len_i^2 and tree_mask_start[N] <= tree_mask.size(); empty: the
+  // prefix sums of q_len_i^2 (from 0).
+  std::span<const std::uint8_t> tree_mask = {};
+  std::span<const std::int64_t> tree_mask_start = {};
+
+  // Optional output: each query row's log-sum-exp of its final scores (after scale, softcap,
+  // ALiBi) over its visible keys, with exp(sinks[h]) in the sum when sinks are given: [1,
+  // total_q, H, 1] f32 (FlashInfer's attention states with out: merge_attention_states). A row
+  // with no visible key: -inf (sinks[h] with sinks). Empty: not written. May not overlap any
+  // input or out.
+  TensorView lse = {};
 };
 
 // Computes the attention of every sequence's new tokens into `out`. Thread-safe. Throws Error
 // naming the argument ("q", "k_cache", "v_cache", "block_table", "seq_lens", "out",
-// "options.query_start", "options.<option>") before anything is written: a block index out of
+// "options.query_start", "tree_mask", "tree_mask_start", "options.<option>") before anything is written: a block index out of
 // range, a table row too short for its sequence, query_start not increasing from 0 to total_q,
 // more query tokens than keys, mismatched dtypes or shapes, out overlapping an input.
 SIMDATTN_API void attention_paged(const ConstTensorView& q, const ConstTensorView& k_cache,
                                   const ConstTensorView& v_cache, const BlockTable& block_table,
                                   std::span<const std::int64_t> seq_lens, const TensorView& out,
                                   const PagedAttentionOptions& options = {});
+
+// Merges two attention states of the same query rows over two sets of keys (FlashInfer's
+// merge_state: attention over A and B from attention over A and over B): out_a, out_b [1, T, H,
+// Dv] (f32, bf16 or f16, the same dtype as out), lse_a, lse_b [1, T, H, 1] f32 as attention_paged
+// and attention() write them. Per row, with m = max(lse_a, lse_b), w_a = exp(lse_a - m) and w_b =
+// exp(lse_b - m): out = (w_a out_a + w_b out_b) / (w_a + w_b), lse = m + log(w_a + w_b), in
+// double, rounded once; a row whose two lse are -inf gets out 0 and lse -inf, a NaN makes the row
+// NaN. out and lse [1, T, H, Dv] / [1, T, H, 1] may be the views of out_a and lse_a (or of out_b
+// and lse_b), to merge in place; no other overlap. Throws Error naming the argument (shapes,
+// dtypes, overlap) before anything is written. Sinks belong to only one of the two calls.
+SIMDATTN_API void merge_attention_states(const ConstTensorView& out_a, const ConstTensorView& lse_a,
+                                         const ConstTensorView& out_b, const ConstTensorView& lse_b,
+                                         const TensorView& out, const TensorView& lse);
 
 }  // namespace simdattn

@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 3
+#define SIMDATTN_C_API_VERSION 4
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -389,6 +389,15 @@ typedef struct simdattn_paged_options {
   /* C API 2: 8-bit caches: the rows' scales, [num_blocks, block_size, Hkv, 1] f32; data NULL otherwise */
   simdattn_tensor k_scale;
   simdattn_tensor v_scale;
+  /* C API 4: speculative decoding (simdattn/paged.hpp). tree_mask: the sequences' [q_len_i,
+   * q_len_i] matrices (nonzero: sees), NULL for none (a given empty mask: any non-NULL pointer and
+   * count 0); tree_mask_start NULL (the prefix sums of q_len_i^2) or N + 1 offsets. lse: [1,
+   * total_q, H, 1] f32 written where data is not NULL. */
+  const uint8_t* tree_mask;
+  size_t tree_mask_count;
+  const int64_t* tree_mask_start;
+  size_t tree_mask_start_count;
+  simdattn_tensor lse;
 } simdattn_paged_options;
 
 SIMDATTN_C_API void simdattn_paged_options_init(simdattn_paged_options* options);
@@ -401,6 +410,12 @@ SIMDATTN_C_API simdattn_status simdattn_attention_paged(const simdattn_tensor* q
                                                         int64_t num_sequences, int64_t max_blocks,
                                                         const int64_t* seq_lens, const simdattn_tensor* out,
                                                         const simdattn_paged_options* options);
+
+/* C API 4: merge_attention_states: out_a, out_b, out [1, T, H, Dv] (f32, bf16 or f16), lse_a, lse_b,
+ * lse [1, T, H, 1] f32; out and lse may be out_a's and lse_a's (or b's) very tensors. */
+SIMDATTN_C_API simdattn_status simdattn_merge_attention_states(const simdattn_tensor* out_a, const simdattn_tensor* lse_a,
+                                                               const simdattn_tensor* out_b, const simdattn_tensor* lse_b,
+                                                               const simdattn_tensor* out, const simdattn_tensor* lse);
 
 typedef struct simdattn_kv_pool simdattn_kv_pool;
 

@@ -61,7 +61,8 @@ void describe_attention(VerboseCall& call, const Problem& p, Backend backend) {
   }
   std::string& o = call.opts;
   if (p.causal != Causal::none) add(o, "causal:" + std::string(causal_name(p.causal)));
-  if (p.mask_kind != MaskKind::none) add(o, "mask:" + std::string(dtype_name(p.mask_dtype)));
+  if (p.tree_mask != nullptr) add(o, "tree_mask");
+  else if (p.mask_kind != MaskKind::none) add(o, "mask:" + std::string(dtype_name(p.mask_dtype)));
   if (p.key_lengths != nullptr && !p.paged()) add(o, "key_lengths");
   if (p.query_offsets != nullptr) add(o, "query_offsets");
   if (p.has_window) add(o, "window:" + std::to_string(p.window_left) + ":" + std::to_string(p.window_right));

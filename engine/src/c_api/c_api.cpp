@@ -22,7 +22,7 @@ using namespace simdattn::c_api;
 
 AttentionOptions attention_options(const simdattn_attention_options* c) {
   AttentionOptions o;
-  const std::optional<simdattn_attention_options> given = read_options(c, offsetof(simdattn_attention_options, k_scale), o);
+  const std::optional<simdattn_attention_options> given = read_options(c, {offsetof(simdattn_attention_options, k_scale)}, o);
   if (!given) return o;
   const simdattn_attention_options& s = *given;
   o.mask = optional_view<ConstTensorView>(s.mask, "options.mask");

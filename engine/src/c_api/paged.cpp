@@ -27,8 +27,15 @@ using namespace simdattn::c_api;
 
 PagedAttentionOptions paged_options(const simdattn_paged_options* c) {
   PagedAttentionOptions o;
-  if (const std::optional<simdattn_paged_options> s = read_options(c, offsetof(simdattn_paged_options, k_scale), o))
+  // C API 1's struct ends before k_scale, C API 3's before tree_mask
+  if (const std::optional<simdattn_paged_options> s =
+          read_options(c, {offsetof(simdattn_paged_options, k_scale), offsetof(simdattn_paged_options, tree_mask)}, o)) {
     o.query_start = span_of(s->query_start, s->query_start_count, "options.query_start");
+    if (s->tree_mask != nullptr) o.tree_mask = {s->tree_mask, s->tree_mask_count};
+    else if (s->tree_mask_count != 0) throw Error("tree_mask", "NULL with tree_mask_count " + std::to_string(s->tree_mask_count));
+    o.tree_mask_start = span_of(s->tree_mask_start, s->tree_mask_start_count, "tree_mask_start");
+    o.lse = optional_view<TensorView>(s->lse, "options.lse");
+  }
   return o;
 }
 
@@ -65,6 +72,17 @@ void simdattn_paged_options_init(simdattn_paged_options* o) {
   o->window_left = o->window_right = -1;
   o->backend = SIMDATTN_BACKEND_NATIVE;
   o->k_scale = o->v_scale = empty_tensor();
+  o->lse = empty_tensor();
+}
+
+simdattn_status simdattn_merge_attention_states(const simdattn_tensor* out_a, const simdattn_tensor* lse_a,
+                                                const simdattn_tensor* out_b, const simdattn_tensor* lse_b,
+                                                const simdattn_tensor* out, const simdattn_tensor* lse) {
+  return guarded([&] {
+    merge_attention_states(view_of<ConstTensorView>(out_a, "out_a"), view_of<ConstTensorView>(lse_a, "lse_a"),
+                           view_of<ConstTensorView>(out_b, "out_b"), view_of<ConstTensorView>(lse_b, "lse_b"),
+                           view_of<TensorView>(out, "out"), view_of<TensorView>(lse, "lse"));
+  });
 }
 
 simdattn_status simdattn_attention_paged(const simdattn_tensor* q, const simdattn_tensor* k_cache,

@@ -3,6 +3,8 @@
 // runs a C++ call and turns every exception into a status and this thread's error message.
 #pragma once
 
+#include <algorithm>
+#include <initializer_list>
 #include <cstddef>
 #include <cstring>
 #include <exception>
@@ -68,18 +70,22 @@ const S& checked(const S* p, const char* name) {
 }
 
 // An options struct of a caller built against this header, or an older one whose struct ends at
-// v1_size bytes (C API 1): a copy with the fields past the caller's size zero (their defaults).
+// one of `older` bytes (C API 1's, 3's, ...): a copy with the fields past the caller's size zero
+// (their defaults).
 template <class S>
-S checked_options(const S* p, const char* name, std::size_t v1_size) {
+S checked_options(const S* p, const char* name, std::initializer_list<std::size_t> older) {
   require(p, name);
   if (p->struct_size >= sizeof(S)) return checked(p, name);
-  if (p->struct_size != v1_size)
+  if (std::find(older.begin(), older.end(), p->struct_size) == older.end()) {
+    std::string sizes;
+    for (std::size_t o : older) sizes += ", " + std::to_string(o);
     throw VersionError{name, "struct_size " + std::to_string(p->struct_size) + " is neither this library's " +
-                                 std::to_string(sizeof(S)) + " nor C API 1's " + std::to_string(v1_size) +
-                                 " (set it with its _init function or sizeof)"};
+                                 std::to_string(sizeof(S)) + " nor an older version's (" + sizes.substr(2) +
+                                 ") (set it with its _init function or sizeof)"};
+  }
   S s;
   std::memset(&s, 0, sizeof s);
-  std::memcpy(&s, p, v1_size);
+  std::memcpy(&s, p, p->struct_size);
   return s;
 }
 
@@ -141,9 +147,9 @@ void score_options(const C& s, ScoreOptions& o);
 // against base_size (the fields every version has), its shared fields and causal read onto o;
 // the struct, for the call's own fields.
 template <class C, class O>
-std::optional<C> read_options(const C* c, std::size_t base_size, O& o) {
+std::optional<C> read_options(const C* c, std::initializer_list<std::size_t> older, O& o) {
   if (c == nullptr) return std::nullopt;
-  const C s = checked_options(c, "options", base_size);
+  const C s = checked_options(c, "options", older);
   score_options(s, o);
   o.causal = causal_of_c(s.causal, "options.causal");
   return s;

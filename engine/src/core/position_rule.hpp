@@ -70,7 +70,9 @@ inline Cover classify_structure(const Problem& p, std::int64_t b, std::int64_t i
   const KeyRange some = block_keys_union(p, b, i0, i1);
   if (j0 >= some.hi || j1 <= some.lo) return Cover::hidden;
   const KeyRange all = block_keys_intersection(p, b, i0, i1);
-  const bool full = j0 >= all.lo && j1 <= all.hi && p.mask_kind == MaskKind::none;
+  // a tree mask shows every row its context whole
+  const bool unmasked = p.mask_kind == MaskKind::none || (p.tree_mask != nullptr && j1 <= p.query_offset(b));
+  const bool full = j0 >= all.lo && j1 <= all.hi && unmasked;
   return full ? Cover::full : Cover::mixed;
 }
 

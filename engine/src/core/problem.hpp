@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "core/element.hpp"
 #include "simdattn/attention.hpp"
@@ -162,7 +163,18 @@ struct Problem {
     return b * mask_strides[0] + h * mask_strides[1] + i * mask_strides[2] + j * mask_strides[3];
   }
   bool mask_allows(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
+    if (tree_mask != nullptr) return tree_allows(b, i, j);
     return static_cast<const std::uint8_t*>(mask)[mask_offset(b, h, i, j)] != 0;
+  }
+  // A tree mask (attention_paged's, speculative decoding) is a boolean mask (mask_kind boolean)
+  // of another layout: batch b's query rows see its keys before them (its context, keys <
+  // query_offset(b)) and, of its last query_len(b) keys, those its row of the [query_len(b),
+  // query_len(b)] matrix at tree_mask + tree_starts[b] lists.
+  const std::uint8_t* tree_mask = nullptr;
+  std::vector<std::int64_t> tree_starts;
+  bool tree_allows(std::int64_t b, std::int64_t i, std::int64_t j) const {
+    const std::int64_t ctx = query_offset(b);
+    return j < ctx || tree_mask[tree_starts[static_cast<std::size_t>(b)] + i * query_len(b) + (j - ctx)] != 0;
   }
   double mask_add(std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) const {
     return widen_at(mask, mask_dtype, mask_offset(b, h, i, j));

@@ -84,6 +84,7 @@ Problem batches_of(const Problem& p, std::int64_t b0, std::int64_t b1) {
   s.query_start = p.query_start + b0;
   if (p.key_lengths != nullptr) s.key_lengths = p.key_lengths + b0;
   if (p.query_offsets != nullptr) s.query_offsets = p.query_offsets + b0;
+  if (p.tree_mask != nullptr) s.tree_starts.assign(p.tree_starts.begin() + b0, p.tree_starts.begin() + b1);
   if (p.paged()) s.kv_blocks.table = p.kv_blocks.table + b0 * p.kv_blocks.table_stride;
   else s.q = nullptr, s.k = s.v = nullptr, s.o = nullptr;  // never: dense keys come with whole query blocks
   s.Sq = s.Sk = 0;

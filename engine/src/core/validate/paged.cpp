@@ -9,6 +9,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/problem.hpp"
 #include "core/text.hpp"
@@ -151,6 +152,73 @@ void set_scales(Problem& p, std::int64_t num_blocks, const PagedAttentionOptions
   }
 }
 
+// options.tree_mask and tree_mask_start (after set_sequences: the query lengths): each
+// sequence's [q_len, q_len] matrix inside the mask, a boolean mask of the tree's layout (the
+// problem's tree_allows); causal then none, windows and ALiBi refused.
+void set_tree_mask(Problem& p, const PagedAttentionOptions& opt, const Span& so) {
+  const auto& mask = opt.tree_mask;
+  const auto& start = opt.tree_mask_start;
+  if (mask.data() == nullptr && mask.empty()) {
+    if (!start.empty()) throw Error("tree_mask_start", "given without a tree_mask");
+    return;
+  }
+  if (opt.window) throw Error("tree_mask", "cannot be combined with options.window (positions inside a tree are not linear)");
+  if (!opt.alibi_slopes.empty())
+    throw Error("tree_mask", "cannot be combined with options.alibi_slopes (positions inside a tree are not linear)");
+  const auto size = static_cast<std::int64_t>(mask.size());
+  p.tree_starts.resize(static_cast<std::size_t>(p.B));
+  if (start.empty()) {
+    std::int64_t at = 0;
+    for (std::int64_t i = 0; i < p.B; ++i) {
+      p.tree_starts[static_cast<std::size_t>(i)] = at;
+      at += p.query_len(i) * p.query_len(i);
+    }
+    if (at > size)
+      throw Error("tree_mask", "has " + num(size) + " elements, the sequences' [q_len, q_len] matrices need " + num(at));
+  } else {
+    if (static_cast<std::int64_t>(start.size()) != p.B + 1)
+      throw Error("tree_mask_start", "expected N + 1 = " + num(p.B + 1) + " offsets, got " +
+                                         num(static_cast<std::int64_t>(start.size())));
+    if (start[0] < 0) throw Error("tree_mask_start", "entry 0 is " + num(start[0]) + ", expected >= 0");
+    for (std::int64_t i = 0; i < p.B; ++i) {
+      const std::int64_t ql = p.query_len(i), a = start[static_cast<std::size_t>(i)], b = start[static_cast<std::size_t>(i + 1)];
+      if (b - a != ql * ql)
+        throw Error("tree_mask_start", "entries " + num(i) + " and " + num(i + 1) + " (" + num(a) + ", " + num(b) +
+                                           ") are " + num(b - a) + " apart, sequence " + num(i) + "'s " + num(ql) +
+                                           " new tokens need q_len^2 = " + num(ql * ql));
+      p.tree_starts[static_cast<std::size_t>(i)] = a;
+    }
+    if (start[static_cast<std::size_t>(p.B)] > size)
+      throw Error("tree_mask_start", "last entry is " + num(start[static_cast<std::size_t>(p.B)]) +
+                                         ", past the tree_mask's " + num(size) + " elements");
+    if (overlaps(so, span_of(start.data(), start.size_bytes()))) throw Error("out", "memory overlaps tree_mask_start");
+  }
+  if (overlaps(so, span_of(mask.data(), mask.size_bytes()))) throw Error("out", "memory overlaps tree_mask");
+  p.tree_mask = mask.data();
+  p.mask_kind = MaskKind::boolean;
+  p.causal = Causal::none;
+}
+
+// options.lse: [1, total_q, H, 1] f32, its elements distinct, clear of every input and out.
+void set_lse(Problem& p, std::int64_t total_q, const PagedAttentionOptions& opt, const std::vector<Span>& inputs,
+             const Span& so) {
+  const TensorView& l = opt.lse;
+  if (!view_given(l)) return;
+  if (l.dtype != DType::f32) throw Error("options.lse", "dtype must be f32, got " + std::string(dtype_name(l.dtype)));
+  const Shape4 want{1, total_q, p.H, 1};
+  if (l.shape != want)
+    throw Error("options.lse", "expected shape [1, total_q, H, 1] = " + shape_str(want) + ", got " + shape_str(l.shape));
+  const Span s = byte_span("options.lse", l.data, l.dtype, l.shape, l.strides);
+  check_no_self_overlap("options.lse", l.shape, l.strides);
+  for (const Span& in : inputs)
+    if (overlaps(s, in)) throw Error("options.lse", "memory overlaps an input");
+  if (overlaps(s, so)) throw Error("options.lse", "memory overlaps out");
+  p.lse = static_cast<float*>(l.data);
+  // [B, H, Sq] in the problem's order: batch b's rows from query_start[b] (or row b) on
+  p.lse_strides[0] = p.query_start != nullptr ? 0 : l.strides[1];
+  p.lse_strides[1] = l.strides[2], p.lse_strides[2] = l.strides[1];
+}
+
 void set_options(Problem& p, const PagedAttentionOptions& opt, const Span& so) {
   if (opt.causal != Causal::bottom_right && opt.causal != Causal::none)
     throw Error("options.causal", "must be bottom_right or none (each sequence's new tokens are its last), got " +
@@ -159,6 +227,7 @@ void set_options(Problem& p, const PagedAttentionOptions& opt, const Span& so) {
   set_window(p, opt.window);
   set_scale_threads(p, opt);
   set_softcap_alibi_sinks(p, opt, so);
+  set_tree_mask(p, opt, so);
 }
 
 }  // namespace
@@ -186,6 +255,16 @@ Problem make_problem(const ConstTensorView& q, const ConstTensorView& k_cache, c
     throw Error("out", "memory overlaps options.query_start");
   set_options(p, options, so);
   set_scales(p, num_blocks, options, so);
+  set_lse(p, total_q, options,
+          {sq, sk, sv, span_of(block_table.data, table_bytes), span_of(seq_lens.data(), seq_lens.size_bytes()),
+           span_of(options.query_start.data(), options.query_start.size_bytes()),
+           span_of(options.tree_mask.data(), options.tree_mask.size_bytes()),
+           span_of(options.tree_mask_start.data(), options.tree_mask_start.size_bytes()),
+           span_of(options.alibi_slopes.data(), options.alibi_slopes.size_bytes()),
+           span_of(options.sinks.data(), options.sinks.size_bytes()),
+           view_given(options.k_scale) ? byte_span("options.k_scale", options.k_scale) : Span{},
+           view_given(options.v_scale) ? byte_span("options.v_scale", options.v_scale) : Span{}},
+          so);
   // q and out [1, total_q, H, .]: batch b's rows from query_start[b] (or row b, one each) on
   p.q = q.data, p.k = k_cache.data, p.v = v_cache.data, p.o = out.data;
   const std::int64_t q0 = p.query_start != nullptr ? 0 : q.strides[1], o0 = p.query_start != nullptr ? 0 : out.strides[1];
