@@ -308,6 +308,14 @@ out_a / lse_a themselves (in place). Returns (out, lse).)doc");
       .def("add", &KvPool::add, "A new, empty sequence.")
       .def("fork", &KvPool::fork, py::arg("parent"), "A new sequence sharing every block of `parent`.")
       .def("truncate", &KvPool::truncate, py::arg("sequence"), py::arg("length"))
+      .def("accept", [](KvPool& p, KvPool::Sequence seq, std::int64_t first, const py::object& kept) {
+             const std::vector<std::int64_t> k = ints_of(kept, "kept");
+             p.accept(seq, first, k);
+           }, py::arg("seq"), py::arg("first"), py::arg("kept"),
+           R"doc(Keeps, of sequence seq's tokens at positions first .. length - 1 (a verification step's
+drafts), those at relative indices `kept` (strictly increasing), moved to positions first,
+first + 1, ... in every layer; the length becomes first + len(kept). Freed blocks return to the
+pool; blocks shared with a fork are copied first. A bad argument changes nothing.)doc")
       .def("release", &KvPool::release, py::arg("sequence"))
       .def("length", [](const KvPool& p, KvPool::Sequence s, const py::object& layer) {
              return layer.is_none() ? p.length(s) : p.length(s, layer.cast<std::int64_t>());

@@ -145,6 +145,14 @@ static void test_pool(void) {
   CHECK(simdattn_mha_forward_pool(layer, &st, 1, pool, 0, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
   CHECK(strcmp(simdattn_last_error_argument(), "pool") == 0);
   CHECK(simdattn_kv_pool_length(pool, c, &len) == SIMDATTN_OK && len == 8);
+  { /* C API 4: accept keeps drafts 0 and 2 of tokens 5 .. 7; a bad kept changes nothing */
+    const int64_t kept[2] = {0, 2}, bad[2] = {2, 1};
+    CHECK(simdattn_kv_pool_accept(pool, c, 5, bad, 2) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+    CHECK(strcmp(simdattn_last_error_argument(), "kept") == 0);
+    CHECK(simdattn_kv_pool_length(pool, c, &len) == SIMDATTN_OK && len == 8);
+    CHECK(simdattn_kv_pool_accept(pool, c, 5, kept, 2) == SIMDATTN_OK);
+    CHECK(simdattn_kv_pool_length(pool, c, &len) == SIMDATTN_OK && len == 7);
+  }
   CHECK(simdattn_kv_pool_release(pool, c) == SIMDATTN_OK);
   CHECK(simdattn_kv_pool_release(pool, s) == SIMDATTN_OK);
   CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 8);

@@ -269,3 +269,57 @@ def test_merge_edges_dtypes_and_errors():
         with pytest.raises(simdattn.Error) as e:
             simdattn.merge_attention_states(*args, **kw)
         assert e.value.argument == name, (name, str(e.value))
+
+
+def pool_rows(pool, seq, layer):
+    """The sequence's K and V rows (and an 8-bit pool's scales) at `layer`, token by token."""
+    table, bs = pool.block_table(seq), pool.block_size
+    n = pool.length(seq, layer)
+    parts = [pool.keys(layer), pool.values(layer)]
+    if pool.dtype in ("int8", "fp8_e4m3", "fp8_e5m2"):
+        parts += [pool.key_scales(layer), pool.value_scales(layer)]
+    return [np.array([p[table[t // bs], t % bs] for t in range(n)]) for p in parts]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_accept_keeps_the_kept_drafts_in_every_layer_and_never_changes_a_fork(dtype):
+    from test_paged import make_layer
+    rng = np.random.default_rng(21)
+    layer = make_layer(rng)
+    pool = simdattn.KvPool(layer, num_blocks=40, block_size=4, layers=2, dtype=dtype)
+    seq = pool.add()
+    for lay in (0, 1):
+        layer.forward_pool([seq], [rng.standard_normal((5, 32)).astype(np.float32)], pool, lay)
+    child = pool.fork(seq)  # shares every block: the parent's accept copies what it changes
+    drafts = rng.standard_normal((6, 32)).astype(np.float32)
+    layer.forward_pool([seq], [drafts], pool, 0)
+    layer.forward_pool([seq], [drafts[:4]], pool, 1)  # layer 1 holds 4 of the 6 drafts
+    before = [pool_rows(pool, seq, lay) for lay in (0, 1)]
+    child_before = [pool_rows(pool, child, lay) for lay in (0, 1)]
+    table_before = list(pool.block_table(seq))
+    free_before = pool.free_blocks
+    bad = [("seq", (child + 7, 5, [0])), ("first", (seq, 12, [])), ("first", (seq, -1, [])),
+           ("kept", (seq, 5, [1, 1])), ("kept", (seq, 5, [2, 0])), ("kept", (seq, 5, [6])), ("kept", (seq, 5, [-1]))]
+    for name, args in bad:
+        with pytest.raises(simdattn.Error) as e:
+            pool.accept(*args)
+        assert e.value.argument == name, (name, str(e.value))
+        assert list(pool.block_table(seq)) == table_before and pool.free_blocks == free_before  # nothing changed
+        assert pool.length(seq, 0) == 11 and pool.length(seq, 1) == 9
+    kept = [1, 2, 5]  # drafts 1, 2 and 5 of 5 .. 10
+    pool.accept(seq, 5, kept)
+    assert pool.length(seq, 0) == 8 and pool.length(seq, 1) == 7  # layer 1 had drafts 0-3: keeps 1 and 2
+    for lay, n_drafts in ((0, 6), (1, 4)):
+        after = pool_rows(pool, seq, lay)
+        keep = [5 + r for r in kept if r < n_drafts]
+        for b, a in zip(before[lay], after):
+            assert np.array_equal(a[:5], b[:5]) and np.array_equal(a[5:], b[keep])
+        for b, a in zip(child_before[lay], pool_rows(pool, child, lay)):
+            assert np.array_equal(a, b)
+    assert pool.block_table(seq)[:1] == table_before[:1]  # untouched blocks stay shared
+    assert len(pool.block_table(seq)) == 2
+    pool.accept(seq, 6, [])  # none kept: the length becomes first
+    assert pool.length(seq) == 6
+    pool.release(seq)
+    pool.release(child)
+    assert pool.free_blocks == pool.num_blocks

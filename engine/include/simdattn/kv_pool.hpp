@@ -72,6 +72,15 @@ class SIMDATTN_API KvPool {
   // Keeps the first `length` tokens of every layer (0 <= length <= length(s)); blocks past them
   // are given back.
   void truncate(Sequence s, std::int64_t length);
+  // Speculative decoding's accepted drafts: of s's tokens at positions first .. length(s) - 1
+  // (the drafts a verification step appended), keeps those at relative indices `kept` (strictly
+  // increasing, each in [0, length(s) - first)), moved to positions first, first + 1, .. in that
+  // order, in every layer (K, V and an 8-bit pool's scales; a layer holding fewer tokens keeps
+  // those of its tokens that are kept); the length becomes first + kept.size(). Blocks past the
+  // new length go back to the pool; a block shared with a fork is copied before a row of it
+  // changes (Error("pool") when too few are free). Error naming "seq", "first" or "kept" (or
+  // "pool") before anything changes.
+  void accept(Sequence seq, std::int64_t first, std::span<const std::int64_t> kept);
   // Ends the sequence; its handle is invalid afterwards (and may be reused by add or fork).
   void release(Sequence s);
 

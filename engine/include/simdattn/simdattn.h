@@ -429,6 +429,10 @@ SIMDATTN_C_API simdattn_status simdattn_kv_pool_add(simdattn_kv_pool* pool, int6
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_fork(simdattn_kv_pool* pool, int64_t parent, int64_t* sequence);
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_truncate(simdattn_kv_pool* pool, int64_t sequence, int64_t length);
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_release(simdattn_kv_pool* pool, int64_t sequence);
+/* C API 4: KvPool::accept: of the tokens from `first` on, keeps those at relative indices kept[0 ..
+ * kept_count) (strictly increasing), moved to positions first, first + 1, ... */
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_accept(simdattn_kv_pool* pool, int64_t seq, int64_t first,
+                                                       const int64_t* kept, size_t kept_count);
 /* The tokens of `sequence` in its longest layer. */
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_length(const simdattn_kv_pool* pool, int64_t sequence,
                                                        int64_t* length);

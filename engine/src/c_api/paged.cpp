@@ -142,6 +142,14 @@ simdattn_status simdattn_kv_pool_release(simdattn_kv_pool* pool, int64_t sequenc
   });
 }
 
+simdattn_status simdattn_kv_pool_accept(simdattn_kv_pool* pool, int64_t seq, int64_t first, const int64_t* kept,
+                                        size_t kept_count) {
+  return guarded([&] {
+    require(pool, "pool");
+    pool->pool.accept(seq, first, span_of(kept, kept_count, "kept"));
+  });
+}
+
 simdattn_status simdattn_kv_pool_length(const simdattn_kv_pool* pool, int64_t sequence, int64_t* length) {
   return guarded([&] {
     require(pool, "pool");

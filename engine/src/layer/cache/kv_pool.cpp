@@ -31,6 +31,27 @@ std::pair<std::int64_t, std::int64_t> touched(const PoolState& pool, const PoolW
   return {w.start / pool.block_size, blocks_for(pool, w.start + w.tokens)};
 }
 
+// Copy-on-write: a block of the table entry blk that another sequence holds too is copied to a
+// free block (the caller counted it), which the entry then names.
+void unshare(PoolState& pool, std::int32_t& blk) {
+  if (pool.refs[static_cast<std::size_t>(blk)] == 1) return;
+  const auto block_bytes = static_cast<std::size_t>(pool.block_bytes);
+  const std::int32_t copy = pool.free_blocks.back();
+  pool.free_blocks.pop_back();
+  std::memcpy(pool.data.data + static_cast<std::size_t>(copy) * block_bytes,
+              pool.data.data + static_cast<std::size_t>(blk) * block_bytes, block_bytes);
+  --pool.refs[static_cast<std::size_t>(blk)];
+  pool.refs[static_cast<std::size_t>(copy)] = 1;
+  blk = copy;
+}
+
+// Gives back the blocks of q's table past its first `keep`.
+void drop_blocks(PoolState& pool, PoolState::Sequence& q, std::size_t keep) {
+  for (std::size_t b = keep; b < q.blocks.size(); ++b)
+    if (--pool.refs[static_cast<std::size_t>(q.blocks[b])] == 0) pool.free_blocks.push_back(q.blocks[b]);
+  q.blocks.resize(std::min(keep, q.blocks.size()));
+}
+
 }  // namespace
 
 PoolState& PoolAccess::state(KvPool& pool) { return pool.state_->s; }
@@ -89,22 +110,13 @@ void check_pool_writes(const PoolState& pool, std::span<PoolWrite> writes) {
 }
 
 void prepare_pool_writes(PoolState& pool, std::span<const PoolWrite> writes) {
-  const auto block_bytes = static_cast<std::size_t>(pool.block_bytes);
   for (const PoolWrite& w : writes) {
     if (w.tokens == 0) continue;
     PoolState::Sequence& s = pool.sequences[static_cast<std::size_t>(w.seq)];
     const auto [b0, b1] = touched(pool, w);
     for (std::int64_t b = b0; b < b1; ++b) {
       if (b < static_cast<std::int64_t>(s.blocks.size())) {
-        std::int32_t& blk = s.blocks[static_cast<std::size_t>(b)];
-        if (pool.refs[static_cast<std::size_t>(blk)] == 1) continue;
-        const std::int32_t copy = pool.free_blocks.back();  // copy-on-write
-        pool.free_blocks.pop_back();
-        std::memcpy(pool.data.data + static_cast<std::size_t>(copy) * block_bytes,
-                    pool.data.data + static_cast<std::size_t>(blk) * block_bytes, block_bytes);
-        --pool.refs[static_cast<std::size_t>(blk)];
-        pool.refs[static_cast<std::size_t>(copy)] = 1;
-        blk = copy;
+        unshare(pool, s.blocks[static_cast<std::size_t>(b)]);
       } else {
         const std::int32_t blk = pool.free_blocks.back();
         pool.free_blocks.pop_back();
@@ -229,10 +241,56 @@ void KvPool::truncate(Sequence seq, std::int64_t length) {
     throw Error("length", "expected 0 <= length <= " + detail::num(cur) + " (the sequence's length), got " +
                               detail::num(length));
   for (std::int64_t& l : q.lengths) l = std::min(l, length);
-  const auto keep = static_cast<std::size_t>(detail::blocks_for(s, length));
-  for (std::size_t b = keep; b < q.blocks.size(); ++b)
-    if (--s.refs[static_cast<std::size_t>(q.blocks[b])] == 0) s.free_blocks.push_back(q.blocks[b]);
-  q.blocks.resize(std::min(keep, q.blocks.size()));
+  detail::drop_blocks(s, q, static_cast<std::size_t>(detail::blocks_for(s, length)));
+}
+
+void KvPool::accept(Sequence seq, std::int64_t first, std::span<const std::int64_t> kept) {
+  detail::PoolState& s = state_->s;
+  detail::PoolState::Sequence& q = s.at(seq, "seq");
+  const std::int64_t cur = *std::max_element(q.lengths.begin(), q.lengths.end());
+  if (first < 0 || first > cur)
+    throw Error("first", "expected 0 <= first <= " + detail::num(cur) + " (the sequence's length), got " + detail::num(first));
+  const auto n = static_cast<std::int64_t>(kept.size());
+  for (std::int64_t i = 0; i < n; ++i) {
+    const std::int64_t r = kept[static_cast<std::size_t>(i)];
+    if (r < 0 || r >= cur - first || (i > 0 && r <= kept[static_cast<std::size_t>(i - 1)]))
+      throw Error("kept", "entry " + detail::num(i) + " is " + detail::num(r) + ": expected strictly increasing indices in [0, " +
+                              detail::num(cur - first) + ") (the tokens from first = " + detail::num(first) + " on)");
+  }
+  // the first kept token that moves (its index below its draft index); from its destination on,
+  // rows change: the shared blocks there are copied first, so count them against the free ones
+  std::int64_t moved = 0;
+  while (moved < n && kept[static_cast<std::size_t>(moved)] == moved) ++moved;
+  const std::int64_t b0 = (first + moved) / s.block_size, b1 = detail::blocks_for(s, first + n);
+  std::int64_t copies = 0;
+  for (std::int64_t b = b0; b < b1 && moved < n; ++b) copies += s.refs[static_cast<std::size_t>(q.blocks[static_cast<std::size_t>(b)])] > 1;
+  if (copies > static_cast<std::int64_t>(s.free_blocks.size()))
+    throw Error("pool", "moving the kept tokens needs " + detail::num(copies) + " copies of shared blocks, " +
+                            detail::num(static_cast<std::int64_t>(s.free_blocks.size())) + " blocks are free");
+  if (moved < n)
+    for (std::int64_t b = b0; b < b1; ++b) detail::unshare(s, q.blocks[static_cast<std::size_t>(b)]);
+  // each layer's rows (K, V, and the 8-bit pools' scales), in increasing order: a destination is
+  // never a later token's source (kept[i] >= i)
+  const std::size_t row_bytes = static_cast<std::size_t>(s.head_dim) * s.esize();
+  for (std::int64_t layer = 0; layer < s.layers; ++layer) {
+    std::int64_t& len = q.lengths[static_cast<std::size_t>(layer)];
+    if (len <= first) continue;  // a layer the step has not reached keeps its tokens
+    std::int64_t out = first;
+    for (std::int64_t i = 0; i < n && first + kept[static_cast<std::size_t>(i)] < len; ++i, ++out) {
+      const std::int64_t src = first + kept[static_cast<std::size_t>(i)];
+      if (src == out) continue;
+      const std::int32_t sb = q.blocks[static_cast<std::size_t>(src / s.block_size)],
+                         db = q.blocks[static_cast<std::size_t>(out / s.block_size)];
+      const std::int64_t ss = src % s.block_size, ds = out % s.block_size;
+      for (int kv = 0; kv < 2; ++kv)
+        for (std::int64_t hk = 0; hk < s.kv_heads; ++hk) {
+          std::memcpy(s.row(db, layer, kv, hk, ds), s.row(sb, layer, kv, hk, ss), row_bytes);
+          if (is_kv_code(s.dtype)) *s.scale(db, layer, kv, hk, ds) = *s.scale(sb, layer, kv, hk, ss);
+        }
+    }
+    len = out;
+  }
+  detail::drop_blocks(s, q, static_cast<std::size_t>(detail::blocks_for(s, *std::max_element(q.lengths.begin(), q.lengths.end()))));
 }
 
 void KvPool::release(Sequence seq) {
