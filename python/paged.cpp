@@ -190,7 +190,7 @@ SeqInput step_input(const py::handle& x, DType t, const std::string& name) {
 
 py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPool::Sequence>& sequences,
                          const py::list& queries, KvPool& pool, std::int64_t layer_index, const py::object& positions,
-                         int threads, const std::string& backend) {
+                         const py::object& tree_masks, int threads, const std::string& backend) {
   if (static_cast<std::size_t>(py::len(queries)) != sequences.size())
     throw Error("queries", "expected one query array per sequence (" + std::to_string(sequences.size()) + "), got " +
                                std::to_string(py::len(queries)));
@@ -204,6 +204,9 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
   std::vector<PoolStep> steps(sequences.size());
   if (!positions.is_none() && static_cast<std::size_t>(py::len(positions)) != sequences.size())
     throw Error("positions", "expected one positions array (or None) per sequence");
+  if (!tree_masks.is_none() && static_cast<std::size_t>(py::len(tree_masks)) != sequences.size())
+    throw Error("tree_masks", "expected one [T, T] mask (or None) per sequence");
+  std::vector<std::vector<std::uint8_t>> trees(sequences.size());
   for (std::size_t i = 0; i < sequences.size(); ++i) {
     const std::string name = "queries[" + std::to_string(i) + "]";
     in.push_back(step_input(queries[i], t, name));
@@ -214,6 +217,19 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
     if (!positions.is_none() && !py::object(positions[py::int_(i)]).is_none())
       pos[i] = ints_of(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
     steps[i] = {in.back().view, sequences[i], ov, pos[i]};
+    if (!tree_masks.is_none() && !py::object(tree_masks[py::int_(i)]).is_none()) {
+      const std::string mname = "tree_masks[" + std::to_string(i) + "]";
+      const Array m = array_of(tree_masks[py::int_(i)], mname);
+      if (m.ndim() != 2 || m.shape[0] != T || m.shape[1] != T)
+        throw Error(mname, "expected a [T, T] = [" + std::to_string(T) + ", " + std::to_string(T) + "] array");
+      if (m.dtype != DType::u8) throw Error(mname, "expected bool or uint8 elements, got " + m.dtype_text());
+      std::vector<std::uint8_t>& tree = trees[i];
+      const auto* bytes = static_cast<const std::uint8_t*>(m.data);
+      for (std::int64_t j = 0; j < T; ++j)
+        for (std::int64_t c = 0; c < T; ++c) tree.push_back(bytes[j * m.strides[0] + c * m.strides[1]] != 0);
+      static const std::uint8_t kNoElement = 0;
+      steps[i].tree_mask = {tree.empty() ? &kNoElement : tree.data(), tree.size()};
+    }
   }
   MhaOptions o;
   o.threads = threads;
@@ -383,10 +399,13 @@ budget) and decode steps run as batched forward_pool calls on the scheduler's ow
   py::object cls = m.attr("MultiHeadAttention");
   cls.attr("forward_pool") = py::cpp_function(
       &forward_pool_py, py::name("forward_pool"), py::is_method(cls), py::arg("sequences"), py::arg("queries"),
-      py::arg("pool"), py::arg("layer") = 0, py::kw_only(), py::arg("positions") = py::none(), py::arg("threads") = 0,
-      py::arg("backend") = "native",
+      py::arg("pool"), py::arg("layer") = 0, py::kw_only(), py::arg("positions") = py::none(),
+      py::arg("tree_masks") = py::none(), py::arg("threads") = 0, py::arg("backend") = "native",
       R"doc(One step of each sequence (queries[i] [T_i, d_model]: 1 = decode, more = a prompt chunk) over
-the pool at layer `layer`: K/V appended, one batched attention call, outputs [T_i, d_model].)doc");
+the pool at layer `layer`: K/V appended, one batched attention call, outputs [T_i, d_model].
+tree_masks: None, or per step None (causal) or a [T_i, T_i] bool array, a draft tree (token j
+sees the sequence's earlier tokens and the step's tokens j' with mask[j, j']); positions then
+give the tokens' RoPE positions (their depths).)doc");
 }
 
 }  // namespace simdattn::python

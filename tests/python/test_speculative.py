@@ -323,3 +323,58 @@ def test_accept_keeps_the_kept_drafts_in_every_layer_and_never_changes_a_fork(dt
     pool.release(seq)
     pool.release(child)
     assert pool.free_blocks == pool.num_blocks
+
+
+def test_layer_tree_step_equals_per_token_forwards_over_each_tokens_ancestors():
+    from test_paged import make_layer
+    rng = np.random.default_rng(31)
+    layer = make_layer(rng)
+    pool = simdattn.KvPool(layer, num_blocks=80, block_size=4)
+    seq = pool.add()
+    ctx = 7
+    layer.forward_pool([seq], [rng.standard_normal((ctx, 32)).astype(np.float32)], pool)
+    base = pool.fork(seq)
+    n = 9
+    parent = [-1] + [int(rng.integers(0, j)) for j in range(1, n)]
+    paths = []
+    for j in range(n):
+        path, a = [], j
+        while a >= 0:
+            path.insert(0, a)
+            a = parent[a]
+        paths.append(path)
+    mask = np.zeros((n, n), bool)
+    for j, path in enumerate(paths):
+        mask[j, path] = True
+    depth = np.array([len(p) - 1 for p in paths], np.int64)
+    x = rng.standard_normal((n, 32)).astype(np.float32)
+    other = pool.fork(base)  # a causal step in the same call, beside the tree
+    y = rng.standard_normal((3, 32)).astype(np.float32)
+    outs = layer.forward_pool([seq, other], [x, y], pool, tree_masks=[mask, None],
+                              positions=[ctx + depth, ctx + np.arange(3)])
+    assert pool.length(seq) == ctx + n
+    for j, path in enumerate(paths):
+        c = pool.fork(base)
+        want = layer.forward_pool([c], [x[path]], pool, positions=[ctx + np.arange(len(path))])[0][-1]
+        assert np.abs(outs[0][j] - want).max() <= 2e-5, j
+        pool.release(c)
+    c = pool.fork(base)
+    assert np.abs(outs[1] - layer.forward_pool([c], [y], pool)[0]).max() <= 2e-5
+    # bad masks are named; nothing appended
+    for bad, name in ((np.ones((n, n - 1), bool), "tree_masks[0]"), (np.ones((n, n), np.float32), "tree_masks[0]")):
+        with pytest.raises(simdattn.Error) as e:
+            layer.forward_pool([c], [x], pool, tree_masks=[bad], positions=[ctx + depth])
+        assert e.value.argument == name
+    assert pool.length(c) == ctx + 3
+
+
+def test_a_windowed_layer_takes_no_tree():
+    rng = np.random.default_rng(4)
+    w = lambda *s: (0.2 * rng.standard_normal(s)).astype(np.float32)
+    layer = simdattn.MultiHeadAttention(w(32, 32), w(16, 32), w(16, 32), w(32, 32), heads=4, kv_heads=2, window=(8, 0))
+    pool = simdattn.KvPool(layer, num_blocks=8, block_size=4)
+    s = pool.add()
+    with pytest.raises(simdattn.Error) as e:
+        layer.forward_pool([s], [w(3, 32)], pool, tree_masks=[np.tril(np.ones((3, 3), bool))])
+    assert e.value.argument == "steps[0].tree_mask"
+    assert pool.length(s) == 0 and pool.free_blocks == 8

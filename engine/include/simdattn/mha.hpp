@@ -153,6 +153,12 @@ struct PoolStep {
   KvPool::Sequence sequence = -1;
   SeqView out;
   std::span<const std::int64_t> positions = {};  // as MhaOptions::positions, [1, T]
+  // Speculative decoding: the step's T tokens as a draft tree, [T, T] row-major (nonzero: token j
+  // sees token j'), attention_paged's tree mask M_i (paged.hpp): each token sees the sequence's
+  // tokens before the step and those its row lists. Empty: causal (each sees those before it and
+  // itself). positions then give the tokens' RoPE positions (depth in the tree). A layer with a
+  // window or ALiBi takes none (Error("steps[i].tree_mask")).
+  std::span<const std::uint8_t> tree_mask = {};
 };
 
 class SIMDATTN_API MultiHeadAttention {

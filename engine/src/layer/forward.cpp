@@ -392,6 +392,13 @@ void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const 
 template <class T>
 void check_pool_step(const LayerStorage<T>& layer, const PoolStep& s) {
   check_step_rows(layer, s.query, s.out, s.positions, 1);
+  if (s.tree_mask.data() == nullptr && s.tree_mask.empty()) return;
+  const std::int64_t n = s.query.S;
+  if (static_cast<std::int64_t>(s.tree_mask.size()) != n * n)
+    throw Error("tree_mask", "expected the step's [T, T] = " + num(n * n) + " elements, got " +
+                                 num(static_cast<std::int64_t>(s.tree_mask.size())));
+  if (layer.cfg.window || !layer.cfg.alibi_slopes.empty())
+    throw Error("tree_mask", "this layer has a sliding window or ALiBi: positions inside a tree are not linear");
 }
 
 template <class T>
@@ -416,6 +423,8 @@ void pool_forward(const LayerStorage<T>& layer, std::span<const PoolStep> steps,
   std::vector<SegmentCache> caches(steps.size());
   std::vector<Segment<T>> segments(steps.size());
   const KvStore store = pool_store(pool, layer_index);
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (!steps[i].tree_mask.empty()) seqs[i].tree_mask = steps[i].tree_mask.data();
   for (std::size_t i = 0; i < steps.size(); ++i) {
     caches[i] = {store, std::span<const StoreSeq>(seqs).subspan(i, 1), &writes[i].start};
     segments[i] = {static_cast<const T*>(steps[i].query.data), static_cast<T*>(steps[i].out.data), 1, steps[i].query.S,

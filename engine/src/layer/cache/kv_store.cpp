@@ -152,6 +152,21 @@ void paged_core(const KvStore& store, std::span<const StoreSeq> seqs, DType core
   q.q = qd, q.q_strides = {0, hd, ldq, 1};
   q.o = od, q.o_strides = {0, hd, ldo, 1};
   q.causal = Causal::bottom_right;  // a step's tokens see the keys before them and themselves
+  if (std::any_of(seqs.begin(), seqs.end(), [](const StoreSeq& s) { return s.tree_mask != nullptr; })) {
+    // draft trees: one tree mask over the steps (a step without one: its causal matrix)
+    thread_local std::vector<std::uint8_t> tree;
+    tree.clear();
+    q.tree_starts.clear();
+    for (const StoreSeq& s : seqs) {
+      q.tree_starts.push_back(static_cast<std::int64_t>(tree.size()));
+      for (std::int64_t j = 0; j < s.tokens; ++j)
+        for (std::int64_t c = 0; c < s.tokens; ++c)
+          tree.push_back(s.tree_mask != nullptr ? s.tree_mask[j * s.tokens + c] != 0 : c <= j);
+    }
+    q.tree_mask = tree.data();
+    q.mask_kind = MaskKind::boolean;
+    q.causal = Causal::none;
+  }
   set_window(q, a.window);
   set_scale_threads(q, a);
   set_softcap_alibi_sinks(q, a, Span{});

@@ -40,6 +40,7 @@ struct StoreSeq {
   std::int64_t index = 0;
   const std::vector<std::int32_t>* blocks = nullptr;
   std::int64_t start = 0, tokens = 0, row0 = 0;
+  const std::uint8_t* tree_mask = nullptr;  // a pool step's draft tree, [tokens, tokens]; null: causal
 };
 
 // The checks every cached step makes (over a KvCache or a pool): query [B, S, d_model] (B: the
