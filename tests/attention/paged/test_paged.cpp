@@ -5,6 +5,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <cstdint>
 #include <numeric>
@@ -166,6 +167,60 @@ void sweep(std::uint64_t seed) {
 TEST_CASE("attention_paged: f32 against attention() on the gathered keys, any thread count") { sweep<float>(base_seed()); }
 TEST_CASE("attention_paged: bf16") { sweep<bfloat16>(base_seed() + 1); }
 TEST_CASE("attention_paged: f16") { sweep<float16>(base_seed() + 2); }
+
+// Tree masks (speculative decoding) and the lse output: the native paths (decode for the short
+// steps, fused for the long ones) against the reference backend reading the same mask; threads
+// 1, 2, 3 bitwise; a lower-triangular tree is the causal call.
+template <class T>
+void check_tree_masks(std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  PagedShape shape;
+  shape.seq_lens = {5, 300, 40, 1300, 17};
+  shape.query_lens = {5, 40, 1, 24, 16};
+  for (std::int64_t bs : {1, 16}) {
+    CAPTURE(bs);
+    shape.block_size = bs;
+    const PagedCase<T> c(shape, rng);
+    std::vector<std::uint8_t> tree, tril;
+    std::bernoulli_distribution coin(0.5);
+    for (std::int64_t ql : shape.query_lens)
+      for (std::int64_t j = 0; j < ql; ++j)
+        for (std::int64_t x = 0; x < ql; ++x) tree.push_back(j == 0 && ql == 5 ? 0 : coin(rng)), tril.push_back(x <= j);
+    const std::vector<float> sinks = normal(rng, static_cast<std::size_t>(shape.H), 1.0f);
+    for (int set = 0; set < 2; ++set) {
+      CAPTURE(set);
+      PagedAttentionOptions opt;
+      opt.tree_mask = tree;
+      if (set == 1) opt.softcap = 4.0, opt.sinks = sinks;
+      Buffer<float> ref_lse({1, c.total_q, shape.H, 1}), lse({1, c.total_q, shape.H, 1});
+      opt.backend = Backend::reference, opt.lse = ref_lse.view();
+      const Buffer<T> ref = c.run(opt);
+      opt.backend = Backend::native, opt.threads = 1, opt.lse = lse.view();
+      const Buffer<T> one = c.run(opt);
+      CHECK(max_abs_diff(one, ref) <= tolerance<T>(max_abs(c.v)));
+      for (std::size_t i = 0; i < lse.data.size(); ++i) {
+        CHECK(std::isinf(lse.data[i]) == std::isinf(ref_lse.data[i]));
+        if (std::isfinite(ref_lse.data[i])) CHECK(std::abs(lse.data[i] - ref_lse.data[i]) <= 1e-4f);
+      }
+      if (set == 0)  // sequence 0's first token: no context, an empty row
+        for (std::int64_t h = 0; h < shape.H; ++h) CHECK(std::isinf(lse.at(0, 0, h, 0)));
+      for (int threads : {2, 3}) {
+        Buffer<float> again_lse({1, c.total_q, shape.H, 1});
+        opt.threads = threads, opt.lse = again_lse.view();
+        CHECK(bitwise_equal(c.run(opt), one));
+        CHECK(bitwise_equal(again_lse, lse));
+      }
+    }
+    PagedAttentionOptions causal, lower;
+    lower.tree_mask = tril;
+    CHECK(max_abs_diff(c.run(lower), c.run(causal)) <= tolerance<T>(max_abs(c.v)));
+  }
+}
+
+TEST_CASE("attention_paged: tree masks and lse, native against the reference on every path, any thread count") {
+  check_tree_masks<float>(base_seed() + 6);
+  check_tree_masks<bfloat16>(base_seed() + 7);
+}
 
 TEST_CASE("attention_paged: a block shared by two sequences is read, never changed") {
   std::mt19937_64 rng(base_seed() + 3);

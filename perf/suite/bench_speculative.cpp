@@ -1,0 +1,179 @@
+// Speculative decoding's verification (docs/serving.md, "Speculative decoding"), a 32-token draft
+// tree over a 4096-token context, 32 heads, 8 kv heads, d 128, in blocks of 16 tokens:
+//   attention/native/tree32-verify/t<N> (.bf16): one attention_paged call with the tree's mask;
+//     against attention/native/tree32-as-decodes/t<N> (.bf16): the same 32 drafts as 32 one-token
+//     decode calls (draft j over the context and drafts 0 .. j)
+//   mha/native/tree32-step/t<N> (.bf16): one forward_pool step of the tree through a llama-shaped
+//     layer (d_model 4096, 32 heads, 8 kv heads, RoPE), its tokens at their depths; against
+//     mha/native/tree32-as-steps/t<N> (.bf16): the 32 tokens as 32 one-token steps
+// Counters: GFLOP/s of the visible pairs (attention rows) or of the 32 tokens' projections (layer
+// rows; the same work both ways, so the ratio is the tokens/s ratio). The drafts are truncated
+// away after each iteration.
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "perf_util.hpp"
+#include "simdattn/simdattn.hpp"
+
+namespace {
+
+using simdattn::perf::from_float;
+
+constexpr std::int64_t kCtx = 4096, kTree = 32, kH = 32, kHkv = 8, kD = 128, kBs = 16;
+
+// A draft tree of kTree tokens (token j's parent a random earlier token, as drafted trees branch):
+// its [kTree, kTree] mask (ancestors and itself) and its tokens' depths.
+struct Tree {
+  std::vector<std::uint8_t> mask;
+  std::vector<std::int64_t> depth;
+  std::int64_t visible = 0;  // the mask's nonzero entries
+  Tree() : mask(kTree * kTree, 0), depth(kTree, 0) {
+    std::mt19937 rng(17);
+    std::vector<std::int64_t> parent(kTree, -1);
+    for (std::int64_t j = 1; j < kTree; ++j) parent[j] = std::uniform_int_distribution<std::int64_t>(std::max<std::int64_t>(0, j - 4), j - 1)(rng);
+    for (std::int64_t j = 0; j < kTree; ++j)
+      for (std::int64_t a = j; a >= 0; a = parent[a]) mask[j * kTree + a] = 1, ++visible;
+    for (std::int64_t j = 1; j < kTree; ++j) depth[j] = depth[parent[j]] + 1;
+  }
+};
+const Tree& tree() {
+  static const Tree t;
+  return t;
+}
+
+// The context and the drafts' keys and values in blocks of kBs ([blocks, kBs, Hkv, D], a shuffled
+// table), and the drafts' queries.
+template <class T>
+struct Cache {
+  std::vector<T> k, v, q, out;
+  std::vector<std::int32_t> table;
+  std::int64_t blocks = (kCtx + kTree + kBs - 1) / kBs;
+  Cache() {
+    std::mt19937 rng(5);
+    std::normal_distribution<float> n(0.f, 1.f);
+    const auto fill = [&](std::vector<T>& x, std::int64_t count) {
+      x.resize(static_cast<std::size_t>(count));
+      for (T& e : x) e = from_float<T>(n(rng));
+    };
+    fill(k, blocks * kBs * kHkv * kD), fill(v, blocks * kBs * kHkv * kD), fill(q, kTree * kH * kD);
+    out.resize(q.size());
+    table.resize(static_cast<std::size_t>(blocks));
+    std::iota(table.begin(), table.end(), 0);
+    std::shuffle(table.begin(), table.end(), rng);
+  }
+  simdattn::ConstTensorView keys() const { return simdattn::ConstTensorView(k.data(), {blocks, kBs, kHkv, kD}); }
+  simdattn::ConstTensorView values() const { return simdattn::ConstTensorView(v.data(), {blocks, kBs, kHkv, kD}); }
+};
+
+template <class T>
+void bench_verify(benchmark::State& state, bool as_decodes, int threads) {
+  static const Cache<T> c;
+  std::vector<T> out(c.q.size());
+  const simdattn::BlockTable table{c.table.data(), 1, c.blocks, c.blocks};
+  simdattn::PagedAttentionOptions o;
+  o.threads = threads;
+  const double pair = 2.0 * kH * (kD + kD);
+  if (!as_decodes) {
+    const std::int64_t len = kCtx + kTree;
+    const std::int64_t starts[2] = {0, kTree};
+    o.query_start = starts;
+    o.tree_mask = tree().mask;
+    simdattn::perf::timed_loop(state, pair * double(kTree * kCtx + tree().visible), "GFLOP/s", [&] {
+      simdattn::attention_paged(simdattn::ConstTensorView(c.q.data(), {1, kTree, kH, kD}), c.keys(), c.values(), table,
+                                {&len, 1}, simdattn::TensorView(out.data(), {1, kTree, kH, kD}), o);
+    });
+    return;
+  }
+  simdattn::perf::timed_loop(state, pair * double(kTree * kCtx + kTree * (kTree + 1) / 2), "GFLOP/s", [&] {
+    for (std::int64_t j = 0; j < kTree; ++j) {
+      const std::int64_t len = kCtx + j + 1;
+      simdattn::attention_paged(simdattn::ConstTensorView(c.q.data() + j * kH * kD, {1, 1, kH, kD}), c.keys(), c.values(),
+                                table, {&len, 1}, simdattn::TensorView(out.data() + j * kH * kD, {1, 1, kH, kD}), o);
+    }
+  });
+}
+
+// The llama-shaped layer and a pool holding the context, prefilled once per dtype.
+template <class T>
+struct Layer {
+  static constexpr std::int64_t d = 4096, nkv = d / kH * kHkv;
+  std::unique_ptr<simdattn::MultiHeadAttention> layer;
+  std::unique_ptr<simdattn::KvPool> pool;
+  simdattn::KvPool::Sequence seq = 0;
+  std::vector<T> x;
+  Layer() {
+    std::mt19937 rng(3);
+    std::normal_distribution<float> n(0.f, 1.f / 64.f);
+    auto w = [&](std::int64_t count) {
+      std::vector<T> e(static_cast<std::size_t>(count));
+      for (T& a : e) a = from_float<T>(n(rng));
+      return e;
+    };
+    simdattn::MhaConfig cfg{.d_model = d, .heads = kH, .kv_heads = kHkv};
+    cfg.rope = simdattn::RopeConfig{.theta = 500000.0};
+    layer = std::make_unique<simdattn::MultiHeadAttention>(
+        cfg, simdattn::MhaWeights<T>{w(d * d), w(nkv * d), w(nkv * d), w(d * d), w(d), w(nkv), w(nkv), w(d)});
+    pool = std::make_unique<simdattn::KvPool>(*layer, (kCtx + kTree) / kBs + 2, kBs);
+    seq = pool->add();
+    x = w(kCtx * d);
+    std::vector<T> y(x.size());
+    for (std::int64_t t0 = 0; t0 < kCtx; t0 += 512) {  // the context in chunks
+      const simdattn::PoolStep s{simdattn::ConstSeqView(x.data() + t0 * d, 1, 512, d), seq,
+                                 simdattn::SeqView(y.data() + t0 * d, 1, 512, d)};
+      layer->forward_pool({&s, 1}, *pool);
+    }
+  }
+};
+
+template <class T>
+void bench_layer_step(benchmark::State& state, bool as_steps, int threads) {
+  static Layer<T> l;
+  constexpr std::int64_t d = Layer<T>::d;
+  std::vector<T> y(static_cast<std::size_t>(kTree * d));
+  simdattn::MhaOptions o;
+  o.threads = threads;
+  std::vector<std::int64_t> pos(kTree);
+  for (std::int64_t j = 0; j < kTree; ++j) pos[j] = kCtx + (as_steps ? j : tree().depth[j]);
+  const double flops = 2.0 * kTree * d * (2.0 * d + 2.0 * Layer<T>::nkv);
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
+    if (as_steps) {
+      for (std::int64_t j = 0; j < kTree; ++j) {
+        const simdattn::PoolStep s{simdattn::ConstSeqView(l.x.data() + j * d, 1, 1, d), l.seq,
+                                   simdattn::SeqView(y.data() + j * d, 1, 1, d), {&pos[j], 1}};
+        l.layer->forward_pool({&s, 1}, *l.pool, 0, o);
+      }
+    } else {
+      simdattn::PoolStep s{simdattn::ConstSeqView(l.x.data(), 1, kTree, d), l.seq, simdattn::SeqView(y.data(), 1, kTree, d),
+                           pos};
+      s.tree_mask = tree().mask;
+      l.layer->forward_pool({&s, 1}, *l.pool, 0, o);
+    }
+    l.pool->truncate(l.seq, kCtx);
+  });
+}
+
+int register_all() {
+  for (int t : {1, 2}) {
+    const std::string ts = "/t" + std::to_string(t);
+    for (bool as : {false, true}) {
+      const std::string a = as ? "tree32-as-decodes" : "tree32-verify", m = as ? "tree32-as-steps" : "tree32-step";
+      benchmark::RegisterBenchmark(("attention/native/" + a + ts).c_str(), bench_verify<float>, as, t)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("attention/native/" + a + ".bf16" + ts).c_str(), bench_verify<simdattn::bfloat16>, as, t)
+          ->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("mha/native/" + m + ts).c_str(), bench_layer_step<float>, as, t)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("mha/native/" + m + ".bf16" + ts).c_str(), bench_layer_step<simdattn::bfloat16>, as, t)
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+  return 0;
+}
+const int registered = register_all();
+
+}  // namespace
