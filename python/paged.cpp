@@ -66,13 +66,9 @@ template <class View>
 View lse_view(const Array& a, const std::string& name) {
   if (a.ndim() != 2) throw Error(name, "expected a 2-D array [T, H], got " + std::to_string(a.ndim()) + "-D");
   if (a.dtype != DType::f32) throw Error(name, "expected float32, got " + a.dtype_text());
+  if (std::is_same_v<View, TensorView> && !a.writeable) throw Error(name, "expected a writeable array");
   View v;
-  if constexpr (std::is_same_v<View, TensorView>) {
-    if (!a.writeable) throw Error(name, "expected a writeable array");
-    v.data = a.data;
-  } else {
-    v.data = a.data;
-  }
+  v.data = a.data;
   v.dtype = DType::f32;
   v.shape = {1, a.shape[0], a.shape[1], 1};
   v.strides = {a.shape[0] * a.shape[1], a.strides[0], a.strides[1], 1};

@@ -6,6 +6,9 @@
 //   mha/native/tree32-step/t<N> (.bf16): one forward_pool step of the tree through a llama-shaped
 //     layer (d_model 4096, 32 heads, 8 kv heads, RoPE), its tokens at their depths; against
 //     mha/native/tree32-as-steps/t<N> (.bf16): the 32 tokens as 32 one-token steps
+//   attention/native/forks32-cascade/t<N> (.bf16): 32 forks of a 2048-token prompt with 64 tokens
+//     each, a decode step each, as a prefix call + a suffix call + merge_attention_states; against
+//     attention/native/forks32-plain/t<N> (.bf16): one attention_paged call over all 2112 keys each
 // Counters: GFLOP/s of the visible pairs (attention rows) or of the 32 tokens' projections (layer
 // rows; the same work both ways, so the ratio is the tokens/s ratio). The drafts are truncated
 // away after each iteration.
@@ -159,9 +162,86 @@ void bench_layer_step(benchmark::State& state, bool as_steps, int threads) {
   });
 }
 
+// Shared prefixes: kForks sequences forked from a kPrefix-token prompt, each with kOwn tokens of its
+// own, one decode step each, over one cache in blocks of kBs (the prompt's blocks shared).
+constexpr std::int64_t kForks = 32, kPrefix = 2048, kOwn = 64;
+
+template <class T>
+struct Forks {
+  std::vector<T> k, v, q;
+  std::vector<std::int32_t> table, own;  // [kForks, all blocks]; [kForks, own blocks]
+  std::int64_t blocks = 0, all = (kPrefix + kOwn) / kBs, mine = kOwn / kBs;
+  Forks() {
+    static_assert(kPrefix % kBs == 0 && kOwn % kBs == 0);
+    blocks = kPrefix / kBs + kForks * mine;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> n(0.f, 1.f);
+    const auto fill = [&](std::vector<T>& x, std::int64_t count) {
+      x.resize(static_cast<std::size_t>(count));
+      for (T& e : x) e = from_float<T>(n(rng));
+    };
+    fill(k, blocks * kBs * kHkv * kD), fill(v, blocks * kBs * kHkv * kD), fill(q, kForks * kH * kD);
+    std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (std::int64_t f = 0; f < kForks; ++f) {
+      for (std::int64_t c = 0; c < kPrefix / kBs; ++c) table.push_back(order[static_cast<std::size_t>(c)]);
+      for (std::int64_t c = 0; c < mine; ++c) {
+        const std::int32_t b = order[static_cast<std::size_t>(kPrefix / kBs + f * mine + c)];
+        table.push_back(b), own.push_back(b);
+      }
+    }
+  }
+  simdattn::ConstTensorView keys() const { return simdattn::ConstTensorView(k.data(), {blocks, kBs, kHkv, kD}); }
+  simdattn::ConstTensorView values() const { return simdattn::ConstTensorView(v.data(), {blocks, kBs, kHkv, kD}); }
+};
+
+// attention/native/forks32-cascade/t<N> (.bf16): the prefix once for every fork's token (one
+// sequence of kForks queries over the prompt, lse out), each fork's own keys (lse out), and
+// merge_attention_states; against attention/native/forks32-plain/t<N> (.bf16): one attention_paged
+// call over every fork's kPrefix + kOwn keys.
+template <class T>
+void bench_forks(benchmark::State& state, bool cascade, int threads) {
+  static const Forks<T> f;
+  std::vector<T> out(f.q.size()), prefix_out(f.q.size()), own_out(f.q.size());
+  std::vector<float> prefix_lse(static_cast<std::size_t>(kForks * kH)), own_lse(prefix_lse.size());
+  const double flops = 2.0 * kH * (kD + kD) * double(kForks * (kPrefix + kOwn));
+  const simdattn::ConstTensorView q(f.q.data(), {1, kForks, kH, kD});
+  const simdattn::TensorView o(out.data(), {1, kForks, kH, kD});
+  if (!cascade) {
+    const std::vector<std::int64_t> lens(kForks, kPrefix + kOwn);
+    simdattn::PagedAttentionOptions opt;
+    opt.threads = threads;
+    const simdattn::BlockTable table{f.table.data(), kForks, f.all, f.all};
+    simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] { simdattn::attention_paged(q, f.keys(), f.values(), table, lens, o, opt); });
+    return;
+  }
+  const std::int64_t prefix_len = kPrefix, starts[2] = {0, kForks};
+  const std::vector<std::int64_t> own_lens(kForks, kOwn);
+  const simdattn::BlockTable prefix_table{f.table.data(), 1, kPrefix / kBs, kPrefix / kBs}, own_table{f.own.data(), kForks, f.mine, f.mine};
+  simdattn::PagedAttentionOptions po, so;
+  po.threads = so.threads = threads;
+  po.query_start = starts;
+  po.causal = simdattn::Causal::none;  // every fork's token follows the whole prompt
+  po.lse = simdattn::TensorView(prefix_lse.data(), {1, kForks, kH, 1});
+  so.lse = simdattn::TensorView(own_lse.data(), {1, kForks, kH, 1});
+  const simdattn::TensorView pv(prefix_out.data(), {1, kForks, kH, kD}), ov(own_out.data(), {1, kForks, kH, kD});
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
+    simdattn::attention_paged(q, f.keys(), f.values(), prefix_table, {&prefix_len, 1}, pv, po);
+    simdattn::attention_paged(q, f.keys(), f.values(), own_table, own_lens, ov, so);
+    simdattn::merge_attention_states(pv, po.lse, ov, so.lse, o, simdattn::TensorView(prefix_lse.data(), {1, kForks, kH, 1}));
+  });
+}
+
 int register_all() {
   for (int t : {1, 2}) {
     const std::string ts = "/t" + std::to_string(t);
+    for (bool cascade : {true, false}) {
+      const std::string a = cascade ? "forks32-cascade" : "forks32-plain";
+      benchmark::RegisterBenchmark(("attention/native/" + a + ts).c_str(), bench_forks<float>, cascade, t)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("attention/native/" + a + ".bf16" + ts).c_str(), bench_forks<simdattn::bfloat16>, cascade, t)
+          ->Unit(benchmark::kMillisecond);
+    }
     for (bool as : {false, true}) {
       const std::string a = as ? "tree32-as-decodes" : "tree32-verify", m = as ? "tree32-as-steps" : "tree32-step";
       benchmark::RegisterBenchmark(("attention/native/" + a + ts).c_str(), bench_verify<float>, as, t)->Unit(benchmark::kMillisecond);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <tuple>
 
 #include "core/element.hpp"
 #include "core/partial.hpp"
@@ -37,17 +38,11 @@ void check_states(const ConstTensorView& out_a, const ConstTensorView& lse_a, co
   if (s[0] != 1 || s[1] < 0 || s[2] < 1 || s[3] < 1)
     throw Error("out_a", "expected shape [1, T, H >= 1, Dv >= 1], got " + shape_str(s));
   const Shape4 lse_shape{1, s[1], s[2], 1};
-  const std::pair<const char*, const ConstTensorView*> outs[] = {{"out_b", &out_b}};
-  for (const auto& [name, v] : outs) {
-    if (v->dtype != out_a.dtype)
-      throw Error(name, "dtype " + std::string(dtype_name(v->dtype)) + " differs from out_a's " +
-                            std::string(dtype_name(out_a.dtype)));
-    if (v->shape != s) throw Error(name, "expected out_a's shape " + shape_str(s) + ", got " + shape_str(v->shape));
+  for (const auto& [name, dtype, shape] : {std::tuple{"out_b", out_b.dtype, out_b.shape}, std::tuple{"out", out.dtype, out.shape}}) {
+    if (dtype != out_a.dtype)
+      throw Error(name, "dtype " + std::string(dtype_name(dtype)) + " differs from out_a's " + std::string(dtype_name(out_a.dtype)));
+    if (shape != s) throw Error(name, "expected out_a's shape " + shape_str(s) + ", got " + shape_str(shape));
   }
-  if (out.dtype != out_a.dtype)
-    throw Error("out", "dtype " + std::string(dtype_name(out.dtype)) + " differs from out_a's " +
-                           std::string(dtype_name(out_a.dtype)));
-  if (out.shape != s) throw Error("out", "expected out_a's shape " + shape_str(s) + ", got " + shape_str(out.shape));
   const std::pair<const char*, const ConstTensorView*> lses[] = {{"lse_a", &lse_a}, {"lse_b", &lse_b}};
   for (const auto& [name, v] : lses) {
     if (v->dtype != DType::f32) throw Error(name, "dtype must be f32, got " + std::string(dtype_name(v->dtype)));
@@ -65,17 +60,14 @@ void check_states(const ConstTensorView& out_a, const ConstTensorView& lse_a, co
   const Span sl = byte_span("lse", lse.data, lse.dtype, lse.shape, lse.strides);
   detail::check_no_self_overlap("out", out.shape, out.strides);
   detail::check_no_self_overlap("lse", lse.shape, lse.strides);
-  const std::pair<const char*, Span> inputs[] = {{"out_a", sa}, {"lse_a", sla}, {"out_b", sb}, {"lse_b", slb}};
-  const bool out_in_place = same_view(out.data, out.strides, out_a) || same_view(out.data, out.strides, out_b);
-  const bool lse_in_place = same_view(lse.data, lse.strides, lse_a) || same_view(lse.data, lse.strides, lse_b);
-  for (const auto& [name, span] : inputs) {
-    const bool own_out = out_in_place && (std::string(name) == "out_a" || std::string(name) == "out_b") &&
-                         same_view(out.data, out.strides, std::string(name) == "out_a" ? out_a : out_b);
-    const bool own_lse = lse_in_place && (std::string(name) == "lse_a" || std::string(name) == "lse_b") &&
-                         same_view(lse.data, lse.strides, std::string(name) == "lse_a" ? lse_a : lse_b);
-    if (!own_out && overlaps(so, span))
+  // out may be out_a's or out_b's very view (each element read before it is written), lse lse_a's
+  // or lse_b's; any other overlap is refused
+  const std::tuple<const char*, const ConstTensorView*, Span, bool> inputs[] = {
+      {"out_a", &out_a, sa, true}, {"lse_a", &lse_a, sla, false}, {"out_b", &out_b, sb, true}, {"lse_b", &lse_b, slb, false}};
+  for (const auto& [name, view, span, is_out] : inputs) {
+    if (!(is_out && same_view(out.data, out.strides, *view)) && overlaps(so, span))
       throw Error("out", std::string("memory overlaps ") + name + " (only out_a's or out_b's very view merges in place)");
-    if (!own_lse && overlaps(sl, span))
+    if (!(!is_out && same_view(lse.data, lse.strides, *view)) && overlaps(sl, span))
       throw Error("lse", std::string("memory overlaps ") + name + " (only lse_a's or lse_b's very view merges in place)");
   }
   if (overlaps(so, sl)) throw Error("lse", "memory overlaps out");
