@@ -346,3 +346,40 @@ TEST_CASE("attention_paged: every malformed argument is an Error naming it, and 
 
 }  // namespace
 }  // namespace simdattn::test
+
+namespace simdattn::test {
+namespace {
+
+TEST_CASE("merge_attention_states: the states over two key sets merge into the state over their union, in place too") {
+  std::mt19937_64 rng(base_seed() + 8);
+  PagedShape shape;
+  shape.seq_lens = {40, 300};
+  shape.query_lens = {1, 1};
+  const PagedCase<float> c(shape, rng);
+  // A: keys [0, L - 16), as shorter sequences; B: the last 16 keys, through a window of 15 behind
+  PagedAttentionOptions all, first, last;
+  Buffer<float> lse_all({1, 2, shape.H, 1}), lse_a({1, 2, shape.H, 1}), lse_b({1, 2, shape.H, 1});
+  all.lse = lse_all.view();
+  const Buffer<float> out_all = c.run(all);
+  last.window = Window{15, 0}, last.lse = lse_b.view();
+  const Buffer<float> out_b = c.run(last);
+  Buffer<float> out_a({1, 2, shape.H, shape.Dv});
+  const std::vector<std::int64_t> shorter{24, 284};
+  first.lse = lse_a.view();
+  first.query_start = c.query_start;
+  first.causal = Causal::none;
+  attention_paged(c.q.cview(), c.k.cview(), c.v.cview(), c.block_table(), shorter, out_a.view(), first);
+  Buffer<float> out({1, 2, shape.H, shape.Dv}), lse({1, 2, shape.H, 1});
+  merge_attention_states(out_a.cview(), lse_a.cview(), out_b.cview(), lse_b.cview(), out.view(), lse.view());
+  CHECK(max_abs_diff(out, out_all) <= 1e-5);
+  CHECK(max_abs_diff(lse, lse_all) <= 1e-5);
+  merge_attention_states(out_a.cview(), lse_a.cview(), out_b.cview(), lse_b.cview(), out_a.view(), lse_a.view());
+  CHECK(bitwise_equal(out_a, out));
+  CHECK(bitwise_equal(lse_a, lse));
+  Buffer<float> wrong({1, 2, shape.H, 1});
+  CHECK_THROWS_AS(merge_attention_states(out_b.cview(), lse_b.cview(), out_b.cview(), wrong.cview(), wrong.view(), lse.view()),
+                  Error);
+}
+
+}  // namespace
+}  // namespace simdattn::test

@@ -242,3 +242,59 @@ TEST_CASE("KvPool with several layers: each layer's length grows with its own fo
     CHECK(max_diff(y, yw) <= 2e-5);
   }
 }
+
+// A sequence's K (kv 0) or V rows at one layer through the pool's views: [tokens][kv heads x head_dim].
+std::vector<float> pool_rows(const KvPool& pool, KvPool::Sequence s, std::int64_t layer, int kv) {
+  const ConstTensorView v = kv == 0 ? pool.keys(layer) : pool.values(layer);
+  const auto table = pool.block_table(s);
+  std::vector<float> out;
+  for (std::int64_t t = 0; t < pool.length(s, layer); ++t)
+    for (std::int64_t h = 0; h < pool.kv_heads(); ++h)
+      for (std::int64_t d = 0; d < pool.head_dim(); ++d)
+        out.push_back(static_cast<const float*>(v.data)[table[static_cast<std::size_t>(t / pool.block_size())] * v.strides[0] +
+                                                        (t % pool.block_size()) * v.strides[1] + h * v.strides[2] + d * v.strides[3]]);
+  return out;
+}
+
+TEST_CASE("KvPool::accept keeps the kept drafts in order in every layer, copies shared blocks, and names bad arguments") {
+  std::mt19937_64 rng(test::base_seed() + 68);
+  const MultiHeadAttention layer = random_layer<float>(rng);
+  KvPool pool(layer, 16, 4, 2);
+  const KvPool::Sequence s = pool.add();
+  for (std::int64_t lay : {0, 1}) {
+    const auto x = tokens<float>(rng, 11);
+    std::vector<float> y(x.size());
+    const PoolStep step{ConstSeqView(x.data(), 1, 11, kD), s, SeqView(y.data(), 1, 11, kD)};
+    layer.forward_pool({&step, 1}, pool, lay);
+  }
+  const KvPool::Sequence fork = pool.fork(s);
+  std::vector<std::vector<float>> before, fork_before;
+  for (std::int64_t lay : {0, 1})
+    for (int kv : {0, 1}) before.push_back(pool_rows(pool, s, lay, kv)), fork_before.push_back(pool_rows(pool, fork, lay, kv));
+  const std::int64_t free_before = pool.free_blocks();
+  const std::vector<std::int64_t> bad_order{2, 1}, out_of_range{7}, kept{0, 3, 6};
+  check_error([&] { pool.accept(s, 4, bad_order); }, "kept");
+  check_error([&] { pool.accept(s, 4, out_of_range); }, "kept");
+  check_error([&] { pool.accept(s, 12, {}); }, "first");
+  check_error([&] { pool.accept(fork + 5, 4, kept); }, "seq");
+  CHECK(pool.length(s) == 11);
+  CHECK(pool.free_blocks() == free_before);
+  pool.accept(s, 4, kept);  // drafts 4 .. 10: keeps 4, 7 and 10
+  CHECK(pool.length(s, 0) == 7);
+  CHECK(pool.length(s, 1) == 7);
+  const std::int64_t row = kKvHeads * kHd;
+  int at = 0;
+  for (std::int64_t lay : {0, 1})
+    for (int kv : {0, 1}) {
+      const std::vector<float> now = pool_rows(pool, s, lay, kv), &was = before[static_cast<std::size_t>(at)];
+      CHECK(std::equal(now.begin(), now.begin() + 4 * row, was.begin()));
+      for (std::size_t i = 0; i < kept.size(); ++i)
+        CHECK(std::equal(now.begin() + (4 + static_cast<std::int64_t>(i)) * row, now.begin() + (5 + static_cast<std::int64_t>(i)) * row,
+                         was.begin() + (4 + kept[i]) * row));
+      CHECK(pool_rows(pool, fork, lay, kv) == fork_before[static_cast<std::size_t>(at)]);  // the fork never changes
+      ++at;
+    }
+  pool.release(s);
+  pool.release(fork);
+  CHECK(pool.free_blocks() == pool.num_blocks());
+}
