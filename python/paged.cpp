@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <type_traits>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -50,15 +51,31 @@ std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) 
   return vector_of<std::int64_t>(o, name);
 }
 
-// A tree mask: a 1-D bool or uint8 array, as bytes (nonzero: sees). Given even when empty.
-std::vector<std::uint8_t> tree_mask_of(const py::object& o) {
-  const Array a = array_of(o, "tree_mask");
-  if (a.ndim() != 1) throw Error("tree_mask", "expected a 1-D array, got " + std::to_string(a.ndim()) + "-D");
-  if (a.dtype != DType::u8) throw Error("tree_mask", "expected bool or uint8 elements, got " + a.dtype_text());
-  std::vector<std::uint8_t> m(static_cast<std::size_t>(a.shape[0]));
+// A bool or uint8 mask (a tree mask) as row-major bytes, nonzero: sees. `shape`: the dimensions
+// it must have, -1 for any length.
+std::vector<std::uint8_t> mask_bytes(const py::handle& o, const std::string& name, const std::vector<std::int64_t>& shape) {
+  const Array a = array_of(o, name);
+  bool fits = a.ndim() == static_cast<int>(shape.size());
+  std::string want = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    want += (i ? ", " : "") + (shape[i] < 0 ? std::string("n") : std::to_string(shape[i]));
+    fits = fits && (shape[i] < 0 || a.shape[i] == shape[i]);
+  }
+  if (!fits) throw Error(name, "expected a " + std::to_string(shape.size()) + "-D array " + want + "]");
+  if (a.dtype != DType::u8) throw Error(name, "expected bool or uint8 elements, got " + a.dtype_text());
+  const std::int64_t rows = a.ndim() == 2 ? a.shape[0] : 1, cols = a.shape.back(), rs = a.ndim() == 2 ? a.strides[0] : 0;
   const auto* d = static_cast<const std::uint8_t*>(a.data);
-  for (std::size_t i = 0; i < m.size(); ++i) m[i] = d[static_cast<std::int64_t>(i) * a.strides[0]] != 0;
+  std::vector<std::uint8_t> m;
+  m.reserve(static_cast<std::size_t>(rows * cols));
+  for (std::int64_t r = 0; r < rows; ++r)
+    for (std::int64_t c = 0; c < cols; ++c) m.push_back(d[r * rs + c * a.strides.back()] != 0);
   return m;
+}
+
+// A given mask's span: not null even when empty (an empty mask is given, not absent).
+std::span<const std::uint8_t> given_span(const std::vector<std::uint8_t>& m) {
+  static const std::uint8_t kNoElement = 0;
+  return {m.empty() ? &kNoElement : m.data(), m.size()};
 }
 
 // A [T, H] f32 array as the [1, T, H, 1] view of an lse (name: the argument).
@@ -86,13 +103,9 @@ py::object attention_paged_py(const py::object& q_in, const py::object& k_in, co
   PagedAttentionOptions o;
   std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
   if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
-  static const std::uint8_t kNoElement = 0;  // an empty tree mask is still given
   std::vector<std::uint8_t> tree;
   std::vector<std::int64_t> tree_starts;
-  if (!tree_mask.is_none()) {
-    tree = tree_mask_of(tree_mask);
-    o.tree_mask = {tree.empty() ? &kNoElement : tree.data(), tree.size()};
-  }
+  if (!tree_mask.is_none()) tree = mask_bytes(tree_mask, "tree_mask", {-1}), o.tree_mask = given_span(tree);
   if (!tree_mask_start.is_none()) tree_starts = ints_of(tree_mask_start, "tree_mask_start"), o.tree_mask_start = tree_starts;
   if (causal.is_none()) o.causal = Causal::none;
   else if (py::isinstance<py::bool_>(causal)) o.causal = causal.cast<bool>() ? Causal::bottom_right : Causal::none;
@@ -214,17 +227,8 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
       pos[i] = ints_of(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
     steps[i] = {in.back().view, sequences[i], ov, pos[i]};
     if (!tree_masks.is_none() && !py::object(tree_masks[py::int_(i)]).is_none()) {
-      const std::string mname = "tree_masks[" + std::to_string(i) + "]";
-      const Array m = array_of(tree_masks[py::int_(i)], mname);
-      if (m.ndim() != 2 || m.shape[0] != T || m.shape[1] != T)
-        throw Error(mname, "expected a [T, T] = [" + std::to_string(T) + ", " + std::to_string(T) + "] array");
-      if (m.dtype != DType::u8) throw Error(mname, "expected bool or uint8 elements, got " + m.dtype_text());
-      std::vector<std::uint8_t>& tree = trees[i];
-      const auto* bytes = static_cast<const std::uint8_t*>(m.data);
-      for (std::int64_t j = 0; j < T; ++j)
-        for (std::int64_t c = 0; c < T; ++c) tree.push_back(bytes[j * m.strides[0] + c * m.strides[1]] != 0);
-      static const std::uint8_t kNoElement = 0;
-      steps[i].tree_mask = {tree.empty() ? &kNoElement : tree.data(), tree.size()};
+      trees[i] = mask_bytes(tree_masks[py::int_(i)], "tree_masks[" + std::to_string(i) + "]", {T, T});
+      steps[i].tree_mask = given_span(trees[i]);
     }
   }
   MhaOptions o;

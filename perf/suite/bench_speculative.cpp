@@ -51,35 +51,41 @@ const Tree& tree() {
   return t;
 }
 
-// The context and the drafts' keys and values in blocks of kBs ([blocks, kBs, Hkv, D], a shuffled
-// table), and the drafts' queries.
+// K and V in `blocks` blocks of kBs ([blocks, kBs, Hkv, D]), `queries` tokens' q, and the blocks in
+// a shuffled order (a table's).
 template <class T>
-struct Cache {
-  std::vector<T> k, v, q, out;
-  std::vector<std::int32_t> table;
-  std::int64_t blocks = (kCtx + kTree + kBs - 1) / kBs;
-  Cache() {
-    std::mt19937 rng(5);
-    std::normal_distribution<float> n(0.f, 1.f);
+struct Blocks {
+  std::vector<T> k, v, q;
+  std::vector<std::int32_t> order;
+  std::int64_t blocks;
+  Blocks(std::int64_t n, std::int64_t queries, unsigned seed) : blocks(n) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> d(0.f, 1.f);
     const auto fill = [&](std::vector<T>& x, std::int64_t count) {
       x.resize(static_cast<std::size_t>(count));
-      for (T& e : x) e = from_float<T>(n(rng));
+      for (T& e : x) e = from_float<T>(d(rng));
     };
-    fill(k, blocks * kBs * kHkv * kD), fill(v, blocks * kBs * kHkv * kD), fill(q, kTree * kH * kD);
-    out.resize(q.size());
-    table.resize(static_cast<std::size_t>(blocks));
-    std::iota(table.begin(), table.end(), 0);
-    std::shuffle(table.begin(), table.end(), rng);
+    fill(k, blocks * kBs * kHkv * kD), fill(v, blocks * kBs * kHkv * kD), fill(q, queries * kH * kD);
+    order.resize(static_cast<std::size_t>(blocks));
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
   }
   simdattn::ConstTensorView keys() const { return simdattn::ConstTensorView(k.data(), {blocks, kBs, kHkv, kD}); }
   simdattn::ConstTensorView values() const { return simdattn::ConstTensorView(v.data(), {blocks, kBs, kHkv, kD}); }
+};
+
+// The context and the drafts in blocks (one sequence: its table the shuffled order), and the
+// drafts' queries.
+template <class T>
+struct Cache : Blocks<T> {
+  Cache() : Blocks<T>((kCtx + kTree + kBs - 1) / kBs, kTree, 5) {}
 };
 
 template <class T>
 void bench_verify(benchmark::State& state, bool as_decodes, int threads) {
   static const Cache<T> c;
   std::vector<T> out(c.q.size());
-  const simdattn::BlockTable table{c.table.data(), 1, c.blocks, c.blocks};
+  const simdattn::BlockTable table{c.order.data(), 1, c.blocks, c.blocks};
   simdattn::PagedAttentionOptions o;
   o.threads = threads;
   const double pair = 2.0 * kH * (kD + kD);
@@ -167,33 +173,20 @@ void bench_layer_step(benchmark::State& state, bool as_steps, int threads) {
 constexpr std::int64_t kForks = 32, kPrefix = 2048, kOwn = 64;
 
 template <class T>
-struct Forks {
-  std::vector<T> k, v, q;
-  std::vector<std::int32_t> table, own;  // [kForks, all blocks]; [kForks, own blocks]
-  std::int64_t blocks = 0, all = (kPrefix + kOwn) / kBs, mine = kOwn / kBs;
-  Forks() {
+struct Forks : Blocks<T> {
+  static constexpr std::int64_t all = (kPrefix + kOwn) / kBs, mine = kOwn / kBs;
+  std::vector<std::int32_t> table, own;  // [kForks, all]: the prompt's blocks, then the fork's; [kForks, mine]
+  Forks() : Blocks<T>(kPrefix / kBs + kForks * mine, kForks, 7) {
     static_assert(kPrefix % kBs == 0 && kOwn % kBs == 0);
-    blocks = kPrefix / kBs + kForks * mine;
-    std::mt19937 rng(7);
-    std::normal_distribution<float> n(0.f, 1.f);
-    const auto fill = [&](std::vector<T>& x, std::int64_t count) {
-      x.resize(static_cast<std::size_t>(count));
-      for (T& e : x) e = from_float<T>(n(rng));
-    };
-    fill(k, blocks * kBs * kHkv * kD), fill(v, blocks * kBs * kHkv * kD), fill(q, kForks * kH * kD);
-    std::vector<std::int32_t> order(static_cast<std::size_t>(blocks));
-    std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    const auto& shuffled = this->order;
     for (std::int64_t f = 0; f < kForks; ++f) {
-      for (std::int64_t c = 0; c < kPrefix / kBs; ++c) table.push_back(order[static_cast<std::size_t>(c)]);
+      for (std::int64_t c = 0; c < kPrefix / kBs; ++c) table.push_back(shuffled[static_cast<std::size_t>(c)]);
       for (std::int64_t c = 0; c < mine; ++c) {
-        const std::int32_t b = order[static_cast<std::size_t>(kPrefix / kBs + f * mine + c)];
+        const std::int32_t b = shuffled[static_cast<std::size_t>(kPrefix / kBs + f * mine + c)];
         table.push_back(b), own.push_back(b);
       }
     }
   }
-  simdattn::ConstTensorView keys() const { return simdattn::ConstTensorView(k.data(), {blocks, kBs, kHkv, kD}); }
-  simdattn::ConstTensorView values() const { return simdattn::ConstTensorView(v.data(), {blocks, kBs, kHkv, kD}); }
 };
 
 // attention/native/forks32-cascade/t<N> (.bf16): the prefix once for every fork's token (one
