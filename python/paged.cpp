@@ -246,7 +246,7 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
 
 // One step through the scheduler: query [T, d_model] -> out [T, d_model].
 py::object scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& layer, KvPool::Sequence seq,
-                             const py::object& query, const py::object& positions) {
+                             const py::object& query, const py::object& positions, const py::object& tree_mask) {
   const DType t = layer.dtype();
   const std::int64_t d = layer.config().d_model;
   const SeqInput in = step_input(query, t, "query");
@@ -256,9 +256,12 @@ py::object scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& lay
   ov.data = out.view.data, ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
   std::vector<std::int64_t> pos;
   if (!positions.is_none()) pos = ints_of(py::array(positions).attr("reshape")(-1), "positions");
+  PoolStep step{in.view, seq, ov, pos};
+  std::vector<std::uint8_t> tree;
+  if (!tree_mask.is_none()) tree = mask_bytes(tree_mask, "tree_mask", {T, T}), step.tree_mask = given_span(tree);
   {
     py::gil_scoped_release release;
-    sched.step({in.view, seq, ov, pos});
+    sched.step(step);
     out.finish();
   }
   return out.object;
@@ -387,10 +390,16 @@ budget) and decode steps run as batched forward_pool calls on the scheduler's ow
              return prefix.is_none() ? s.sched.open() : s.sched.open(prefix.cast<KvPool::Sequence>());
            }, py::arg("prefix") = py::none(), "A new sequence, empty or forked from `prefix`.")
       .def("close", [](PyPoolScheduler& s, KvPool::Sequence q) { s.sched.close(q); }, py::arg("sequence"))
-      .def("step", [](PyPoolScheduler& s, KvPool::Sequence q, const py::object& x, const py::object& positions) {
-             return scheduler_step_py(s.sched, s.layer, q, x, positions);
-           }, py::arg("sequence"), py::arg("query"), py::kw_only(), py::arg("positions") = py::none(),
-           "Runs query [T, d_model] (a prompt or a decode step) in batches with other threads' steps; returns its output.")
+      .def("step", [](PyPoolScheduler& s, KvPool::Sequence q, const py::object& x, const py::object& positions,
+                      const py::object& tree_mask) { return scheduler_step_py(s.sched, s.layer, q, x, positions, tree_mask); },
+           py::arg("sequence"), py::arg("query"), py::kw_only(), py::arg("positions") = py::none(),
+           py::arg("tree_mask") = py::none(),
+           R"doc(Runs query [T, d_model] (a prompt or a decode step) in batches with other threads' steps; returns its output.
+tree_mask: a [T, T] bool draft tree (as forward_pool's tree_masks[i]), run whole in one batch.)doc")
+      .def("accept", [](PyPoolScheduler& s, KvPool::Sequence seq, std::int64_t first, const py::object& kept) {
+             const std::vector<std::int64_t> k = ints_of(kept, "kept");
+             s.sched.accept(seq, first, k);
+           }, py::arg("seq"), py::arg("first"), py::arg("kept"), "KvPool.accept on the scheduler's pool, between the sequence's steps.")
       .def("length", [](const PyPoolScheduler& s, KvPool::Sequence q) { return s.sched.length(q); }, py::arg("sequence"))
       .def_property_readonly("free_blocks", [](const PyPoolScheduler& s) { return s.sched.free_blocks(); })
       .def_property_readonly("batches", [](const PyPoolScheduler& s) { return s.sched.batches(); })

@@ -9,6 +9,11 @@
 //   attention/native/forks32-cascade/t<N> (.bf16): 32 forks of a 2048-token prompt with 64 tokens
 //     each, a decode step each, as a prefix call + a suffix call + merge_attention_states; against
 //     attention/native/forks32-plain/t<N> (.bf16): one attention_paged call over all 2112 keys each
+//   mha/native/forks32-batch/t<N> (.bf16): those 32 forks' decode step as one forward_pool batch of
+//     the llama-shaped layer (the cascade chosen by the layer); against
+//     mha/native/forks32-batch-unshared/t<N> (.bf16): the same batch over 32 sequences that each
+//     hold their own copy of the prompt (nothing shared). The pools are filled by a smaller layer
+//     of the same kv heads and head_dim (8 x 128), which gives the same bytes and blocks.
 // Counters: GFLOP/s of the visible pairs (attention rows) or of the 32 tokens' projections (layer
 // rows; the same work both ways, so the ratio is the tokens/s ratio). The drafts are truncated
 // away after each iteration.
@@ -226,6 +231,64 @@ void bench_forks(benchmark::State& state, bool cascade, int threads) {
   });
 }
 
+// The forks' pool, shared (one prompt, kForks forks with kOwn tokens each) or not (kForks
+// sequences of kPrefix + kOwn tokens each), filled by a d_model 1024 layer of 8 heads of 128.
+template <class T>
+struct ForkPool {
+  std::unique_ptr<simdattn::MultiHeadAttention> filler;
+  std::unique_ptr<simdattn::KvPool> pool;
+  std::vector<simdattn::KvPool::Sequence> seqs;
+  explicit ForkPool(bool shared) {
+    constexpr std::int64_t d = kHkv * kD;
+    std::mt19937 rng(11);
+    std::normal_distribution<float> n(0.f, 1.f / 32.f);
+    auto w = [&](std::int64_t count) {
+      std::vector<T> e(static_cast<std::size_t>(count));
+      for (T& a : e) a = from_float<T>(n(rng));
+      return e;
+    };
+    simdattn::MhaConfig cfg{.d_model = d, .heads = kHkv, .kv_heads = kHkv};
+    cfg.rope = simdattn::RopeConfig{.theta = 500000.0};
+    filler = std::make_unique<simdattn::MultiHeadAttention>(cfg, simdattn::MhaWeights<T>{w(d * d), w(d * d), w(d * d), w(d * d), {}, {}, {}, {}});
+    const std::int64_t per = (kPrefix + kOwn) / kBs + 1;
+    pool = std::make_unique<simdattn::KvPool>(*filler, shared ? kPrefix / kBs + kForks * (kOwn / kBs + 1) : kForks * per, kBs);
+    const std::vector<T> x = w(kPrefix * d);
+    std::vector<T> y(x.size());
+    auto feed = [&](simdattn::KvPool::Sequence s, std::int64_t t0, std::int64_t count) {
+      const simdattn::PoolStep step{simdattn::ConstSeqView(x.data() + t0 * d, 1, count, d), s, simdattn::SeqView(y.data(), 1, count, d)};
+      filler->forward_pool({&step, 1}, *pool);
+    };
+    simdattn::KvPool::Sequence prompt = -1;
+    if (shared) prompt = pool->add(), feed(prompt, 0, kPrefix);
+    for (std::int64_t f = 0; f < kForks; ++f) {
+      seqs.push_back(shared ? pool->fork(prompt) : pool->add());
+      if (!shared) feed(seqs.back(), 0, kPrefix);
+      feed(seqs.back(), f, kOwn);  // each fork's own tokens (rows f .. f + kOwn of x)
+    }
+  }
+};
+
+template <class T>
+void bench_fork_batch(benchmark::State& state, bool shared, int threads) {
+  static Layer<T> l;  // the llama-shaped layer (its own pool unused here)
+  static ForkPool<T> shared_pool(true), own_pool(false);
+  ForkPool<T>& f = shared ? shared_pool : own_pool;
+  constexpr std::int64_t d = Layer<T>::d;
+  std::vector<T> y(static_cast<std::size_t>(kForks * d));
+  std::vector<std::int64_t> pos(1, kPrefix + kOwn);
+  std::vector<simdattn::PoolStep> steps;
+  for (std::int64_t i = 0; i < kForks; ++i)
+    steps.push_back({simdattn::ConstSeqView(l.x.data() + i * d, 1, 1, d), f.seqs[static_cast<std::size_t>(i)],
+                     simdattn::SeqView(y.data() + i * d, 1, 1, d), pos});
+  simdattn::MhaOptions o;
+  o.threads = threads;
+  const double flops = 2.0 * kForks * d * (2.0 * d + 2.0 * Layer<T>::nkv);
+  simdattn::perf::timed_loop(state, flops, "GFLOP/s", [&] {
+    l.layer->forward_pool(steps, *f.pool, 0, o);
+    for (const simdattn::KvPool::Sequence s : f.seqs) f.pool->truncate(s, kPrefix + kOwn);
+  });
+}
+
 int register_all() {
   for (int t : {1, 2}) {
     const std::string ts = "/t" + std::to_string(t);
@@ -233,6 +296,12 @@ int register_all() {
       const std::string a = cascade ? "forks32-cascade" : "forks32-plain";
       benchmark::RegisterBenchmark(("attention/native/" + a + ts).c_str(), bench_forks<float>, cascade, t)->Unit(benchmark::kMillisecond);
       benchmark::RegisterBenchmark(("attention/native/" + a + ".bf16" + ts).c_str(), bench_forks<simdattn::bfloat16>, cascade, t)
+          ->Unit(benchmark::kMillisecond);
+    }
+    for (bool shared : {true, false}) {
+      const std::string a = shared ? "forks32-batch" : "forks32-batch-unshared";
+      benchmark::RegisterBenchmark(("mha/native/" + a + ts).c_str(), bench_fork_batch<float>, shared, t)->Unit(benchmark::kMillisecond);
+      benchmark::RegisterBenchmark(("mha/native/" + a + ".bf16" + ts).c_str(), bench_fork_batch<simdattn::bfloat16>, shared, t)
           ->Unit(benchmark::kMillisecond);
     }
     for (bool as : {false, true}) {

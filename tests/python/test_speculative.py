@@ -4,6 +4,8 @@ sequence i sees its context (keys < seq_len - q_len) and the new tokens its row 
 
 Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/test_speculative.py
 """
+import os
+
 import numpy as np
 import pytest
 
@@ -378,3 +380,96 @@ def test_a_windowed_layer_takes_no_tree():
         layer.forward_pool([s], [w(3, 32)], pool, tree_masks=[np.tril(np.ones((3, 3), bool))])
     assert e.value.argument == "steps[0].tree_mask"
     assert pool.length(s) == 0 and pool.free_blocks == 8
+
+
+def lines_of(err):
+    return [dict(w.split("=", 1) for w in line.split(" ")[1:])
+            for line in err.splitlines() if line.startswith("simdattn: ")]
+
+
+def test_forward_pool_takes_the_cascade_by_itself_and_equals_unshared_twins(capfd):
+    """4 forks of a 512-token prompt (8 kv heads of 128, f32: 16 MiB of shared rows), a decode step
+    each: the layer attends the prompt once (its verbose line says cascade=4x512); each fork's
+    output equals an unshared twin's (the same rows, its own copy of the prompt)."""
+    from test_paged import make_layer
+    rng = np.random.default_rng(41)
+    d = 1024
+    layer = make_layer(rng, d=d, H=8, Hkv=8)
+    pool = simdattn.KvPool(layer, num_blocks=200, block_size=16)
+    prompt = rng.standard_normal((512, d)).astype(np.float32)
+    p = pool.add()
+    layer.forward_pool([p], [prompt], pool)
+    own = [rng.standard_normal((n, d)).astype(np.float32) for n in (3, 17, 0, 40)]
+    forks, twins = [], []
+    for x in own:
+        forks.append(pool.fork(p))
+        twins.append(pool.add())
+        layer.forward_pool([twins[-1]], [prompt], pool)
+        if len(x):
+            layer.forward_pool([forks[-1], twins[-1]], [x, x], pool)
+    step = [rng.standard_normal((1, d)).astype(np.float32) for _ in forks]
+    capfd.readouterr()
+    simdattn.set_verbose(True)
+    try:
+        got = layer.forward_pool(forks, step, pool)
+        want = layer.forward_pool(twins, step, pool)
+    finally:
+        simdattn.set_verbose(False)
+    lines = lines_of(capfd.readouterr().err)
+    assert [line.get("cascade") for line in lines] == ["4x512", None]
+    for g, w in zip(got, want):
+        assert np.abs(g - w).max() <= 1e-5 * max(1.0, np.abs(w).max())
+
+
+def test_simdattn_cascade_environment_never_and_a_bad_value():
+    import subprocess
+    import sys
+    code = ("import simdattn, numpy as np, sys; sys.path.insert(0, %r); from test_paged import make_layer; "
+            "rng = np.random.default_rng(1); layer = make_layer(rng); pool = simdattn.KvPool(layer, 8, 4); s = pool.add()\n"
+            "try:\n    layer.forward_pool([s], [np.ones((2, 32), np.float32)], pool)\n"
+            "except simdattn.Error as e:\n    print(e.argument, pool.length(s)); sys.exit(0)\n"
+            "print('ran', pool.length(s))") % os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ)
+    for value, want in (("never", "ran 2"), ("always", "ran 2"), ("sometimes", "SIMDATTN_CASCADE 0")):
+        env["SIMDATTN_CASCADE"] = value
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.strip() == want
+
+
+def test_pool_scheduler_runs_a_draft_tree_whole_and_accepts_a_path():
+    """A tree step through the PoolScheduler (token budget smaller than the tree: it still runs
+    whole, in one batch) equals forward_pool's tree step; accept keeps the chosen path."""
+    from test_paged import make_layer
+    rng = np.random.default_rng(43)
+    layer = make_layer(rng)
+    pool_a = simdattn.KvPool(layer, num_blocks=40, block_size=4)
+    pool_b = simdattn.KvPool(layer, num_blocks=40, block_size=4)
+    ctx = rng.standard_normal((9, 32)).astype(np.float32)
+    sa = pool_a.add()
+    layer.forward_pool([sa], [ctx], pool_a)
+    n = 7
+    mask = random_tree(rng, n)
+    depth = mask.sum(axis=1) - 1
+    drafts = rng.standard_normal((n, 32)).astype(np.float32)
+    want = layer.forward_pool([sa], [drafts], pool_a, tree_masks=[mask], positions=[9 + depth])[0]
+    sched = simdattn.PoolScheduler(layer, pool_b, token_budget=2)
+    sb = sched.open()
+    sched.step(sb, ctx)
+    got = sched.step(sb, drafts, positions=9 + depth, tree_mask=mask)
+    assert np.abs(got - want).max() <= 2e-5
+    assert sched.length(sb) == 9 + n
+    path = [j for j in range(n) if mask[n - 1, j]]  # the root .. draft n - 1
+    sched.accept(sb, 9, path)
+    pool_a.accept(sa, 9, path)
+    assert sched.length(sb) == 9 + len(path)
+    x = rng.standard_normal((1, 32)).astype(np.float32)
+    nxt = sched.step(sb, x)
+    assert np.abs(nxt - layer.forward_pool([sa], [x], pool_a)[0]).max() <= 2e-5
+    with pytest.raises(simdattn.Error) as e:
+        sched.step(sb, drafts, tree_mask=np.ones((n, n - 1), bool))
+    assert e.value.argument == "tree_mask"
+    with pytest.raises(simdattn.Error) as e:
+        sched.accept(sb, 9, [3, 1])
+    assert e.value.argument == "kept"
+    sched.close(sb)

@@ -18,6 +18,7 @@
 
 #include "attention/native/native.hpp"
 #include "core/validate/validate.hpp"
+#include "layer/cache/pool_core.hpp"
 #include "simdattn/simdattn.hpp"
 #include "support/test_util.hpp"
 
@@ -266,4 +267,36 @@ TEST_CASE("verbose mode: one sequence's decode step splits its keys over the thr
   CHECK(lines[1].at("threads") == "2");
   CHECK(lines[2].at("op") == "attention_paged");
   CHECK(lines[2].at("path") == "decode+fused");
+}
+
+TEST_CASE("verbose mode: a pool batch that takes the cascade says so (cascade=<sequences>x<shared keys>)") {
+  std::mt19937_64 rng(test::base_seed() + 79);
+  const std::int64_t d = 32, H = 4, hd = 8, bs = 16, prompt = 40;
+  MhaWeights<float> w;
+  for (auto* m : {&w.wq, &w.wk, &w.wv, &w.wo}) *m = test::normal(rng, std::size_t(d * d), 0.2f);
+  const MultiHeadAttention layer(MhaConfig{d, H, H, hd}, w);
+  const std::vector<float> x = test::normal(rng, std::size_t(prompt * d), 1.f);
+  std::vector<float> y(x.size());
+  KvPool pool(layer, 64, bs);
+  const KvPool::Sequence p = pool.add();
+  const PoolStep fill{ConstSeqView(x.data(), 1, prompt, d), p, SeqView(y.data(), 1, prompt, d)};
+  layer.forward_pool({&fill, 1}, pool);
+  const KvPool::Sequence a = pool.fork(p), b = pool.fork(p), c = pool.fork(p), lone = pool.add();
+  std::vector<PoolStep> steps;
+  for (const KvPool::Sequence s : {a, b, c, lone})
+    steps.push_back({ConstSeqView(x.data(), 1, 1, d), s, SeqView(y.data() + steps.size() * d, 1, 1, d)});
+  std::string text;
+  for (const detail::CascadeMode mode : {detail::CascadeMode::always, detail::CascadeMode::never}) {
+    detail::set_cascade_mode(mode);
+    text += captured_stderr([&] {
+      const VerboseOn on;
+      layer.forward_pool(steps, pool);
+    });
+  }
+  detail::set_cascade_mode(std::nullopt);
+  const std::vector<Fields> lines = parse_lines(text);
+  REQUIRE(lines.size() == 2);
+  CHECK(lines[0].at("op") == "mha_forward_pool");
+  CHECK(lines[0].at("cascade") == "3x32");  // the three forks over the prompt's 2 whole blocks
+  CHECK(lines[1].count("cascade") == 0);
 }

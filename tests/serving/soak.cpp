@@ -2,10 +2,13 @@
 // for a given time. Each request opens a sequence (half of them forked from a registered prefix),
 // runs a prompt and decode steps, and at random submits a bad step (its Error, nothing changed),
 // cancels a step (before it is submitted, or from another thread while it runs: false, the
-// sequence as it was) or meets a full pool (Error("pool"), the sequence as it was). Every step
-// that completed is checked against a sequential reference (the same tokens through a KvCache),
-// every length after every step, and at the end the pool's free count against its size. Exits 0
-// when all hold and each kind of event happened, 1 otherwise.
+// sequence as it was), meets a full pool (Error("pool"), the sequence as it was) or drafts a
+// speculative tree (2-6 tokens at their depths' positions, one step with its tree mask), keeps
+// one root-to-node path of it and accepts it (PoolScheduler::accept). Batches of forks take the
+// cascade (SIMDATTN_CASCADE's always mode: every group sharing a block). Every step that
+// completed (a tree step: its kept tokens) is checked against a sequential reference (the same
+// tokens through a KvCache), every length after every step, and at the end the pool's free count
+// against its size. Exits 0 when all hold and each kind of event happened, 1 otherwise.
 //
 //   simdattn_soak [seconds (default 180)] [threads (default 16)]
 //   SIMDATTN_SOAK_SECONDS overrides the time (the bounded runs of CI and the sanitizers)
@@ -23,6 +26,7 @@
 #include <thread>
 #include <vector>
 
+#include "layer/cache/pool_core.hpp"
 #include "simdattn/simdattn.hpp"
 #include "support/serving_util.hpp"
 
@@ -39,7 +43,7 @@ MultiHeadAttention make_layer() {
 std::vector<float> tokens(std::mt19937_64& rng, std::int64_t n) { return test::serving_tokens(rng, n); }
 
 struct Counts {
-  std::atomic<long> requests{0}, steps{0}, cancelled{0}, pool_full{0}, bad{0}, failures{0};
+  std::atomic<long> requests{0}, steps{0}, cancelled{0}, pool_full{0}, bad{0}, trees{0}, failures{0};
 };
 
 std::mutex print_mutex;
@@ -75,7 +79,33 @@ void request_thread(int id, std::chrono::steady_clock::time_point deadline, cons
       PoolStep st{ConstSeqView(x.data(), 1, t, kD), seq, SeqView(y.data(), 1, t, kD)};
       const int event = pct(rng);
       try {
-        if (event < 4) {  // a bad step: its own Error, nothing changed
+        if (k > 0 && event >= 90) {  // a draft tree, verified in one step; one path of it accepted
+          const std::int64_t n = 2 + std::uniform_int_distribution<std::int64_t>(0, 4)(rng);
+          const std::vector<float> drafts = tokens(rng, n);
+          std::vector<float> out(drafts.size(), 0.f);
+          std::vector<std::int64_t> parent(static_cast<std::size_t>(n), -1), depth(parent.size(), 0), pos;
+          std::vector<std::uint8_t> mask(static_cast<std::size_t>(n * n), 0);
+          for (std::int64_t j = 0; j < n; ++j) {
+            if (j > 0) parent[j] = std::uniform_int_distribution<std::int64_t>(0, j - 1)(rng), depth[j] = depth[parent[j]] + 1;
+            for (std::int64_t a = j; a >= 0; a = parent[a]) mask[j * n + a] = 1;
+            pos.push_back(expected + depth[j]);
+          }
+          PoolStep tree{ConstSeqView(drafts.data(), 1, n, kD), seq, SeqView(out.data(), 1, n, kD), pos};
+          tree.tree_mask = mask;
+          sched.step(tree);
+          std::vector<std::int64_t> kept;  // the path from the root to a random draft (or none)
+          for (std::int64_t a = std::uniform_int_distribution<std::int64_t>(-1, n - 1)(rng); a >= 0; a = parent[a])
+            kept.insert(kept.begin(), a);
+          sched.accept(seq, expected, kept);
+          std::vector<float> kx, ky;
+          for (const std::int64_t j : kept) {
+            kx.insert(kx.end(), drafts.begin() + j * kD, drafts.begin() + (j + 1) * kD);
+            ky.insert(ky.end(), out.begin() + j * kD, out.begin() + (j + 1) * kD);
+          }
+          if (!kept.empty()) step_x.push_back(kx), step_y.push_back(ky);
+          expected += static_cast<std::int64_t>(kept.size());
+          ++c.trees;
+        } else if (event < 4) {  // a bad step: its own Error, nothing changed
           st.query.E = kD + 1;
           try {
             sched.step(st);
@@ -139,6 +169,8 @@ int main(int argc, char** argv) {
   if (const char* env = std::getenv("SIMDATTN_SOAK_SECONDS")) seconds = std::atof(env);
   const int threads = argc > 2 ? std::atoi(argv[2]) : 16;
   const MultiHeadAttention layer = make_layer();
+  detail::set_cascade_mode(detail::CascadeMode::always);  // the forks' batches take the cascade
+  const std::uint64_t cascades_before = detail::cascades_run();
   KvPool pool(layer, 96, 4);  // 384 tokens for 16 requests of up to 20 + 40 + 12: it runs out
   Counts c;
   {
@@ -160,12 +192,14 @@ int main(int argc, char** argv) {
     if (sched.free_blocks() != pool.num_blocks())
       failure(c, "the pool has " + std::to_string(sched.free_blocks()) + " of " + std::to_string(pool.num_blocks()) +
                      " blocks free at the end");
-    std::printf("soak: %.0f s, %d threads: %ld requests, %ld steps, %ld cancelled, %ld pool full, %ld bad, %zu batches\n",
+    std::printf("soak: %.0f s, %d threads: %ld requests, %ld steps, %ld cancelled, %ld pool full, %ld bad, %ld trees, "
+                "%zu batches, %llu cascades\n",
                 seconds, threads, c.requests.load(), c.steps.load(), c.cancelled.load(), c.pool_full.load(), c.bad.load(),
-                sched.batches());
+                c.trees.load(), sched.batches(), static_cast<unsigned long long>(detail::cascades_run() - cascades_before));
   }
-  if (c.steps == 0 || c.cancelled == 0 || c.pool_full == 0 || c.bad == 0)
-    failure(c, "an event never happened (each of steps, cancelled, pool full and bad must)");
+  if (c.steps == 0 || c.cancelled == 0 || c.pool_full == 0 || c.bad == 0 || c.trees == 0 ||
+      detail::cascades_run() == cascades_before)
+    failure(c, "an event never happened (each of steps, cancelled, pool full, bad, trees and cascades must)");
   if (c.failures != 0) {
     std::fprintf(stderr, "soak: %ld failures\n", c.failures.load());
     return 1;

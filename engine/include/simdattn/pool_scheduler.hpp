@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <stop_token>
 
 #include "simdattn/export.hpp"
@@ -57,12 +58,17 @@ class SIMDATTN_API PoolScheduler {
   KvPool::Sequence open(std::optional<KvPool::Sequence> prefix = std::nullopt);
   // Releases a sequence whose steps are done. Thread-safe.
   void close(KvPool::Sequence sequence);
+  // KvPool::accept on the scheduler's pool (speculative decoding: the drafts a tree step appended,
+  // reduced to the accepted ones), between the sequence's steps. Thread-safe.
+  void accept(KvPool::Sequence seq, std::int64_t first, std::span<const std::int64_t> kept);
   // The sequence's tokens (at the scheduler's layer). Thread-safe.
   std::int64_t length(KvPool::Sequence sequence) const;
   std::int64_t free_blocks() const;
 
   // Appends step.query's T tokens to step.sequence and writes their outputs to step.out, in
-  // batches with the other threads' steps (T > 1 in chunks). Returns true once step.out holds
+  // batches with the other threads' steps (T > 1 in chunks; a step with a tree_mask, a draft
+  // tree, whole in one batch: Error("pool") if the whole pool's free blocks cannot hold its T
+  // tokens). Returns true once step.out holds
   // every row. A bad step throws its Error (as MultiHeadAttention::check_step) and joins no
   // batch. Returns false, the sequence as it was, if `stop` is requested before its last chunk
   // joins a batch. One step at a time per sequence.

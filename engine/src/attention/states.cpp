@@ -7,6 +7,7 @@
 #include <string>
 #include <tuple>
 
+#include "attention/states.hpp"
 #include "core/element.hpp"
 #include "core/partial.hpp"
 #include "core/text.hpp"
@@ -92,23 +93,46 @@ void merge_impl(const ConstTensorView& out_a, const ConstTensorView& lse_a, cons
                          ro = t * out.strides[1] + h * out.strides[2];
       // neither part saw a key (both -inf): zeros and -inf
       const detail::StateWeights w = s == -inf && sb == -inf ? detail::StateWeights{0.0, 0.0} : detail::merge_states(s, sb);
-      for (std::int64_t d = 0; d < Dv; ++d) {
-        // a part of weight 0 (lse -inf) is not read: its row may hold anything
-        double x = w.nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
-        if (w.a != 0.0) x += w.a * widen(a[ra + d * out_a.strides[3]]);
-        if (w.b != 0.0) x += w.b * widen(b[rb + d * out_b.strides[3]]);
-        o[ro + d * out.strides[3]] = detail::narrow<S>(x);
-      }
       lo[t * lse.strides[1] + h * lse.strides[2]] = static_cast<float>(s);
+      // a part of weight 0 (lse -inf) is not read: its row may hold anything
+      const double start = w.nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
+      const S* pa = a + ra;
+      const S* pb = b + rb;
+      S* po = o + ro;
+      const std::int64_t sa = out_a.strides[3], sb2 = out_b.strides[3], so = out.strides[3];
+      if (w.a != 0.0 && w.b != 0.0 && sa == 1 && sb2 == 1 && so == 1) {  // the common case, one loop the compiler widens
+        for (std::int64_t d = 0; d < Dv; ++d) {
+          double x = start;
+          x += w.a * widen(pa[d]);
+          x += w.b * widen(pb[d]);
+          po[d] = detail::narrow<S>(x);
+        }
+        continue;
+      }
+      for (std::int64_t d = 0; d < Dv; ++d) {
+        double x = start;
+        if (w.a != 0.0) x += w.a * widen(pa[d * sa]);
+        if (w.b != 0.0) x += w.b * widen(pb[d * sb2]);
+        po[d * so] = detail::narrow<S>(x);
+      }
     }
 }
 
 }  // namespace
 
+namespace detail {
+
+void merge_states_into(const ConstTensorView& out_a, const ConstTensorView& lse_a, const ConstTensorView& out_b,
+                       const ConstTensorView& lse_b, const TensorView& out, const TensorView& lse) {
+  visit_dtype(out_a.dtype, [&](auto t) { merge_impl<decltype(t)>(out_a, lse_a, out_b, lse_b, out, lse); });
+}
+
+}  // namespace detail
+
 void merge_attention_states(const ConstTensorView& out_a, const ConstTensorView& lse_a, const ConstTensorView& out_b,
                             const ConstTensorView& lse_b, const TensorView& out, const TensorView& lse) {
   check_states(out_a, lse_a, out_b, lse_b, out, lse);
-  detail::visit_dtype(out_a.dtype, [&](auto t) { merge_impl<decltype(t)>(out_a, lse_a, out_b, lse_b, out, lse); });
+  detail::merge_states_into(out_a, lse_a, out_b, lse_b, out, lse);
 }
 
 }  // namespace simdattn

@@ -9,6 +9,7 @@
 #include "layer/cache/kv_cache.hpp"
 #include "layer/cache/kv_pool.hpp"
 #include "layer/cache/kv_store.hpp"
+#include "layer/cache/pool_core.hpp"
 #include "layer/call_options.hpp"
 #include "layer/positions/positions.hpp"
 #include "layer/projection.hpp"
@@ -385,6 +386,7 @@ void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const 
   if (!c.t5_table.empty()) throw Error("pool", "T5's relative position bias is not supported over a pool");
   check_cached_options(opt, "a pool");
   check_steps_options(opt, "forward_pool", "PoolStep::positions");
+  (void)cascade_mode();  // Error("SIMDATTN_CASCADE") for a value it does not know
   if (opt.backend == Backend::onednn)
     throw Error("options.backend", "forward_pool runs on the native and reference backends (oneDNN has no paged attention)");
 }

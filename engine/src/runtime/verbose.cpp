@@ -106,6 +106,13 @@ void VerboseCall::take_path(std::string_view taken, std::string_view declined) {
   if (not_taken.empty()) not_taken = declined;
 }
 
+void VerboseCall::add_cascade(std::string_view item) {
+  if (outer_ != nullptr) return outer_->add_cascade(item);
+  const std::lock_guard<std::mutex> hold(paths_);
+  if (!cascade_.empty()) cascade_ += ',';
+  cascade_ += item;
+}
+
 void VerboseCall::write() {
   if (outer_ != nullptr) return;
   const double us =
@@ -120,6 +127,7 @@ void VerboseCall::write() {
   field(line, "kv_dtype", kv_dtype);
   line += shapes_;
   field(line, "opts", opts.empty() ? std::string_view("-") : std::string_view(opts));
+  field(line, "cascade", cascade_);
   field(line, "threads", std::to_string(std::max(threads_, call_threads_used())));
   field(line, "runtime", thread_runtime_name(current_thread_runtime()));
   char time[32];

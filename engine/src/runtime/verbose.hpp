@@ -59,6 +59,10 @@ class VerboseCall {
   // first nonempty not=). Thread-safe on an outer call (workers report to it side by side).
   void take_path(std::string_view taken, std::string_view declined);
 
+  // A layer's pool step that took the cascade (layer/cache/pool_core.hpp): one item per group,
+  // "<sequences>x<shared keys>", in the cascade= field. Nested, given to the outer call.
+  void add_cascade(std::string_view item);
+
   // Threads the call used, when its own parallel loops do not show it (onednn's OpenMP threads).
   // Nested, given to the outer call. Called on the calling thread only.
   void set_threads(int threads) noexcept {
@@ -78,6 +82,7 @@ class VerboseCall {
   friend class VerboseAdopt;
   std::string op_;
   std::string shapes_;  // " q=1x12x128x64 k=..."
+  std::string cascade_;
   VerboseCall* outer_;
   std::chrono::steady_clock::time_point start_;
   int threads_ = 0;

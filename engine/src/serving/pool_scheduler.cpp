@@ -86,7 +86,15 @@ void PoolSchedulerState::form_batch(std::unique_lock<std::mutex>& lock) {
     for (PoolRequest* q : queue.pending) {
       if ((q->tokens == 1) != (pass == 0) || budget < 1.0) continue;
       std::int64_t n = 1;
-      if (pass == 1) {  // the longest chunk within the budget (at least a token in an empty batch)
+      const bool tree = !q->step.tree_mask.empty();  // a draft tree runs whole, in one batch
+      if (pass == 1 && tree) {
+        n = q->tokens;
+        if (chunk_cost(q, n) > budget && !batch.empty()) continue;  // the next batch
+        if (pool.blocks_needed(q->step.sequence, n, options.layer) > free_left) {
+          if (free_left == free_at_start) failed.push_back(q);
+          continue;
+        }
+      } else if (pass == 1) {  // the longest chunk within the budget (at least a token in an empty batch)
         std::int64_t lo = 0, hi = q->tokens - q->done + 1;  // cost(lo) <= budget < cost(hi)
         if (chunk_cost(q, hi - 1) <= budget) lo = hi - 1;
         else
@@ -120,13 +128,16 @@ void PoolSchedulerState::form_batch(std::unique_lock<std::mutex>& lock) {
                        pos.size() == static_cast<std::size_t>(q->tokens)
                            ? pos.subspan(static_cast<std::size_t>(q->done), static_cast<std::size_t>(n))
                            : std::span<const std::int64_t>{}});
+      steps.back().tree_mask = q->step.tree_mask;  // whole steps only (n == tokens)
     }
   for (PoolRequest* q : failed) {
     queue.pending.erase(std::find(queue.pending.begin(), queue.pending.end(), q));
     try {
+      const bool tree = !q->step.tree_mask.empty();
       throw Error("pool", "sequence " + std::to_string(q->step.sequence) + " needs " +
-                              std::to_string(pool.blocks_needed(q->step.sequence, 1, options.layer)) +
-                              " free block(s) for its next token; the pool has " + std::to_string(free_at_start) +
+                              std::to_string(pool.blocks_needed(q->step.sequence, tree ? q->tokens : 1, options.layer)) +
+                              " free block(s) for " + (tree ? "its draft tree" : "its next token") + "; the pool has " +
+                              std::to_string(free_at_start) +
                               " of " + std::to_string(pool.num_blocks()) + " free");
     } catch (...) {
       q->error = std::current_exception();
@@ -198,6 +209,11 @@ KvPool::Sequence PoolScheduler::open(std::optional<KvPool::Sequence> prefix) {
 void PoolScheduler::close(KvPool::Sequence sequence) {
   std::lock_guard<std::mutex> lock(state_->pool_mutex);
   state_->pool.release(sequence);
+}
+
+void PoolScheduler::accept(KvPool::Sequence seq, std::int64_t first, std::span<const std::int64_t> kept) {
+  std::lock_guard<std::mutex> lock(state_->pool_mutex);
+  state_->pool.accept(seq, first, kept);
 }
 
 std::int64_t PoolScheduler::length(KvPool::Sequence sequence) const {

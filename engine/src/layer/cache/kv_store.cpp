@@ -12,6 +12,7 @@
 #include "core/text.hpp"
 #include "core/validate/validate.hpp"
 #include "layer/call_options.hpp"
+#include "layer/cache/pool_core.hpp"
 #include "layer/positions/positions.hpp"
 #include "linalg/code8.hpp"
 #include "linalg/convert.hpp"
@@ -117,62 +118,6 @@ void dense_core(const KvStore& store, std::span<const StoreSeq> seqs, DType core
             TensorView(od, core, {B, H, T, hd}, {T * ldo, hd, ldo, 1}), a);
 }
 
-// A pool's core: the problem over its blocks (core/problem.hpp's key source), built here: the pool
-// keeps its tables, lengths and storage valid, so only the options are checked; each sequence's
-// tokens, varlen.
-void paged_core(const KvStore& store, std::span<const StoreSeq> seqs, DType core, std::int64_t H, const void* qd,
-                std::int64_t ldq, void* od, std::int64_t ldo, const AttentionOptions& a) {
-  const std::int64_t hd = store.head_dim, bs = store.block_size;
-  Problem q;
-  q.dtype = core;
-  q.kv_dtype = store.dtype;
-  q.B = static_cast<std::int64_t>(seqs.size()), q.H = H, q.Hkv = store.kv_heads, q.D = q.Dv = hd;
-  thread_local std::vector<std::int64_t> lens, starts;
-  thread_local std::vector<std::int32_t> table;
-  lens.clear(), starts.assign(1, 0);
-  std::int64_t max_blocks = 1;
-  for (const StoreSeq& s : seqs) {
-    lens.push_back(s.start + s.tokens);
-    max_blocks = std::max(max_blocks, (s.start + s.tokens + bs - 1) / bs);
-    starts.push_back(starts.back() + s.tokens);
-    q.Sq = std::max(q.Sq, s.tokens), q.Sk = std::max(q.Sk, s.start + s.tokens);
-  }
-  table.assign(seqs.size() * static_cast<std::size_t>(max_blocks), 0);
-  for (std::size_t i = 0; i < seqs.size(); ++i)
-    std::copy_n(seqs[i].blocks->begin(), (lens[i] + bs - 1) / bs, table.begin() + static_cast<std::ptrdiff_t>(i) * max_blocks);
-  q.key_lengths = lens.data();
-  q.query_start = starts.data();
-  q.kv_blocks = {table.data(), max_blocks, bs, store.blocks};
-  q.k = store.k, q.v = store.v;
-  q.k_strides = q.v_strides = {store.block_stride, bs * hd, hd, 1};  // block, kv head, slot, d
-  if (is_kv_code(store.dtype)) {
-    q.k_scale = store.k_scale, q.v_scale = store.v_scale;
-    for (std::int64_t* st : {q.k_scale_strides, q.v_scale_strides}) st[0] = store.scale_stride, st[1] = bs, st[2] = 1;
-  }
-  q.q = qd, q.q_strides = {0, hd, ldq, 1};
-  q.o = od, q.o_strides = {0, hd, ldo, 1};
-  q.causal = Causal::bottom_right;  // a step's tokens see the keys before them and themselves
-  if (std::any_of(seqs.begin(), seqs.end(), [](const StoreSeq& s) { return s.tree_mask != nullptr; })) {
-    // draft trees: one tree mask over the steps (a step without one: its causal matrix)
-    thread_local std::vector<std::uint8_t> tree;
-    tree.clear();
-    q.tree_starts.clear();
-    for (const StoreSeq& s : seqs) {
-      q.tree_starts.push_back(static_cast<std::int64_t>(tree.size()));
-      for (std::int64_t j = 0; j < s.tokens; ++j)
-        for (std::int64_t c = 0; c < s.tokens; ++c)
-          tree.push_back(s.tree_mask != nullptr ? s.tree_mask[j * s.tokens + c] != 0 : c <= j);
-    }
-    q.tree_mask = tree.data();
-    q.mask_kind = MaskKind::boolean;
-    q.causal = Causal::none;
-  }
-  set_window(q, a.window);
-  set_scale_threads(q, a);
-  set_softcap_alibi_sinks(q, a, Span{});
-  run_attention("attention_paged", q, a.backend);
-}
-
 }  // namespace
 
 template <class T>
@@ -182,7 +127,7 @@ void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, c
   const std::int64_t H = layer.cfg.heads, nq = layer.nq, r0 = seqs[0].row0;  // the sequences' rows: consecutive from r0
   const DType core = core_dtype(store.dtype, dtype_of<T>());
   auto run = [&](const void* qd, std::int64_t ldq, void* od, std::int64_t ldo) {
-    if (store.paged) paged_core(store, seqs, core, H, qd, ldq, od, ldo, a);
+    if (store.paged) pool_attention(store, seqs, core, H, qd, ldq, od, ldo, a);
     else dense_core(store, seqs, core, H, qd, ldq, od, ldo, a);
   };
   p += r0 * N, o += r0 * nq;
