@@ -22,6 +22,13 @@
 //     64 sequences of random lengths 100-4000 in a KvPool against their tokens' bytes and
 //     4096-token slabs; 32 sequences forked from one 2048-token prompt.
 //
+//   simdattn_serve_bench cascade [--dtype f32|bf16|int8] [--threads 2] [--json FILE]
+//     The measurements behind forward_pool's cascade rule: m sequences sharing a prefix in a pool
+//     of 16-token blocks (32 heads, 8 kv heads, d 128; 2-32 sequences, 64-2048 shared keys, 64 keys
+//     of their own, 1-64 new tokens each), one attention_paged call over every key against the
+//     prefix once + each sequence's own keys + merge_attention_states (what the layer runs), best
+//     of 7 interleaved; each row with the rule's choice (docs/speculative.md, "Shared prefixes").
+//
 //   simdattn_serve_bench load [--workload bert|decode] [--kv 256] [--clients 8]
 //                        [--loads 30,50,70] [--seconds 2] [--slices 4] [--json FILE]
 //     Open-loop load: each of `clients` threads issues requests at the times of a Poisson process
@@ -66,6 +73,7 @@ namespace {
                "       simdattn_serve_bench pool [--streams N] [--kv TOKENS] [--steps N] [--reps N] [--json FILE]\n"
                "       simdattn_serve_bench prefill [--streams N] [--kv PROMPT_TOKENS] [--steps N] [--reps N] [--budget N]\n"
                "       simdattn_serve_bench memory [--json FILE]\n"
+               "       simdattn_serve_bench cascade [--dtype f32|bf16|int8] [--threads N] [--json FILE]\n"
                "       simdattn_serve_bench load [--workload bert|decode] [--kv TOKENS] [--clients N]\n"
                "                            [--loads P,P,...] [--seconds S] [--slices N] [--threads N] [--json FILE]\n",
                why.c_str());
@@ -76,7 +84,8 @@ Args parse(int argc, char** argv) {
   Args a;
   if (argc < 2) usage("expected a mode");
   a.mode = argv[1];
-  if (a.mode != "decode" && a.mode != "load" && a.mode != "pool" && a.mode != "prefill" && a.mode != "memory")
+  if (a.mode != "decode" && a.mode != "load" && a.mode != "pool" && a.mode != "prefill" && a.mode != "memory" &&
+      a.mode != "cascade")
     usage("unknown mode '" + a.mode + "'");
   for (int i = 2; i < argc; ++i) {
     const std::string f = argv[i];
@@ -93,6 +102,7 @@ Args parse(int argc, char** argv) {
     else if (f == "--steps") a.steps = num(1);
     else if (f == "--reps") a.reps = static_cast<int>(num(1));
     else if (f == "--json") a.json = v;
+    else if (f == "--dtype") a.dtype = v;
     else if (f == "--workload") {
       if (v != "bert" && v != "decode") usage("--workload: expected bert or decode, got '" + v + "'");
       a.workload = v;
@@ -141,6 +151,7 @@ int main(int argc, char** argv) {
     if (a.mode == "pool") return serve::pool(a);
     if (a.mode == "prefill") return serve::prefill(a);
     if (a.mode == "memory") return serve::memory(a);
+    if (a.mode == "cascade") return serve::cascade(a);
     return serve::load(a);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "simdattn_serve_bench: %s\n", e.what());

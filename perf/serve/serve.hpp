@@ -26,6 +26,7 @@ struct Args {
   int slices = 4;   // load: each measurement's slices, the servers taking turns
   int threads = 0;  // load: each library request's threads
   std::int64_t budget = PoolSchedulerOptions{}.token_budget;  // prefill: the PoolScheduler's token budget
+  std::string dtype = "f32";  // cascade: the pool's dtype
 };
 
 constexpr std::int64_t kD = 1024, kHeads = 16;
@@ -39,5 +40,6 @@ int load(const Args& a);    // load.cpp
 int pool(const Args& a);     // pool.cpp: decode over a KvPool
 int prefill(const Args& a);  // pool.cpp: chunked prefill beside decoding streams
 int memory(const Args& a);   // pool.cpp: the pool's bytes
+int cascade(const Args& a);  // cascade.cpp: the cascade rule's measurements
 
 }  // namespace serve

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end tests of `simdattn run` against an independent NumPy float64 oracle
-(cli_case.py's, written from docs/design.md): every option, and the score modifiers (softcap,
-ALiBi, T5, sinks, offsets) with their lse and scores outputs.
+(cli_case.py's, written from docs/design.md's maths and docs/cli.md's command line): every
+option, and the score modifiers (softcap, ALiBi, T5, sinks, offsets) with their lse and scores
+outputs.
 
 Usage: test_cli.py PATH_TO_SIMDATTN [unittest args]   (ctest passes the built binary)
 """

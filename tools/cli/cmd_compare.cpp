@@ -1,4 +1,4 @@
-// `simdattn compare`: every backend of the build on the same random inputs (docs/design.md's
+// `simdattn compare`: every backend of the build on the same random inputs (docs/cli.md's
 // command-line contract). For each backend: median wall time of repeated calls after a warm-up,
 // GFLOP/s (causal counts visible pairs), % of the peak that applies to the dtype here (measured in
 // the same run, measure_peak: the AMX tile peak for bf16 on AMX, half the f32 FMA peak for f64,

@@ -1,5 +1,5 @@
 // `simdattn mha`: a multi-head attention layer from safetensors weights on .npy inputs
-// (docs/design.md's command-line contract).
+// (docs/cli.md's command-line contract).
 #include <memory>
 #include <optional>
 #include <utility>

@@ -1,4 +1,4 @@
-// `simdattn run`: attention on .npy files (docs/design.md's command-line contract).
+// `simdattn run`: attention on .npy files (docs/cli.md's command-line contract).
 #include <string>
 #include <vector>
 
