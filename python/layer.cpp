@@ -58,8 +58,13 @@ std::optional<RopeConfig> rope_of(const py::object& r) {
       if (s == "none") c.scaling = RopeScaling::none;
       else if (s == "linear") c.scaling = RopeScaling::linear;
       else if (s == "llama3") c.scaling = RopeScaling::llama3;
-      else throw Error("rope.scaling", "expected 'none', 'linear' or 'llama3', got '" + s + "'");
+      else if (s == "yarn") c.scaling = RopeScaling::yarn;
+      else throw Error("rope.scaling", "expected 'none', 'linear', 'llama3' or 'yarn', got '" + s + "'");
     } else if (k == "factor") c.factor = value.cast<double>();
+    else if (k == "beta_fast") c.beta_fast = value.cast<double>();
+    else if (k == "beta_slow") c.beta_slow = value.cast<double>();
+    else if (k == "attention_factor") c.attention_factor = value.cast<double>();
+    else if (k == "truncate") c.truncate = value.cast<bool>();
     else if (k == "low_freq_factor") c.low_freq_factor = value.cast<double>();
     else if (k == "high_freq_factor") c.high_freq_factor = value.cast<double>();
     else if (k == "original_max_positions") c.original_max_positions = value.cast<std::int64_t>();
@@ -198,8 +203,9 @@ from many threads at once.)doc")
 wq [H*hd, d_model], wk [Hkv*hd, kdim], wv [Hkv*hd, vdim], wo [d_model, H*hd]; biases
 optional. heads: H; kv_heads: Hkv (0: H); head_dim (0: wq rows / heads). dtype: the
 layer's ('f32', 'f64', 'bf16', 'f16'; default: wq's). rope: a dict of RoPE's settings
-(theta, rotary_dim, style 'half'/'interleaved', scaling 'none'/'linear'/'llama3', factor,
-low_freq_factor, high_freq_factor, original_max_positions). q_norm/k_norm: [head_dim]
+(theta, rotary_dim, style 'half'/'interleaved', scaling 'none'/'linear'/'llama3'/'yarn', factor,
+low_freq_factor, high_freq_factor, original_max_positions; yarn: beta_fast, beta_slow,
+attention_factor, truncate). q_norm/k_norm: [head_dim]
 RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's table
 [num_buckets, heads] as attention(). causal: a decoder's self-attention.)doc")
       .def_static("from_safetensors",
@@ -220,7 +226,7 @@ RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's
                   py::arg("dtype") = py::none(),
                   "One attention sub-layer of a Hugging Face model directory (config.json + model.safetensors\n"
                   "or its sharded index): bert, roberta, vit, deit, gpt2, t5 (stack 'encoder'/'decoder',\n"
-                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2 (docs/models.md).")
+                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss (docs/models.md).")
       .def_static("from_diffusers",
                   [](const std::string& path, const std::string& prefix, std::int64_t heads,
                      const std::string& attention_kind, const py::object& dtype) {

@@ -82,13 +82,17 @@ def to_bf16(x):
 
 
 def rope_reference(x, positions, theta=10000.0, rotary_dim=None, style="half", scaling="none", factor=1.0,
-                   low=1.0, high=4.0, original=8192):
+                   low=1.0, high=4.0, original=8192, beta_fast=32.0, beta_slow=1.0, truncate=True,
+                   attention_factor=None):
     """Rotary embeddings of x [B, H, S, hd] at positions [B, S], in float64, from their definition
-    (Su et al.; Hugging Face's rotate_half and linear / llama3 frequency scaling)."""
+    (Su et al.; Hugging Face's rotate_half and linear / llama3 / yarn frequency scaling; YaRN from
+    Peng et al. as Hugging Face's _compute_yarn_parameters states it: the ramp between the
+    correction dimensions of beta_fast and beta_slow, cos and sin times the attention factor)."""
     x = np.array(x, dtype=np.float64)
     hd = x.shape[-1]
     r = hd if not rotary_dim else rotary_dim
     inv = theta ** (-np.arange(0, r, 2, dtype=np.float64) / r)
+    mult = 1.0
     if scaling == "linear":
         inv = inv / factor
     elif scaling == "llama3":
@@ -96,8 +100,19 @@ def rope_reference(x, positions, theta=10000.0, rotary_dim=None, style="half", s
         smooth = (original / wave - low) / (high - low)
         blended = (1 - smooth) * inv / factor + smooth * inv
         inv = np.where(wave > original / low, inv / factor, np.where(wave < original / high, inv, blended))
+    elif scaling == "yarn":
+        corr = lambda b: r * np.log(original / (b * 2 * np.pi)) / (2 * np.log(theta))  # noqa: E731
+        lo, hi = corr(beta_fast), corr(beta_slow)
+        if truncate:
+            lo, hi = np.floor(lo), np.ceil(hi)
+        lo, hi = max(lo, 0), min(hi, r - 1)
+        if lo == hi:
+            hi += 0.001
+        keep = 1 - np.clip((np.arange(r // 2) - lo) / (hi - lo), 0, 1)  # the extrapolation's share
+        inv = inv / factor * (1 - keep) + inv * keep
+        mult = attention_factor if attention_factor else (1.0 if factor <= 1 else 0.1 * np.log(factor) + 1)
     a = np.asarray(positions, dtype=np.float64)[:, None, :, None] * inv  # [B, 1, S, r/2]
-    c, s = np.cos(a), np.sin(a)
+    c, s = np.cos(a) * mult, np.sin(a) * mult
     if style == "half":
         i0, i1 = np.arange(r // 2), np.arange(r // 2) + r // 2
     else:

@@ -55,8 +55,15 @@ FAMILIES = {
                            "head_dim": 16, "num_hidden_layers": 2, "query_pre_attn_scalar": 24,
                            "attn_logit_softcapping": 2.0, "final_logit_softcapping": 30.0, "sliding_window": 4,
                            "rope_theta": 10000.0}, dtype="F32", prefix="model."),
+    "gpt_oss": dict(config={"model_type": "gpt_oss", "hidden_size": 32, "num_attention_heads": 4,
+                            "num_key_value_heads": 2, "head_dim": 16, "num_hidden_layers": 2, "sliding_window": 3,
+                            "layer_types": ["sliding_attention", "full_attention"], "rope_theta": 150000.0,
+                            "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                                             "truncate": False, "original_max_position_embeddings": 64},
+                            "attention_bias": True}, dtype="BF16", prefix="model."),
 }
-DECODERS = ("gpt2", "bloom", "llama", "mistral", "qwen2", "qwen3", "gemma2")
+DECODERS = ("gpt2", "bloom", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss")
 # a diffusers UNet transformer block (no config.json of its own): d 32, 4 heads, cross width 24
 DIFFUSERS_PREFIX = "down_blocks.0.attentions.0.transformer_blocks.0."
 
@@ -129,12 +136,14 @@ def family_tensors(family, rng, weight_scale=1.0):
             a = f"layers.{n}.self_attn."
             t[a + "q_proj.weight"], t[a + "k_proj.weight"] = g(H * hd, d), g(Hkv * hd, d)
             t[a + "v_proj.weight"], t[a + "o_proj.weight"] = g(Hkv * hd, d), g(d, H * hd)
-            if family == "qwen2":
+            if family in ("qwen2", "gpt_oss"):
                 t[a + "q_proj.bias"], t[a + "k_proj.bias"], t[a + "v_proj.bias"] = b(H * hd), b(Hkv * hd), b(Hkv * hd)
+            if family == "gpt_oss":
+                t[a + "o_proj.bias"], t[a + "sinks"] = b(d), rng.normal(0, 1.0, H)
             if family == "qwen3":
                 t[a + "q_norm.weight"], t[a + "k_norm.weight"] = 1 + rng.normal(0, 0.2, hd), 1 + rng.normal(0, 0.2, hd)
             t[f"layers.{n}.input_layernorm.weight"] = np.ones(d)
-    if family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
+    if family in LLAMA_LIKE:
         t["embed_tokens.weight"] = g(50, d)
     if family == "gpt2":
         t["wte.weight"] = g(50, d)
@@ -200,9 +209,10 @@ def write_diffusers(path, rng, dtype="F16", qkv_bias=False):
 
 # ---- the float64 definitions ----------------------------------------------------------------
 
-def softmax_attention(q, k, v, scale, visible, bias=None, softcap=None):
+def softmax_attention(q, k, v, scale, visible, bias=None, softcap=None, sinks=None):
     """q [B, H, Sq, hd], k / v [B, H, Sk, hd] (grouped heads already repeated): the scaled
-    scores, soft-capped, plus the bias, hidden keys out; rows without a visible key give 0."""
+    scores, soft-capped, plus the bias, hidden keys out; sinks [H]: one more logit per head in the
+    softmax's denominator (gpt-oss), with no value; rows without a visible key give 0."""
     s = scale * (q @ k.transpose(0, 1, 3, 2))
     if softcap:
         s = softcap * np.tanh(s / softcap)
@@ -210,8 +220,12 @@ def softmax_attention(q, k, v, scale, visible, bias=None, softcap=None):
         s = s + bias
     s = np.where(visible, s, -np.inf)
     m = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        m = np.maximum(m, np.asarray(sinks, np.float64)[None, :, None, None])
     e = np.where(visible, np.exp(s - np.where(np.isfinite(m), m, 0.0)), 0.0)
     l = e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        l = l + np.exp(np.asarray(sinks, np.float64)[None, :, None, None] - m)
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(l > 0, (e @ v) / l, 0.0)
 
@@ -242,6 +256,16 @@ def rope_of_config(cfg, hd):
         elif kind == "llama3":
             kw.update(scaling="llama3", factor=s["factor"], low=s["low_freq_factor"], high=s["high_freq_factor"],
                       original=s["original_max_position_embeddings"])
+        elif kind == "yarn":  # Hugging Face's reading of the keys (defaults, the mscale ratio)
+            original = s.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
+            factor = s.get("factor") or cfg["max_position_embeddings"] / original
+            mscale = lambda f, m=1.0: 1.0 if f <= 1 else 0.1 * m * np.log(f) + 1.0  # noqa: E731
+            att = s.get("attention_factor")
+            if att is None:
+                ms, ma = s.get("mscale"), s.get("mscale_all_dim")
+                att = mscale(factor, ms) / mscale(factor, ma) if ms and ma else mscale(factor)
+            kw.update(scaling="yarn", factor=factor, original=original, beta_fast=s.get("beta_fast") or 32,
+                      beta_slow=s.get("beta_slow") or 1, truncate=s.get("truncate", True), attention_factor=att)
     return kw
 
 
@@ -262,7 +286,7 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
     visible = np.ones((B, 1, S, Sk), bool)
     if pad is not None:
         visible &= ~np.asarray(pad, bool)[:, None, None, :]
-    bias, softcap = None, None
+    bias, softcap, sinks = None, None, None
     scale = 1.0 / np.sqrt(hd)
     if family in ("bert", "roberta", "vit", "deit"):
         inner = "self" if family in ("bert", "roberta") else "attention"
@@ -318,9 +342,13 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
             win = cfg.get("sliding_window", 4096) if layer % 2 == 0 else None
             scale = cfg.get("query_pre_attn_scalar", 256) ** -0.5
             softcap = cfg.get("attn_logit_softcapping", 50.0)
+        elif family == "gpt_oss":  # GptOssAttention: sinks, the sliding layers' window
+            types = cfg.get("layer_types") or ["sliding_attention" if n % 2 == 0 else "full_attention" for n in range(layer + 1)]
+            win = cfg.get("sliding_window", 128) if types[layer] == "sliding_attention" else None
+            sinks = W[a + "sinks"]
         if win:
             visible &= j > i - win
-    if family in ("llama", "mistral", "qwen2", "qwen3", "gemma2"):
+    if family in LLAMA_LIKE:
         q, k = heads_split(q, H, hd), heads_split(k, Hkv, hd)
         if family == "qwen3":
             eps = cfg.get("rms_norm_eps", 1e-6)
@@ -333,7 +361,7 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
         q, k = heads_split(q, H, hd), heads_split(k, Hkv, hd)
     v = heads_split(v, Hkv, hd)
     k, v = np.repeat(k, H // Hkv, axis=1), np.repeat(v, H // Hkv, axis=1)
-    o = rnd(heads_merge(softmax_attention(q, k, v, scale, visible, bias, softcap)))
+    o = rnd(heads_merge(softmax_attention(q, k, v, scale, visible, bias, softcap, sinks)))
     return rnd(lin(o, wo, bo))
 
 

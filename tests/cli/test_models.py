@@ -199,10 +199,17 @@ class Models(cli_case.CliCase):
         unknown = self.path("unknown")
         mf.write_checkpoint(unknown, "bert", self.rng, config_edit=lambda c: c.update(model_type="mamba"))
         cases.append((["--model", unknown, "--layer", "0"], "mamba"))
+        dynamic = self.path("dynamic")
+        mf.write_checkpoint(dynamic, "mistral", self.rng,
+                            config_edit=lambda c: c.update(rope_scaling={"rope_type": "dynamic", "factor": 4.0}))
+        cases.append((["--model", dynamic, "--layer", "0"], "dynamic"))
         yarn = self.path("yarn")
-        mf.write_checkpoint(yarn, "mistral", self.rng,
-                            config_edit=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
-        cases.append((["--model", yarn, "--layer", "0"], "yarn"))
+        mf.write_checkpoint(yarn, "gpt_oss", self.rng,
+                            config_edit=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": -2}))
+        cases.append((["--model", yarn, "--layer", "0"], "beta_fast"))
+        types = self.path("types")
+        mf.write_checkpoint(types, "gpt_oss", self.rng, config_edit=lambda c: c.update(layer_types=["sliding_attention", "local"]))
+        cases.append((["--model", types, "--layer", "1"], "layer_types"))
         # sizes no model has (their products would overflow), a non-positive scalar
         huge = self.path("huge")
         mf.write_checkpoint(huge, "llama", self.rng, config_edit=lambda c: c.update(hidden_size=2 ** 62))

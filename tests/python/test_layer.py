@@ -130,7 +130,7 @@ import model_families  # noqa: E402
 
 
 @pytest.mark.parametrize("family,layer", [("gpt2", 1), ("qwen2", 0), ("qwen2", 1), ("gemma2", 0), ("bert", 1),
-                                          ("llama", 1)])
+                                          ("llama", 1), ("gpt_oss", 0), ("gpt_oss", 1)])
 def test_from_pretrained_matches_the_family_definition(tmp_path, family, layer):
     rng = np.random.default_rng(7)
     W = model_families.write_checkpoint(str(tmp_path), family, rng)
@@ -277,3 +277,28 @@ def test_kv_cache_truncate_capacity_and_per_sequence_lengths():
     assert cache.lengths == [5, 8]
     cache.reset()
     assert cache.lengths == [0, 0]
+
+
+@pytest.mark.parametrize("cache_dtype,tol", [(None, 1e-4), ("bf16", 3e-2), ("int8", 6e-2)])
+def test_gpt_oss_cached_and_pool_steps_equal_the_prefill(tmp_path, cache_dtype, tol):
+    """gpt-oss's layers (sinks, a sliding layer of window 3 and a full one, YaRN): a prompt and
+    then steps of 1-3 tokens through a KvCache and through a KvPool equal the whole sequence's
+    forward, row for row."""
+    rng = np.random.default_rng(17)
+    model_families.write_checkpoint(str(tmp_path), "gpt_oss", rng)
+    for layer in (0, 1):
+        m = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), layer, dtype="f32")
+        x = rng.standard_normal((1, 12, 32)).astype(np.float32)
+        full = m.forward(x)[0]
+        cache = simdattn.KvCache(m, 1, 16, dtype=cache_dtype)
+        pool = simdattn.KvPool(m, 8, 4, 1, cache_dtype)
+        seq = pool.add()
+        at = 0
+        for n in (5, 1, 3, 1, 2):
+            step = x[:, at:at + n]
+            got = m.forward(step, cache=cache)[0]
+            pooled = m.forward_pool([seq], [step[0]], pool)[0]
+            scale = max(1.0, np.abs(full[at:at + n]).max())
+            assert np.abs(got - full[at:at + n]).max() <= tol * scale, (layer, at)
+            assert np.abs(pooled - full[at:at + n]).max() <= tol * scale, (layer, at)
+            at += n

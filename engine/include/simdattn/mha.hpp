@@ -189,7 +189,7 @@ class SIMDATTN_API MultiHeadAttention {
   // One attention sub-layer (projections, attention, output projection; no residual, norm or
   // MLP) of a Hugging Face model directory: config.json and model.safetensors, or the shards of
   // model.safetensors.index.json. The family comes from config.json's model_type (bert,
-  // roberta, vit, deit, gpt2, t5, bloom, llama, mistral, qwen2, qwen3, gemma2) and every
+  // roberta, vit, deit, gpt2, t5, bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss) and every
   // attention parameter from the config, as docs/models.md lists; `layer` counts from 0.
   // Decoder families come back causal (MhaConfig::causal). Throws Error naming the file, the
   // config key or the tensor at fault.

@@ -1,5 +1,6 @@
-// The published families (families.hpp): BERT and ViT encoders, GPT-2, T5, BLOOM and the
-// Llama-like decoders, each read from its config.json and its checkpoint's tensor names.
+// The published families (families.hpp): BERT and ViT encoders, GPT-2, T5, BLOOM, the
+// Llama-like decoders and gpt-oss, each read from its config.json and its checkpoint's tensor
+// names.
 #include "loaders/families.hpp"
 
 #include <algorithm>
@@ -162,9 +163,14 @@ LayerPlan bloom(const FamilyContext& x) {
   return p;
 }
 
+// YaRN's get_mscale (Hugging Face's modeling_rope_utils): 1 for a factor <= 1.
+double yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
+
 // RoPE from rope_theta, rope_scaling and partial_rotary_factor, or from rope_parameters (the
-// same keys in one object, as newer configs write them).
-RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim) {
+// same keys in one object, as newer configs write them). max_positions: max_position_embeddings'
+// default in the family's configuration class (yarn's original_max_position_embeddings when
+// absent); theta: rope_theta's default there.
+RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_positions = 2048, double theta = 10000.0) {
   RopeConfig r;
   const bool params = c.has("rope_parameters");
   const char* key = params ? "rope_parameters" : "rope_scaling";
@@ -180,7 +186,7 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim) {
       throw Error(c.path(), "\"" + std::string(key) + "\" of type " + type + " needs a number \"" + name + "\"");
     return *x;
   };
-  r.theta = params && s != nullptr && s->find("rope_theta") != nullptr ? num("rope_theta", "any") : c.number_or("rope_theta", 10000.0);
+  r.theta = params && s != nullptr && s->find("rope_theta") != nullptr ? num("rope_theta", "any") : c.number_or("rope_theta", theta);
   const double partial = params && s != nullptr && s->find("partial_rotary_factor") != nullptr
                              ? num("partial_rotary_factor", "any")
                              : c.number_or("partial_rotary_factor", 1.0);
@@ -211,8 +217,47 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim) {
     if (!(omp >= 1.0 && omp <= 1e12))
       throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
     r.original_max_positions = static_cast<std::int64_t>(omp);
+  } else if (type == "yarn") {
+    // as Hugging Face's _compute_yarn_parameters reads them: beta_fast / beta_slow 32 / 1 when
+    // absent or zero; factor absent: max_position_embeddings / original_max_position_embeddings;
+    // attention_factor absent: the mscale ratio when mscale and mscale_all_dim are both nonzero,
+    // else get_mscale(factor)
+    r.scaling = RopeScaling::yarn;
+    const double max_pos =
+        static_cast<double>(c.integer_or("max_position_embeddings", max_positions, 1, std::int64_t{1} << 40));
+    auto given = [&](const char* name) {
+      const JsonValue* v = s->find(name);
+      return v != nullptr && !v->is_null();
+    };
+    const double omp = given("original_max_position_embeddings") ? num("original_max_position_embeddings", type) : max_pos;
+    if (!(omp >= 1.0 && omp <= 1e12))
+      throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
+    r.original_max_positions = static_cast<std::int64_t>(omp);
+    r.factor = given("factor") ? num("factor", type) : max_pos / omp;
+    auto or_default = [&](const char* name, double fallback) {
+      const double v = given(name) ? num(name, type) : 0.0;
+      return v != 0.0 ? v : fallback;
+    };
+    r.beta_fast = or_default("beta_fast", 32.0);
+    r.beta_slow = or_default("beta_slow", 1.0);
+    if (!(r.beta_fast > 0.0 && r.beta_slow > 0.0))
+      throw Error(c.path(), "\"" + std::string(key) + "\" needs \"beta_fast\" and \"beta_slow\" > 0");
+    if (given("attention_factor")) {
+      r.attention_factor = num("attention_factor", type);
+      if (!(r.attention_factor > 0.0))
+        throw Error(c.path(), "\"" + std::string(key) + "\" \"attention_factor\" must be > 0");
+    } else {
+      const double mscale = given("mscale") ? num("mscale", type) : 0.0;
+      const double all = given("mscale_all_dim") ? num("mscale_all_dim", type) : 0.0;
+      r.attention_factor = mscale != 0.0 && all != 0.0 ? yarn_mscale(r.factor, mscale) / yarn_mscale(r.factor, all)
+                                                       : yarn_mscale(r.factor, 1.0);
+    }
+    if (const JsonValue* t = s->find("truncate"); t != nullptr && !t->is_null()) {
+      if (!t->is_boolean()) throw Error(c.path(), "\"" + std::string(key) + "\" \"truncate\" must be true or false");
+      r.truncate = t->boolean();
+    }
   } else {
-    throw Error(c.path(), "\"" + std::string(key) + "\" type '" + type + "' is not supported (default, linear or llama3)");
+    throw Error(c.path(), "\"" + std::string(key) + "\" type '" + type + "' is not supported (default, linear, llama3 or yarn)");
   }
   if (!(r.factor > 0.0)) throw Error(c.path(), "\"" + std::string(key) + "\" \"factor\" must be > 0");
   if (r.scaling == RopeScaling::llama3 && !(r.low_freq_factor > 0.0 && r.high_freq_factor > r.low_freq_factor))
@@ -301,6 +346,43 @@ LayerPlan llama_like(const FamilyContext& x, const std::string& family) {
   return p;
 }
 
+// gpt-oss (transformers' GptOssAttention): grouped-query heads of head_dim (default 64), biased
+// projections (attention_bias, default true), one learned sink logit per head (self_attn.sinks)
+// in the softmax's denominator, the sliding window (sliding_window, default 128) on the layers
+// layer_types calls sliding_attention (default: the even ones), YaRN RoPE in rotate_half pairs
+// (absent: the configuration class's factor 32 over 4096 positions, beta 32 / 1, truncate false;
+// rope_theta default 150000), scores at head_dim^-1/2.
+LayerPlan gpt_oss(const FamilyContext& x) {
+  only_self(x, "gpt_oss");
+  LayerPlan p;
+  const ConfigJson& c = x.c;
+  p.cfg.d_model = c.integer("hidden_size");
+  p.cfg.heads = c.integer("num_attention_heads");
+  p.cfg.kv_heads = c.integer_or("num_key_value_heads", p.cfg.heads);
+  c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
+  p.cfg.head_dim = c.integer_or("head_dim", 64);
+  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  p.cfg.causal = true;
+  RopeConfig r = rope_of(c, p.cfg.head_dim, 131072, 150000.0);
+  if (!c.has("rope_scaling") && !c.has("rope_parameters")) {  // GptOssConfig's default rope_parameters
+    r.scaling = RopeScaling::yarn;
+    r.factor = 32.0, r.beta_fast = 32.0, r.beta_slow = 1.0, r.truncate = false, r.original_max_positions = 4096;
+    r.attention_factor = yarn_mscale(r.factor, 1.0);
+  }
+  p.cfg.rope = r;
+  if (sliding_layer(c, x.layer, x.layer % 2 == 0)) p.cfg.window = window_of(c, "sliding_window", 128);
+  const std::string base = "layers." + std::to_string(x.layer) + ".self_attn.";
+  const std::string s = find_prefix(x.ck, x.dir, base + "q_proj.weight") + base;
+  p.wq = whole(s + "q_proj.weight"), p.wk = whole(s + "k_proj.weight"), p.wv = whole(s + "v_proj.weight");
+  p.wo = whole(s + "o_proj.weight");
+  if (c.boolean_or("attention_bias", true)) {
+    p.bq = whole(s + "q_proj.bias"), p.bk = whole(s + "k_proj.bias"), p.bv = whole(s + "v_proj.bias");
+    p.bo = whole(s + "o_proj.bias");
+  }
+  p.sinks = s + "sinks";
+  return p;
+}
+
 constexpr Family kFamilies[] = {
     {"bert", bert},
     {"roberta", bert},
@@ -314,6 +396,7 @@ constexpr Family kFamilies[] = {
     {"qwen2", [](const FamilyContext& x) { return llama_like(x, "qwen2"); }},
     {"qwen3", [](const FamilyContext& x) { return llama_like(x, "qwen3"); }},
     {"gemma2", [](const FamilyContext& x) { return llama_like(x, "gemma2"); }},
+    {"gpt_oss", gpt_oss},
 };
 
 }  // namespace

@@ -35,6 +35,7 @@ struct LayerPlan {
   Part wq, wk, wv, wo, bq, bk, bv, bo;
   std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
   std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
+  std::string sinks;           // one sink logit per head [heads] (gpt-oss)
   std::string t5_max_distance_key;  // the config that set its max distance (for errors)
   bool cross = false;          // kdim / vdim from the key and value weights' widths
 };

@@ -112,6 +112,7 @@ MultiHeadAttention load_plan(const Checkpoint& ck, LayerPlan p) {
     c.q_norm = ck.read<float>(p.q_norm, {hd});
     c.k_norm = ck.read<float>(p.k_norm, {hd});
   }
+  if (!p.sinks.empty()) c.sinks = ck.read<float>(p.sinks, {c.heads});
   if (!p.t5_table.empty()) {
     const std::vector<std::int64_t>& shape = ck.entry(p.t5_table).shape;
     const std::int64_t min_buckets = c.t5_bidirectional ? 4 : 2;

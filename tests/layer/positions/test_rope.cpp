@@ -4,6 +4,7 @@
 // chunks of 3) equals the full causal forward; validation.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "simdattn/simdattn.hpp"
+#include "support/serving_util.hpp"
 #include "support/test_util.hpp"
 
 using namespace simdattn;
@@ -104,6 +106,54 @@ TEST_CASE("apply_rope: both styles, partial rotary, linear and llama3 scaling, a
   std::vector<float> yf(v.begin(), v.end());
   apply_rope(TensorView(yf.data(), Shape4{1, 1, 1, 128}), pos, c);
   for (int i = 0; i < 128; ++i) CHECK(yf[i] == doctest::Approx(y[i]).epsilon(2e-3).scale(1.0));
+}
+
+TEST_CASE("apply_rope: YaRN scaling (the ramp between beta_fast's and beta_slow's dimensions, the attention factor)") {
+  // written out from Peng et al. as Hugging Face states it (_compute_yarn_parameters)
+  std::mt19937_64 rng(test::base_seed() + 101);
+  std::normal_distribution<double> nd;
+  std::vector<double> v(64);
+  for (double& e : v) e = nd(rng);
+  const std::vector<std::int64_t> pos{777};
+  for (const bool truncate : {true, false})
+    for (const double attention : {0.0, 1.3}) {
+      INFO("truncate ", truncate, ", attention_factor ", attention);
+      RopeConfig c;
+      c.theta = 150000, c.scaling = RopeScaling::yarn, c.factor = 32, c.original_max_positions = 4096;
+      c.beta_fast = 32, c.beta_slow = 1, c.truncate = truncate, c.attention_factor = attention;
+      const double dim = 64, pi2 = 2 * std::numbers::pi;
+      double low = dim * std::log(4096 / (32 * pi2)) / (2 * std::log(150000.0));
+      double high = dim * std::log(4096 / (1 * pi2)) / (2 * std::log(150000.0));
+      if (truncate) low = std::floor(low), high = std::ceil(high);
+      low = std::max(low, 0.0), high = std::min(high, dim - 1);
+      const double mult = attention > 0 ? attention : 0.1 * std::log(32.0) + 1;
+      std::vector<double> y = v;
+      apply_rope(TensorView(y.data(), Shape4{1, 1, 1, 64}), pos, c);
+      int kept = 0, scaled = 0;
+      for (int i = 0; i < 32; ++i) {
+        const double inv0 = std::pow(150000.0, -2.0 * i / 64.0);
+        const double keep = 1 - std::clamp((i - low) / (high - low), 0.0, 1.0);
+        const double a = 777 * (inv0 / 32 * (1 - keep) + inv0 * keep);
+        kept += keep == 1, scaled += keep == 0;
+        CHECK(y[i] == doctest::Approx(mult * (v[i] * std::cos(a) - v[i + 32] * std::sin(a))).epsilon(1e-9));
+        CHECK(y[i + 32] == doctest::Approx(mult * (v[i + 32] * std::cos(a) + v[i] * std::sin(a))).epsilon(1e-9));
+      }
+      CHECK(kept > 0);  // both ends of the ramp were exercised
+      CHECK(scaled > 0);
+    }
+  RopeConfig bad;
+  bad.scaling = RopeScaling::yarn, bad.factor = 4;
+  std::vector<double> y = v;
+  const TensorView t(y.data(), Shape4{1, 1, 1, 64});
+  bad.beta_fast = 0;
+  test::check_error([&] { apply_rope(t, pos, bad); }, "config.beta_fast");
+  bad.beta_fast = 32, bad.attention_factor = -1;
+  test::check_error([&] { apply_rope(t, pos, bad); }, "config.attention_factor");
+  bad.attention_factor = 0, bad.theta = 1;
+  test::check_error([&] { apply_rope(t, pos, bad); }, "config.theta");
+  bad.theta = 10000, bad.original_max_positions = 0;
+  test::check_error([&] { apply_rope(t, pos, bad); }, "config.original_max_positions");
+  CHECK(y == v);  // nothing changed
 }
 
 TEST_CASE("apply_rope: positions default to 0..S-1, strided views, and arguments are validated before anything changes") {

@@ -2,6 +2,7 @@
 // used by apply_rope and the MHA layer.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <numbers>
@@ -21,7 +22,38 @@ struct RopeTable {
   std::int64_t rotary_dim = 0;
   bool f64 = false;
   std::vector<double> inv_freq;  // r / 2 of them (f32 values when !f64)
+  double attention = 1.0;        // cos and sin scaled by it (YaRN's attention factor)
 };
+
+// YaRN's frequencies and attention factor (simdattn/rope.hpp) for r rotated dimensions, in f32
+// as Hugging Face computes them (the correction range in double, as Python does), or in f64.
+inline void yarn_frequencies(const RopeConfig& c, std::int64_t r, RopeTable& t) {
+  const double two_pi = 2.0 * std::numbers::pi, dim = static_cast<double>(r);
+  const double omp = static_cast<double>(c.original_max_positions);
+  auto correction_dim = [&](double rotations) {
+    return dim * std::log(omp / (rotations * two_pi)) / (2.0 * std::log(c.theta));
+  };
+  double low = correction_dim(c.beta_fast), high = correction_dim(c.beta_slow);
+  if (c.truncate) low = std::floor(low), high = std::ceil(high);
+  low = std::max(low, 0.0), high = std::min(high, dim - 1.0);
+  if (low == high) high += 0.001;  // (as the reference keeps the ramp finite)
+  for (std::int64_t i = 0; i < r / 2; ++i) {
+    double inv;
+    if (t.f64) {
+      const double pos = std::pow(c.theta, static_cast<double>(2 * i) / dim);
+      const double ramp = std::clamp((static_cast<double>(i) - low) / (high - low), 0.0, 1.0), extra = 1.0 - ramp;
+      inv = (1.0 / (c.factor * pos)) * (1.0 - extra) + (1.0 / pos) * extra;
+    } else {  // float32 throughout, the scalars rounded to f32 as torch rounds them
+      const float pos = std::pow(static_cast<float>(c.theta), static_cast<float>(2 * i) / static_cast<float>(r));
+      const float ramp = std::clamp((static_cast<float>(i) - static_cast<float>(low)) / static_cast<float>(high - low), 0.0f, 1.0f);
+      const float extra = 1.0f - ramp;
+      const float interpolated = 1.0f / (static_cast<float>(c.factor) * pos), extrapolated = 1.0f / pos;
+      inv = static_cast<double>(interpolated * (1.0f - extra) + extrapolated * extra);
+    }
+    t.inv_freq.push_back(inv);
+  }
+  t.attention = c.attention_factor > 0.0 ? c.attention_factor : c.factor <= 1.0 ? 1.0 : 0.1 * std::log(c.factor) + 1.0;
+}
 
 inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64) {
   if (!(std::isfinite(c.theta) && c.theta > 0.0))
@@ -32,7 +64,8 @@ inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64
                                          std::to_string(c.rotary_dim));
   if (c.style != RopeStyle::half && c.style != RopeStyle::interleaved)
     throw Error("config.style", "unknown value " + std::to_string(int(c.style)));
-  if ((c.scaling == RopeScaling::linear || c.scaling == RopeScaling::llama3) && !(std::isfinite(c.factor) && c.factor > 0.0))
+  if ((c.scaling == RopeScaling::linear || c.scaling == RopeScaling::llama3 || c.scaling == RopeScaling::yarn) &&
+      !(std::isfinite(c.factor) && c.factor > 0.0))
     throw Error("config.factor", "must be finite and > 0, got " + std::to_string(c.factor));
   if (c.scaling == RopeScaling::llama3) {
     if (!(c.high_freq_factor > c.low_freq_factor && c.low_freq_factor > 0.0 && std::isfinite(c.high_freq_factor)))
@@ -46,6 +79,16 @@ inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64
     for (double f : c.frequency_factors)
       if (!(std::isfinite(f) && f > 0.0))
         throw Error("config.frequency_factors", "must be finite and > 0, got " + std::to_string(f));
+  } else if (c.scaling == RopeScaling::yarn) {
+    if (c.theta == 1.0) throw Error("config.theta", "must not be 1 with yarn scaling (its correction range divides by ln theta)");
+    if (c.original_max_positions < 1)
+      throw Error("config.original_max_positions", "must be >= 1, got " + std::to_string(c.original_max_positions));
+    if (!(std::isfinite(c.beta_fast) && c.beta_fast > 0.0))
+      throw Error("config.beta_fast", "must be finite and > 0, got " + std::to_string(c.beta_fast));
+    if (!(std::isfinite(c.beta_slow) && c.beta_slow > 0.0))
+      throw Error("config.beta_slow", "must be finite and > 0, got " + std::to_string(c.beta_slow));
+    if (!(std::isfinite(c.attention_factor) && c.attention_factor >= 0.0))
+      throw Error("config.attention_factor", "must be finite and >= 0 (0: the default), got " + std::to_string(c.attention_factor));
   } else if (c.scaling != RopeScaling::none && c.scaling != RopeScaling::linear) {
     throw Error("config.scaling", "unknown value " + std::to_string(int(c.scaling)));
   }
@@ -54,6 +97,10 @@ inline RopeTable rope_table(const RopeConfig& c, std::int64_t head_dim, bool f64
   t.rotary_dim = r;
   t.f64 = f64;
   auto round = [f64](double v) { return f64 ? v : static_cast<double>(static_cast<float>(v)); };
+  if (c.scaling == RopeScaling::yarn) {
+    yarn_frequencies(c, r, t);
+    return t;
+  }
   for (std::int64_t i = 0; i < r / 2; ++i) {
     double inv;
     if (f64) {
@@ -86,10 +133,10 @@ inline void rope_angles(const RopeTable& t, std::int64_t pos, double* cs) {
   for (std::size_t i = 0; i < t.inv_freq.size(); ++i) {
     if (t.f64) {
       const double a = static_cast<double>(pos) * t.inv_freq[i];
-      cs[2 * i] = std::cos(a), cs[2 * i + 1] = std::sin(a);
+      cs[2 * i] = std::cos(a) * t.attention, cs[2 * i + 1] = std::sin(a) * t.attention;
     } else {
-      const float a = static_cast<float>(pos) * static_cast<float>(t.inv_freq[i]);
-      cs[2 * i] = std::cos(a), cs[2 * i + 1] = std::sin(a);
+      const float a = static_cast<float>(pos) * static_cast<float>(t.inv_freq[i]), f = static_cast<float>(t.attention);
+      cs[2 * i] = std::cos(a) * f, cs[2 * i + 1] = std::sin(a) * f;
     }
   }
 }
