@@ -226,7 +226,7 @@ RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's
                   py::arg("dtype") = py::none(),
                   "One attention sub-layer of a Hugging Face model directory (config.json + model.safetensors\n"
                   "or its sharded index): bert, roberta, vit, deit, gpt2, t5 (stack 'encoder'/'decoder',\n"
-                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss (docs/models.md).")
+                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss, deepseek_v2, deepseek_v3 (docs/models.md).")
       .def_static("from_diffusers",
                   [](const std::string& path, const std::string& prefix, std::int64_t heads,
                      const std::string& attention_kind, const py::object& dtype) {

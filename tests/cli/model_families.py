@@ -61,8 +61,26 @@ FAMILIES = {
                             "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                                              "truncate": False, "original_max_position_embeddings": 64},
                             "attention_bias": True}, dtype="BF16", prefix="model."),
+    # Multi-head Latent Attention: V2 without a q LoRA, with biases and V2-Lite's YaRN (mscale =
+    # mscale_all_dim); V3 with a q LoRA, YaRN of mscale_all_dim 1 (scores times mscale^2)
+    "deepseek_v2": dict(config={"model_type": "deepseek_v2", "hidden_size": 32, "num_attention_heads": 4,
+                                "num_hidden_layers": 2, "q_lora_rank": None, "kv_lora_rank": 12, "qk_nope_head_dim": 6,
+                                "qk_rope_head_dim": 4, "v_head_dim": 5, "attention_bias": True, "rope_theta": 10000.0,
+                                "max_position_embeddings": 640, "rms_norm_eps": 1e-3,
+                                "rope_scaling": {"type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+                                                 "beta_fast": 32, "beta_slow": 1, "mscale": 0.707,
+                                                 "mscale_all_dim": 0.707}},
+                        dtype="BF16", prefix="model."),
+    "deepseek_v3": dict(config={"model_type": "deepseek_v3", "hidden_size": 32, "num_attention_heads": 4,
+                                "num_hidden_layers": 2, "q_lora_rank": 12, "kv_lora_rank": 10, "qk_nope_head_dim": 6,
+                                "qk_rope_head_dim": 4, "v_head_dim": 8, "rope_theta": 10000.0,
+                                "max_position_embeddings": 640, "rms_norm_eps": 1e-3,
+                                "rope_scaling": {"rope_type": "yarn", "factor": 40.0, "original_max_position_embeddings": 16,
+                                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}},
+                        dtype="F32", prefix="model."),
 }
-DECODERS = ("gpt2", "bloom", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss")
+DECODERS = ("gpt2", "bloom", "llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss", "deepseek_v2", "deepseek_v3")
+MLA = ("deepseek_v2", "deepseek_v3")
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gpt_oss")
 # a diffusers UNet transformer block (no config.json of its own): d 32, 4 heads, cross width 24
 DIFFUSERS_PREFIX = "down_blocks.0.attentions.0.transformer_blocks.0."
@@ -132,6 +150,23 @@ def family_tensors(family, rng, weight_scale=1.0):
             t[a + "query_key_value.weight"], t[a + "query_key_value.bias"] = g(3 * d, d), b(3 * d)
             t[a + "dense.weight"], t[a + "dense.bias"] = g(d, d), b(d)
             t[f"h.{n}.input_layernorm.weight"] = np.ones(d)
+        elif family in MLA:
+            a = f"layers.{n}.self_attn."
+            m = mla_dims(cfg)
+            qk = m["nope"] + m["rope"]
+            if m["q_lora"]:
+                t[a + "q_a_proj.weight"], t[a + "q_b_proj.weight"] = g(m["q_lora"], d), g(H * qk, m["q_lora"])
+                t[a + "q_a_layernorm.weight"] = 1 + rng.normal(0, 0.2, m["q_lora"])
+            else:
+                t[a + "q_proj.weight"] = g(H * qk, d)
+            t[a + "kv_a_proj_with_mqa.weight"] = g(m["kv_lora"] + m["rope"], d)
+            t[a + "kv_a_layernorm.weight"] = 1 + rng.normal(0, 0.2, m["kv_lora"])
+            t[a + "kv_b_proj.weight"] = g(H * (m["nope"] + m["v"]), m["kv_lora"])
+            t[a + "o_proj.weight"] = g(d, H * m["v"])
+            if cfg.get("attention_bias"):
+                if m["q_lora"]:
+                    t[a + "q_a_proj.bias"] = b(m["q_lora"])
+                t[a + "kv_a_proj_with_mqa.bias"], t[a + "o_proj.bias"] = b(m["kv_lora"] + m["rope"]), b(d)
         else:  # llama-like
             a = f"layers.{n}.self_attn."
             t[a + "q_proj.weight"], t[a + "k_proj.weight"] = g(H * hd, d), g(Hkv * hd, d)
@@ -230,6 +265,52 @@ def softmax_attention(q, k, v, scale, visible, bias=None, softcap=None, sinks=No
         return np.where(l > 0, (e @ v) / l, 0.0)
 
 
+def mla_dims(cfg):
+    """An MLA config's sizes, with the configuration classes' defaults (q_lora_rank null: 0)."""
+    q = cfg.get("q_lora_rank", 1536)
+    return dict(q_lora=q or 0, kv_lora=cfg.get("kv_lora_rank", 512), nope=cfg.get("qk_nope_head_dim", 128),
+                rope=cfg.get("qk_rope_head_dim", 64), v=cfg.get("v_head_dim", 128))
+
+
+def mla_reference(family, cfg, W, layer, x, visible, positions, rnd):
+    """transformers' DeepseekV2Attention / DeepseekV3Attention in float64: the q LoRA (or q_proj),
+    the compressed kv and its RMSNorm (eps 1e-6, the class default), the rotary part in interleaved
+    pairs (V3's rope_interleave false: rotate_half) at YaRN's frequencies, scores at
+    (nope + rope)^-1/2 times mscale^2, o_proj."""
+    B, S, _ = x.shape
+    H = cfg["num_attention_heads"]
+    m = mla_dims(cfg)
+    nope, rope, vd = m["nope"], m["rope"], m["v"]
+    a = f"layers.{layer}.self_attn."
+    lin = lambda z, w, bias=None: z @ w.T + (0 if bias is None else bias)  # noqa: E731
+    if m["q_lora"]:
+        cq = rnd(lin(x, W[a + "q_a_proj.weight"], W.get(a + "q_a_proj.bias")))
+        q = rnd(lin(rnd(rms_norm(cq, W[a + "q_a_layernorm.weight"], 1e-6)), W[a + "q_b_proj.weight"]))
+    else:
+        q = rnd(lin(x, W[a + "q_proj.weight"]))
+    q = q.reshape(B, S, H, nope + rope).transpose(0, 2, 1, 3)
+    ckv = rnd(lin(x, W[a + "kv_a_proj_with_mqa.weight"], W.get(a + "kv_a_proj_with_mqa.bias")))
+    c, k_pe = ckv[..., :m["kv_lora"]], ckv[..., m["kv_lora"]:]
+    kv = rnd(lin(rnd(rms_norm(c, W[a + "kv_a_layernorm.weight"], 1e-6)), W[a + "kv_b_proj.weight"]))
+    kv = kv.reshape(B, S, H, nope + vd).transpose(0, 2, 1, 3)
+    k_nope, v = kv[..., :nope], kv[..., nope:]
+    kw = rope_of_config(cfg, rope)
+    style = "half" if family == "deepseek_v3" and not cfg.get("rope_interleave", True) else "interleaved"
+    pos = positions if positions is not None else np.broadcast_to(np.arange(S), (B, S))
+    q_pe = rnd(mha_weights.rope_reference(q[..., nope:], pos, style=style, **kw))
+    k_pe = rnd(mha_weights.rope_reference(k_pe[:, None], pos, style=style, **kw))
+    q = np.concatenate([q[..., :nope], q_pe], axis=-1)
+    k = np.concatenate([k_nope, np.broadcast_to(k_pe, (B, H, S, rope))], axis=-1)
+    scale = (nope + rope) ** -0.5
+    s = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if s and s.get("rope_type", s.get("type", "default")) != "default" and s.get("mscale_all_dim"):
+        f = kw["factor"]
+        ms = 1.0 if f <= 1 else 0.1 * s["mscale_all_dim"] * np.log(f) + 1.0
+        scale *= ms * ms
+    o = rnd(heads_merge(softmax_attention(q, k, v, scale, visible)))
+    return rnd(lin(o, W[a + "o_proj.weight"], W.get(a + "o_proj.bias")))
+
+
 def heads_split(x, H, hd):
     B, S, _ = x.shape
     return x.reshape(B, S, H, hd).transpose(0, 2, 1, 3)
@@ -324,6 +405,8 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
         kpos = (np.cumsum(keep, axis=-1) - 1) * keep
         bias = mha_weights.alibi_slopes(H).astype(np.float64)[None, :, None, None] * kpos[:, None, None, :]
         visible &= j <= i
+    elif family in MLA:
+        return mla_reference(family, cfg, W, layer, x, visible & (j <= i), positions, rnd)
     else:
         a = f"layers.{layer}.self_attn."
         q = lin(x, W[a + "q_proj.weight"], W.get(a + "q_proj.bias"))

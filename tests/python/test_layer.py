@@ -130,7 +130,8 @@ import model_families  # noqa: E402
 
 
 @pytest.mark.parametrize("family,layer", [("gpt2", 1), ("qwen2", 0), ("qwen2", 1), ("gemma2", 0), ("bert", 1),
-                                          ("llama", 1), ("gpt_oss", 0), ("gpt_oss", 1)])
+                                          ("llama", 1), ("gpt_oss", 0), ("gpt_oss", 1), ("deepseek_v2", 1),
+                                          ("deepseek_v3", 0)])
 def test_from_pretrained_matches_the_family_definition(tmp_path, family, layer):
     rng = np.random.default_rng(7)
     W = model_families.write_checkpoint(str(tmp_path), family, rng)

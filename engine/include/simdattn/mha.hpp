@@ -35,6 +35,30 @@
 
 namespace simdattn {
 
+// DeepSeek's Multi-head Latent Attention (DeepSeek-V2, 2024; transformers' DeepseekV2Attention and
+// DeepseekV3Attention), MhaConfig::mla. Per token x, with nope = qk_nope_head_dim, rope =
+// qk_rope_head_dim, H = heads:
+//   q      = x Wq^T                                        (q_lora_rank 0), or
+//          = RMSNorm(x Wq_a^T + bq_a; q_a_norm) Wq_b^T      [H, nope + rope] per token
+//   c | kr = x Wkv_a^T + bkv_a                              [kv_lora_rank | rope]
+//   k_nope | v = RMSNorm(c; kv_a_norm) Wkv_b^T             per head [nope | v_head_dim]
+//   q's last rope values and kr rotated by MhaConfig::rope (rotary_dim 0: rope) at the token's
+//   position; every head's key [k_nope | kr] (kr shared by the heads), its value v
+//   attention at MhaConfig::scale (default (nope + rope)^-1/2), causal as MhaConfig::causal
+//   y = o Wo^T + bo                                        (o [H * v_head_dim])
+// RMSNorm(x; w) = x / sqrt(mean(x^2) + norm_eps), in f32 (f64 layers: f64), rounded to the layer's
+// dtype, times w. The layer's head_dim is nope + rope and its kv_heads are its heads (0 or these
+// values); kdim and vdim are d_model. So far such a layer runs forward(query, out) only: its
+// latent KV cache (KvCache, KvPool, forward_batch) is not supported yet (Error("layer")).
+struct MlaConfig {
+  std::int64_t q_lora_rank = 0;       // 0: a plain q_proj (Wq)
+  std::int64_t kv_lora_rank = 0;      // >= 1
+  std::int64_t qk_nope_head_dim = 0;  // >= 0
+  std::int64_t qk_rope_head_dim = 0;  // even, >= 2
+  std::int64_t v_head_dim = 0;        // >= 1
+  double norm_eps = 1e-6;             // the two RMSNorms' (transformers' class default, not rms_norm_eps)
+};
+
 struct MhaConfig {
   std::int64_t d_model = 0;   // query input and output width
   std::int64_t heads = 0;     // query heads H
@@ -67,6 +91,8 @@ struct MhaConfig {
   // A decoder's self-attention: forward() on a whole sequence attends causally (top-left) when
   // MhaOptions::causal is none; the cached forward is bottom-right as always.
   bool causal = false;
+  // Multi-head Latent Attention (MlaConfig above); the layer is then built from MlaWeights.
+  std::optional<MlaConfig> mla = {};
 };
 
 // Which attention sub-layer of a published checkpoint to load (MultiHeadAttention::
@@ -87,6 +113,21 @@ template <class T>
 struct MhaWeights {
   std::vector<T> wq, wk, wv, wo;
   std::vector<T> bq, bk, bv, bo;
+};
+
+// An MLA layer's weights (MlaConfig), torch's layout [out_features, in_features], in the layer's
+// dtype; the RMSNorm weights in f32. Empty bias = no bias (transformers' attention_bias gives
+// bq_a, bkv_a and bo).
+template <class T>
+struct MlaWeights {
+  std::vector<T> wq;                 // [H * (nope + rope), d_model]: q_lora_rank 0 only
+  std::vector<T> wq_a, bq_a;         // [q_lora_rank, d_model], [q_lora_rank]: q_lora_rank > 0
+  std::vector<float> q_a_norm;       // [q_lora_rank]
+  std::vector<T> wq_b;               // [H * (nope + rope), q_lora_rank]
+  std::vector<T> wkv_a, bkv_a;       // [kv_lora_rank + rope, d_model], [kv_lora_rank + rope]
+  std::vector<float> kv_a_norm;      // [kv_lora_rank]
+  std::vector<T> wkv_b;              // [H * (nope + v_head_dim), kv_lora_rank]
+  std::vector<T> wo, bo;             // [d_model, H * v_head_dim], [d_model]
 };
 
 // A batch of sequences [B, S, E], C order (row stride E). Pointer is const void* (ConstSeqView,
@@ -170,6 +211,12 @@ class SIMDATTN_API MultiHeadAttention {
   // projection sums its products and bias in f32 and rounds to nearest even.
   MultiHeadAttention(const MhaConfig& config, MhaWeights<bfloat16> weights);
   MultiHeadAttention(const MhaConfig& config, MhaWeights<float16> weights);
+  // Multi-head Latent Attention (config.mla set): validates the configuration and every weight's
+  // size (Error naming it).
+  MultiHeadAttention(const MhaConfig& config, MlaWeights<float> weights);
+  MultiHeadAttention(const MhaConfig& config, MlaWeights<double> weights);
+  MultiHeadAttention(const MhaConfig& config, MlaWeights<bfloat16> weights);
+  MultiHeadAttention(const MhaConfig& config, MlaWeights<float16> weights);
 
   // Loads one layer from a safetensors file (see docs/design.md for the two naming conventions):
   // torch's in_proj_weight / q_proj_weight+k_proj_weight+v_proj_weight, in_proj_bias,
@@ -189,7 +236,8 @@ class SIMDATTN_API MultiHeadAttention {
   // One attention sub-layer (projections, attention, output projection; no residual, norm or
   // MLP) of a Hugging Face model directory: config.json and model.safetensors, or the shards of
   // model.safetensors.index.json. The family comes from config.json's model_type (bert,
-  // roberta, vit, deit, gpt2, t5, bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss) and every
+  // roberta, vit, deit, gpt2, t5, bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss,
+  // deepseek_v2, deepseek_v3: MhaConfig::mla) and every
   // attention parameter from the config, as docs/models.md lists; `layer` counts from 0.
   // Decoder families come back causal (MhaConfig::causal). Throws Error naming the file, the
   // config key or the tensor at fault.

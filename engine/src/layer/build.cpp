@@ -11,6 +11,7 @@
 #include "core/text.hpp"
 #include "core/validate/validate.hpp"
 #include "layer/positions/rope_table.hpp"
+#include "layer/pack.hpp"
 #include "layer/storage.hpp"
 #include "linalg/gemm.hpp"
 #include "linalg/gemm16.hpp"
@@ -18,34 +19,10 @@
 #include "simdattn/simd/kernels.hpp"
 
 namespace simdattn::detail {
-namespace {
-
-// The panel width of T's GEMM: column groups packed side by side start at multiples of it.
-template <class T>
-std::int64_t weights_nr() {
-  if constexpr (kIs16Bit<T>) return gemm16_kernels(simd::kernels(), std::is_same_v<T, bfloat16>).nr;
-  else return simd::kernels().gemm<T>().blocking.nr;
-}
-
-// B [K, N] (row-major, leading dimension ldb) packed for T's GEMM.
-template <class T>
-PackedWeights<T> pack_weights(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N) {
-  if constexpr (kIs16Bit<T>)
-    return pack16_b(reinterpret_cast<const std::uint16_t*>(B), ldb, K, N, std::is_same_v<T, bfloat16>);
-  else return pack_matrix_b(B, ldb, K, N);
-}
-
-// dst[c * ld + r] = src[r * cols + c]: W [rows, cols] -> W^T [cols, rows] (leading dimension ld).
-template <class T>
-void transpose_into(const std::vector<T>& src, std::int64_t rows, std::int64_t cols, T* dst, std::int64_t ld) {
-  for (std::int64_t r = 0; r < rows; ++r)
-    for (std::int64_t c = 0; c < cols; ++c) dst[c * ld + r] = src[static_cast<std::size_t>(r * cols + c)];
-}
-
-}  // namespace
 
 MhaConfig resolve_config(MhaConfig c) {
   check_isa();
+  if (c.mla) throw Error("config.mla", "a Multi-head Latent Attention layer is built from MlaWeights");
   if (c.d_model < 1) throw Error("config.d_model", "expected >= 1, got " + std::to_string(c.d_model));
   if (c.heads < 1) throw Error("config.heads", "expected >= 1, got " + std::to_string(c.heads));
   if (c.kv_heads == 0) c.kv_heads = c.heads;

@@ -13,6 +13,7 @@
 #include "layer/cache/kv_cache.hpp"
 #include "layer/cache/kv_pool.hpp"
 #include "layer/forward.hpp"
+#include "layer/mla/mla.hpp"
 #include "layer/storage.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
@@ -23,7 +24,8 @@ namespace simdattn {
 
 // Hidden: the class is exported, its implementation is not.
 struct __attribute__((visibility("hidden"))) MultiHeadAttention::Storage {
-  detail::AnyLayerStorage layer;
+  detail::AnyLayerStorage layer;  // an MLA layer's: its configuration alone (no weights)
+  std::optional<detail::AnyMlaStorage> mla;
 };
 
 namespace {
@@ -84,13 +86,51 @@ void in_call(const MultiHeadAttention& mha, const detail::AnyLayerStorage& layer
 }  // namespace
 
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float> weights)
-    : storage_(new Storage{detail::build_layer(config, std::move(weights))}) {}
+    : storage_(new Storage{detail::build_layer(config, std::move(weights)), std::nullopt}) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<double> weights)
-    : storage_(new Storage{detail::build_layer(config, std::move(weights))}) {}
+    : storage_(new Storage{detail::build_layer(config, std::move(weights)), std::nullopt}) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<bfloat16> weights)
-    : storage_(new Storage{detail::build_layer(config, std::move(weights))}) {}
+    : storage_(new Storage{detail::build_layer(config, std::move(weights)), std::nullopt}) {}
 MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MhaWeights<float16> weights)
-    : storage_(new Storage{detail::build_layer(config, std::move(weights))}) {}
+    : storage_(new Storage{detail::build_layer(config, std::move(weights)), std::nullopt}) {}
+
+namespace {
+
+// An MLA layer's storage: its configuration in the layer variant (config(), dtype()), its
+// weights beside it.
+template <class T>
+std::pair<detail::LayerStorage<T>, detail::MlaStorage<T>> mla_parts(const MhaConfig& config, MlaWeights<T>&& weights) {
+  detail::MlaStorage<T> built = detail::build_mla(config, std::move(weights));
+  detail::LayerStorage<T> shell;
+  shell.cfg = built.cfg;
+  return {std::move(shell), std::move(built)};
+}
+
+// The calls an MLA layer does not run yet.
+void refuse_mla(const std::optional<detail::AnyMlaStorage>& mla, const char* what) {
+  if (mla)
+    throw Error("layer", std::string("an MLA layer (DeepSeek's latent attention) runs forward(query, out) only so far; ") +
+                             what + " needs its latent KV cache, not supported yet");
+}
+
+}  // namespace
+
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MlaWeights<float> weights) {
+  auto [shell, built] = mla_parts(config, std::move(weights));
+  storage_.reset(new Storage{std::move(shell), std::move(built)});
+}
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MlaWeights<double> weights) {
+  auto [shell, built] = mla_parts(config, std::move(weights));
+  storage_.reset(new Storage{std::move(shell), std::move(built)});
+}
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MlaWeights<bfloat16> weights) {
+  auto [shell, built] = mla_parts(config, std::move(weights));
+  storage_.reset(new Storage{std::move(shell), std::move(built)});
+}
+MultiHeadAttention::MultiHeadAttention(const MhaConfig& config, MlaWeights<float16> weights) {
+  auto [shell, built] = mla_parts(config, std::move(weights));
+  storage_.reset(new Storage{std::move(shell), std::move(built)});
+}
 
 MultiHeadAttention::~MultiHeadAttention() = default;
 MultiHeadAttention::MultiHeadAttention(MultiHeadAttention&&) noexcept = default;
@@ -106,12 +146,20 @@ DType MultiHeadAttention::dtype() const noexcept {
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const SeqView& out, const MhaOptions& options) const {
   const CallShape shape{"mha_forward", dtype(), -1, 0, &query};
+  if (storage_->mla) {
+    in_call(*this, storage_->layer, options, shape, [&](const auto& shell) {
+      using T = typename std::decay_t<decltype(shell)>::Element;
+      detail::mla_forward(std::get<detail::MlaStorage<T>>(*storage_->mla), query, out, options);
+    });
+    return;
+  }
   in_call(*this, storage_->layer, options, shape,
           [&](const auto& layer) { detail::self_forward(layer, query, out, options); });
 }
 
 void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& key, const ConstSeqView& value,
                                  const SeqView& out, const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "cross-attention");
   const CallShape shape{"mha_forward_cross", dtype(), -1, 0, &query, &key};
   in_call(*this, storage_->layer, options, shape,
           [&](const auto& layer) { detail::cross_forward(layer, query, key, value, out, options); });
@@ -119,6 +167,7 @@ void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& 
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "the cached forward");
   detail::CacheState& state = detail::cache_of_layer(config(), cache);
   const CallShape shape{"mha_forward_cached", cache.dtype(), -1, 0, &query};
   in_call(*this, storage_->layer, options, shape,
@@ -126,6 +175,7 @@ void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, cons
 }
 
 void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "forward_batch");
   std::int64_t tokens = 0;
   for (const DecodeStep& s : steps) tokens += s.query.B * s.query.S;
   const DType kv = steps.empty() || steps[0].cache == nullptr ? dtype() : steps[0].cache->dtype();
@@ -136,6 +186,7 @@ void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const 
 
 void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer,
                                       const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "forward_pool");
   detail::PoolState& state = detail::PoolAccess::state(pool);
   std::int64_t tokens = 0;
   for (const PoolStep& s : steps) tokens += s.query.S;
@@ -145,6 +196,7 @@ void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& p
 }
 
 void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "a pool step");
   const detail::PoolState& state = detail::PoolAccess::state(pool);
   (void)state.at(step.sequence, "sequence");
   std::visit(
@@ -156,6 +208,7 @@ void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, co
 }
 
 void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {
+  refuse_mla(storage_->mla, "a cached step");
   if (step.cache == nullptr) throw Error("cache", "null");
   detail::CacheState& state = detail::cache_of_layer(config(), *step.cache);
   std::visit([&](const auto& layer) { detail::check_cached_step(layer, step.query, state, step.out, options, step.positions); },

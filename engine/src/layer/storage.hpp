@@ -46,6 +46,7 @@ using PackedWeights = std::conditional_t<kIs16Bit<T>, Packed16, PackedB<T>>;
 // configuration.
 template <class T>
 struct LayerStorage {
+  using Element = T;
   static constexpr DType dtype = dtype_of<T>();
   MhaConfig cfg;
   std::int64_t nq = 0, nkv = 0;  // rows of Wq (H*hd) and of Wk / Wv (Hkv*hd)

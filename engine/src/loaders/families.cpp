@@ -383,6 +383,63 @@ LayerPlan gpt_oss(const FamilyContext& x) {
   return p;
 }
 
+// DeepSeek-V2 / V3 (transformers' DeepseekV2Attention / DeepseekV3Attention): Multi-head Latent
+// Attention (MlaConfig) from q_lora_rank (null: a plain q_proj), kv_lora_rank, qk_nope_head_dim,
+// qk_rope_head_dim, v_head_dim (the configuration classes' defaults 1536, 512, 128, 64, 128 when
+// absent); RoPE over the qk_rope_head_dim dimensions in interleaved pairs (V3 with rope_interleave
+// false: rotate_half), YaRN as rope_scaling says; scores at (nope + rope)^-1/2 times mscale^2 (=
+// get_mscale(factor, mscale_all_dim), when the scaling's type is not default and mscale_all_dim
+// is nonzero); the RMSNorms at the class default eps 1e-6; biases on q_a_proj,
+// kv_a_proj_with_mqa and o_proj with attention_bias.
+LayerPlan deepseek(const FamilyContext& x, const std::string& family) {
+  only_self(x, family.c_str());
+  LayerPlan p;
+  const ConfigJson& c = x.c;
+  p.cfg.d_model = c.integer("hidden_size");
+  p.cfg.heads = c.integer("num_attention_heads");
+  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  MlaConfig m;
+  m.q_lora_rank = c.present("q_lora_rank") && !c.has("q_lora_rank") ? 0 : c.integer_or("q_lora_rank", 1536);
+  m.kv_lora_rank = c.integer_or("kv_lora_rank", 512);
+  m.qk_nope_head_dim = c.integer_or("qk_nope_head_dim", 128, 0, ConfigJson::kMax);
+  m.qk_rope_head_dim = c.integer_or("qk_rope_head_dim", 64);
+  m.v_head_dim = c.integer_or("v_head_dim", 128);
+  if (m.qk_rope_head_dim % 2 != 0)
+    throw Error(c.path(), "\"qk_rope_head_dim\" must be even, got " + std::to_string(m.qk_rope_head_dim));
+  p.cfg.mla = m;
+  p.cfg.causal = true;
+  RopeConfig r = rope_of(c, m.qk_rope_head_dim, family == "deepseek_v2" ? 2048 : 4096, 10000.0);
+  r.style = family == "deepseek_v3" && !c.boolean_or("rope_interleave", true) ? RopeStyle::half : RopeStyle::interleaved;
+  p.cfg.rope = r;
+  double scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
+  const char* key = c.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (r.scaling != RopeScaling::none && c.has(key)) {
+    const JsonValue* all = c.at(key).find("mscale_all_dim");
+    const std::optional<double> a = all != nullptr ? all->as_double() : std::nullopt;
+    if (a && *a != 0.0) {
+      const double mscale = yarn_mscale(r.factor, *a);
+      scale *= mscale * mscale;
+    }
+  }
+  p.cfg.scale = scale;
+  const std::string base = "layers." + std::to_string(x.layer) + ".self_attn.";
+  const std::string s = find_prefix(x.ck, x.dir, base + "kv_a_proj_with_mqa.weight") + base;
+  LayerPlan::Mla& t = p.mla;
+  if (m.q_lora_rank > 0) {
+    t.wq_a = s + "q_a_proj.weight", t.q_a_norm = s + "q_a_layernorm.weight", t.wq_b = s + "q_b_proj.weight";
+  } else {
+    t.wq = s + "q_proj.weight";
+  }
+  t.wkv_a = s + "kv_a_proj_with_mqa.weight", t.kv_a_norm = s + "kv_a_layernorm.weight", t.wkv_b = s + "kv_b_proj.weight";
+  t.wo = s + "o_proj.weight";
+  if (c.boolean_or("attention_bias", false)) {
+    if (m.q_lora_rank > 0) t.bq_a = s + "q_a_proj.bias";
+    t.bkv_a = s + "kv_a_proj_with_mqa.bias", t.bo = s + "o_proj.bias";
+  }
+  p.wq = whole(t.wq.empty() ? t.wq_a : t.wq);  // the stored dtype's tensor
+  return p;
+}
+
 constexpr Family kFamilies[] = {
     {"bert", bert},
     {"roberta", bert},
@@ -397,6 +454,8 @@ constexpr Family kFamilies[] = {
     {"qwen3", [](const FamilyContext& x) { return llama_like(x, "qwen3"); }},
     {"gemma2", [](const FamilyContext& x) { return llama_like(x, "gemma2"); }},
     {"gpt_oss", gpt_oss},
+    {"deepseek_v2", [](const FamilyContext& x) { return deepseek(x, "deepseek_v2"); }},
+    {"deepseek_v3", [](const FamilyContext& x) { return deepseek(x, "deepseek_v3"); }},
 };
 
 }  // namespace

@@ -36,6 +36,11 @@ struct LayerPlan {
   std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
   std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
   std::string sinks;           // one sink logit per head [heads] (gpt-oss)
+  // Multi-head Latent Attention (cfg.mla; DeepSeek-V2/V3): the tensors' names (wq empty with a
+  // q_lora_rank; biases empty when absent), read into MlaWeights
+  struct Mla {
+    std::string wq, wq_a, bq_a, q_a_norm, wq_b, wkv_a, bkv_a, kv_a_norm, wkv_b, wo, bo;
+  } mla;
   std::string t5_max_distance_key;  // the config that set its max distance (for errors)
   bool cross = false;          // kdim / vdim from the key and value weights' widths
 };

@@ -80,8 +80,34 @@ DType dtype_of_entry(const std::string& file, const std::string& name, const Saf
   throw Error(file, "tensor '" + name + "' has dtype " + e.dtype + ", expected F32, F64, BF16 or F16");
 }
 
+// An MLA layer's weights (DeepSeek), each read at its shape.
+template <class T>
+MultiHeadAttention load_mla(const Checkpoint& ck, const LayerPlan& p) {
+  const MhaConfig& c = p.cfg;
+  const MlaConfig& m = *c.mla;
+  const std::int64_t H = c.heads, d = c.d_model, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  const LayerPlan::Mla& t = p.mla;
+  MlaWeights<T> w;
+  if (m.q_lora_rank > 0) {
+    w.wq_a = ck.read<T>(t.wq_a, {m.q_lora_rank, d});
+    if (!t.bq_a.empty()) w.bq_a = ck.read<T>(t.bq_a, {m.q_lora_rank});
+    w.q_a_norm = ck.read<float>(t.q_a_norm, {m.q_lora_rank});
+    w.wq_b = ck.read<T>(t.wq_b, {H * qk, m.q_lora_rank});
+  } else {
+    w.wq = ck.read<T>(t.wq, {H * qk, d});
+  }
+  w.wkv_a = ck.read<T>(t.wkv_a, {m.kv_lora_rank + m.qk_rope_head_dim, d});
+  if (!t.bkv_a.empty()) w.bkv_a = ck.read<T>(t.bkv_a, {m.kv_lora_rank + m.qk_rope_head_dim});
+  w.kv_a_norm = ck.read<float>(t.kv_a_norm, {m.kv_lora_rank});
+  w.wkv_b = ck.read<T>(t.wkv_b, {H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank});
+  w.wo = ck.read<T>(t.wo, {d, H * m.v_head_dim});
+  if (!t.bo.empty()) w.bo = ck.read<T>(t.bo, {d});
+  return MultiHeadAttention(c, std::move(w));
+}
+
 template <class T>
 MultiHeadAttention load_plan(const Checkpoint& ck, LayerPlan p) {
+  if (p.cfg.mla) return load_mla<T>(ck, p);
   MhaConfig& c = p.cfg;
   const std::int64_t hd = c.head_dim != 0 ? c.head_dim : c.d_model / c.heads;
   const std::int64_t kvh = c.kv_heads != 0 ? c.kv_heads : c.heads;

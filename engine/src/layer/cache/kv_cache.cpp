@@ -73,6 +73,8 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
   detail::CacheState& s = *state_;
   if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16 && !is_kv_code(dtype))
     throw Error("dtype", "expected f32, f64, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got " + std::string(dtype_name(dtype)));
+  if (layer.config().mla)
+    throw Error("layer", "an MLA layer (DeepSeek's latent attention) has no KV cache yet: its latent cache is not supported");
   if (batch < 1) throw Error("batch", "expected >= 1, got " + num(batch));
   if (capacity < 1) throw Error("capacity", "expected >= 1, got " + num(capacity));
   s.dtype = dtype, s.batch = batch, s.capacity = capacity;

@@ -161,7 +161,9 @@ KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::in
 
 KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
                DType dtype)
-    : KvPool(layer.config().kv_heads, layer.config().head_dim, num_blocks, block_size, layers, dtype) {}
+    : KvPool(layer.config().mla ? throw Error("layer", "an MLA layer (DeepSeek's latent attention) has no pool yet: its latent cache is not supported")
+                                : layer.config().kv_heads,
+             layer.config().head_dim, num_blocks, block_size, layers, dtype) {}
 
 KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_blocks, std::int64_t block_size,
                std::int64_t layers, DType dtype)

@@ -31,20 +31,8 @@ void position_qk(const LayerStorage<T>& layer, T* p, std::int64_t N, std::int64_
   const bool norm = !c.q_norm.empty();
   if (!norm && !c.rope) return;
   check_positions(positions, B, S);
-  constexpr bool kF64 = std::is_same_v<T, double>;
   const std::int64_t hd = c.head_dim;
-  auto rms = [&](T* x, const std::vector<float>& w) {  // in f32 (f64 layers: f64), rounded once
-    using A = std::conditional_t<kF64, double, float>;
-    A ss = 0;
-    for (std::int64_t d = 0; d < hd; ++d) ss += static_cast<A>(widen(x[d])) * static_cast<A>(widen(x[d]));
-    const A inv = A(1) / std::sqrt(ss / static_cast<A>(hd) + static_cast<A>(c.qk_norm_eps));
-    for (std::int64_t d = 0; d < hd; ++d) {
-      // normalised in A and rounded to the layer's dtype, then times the weight (Hugging Face's
-      // RMSNorm: weight * hidden.to(dtype))
-      const auto normed = static_cast<A>(widen(narrow<T>(static_cast<double>(static_cast<A>(widen(x[d])) * inv))));
-      x[d] = narrow<T>(static_cast<double>(static_cast<A>(w[static_cast<std::size_t>(d)]) * normed));
-    }
-  };
+  auto rms = [&](T* x, const std::vector<float>& w) { rms_norm_row(x, hd, w.data(), c.qk_norm_eps); };
   // rows split over the threads (each row's heads share its cosines and sines)
   parallel_for(B * S, threads, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(1, hd * (c.heads + c.kv_heads))),
                [&](std::int64_t m0, std::int64_t m1) {

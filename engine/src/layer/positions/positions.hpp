@@ -2,12 +2,29 @@
 // RoPE applied to the projected q and k.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <span>
 
+#include "core/element.hpp"
 #include "layer/storage.hpp"
 
 namespace simdattn::detail {
+
+// Hugging Face's RMSNorm of one row x[0 .. n) in place: x / sqrt(mean(x^2) + eps) in f32 (f64
+// layers: f64), rounded to T, times the weight w, rounded once (weight * hidden.to(dtype)).
+template <class T>
+void rms_norm_row(T* x, std::int64_t n, const float* w, double eps) {
+  using A = std::conditional_t<std::is_same_v<T, double>, double, float>;
+  A ss = 0;
+  for (std::int64_t d = 0; d < n; ++d) ss += static_cast<A>(widen(x[d])) * static_cast<A>(widen(x[d]));
+  const A inv = A(1) / std::sqrt(ss / static_cast<A>(n) + static_cast<A>(eps));
+  for (std::int64_t d = 0; d < n; ++d) {
+    const auto normed = static_cast<A>(widen(narrow<T>(static_cast<double>(static_cast<A>(widen(x[d])) * inv))));
+    x[d] = narrow<T>(static_cast<double>(static_cast<A>(w[d]) * normed));
+  }
+}
 
 // Positions given for B sequences of S tokens: B*S of them, none negative (Error naming
 // "options.positions").

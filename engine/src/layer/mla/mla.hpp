@@ -1,0 +1,46 @@
+// Multi-head Latent Attention (simdattn/mha.hpp's MlaConfig): the built layer and its forward on
+// a whole sequence, in the expanded form (each head's keys and values from the latent, then one
+// attention() call): prefill's cheaper form, as the keys' 192 dimensions and the values' 128 cost
+// less than the absorbed form's 576 and 512 once queries outnumber the heads' reuse of the latent.
+#pragma once
+
+#include <cstdint>
+#include <variant>
+#include <vector>
+
+#include "layer/positions/rope_table.hpp"
+#include "layer/storage.hpp"
+#include "simdattn/mha.hpp"
+
+namespace simdattn::detail {
+
+template <class T>
+struct MlaStorage {
+  MhaConfig cfg;  // resolved: head_dim = nope + rope, kv_heads = heads, kdim = vdim = d_model
+  MlaConfig m;
+  // The first projection's columns: q (H * (nope + rope)) or q_a (q_lora_rank), then from kv0
+  // kv_a (kv_lora_rank + rope); each group padded to the GEMM's panel width.
+  std::int64_t q_cols = 0, kv0 = 0, n_a = 0;
+  PackedWeights<T> w_a;   // [d_model, n_a]
+  std::vector<T> b_a;     // [n_a], or empty
+  PackedWeights<T> w_qb;  // [q_lora_rank, H * (nope + rope)] (q_lora_rank > 0)
+  PackedWeights<T> w_kvb; // [kv_lora_rank, H * (nope + v)]
+  PackedWeights<T> wo;    // [H * v, d_model]
+  std::vector<T> bo;
+  std::vector<float> q_norm, kv_norm;
+  RopeTable rope;  // over the rope dimensions
+};
+
+using AnyMlaStorage = std::variant<MlaStorage<float>, MlaStorage<double>, MlaStorage<bfloat16>, MlaStorage<float16>>;
+
+// The configuration resolved and checked, the weights checked (Error naming them) and packed.
+template <class T>
+MlaStorage<T> build_mla(const MhaConfig& config, MlaWeights<T>&& weights);
+
+// Self-attention over query [B, S, d_model] into out: options causal (none: the config's),
+// key_padding_mask, attn_mask, positions, threads, backend (the attention core's; the
+// projections run on the native GEMMs); attention weights are refused (Error("options.attn_weights")).
+template <class T>
+void mla_forward(const MlaStorage<T>& layer, const ConstSeqView& query, const SeqView& out, const MhaOptions& opt);
+
+}  // namespace simdattn::detail

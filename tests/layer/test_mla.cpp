@@ -1,0 +1,147 @@
+// Multi-head Latent Attention layers (MhaConfig::mla, MlaWeights): the f32, bf16 and f16 forwards
+// agree with the f64 one of the same weights (the float64 oracle of transformers' DeepSeek
+// attention is tests/cli/model_families.py's, run by tests/python/test_layer.py and
+// tests/cli/test_models.py), bitwise at 1, 2 and 3 threads; a q LoRA or a plain q_proj, biases;
+// every weight and configuration error named; the calls that need a latent cache refused.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "support/serving_util.hpp"
+#include "support/test_util.hpp"
+
+using namespace simdattn;
+
+namespace {
+
+constexpr std::int64_t kD = 24, kH = 3;
+
+MhaConfig mla_config(std::int64_t q_lora) {
+  MhaConfig c{.d_model = kD, .heads = kH};
+  c.mla = MlaConfig{.q_lora_rank = q_lora, .kv_lora_rank = 10, .qk_nope_head_dim = 6, .qk_rope_head_dim = 4, .v_head_dim = 5};
+  c.rope = RopeConfig{.theta = 10000.0, .style = RopeStyle::interleaved};
+  c.causal = true;
+  return c;
+}
+
+template <class T>
+MlaWeights<T> mla_weights(const MhaConfig& c, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> n(0.0, 0.3);
+  auto v = [&](std::int64_t k) {
+    std::vector<T> x(static_cast<std::size_t>(k));
+    for (auto& e : x) e = test::value<T>(n(rng));
+    return x;
+  };
+  auto norm = [&](std::int64_t k) {
+    std::vector<float> x(static_cast<std::size_t>(k));
+    for (auto& e : x) e = static_cast<float>(1.0 + n(rng));
+    return x;
+  };
+  const MlaConfig& m = *c.mla;
+  const std::int64_t qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+  MlaWeights<T> w;
+  if (m.q_lora_rank > 0) {
+    w.wq_a = v(m.q_lora_rank * kD), w.bq_a = v(m.q_lora_rank), w.q_a_norm = norm(m.q_lora_rank);
+    w.wq_b = v(kH * qk * m.q_lora_rank);
+  } else {
+    w.wq = v(kH * qk * kD);
+  }
+  w.wkv_a = v((m.kv_lora_rank + m.qk_rope_head_dim) * kD), w.bkv_a = v(m.kv_lora_rank + m.qk_rope_head_dim);
+  w.kv_a_norm = norm(m.kv_lora_rank);
+  w.wkv_b = v(kH * (m.qk_nope_head_dim + m.v_head_dim) * m.kv_lora_rank);
+  w.wo = v(kD * kH * m.v_head_dim), w.bo = v(kD);
+  return w;
+}
+
+template <class T>
+std::vector<double> run(const MultiHeadAttention& layer, const std::vector<double>& x, std::int64_t B, std::int64_t S,
+                        int threads) {
+  std::vector<T> xin(x.size()), y(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) xin[i] = test::value<T>(x[i]);
+  MhaOptions o;
+  o.threads = threads;
+  layer.forward(ConstSeqView(xin.data(), B, S, kD), SeqView(y.data(), B, S, kD), o);
+  std::vector<double> out(y.size());
+  for (std::size_t i = 0; i < y.size(); ++i) out[i] = test::as_double(y[i]);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("MLA layer: f32, bf16 and f16 forwards agree with f64's; bitwise at any thread count") {
+  for (const std::int64_t q_lora : {0, 8}) {
+    INFO("q_lora_rank ", q_lora);
+    const MhaConfig c = mla_config(q_lora);
+    const MultiHeadAttention f64(c, mla_weights<double>(c, 5));
+    const MultiHeadAttention f32(c, mla_weights<float>(c, 5));
+    const MultiHeadAttention bf16(c, mla_weights<bfloat16>(c, 5));
+    const MultiHeadAttention f16(c, mla_weights<float16>(c, 5));
+    CHECK(f64.config().head_dim == 10);
+    CHECK(f64.config().kv_heads == kH);
+    CHECK(f64.config().mla->v_head_dim == 5);
+    std::mt19937_64 rng(9);
+    std::normal_distribution<double> n;
+    const std::int64_t B = 2, S = 9;
+    std::vector<double> x(static_cast<std::size_t>(B * S * kD));
+    for (double& e : x) e = n(rng);
+    const std::vector<double> want = run<double>(f64, x, B, S, 2);
+    double scale = 1.0;
+    for (double e : want) scale = std::max(scale, std::abs(e));
+    auto max_diff = [&](const std::vector<double>& got) {
+      double m = 0;
+      for (std::size_t i = 0; i < got.size(); ++i) m = std::max(m, std::abs(got[i] - want[i]));
+      return m / scale;
+    };
+    // the weights were drawn in each dtype from the same normals: f32 within its rounding; the
+    // 16-bit layers' weights and activations are rounded, so within their tolerance of the f64 layer
+    CHECK(max_diff(run<float>(f32, x, B, S, 2)) < 1e-4);
+    CHECK(max_diff(run<bfloat16>(bf16, x, B, S, 2)) < 6e-2);
+    CHECK(max_diff(run<float16>(f16, x, B, S, 2)) < 1e-2);
+    const std::vector<double> one = run<float>(f32, x, B, S, 1);
+    for (int t : {2, 3}) CHECK(run<float>(f32, x, B, S, t) == one);
+  }
+}
+
+TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache's calls are refused") {
+  const MhaConfig c = mla_config(8);
+  using test::check_error;
+  auto with = [&](auto edit) {
+    MlaWeights<float> w = mla_weights<float>(c, 1);
+    edit(w);
+    return w;
+  };
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.wq_b.pop_back(); })); }, "weights.wq_b");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.wq.assign(3, 0.f); })); }, "weights.wq");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.q_a_norm.pop_back(); })); }, "weights.q_a_norm");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.kv_a_norm[0] = NAN; })); }, "weights.kv_a_norm");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.wkv_a.push_back(0.f); })); }, "weights.wkv_a");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.bkv_a.pop_back(); })); }, "weights.bkv_a");
+  check_error([&] { MultiHeadAttention(c, with([](MlaWeights<float>& w) { w.wo.pop_back(); })); }, "weights.wo");
+  MhaConfig bad = c;
+  bad.mla->qk_rope_head_dim = 3;
+  check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.mla.qk_rope_head_dim");
+  bad = c, bad.kv_heads = 1;
+  check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.kv_heads");
+  bad = c, bad.rope.reset();
+  check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.rope");
+  bad = c, bad.rope->rotary_dim = 2;
+  check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.rope.rotary_dim");
+  check_error([&] { MultiHeadAttention(c, MhaWeights<float>{}); }, "config.mla");
+  const MultiHeadAttention layer(c, mla_weights<float>(c, 1));
+  check_error([&] { KvCache(layer, 1, 8); }, "layer");
+  check_error([&] { KvPool(layer, 8, 4); }, "layer");
+  std::vector<float> x(static_cast<std::size_t>(2 * kD)), y(x.size());
+  check_error([&] { layer.forward(ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD),
+                                  SeqView(y.data(), 1, 2, kD)); },
+              "layer");
+  check_error([&] { layer.forward_batch({}); }, "layer");
+  MhaOptions o;
+  std::vector<float> weights(static_cast<std::size_t>(kH * 4));
+  o.attn_weights = TensorView(weights.data(), {1, kH, 2, 2});
+  check_error([&] { layer.forward(ConstSeqView(x.data(), 1, 2, kD), SeqView(y.data(), 1, 2, kD), o); }, "options.attn_weights");
+}
