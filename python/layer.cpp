@@ -290,6 +290,8 @@ out           C-contiguous array to write. Returns out (or (out, weights)).)doc"
       })
       .def_property_readonly("batch", &KvCache::batch)
       .def_property_readonly("capacity", &KvCache::capacity)
+      .def_property_readonly("bytes_per_token", &KvCache::bytes_per_token,
+                             "Bytes one token occupies in this cache (per layer): an MLA layer's latent row")
       .def_property_readonly("dtype", [](const KvCache& c) { return std::string(dtype_name(c.dtype())); });
 }
 

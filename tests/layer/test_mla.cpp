@@ -2,7 +2,8 @@
 // agree with the f64 one of the same weights (the float64 oracle of transformers' DeepSeek
 // attention is tests/cli/model_families.py's, run by tests/python/test_layer.py and
 // tests/cli/test_models.py), bitwise at 1, 2 and 3 threads; a q LoRA or a plain q_proj, biases;
-// every weight and configuration error named; the calls that need a latent cache refused.
+// every weight and configuration error named; the latent cache's size and views, a cache of the
+// other kind refused, the calls not supported yet (pools, batches, cross-attention) refused.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -107,7 +108,7 @@ TEST_CASE("MLA layer: f32, bf16 and f16 forwards agree with f64's; bitwise at an
   }
 }
 
-TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache's calls are refused") {
+TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache's size and views; other kinds refused") {
   const MhaConfig c = mla_config(8);
   using test::check_error;
   auto with = [&](auto edit) {
@@ -133,8 +134,24 @@ TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache
   check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.rope.rotary_dim");
   check_error([&] { MultiHeadAttention(c, MhaWeights<float>{}); }, "config.mla");
   const MultiHeadAttention layer(c, mla_weights<float>(c, 1));
-  check_error([&] { KvCache(layer, 1, 8); }, "layer");
   check_error([&] { KvPool(layer, 8, 4); }, "layer");
+  // a latent cache holds kv_lora_rank + qk_rope_head_dim values a token, and only this layer's kind
+  const KvCache latent(layer, 1, 8);
+  CHECK(latent.bytes_per_token() == (10 + 4) * 4);
+  CHECK(KvCache(layer, 1, 8, DType::int8).bytes_per_token() == 14 + 4);
+  CHECK(latent.keys().shape == Shape4{1, 1, 8, 14});
+  CHECK(latent.values().shape == Shape4{1, 1, 8, 10});
+  CHECK(latent.values().data == latent.keys().data);
+  {
+    MhaConfig plain{.d_model = kD, .heads = kH};
+    const MultiHeadAttention other(plain, MhaWeights<float>{std::vector<float>(kD * kD), std::vector<float>(kD * kD),
+                                                            std::vector<float>(kD * kD), std::vector<float>(kD * kD), {}, {}, {}, {}});
+    CHECK(KvCache(other, 1, 8).bytes_per_token() == 2 * kD * 4);
+    KvCache mine(other, 1, 8), theirs(layer, 1, 8);
+    std::vector<float> q(static_cast<std::size_t>(kD)), r(q.size());
+    check_error([&] { other.forward(ConstSeqView(q.data(), 1, 1, kD), theirs, SeqView(r.data(), 1, 1, kD)); }, "cache");
+    check_error([&] { layer.forward(ConstSeqView(q.data(), 1, 1, kD), mine, SeqView(r.data(), 1, 1, kD)); }, "cache");
+  }
   std::vector<float> x(static_cast<std::size_t>(2 * kD)), y(x.size());
   check_error([&] { layer.forward(ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD),
                                   SeqView(y.data(), 1, 2, kD)); },
@@ -144,4 +161,39 @@ TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache
   std::vector<float> weights(static_cast<std::size_t>(kH * 4));
   o.attn_weights = TensorView(weights.data(), {1, kH, 2, 2});
   check_error([&] { layer.forward(ConstSeqView(x.data(), 1, 2, kD), SeqView(y.data(), 1, 2, kD), o); }, "options.attn_weights");
+}
+
+TEST_CASE("MLA layer: steps over the latent cache (absorbed form) equal the whole sequence's forward (expanded)") {
+  for (const std::int64_t q_lora : {0, 8})
+    for (const DType cache_dtype : {DType::f32, DType::bf16, DType::int8}) {
+      INFO("q_lora_rank ", q_lora, ", cache ", dtype_name(cache_dtype));
+      const MhaConfig c = mla_config(q_lora);
+      const MultiHeadAttention layer(c, mla_weights<float>(c, 13));
+      const std::int64_t B = 2, S = 10;
+      std::mt19937_64 rng(21);
+      std::normal_distribution<float> n;
+      std::vector<float> x(static_cast<std::size_t>(B * S * kD)), full(x.size());
+      for (float& e : x) e = n(rng);
+      layer.forward(ConstSeqView(x.data(), B, S, kD), SeqView(full.data(), B, S, kD));
+      KvCache cache(layer, B, 12, cache_dtype);
+      const double tol = cache_dtype == DType::f32 ? 1e-4 : 6e-2;
+      double scale = 1.0;
+      for (float e : full) scale = std::max(scale, double(std::abs(e)));
+      std::int64_t at = 0;
+      for (const std::int64_t t : {4, 1, 3, 2}) {
+        std::vector<float> step(static_cast<std::size_t>(B * t * kD)), got(step.size());
+        for (std::int64_t b = 0; b < B; ++b)
+          std::copy_n(x.begin() + (b * S + at) * kD, t * kD, step.begin() + b * t * kD);
+        layer.forward(ConstSeqView(step.data(), B, t, kD), cache, SeqView(got.data(), B, t, kD));
+        for (std::int64_t b = 0; b < B; ++b)
+          for (std::int64_t i = 0; i < t * kD; ++i)
+            CHECK(std::abs(got[static_cast<std::size_t>(b * t * kD + i)] - full[static_cast<std::size_t>((b * S + at) * kD + i)]) <=
+                  tol * scale);
+        at += t;
+      }
+      CHECK(cache.lengths()[0] == S);
+      std::vector<float> more(static_cast<std::size_t>(B * 3 * kD)), out(more.size());
+      test::check_error([&] { layer.forward(ConstSeqView(more.data(), B, 3, kD), cache, SeqView(out.data(), B, 3, kD)); }, "cache");
+      CHECK(cache.lengths()[0] == S);  // unchanged
+    }
 }

@@ -303,3 +303,29 @@ def test_gpt_oss_cached_and_pool_steps_equal_the_prefill(tmp_path, cache_dtype, 
             assert np.abs(got - full[at:at + n]).max() <= tol * scale, (layer, at)
             assert np.abs(pooled - full[at:at + n]).max() <= tol * scale, (layer, at)
             at += n
+
+
+@pytest.mark.parametrize("family", ["deepseek_v2", "deepseek_v3"])
+@pytest.mark.parametrize("cache_dtype,tol", [(None, 1e-4), ("bf16", 3e-2), ("int8", 6e-2)])
+def test_mla_latent_cache_steps_equal_the_prefill(tmp_path, family, cache_dtype, tol):
+    """DeepSeek's MLA over its latent cache (the absorbed form: each head over the one latent row
+    a token): a prompt, then steps of 1-3 tokens, row for row the whole sequence's forward (the
+    expanded form); the cache holds kv_lora_rank + qk_rope_head_dim values a token."""
+    rng = np.random.default_rng(23)
+    model_families.write_checkpoint(str(tmp_path), family, rng)
+    cfg = model_families.FAMILIES[family]["config"]
+    width = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    for layer in (0, 1):
+        m = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), layer, dtype="f32")
+        x = rng.standard_normal((2, 12, 32)).astype(np.float32)
+        full = m.forward(x)
+        cache = simdattn.KvCache(m, 2, 16, dtype=cache_dtype)
+        per_row = {None: 4 * width, "bf16": 2 * width, "int8": width + 4}[cache_dtype]
+        assert cache.bytes_per_token == per_row
+        at = 0
+        for n in (5, 1, 3, 1, 2):
+            got = m.forward(x[:, at:at + n], cache=cache)
+            scale = max(1.0, np.abs(full[:, at:at + n]).max())
+            assert np.abs(got - full[:, at:at + n]).max() <= tol * scale, (layer, at)
+            at += n
+        assert list(cache.lengths) == [12, 12]

@@ -48,8 +48,13 @@ namespace simdattn {
 //   y = o Wo^T + bo                                        (o [H * v_head_dim])
 // RMSNorm(x; w) = x / sqrt(mean(x^2) + norm_eps), in f32 (f64 layers: f64), rounded to the layer's
 // dtype, times w. The layer's head_dim is nope + rope and its kv_heads are its heads (0 or these
-// values); kdim and vdim are d_model. So far such a layer runs forward(query, out) only: its
-// latent KV cache (KvCache, KvPool, forward_batch) is not supported yet (Error("layer")).
+// values); kdim and vdim are d_model. forward(query, out) runs the expanded form above. A KvCache
+// of the layer holds its latent rows [RMSNorm(c) | RoPE(kr)] (kv_lora_rank + rope values a token:
+// KvCache::bytes_per_token), and forward(query, cache, out) runs the absorbed form over them:
+// each head's query [q_nope W_UK[h] | RoPE(q_rope)] (W_UK[h]: Wkv_b's key rows of head h) over the
+// one latent row a key (values: its first kv_lora_rank columns), the output times W_UV[h]^T (its
+// value rows), the same products regrouped. Not yet: KvPool, forward_batch, forward_pool and
+// cross-attention (Error("layer")).
 struct MlaConfig {
   std::int64_t q_lora_rank = 0;       // 0: a plain q_proj (Wq)
   std::int64_t kv_lora_rank = 0;      // >= 1
@@ -330,7 +335,7 @@ class SIMDATTN_API MultiHeadAttention {
 
 // Keys and values of one layer for a batch of sequences, each with its own length.
 // Storage: K and V [B, Hkv, capacity, head_dim], so a decode step streams each head's keys
-// contiguously.
+// contiguously. An MLA layer's cache holds its latent rows instead (bytes_per_token below).
 class SIMDATTN_API KvCache {
  public:
   // A cache in the layer's dtype, or in a dtype of its own (f32, f64, bf16 or f16; e.g. an f32
@@ -365,6 +370,11 @@ class SIMDATTN_API KvCache {
   // 8-bit caches: the rows' scales, [B, Hkv, capacity, 1] f32 (empty views otherwise).
   ConstTensorView key_scales() const noexcept;
   ConstTensorView value_scales() const noexcept;
+  // The bytes one token occupies in the cache (per layer): kv_heads x (head_dim K + head_dim V)
+  // x the dtype's size, 8-bit caches' f32 row scales included; an MLA layer's latent cache holds
+  // one row of kv_lora_rank + qk_rope_head_dim values a token (keys() views it as one kv head;
+  // values() is its first kv_lora_rank columns, value_scales() its scales), plus its scale.
+  std::int64_t bytes_per_token() const noexcept;
 
  private:
   friend struct detail::CacheAccess;

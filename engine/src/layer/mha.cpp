@@ -109,8 +109,8 @@ std::pair<detail::LayerStorage<T>, detail::MlaStorage<T>> mla_parts(const MhaCon
 // The calls an MLA layer does not run yet.
 void refuse_mla(const std::optional<detail::AnyMlaStorage>& mla, const char* what) {
   if (mla)
-    throw Error("layer", std::string("an MLA layer (DeepSeek's latent attention) runs forward(query, out) only so far; ") +
-                             what + " needs its latent KV cache, not supported yet");
+    throw Error("layer", std::string("an MLA layer (DeepSeek's latent attention) runs forward(query, out) and ") +
+                             "forward(query, cache, out) so far; " + what + " over its latent rows is not supported yet");
 }
 
 }  // namespace
@@ -167,9 +167,15 @@ void MultiHeadAttention::forward(const ConstSeqView& query, const ConstSeqView& 
 
 void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, const SeqView& out,
                                  const MhaOptions& options) const {
-  refuse_mla(storage_->mla, "the cached forward");
   detail::CacheState& state = detail::cache_of_layer(config(), cache);
   const CallShape shape{"mha_forward_cached", cache.dtype(), -1, 0, &query};
+  if (storage_->mla) {
+    in_call(*this, storage_->layer, options, shape, [&](const auto& shell) {
+      using T = typename std::decay_t<decltype(shell)>::Element;
+      detail::mla_cached_forward(std::get<detail::MlaStorage<T>>(*storage_->mla), query, state, out, options);
+    });
+    return;
+  }
   in_call(*this, storage_->layer, options, shape,
           [&](const auto& layer) { detail::cached_forward(layer, query, state, out, options); });
 }

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <string>
 #include <memory>
+#include <optional>
 
 #include "core/text.hpp"
 #include "simdattn/error.hpp"
@@ -15,6 +16,14 @@ namespace detail {
 
 CacheState& cache_of_layer(const MhaConfig& c, KvCache& cache) {
   CacheState& s = CacheAccess::state(cache);
+  if (c.mla) {
+    const std::int64_t width = c.mla->kv_lora_rank + c.mla->qk_rope_head_dim;
+    if (!s.latent || s.head_dim != width || s.v_dim != c.mla->kv_lora_rank)
+      throw Error("cache", "was not made for this MLA layer (its latent rows are kv_lora_rank " + num(c.mla->kv_lora_rank) +
+                               " + qk_rope_head_dim " + num(c.mla->qk_rope_head_dim) + " wide)");
+    return s;
+  }
+  if (s.latent) throw Error("cache", "holds an MLA layer's latent rows, not this layer's keys and values");
   if (s.kv_heads != c.kv_heads || s.head_dim != c.head_dim)
     throw Error("cache", "was made for another layer (kv_heads " + num(s.kv_heads) + ", head_dim " + num(s.head_dim) +
                              "; this layer has " + num(c.kv_heads) + " and " + num(c.head_dim) + ")");
@@ -42,9 +51,13 @@ KvStore cache_store(CacheState& c) {
   KvStore s;
   s.dtype = c.dtype;
   s.kv_heads = c.kv_heads, s.head_dim = c.head_dim, s.block_size = c.capacity, s.blocks = c.batch;
-  s.k = c.k.data(), s.v = c.v.data();
+  s.v_dim = c.v_dim;
+  s.k = c.k.data(), s.v = c.latent ? c.k.data() : c.v.data();
   s.block_stride = c.kv_heads * c.capacity * c.head_dim;
-  if (is_kv_code(c.dtype)) s.k_scale = c.k_scale.data(), s.v_scale = c.v_scale.data(), s.scale_stride = c.kv_heads * c.capacity;
+  if (is_kv_code(c.dtype)) {
+    s.k_scale = c.k_scale.data(), s.v_scale = c.latent ? c.k_scale.data() : c.v_scale.data();
+    s.scale_stride = c.kv_heads * c.capacity;
+  }
   return s;
 }
 
@@ -73,12 +86,14 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
   detail::CacheState& s = *state_;
   if (dtype != DType::f32 && dtype != DType::f64 && dtype != DType::bf16 && dtype != DType::f16 && !is_kv_code(dtype))
     throw Error("dtype", "expected f32, f64, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got " + std::string(dtype_name(dtype)));
-  if (layer.config().mla)
-    throw Error("layer", "an MLA layer (DeepSeek's latent attention) has no KV cache yet: its latent cache is not supported");
   if (batch < 1) throw Error("batch", "expected >= 1, got " + num(batch));
   if (capacity < 1) throw Error("capacity", "expected >= 1, got " + num(capacity));
   s.dtype = dtype, s.batch = batch, s.capacity = capacity;
-  s.kv_heads = layer.config().kv_heads, s.head_dim = layer.config().head_dim;
+  s.kv_heads = layer.config().kv_heads, s.head_dim = s.v_dim = layer.config().head_dim;
+  if (const std::optional<MlaConfig>& m = layer.config().mla) {  // the latent rows: one head, V its first columns
+    s.latent = true;
+    s.kv_heads = 1, s.head_dim = m->kv_lora_rank + m->qk_rope_head_dim, s.v_dim = m->kv_lora_rank;
+  }
   std::int64_t elems = 0, bytes64 = 0;
   if (__builtin_mul_overflow(batch, s.kv_heads, &elems) || __builtin_mul_overflow(elems, capacity, &elems) ||
       __builtin_mul_overflow(elems, s.head_dim, &elems) ||
@@ -89,10 +104,10 @@ KvCache::KvCache(const MultiHeadAttention& layer, std::int64_t batch, std::int64
   s.lengths.assign(static_cast<std::size_t>(batch), 0);
   s.next.assign(static_cast<std::size_t>(batch), 0);
   s.k.resize(bytes);
-  s.v.resize(bytes);
+  if (!s.latent) s.v.resize(bytes);
   if (is_kv_code(dtype)) {
     s.k_scale.assign(static_cast<std::size_t>(batch * s.kv_heads * capacity), 0.0f);
-    s.v_scale.assign(s.k_scale.size(), 0.0f);
+    if (!s.latent) s.v_scale.assign(s.k_scale.size(), 0.0f);
   }
 }
 
@@ -129,6 +144,9 @@ ConstTensorView KvCache::keys() const noexcept {
 }
 ConstTensorView KvCache::values() const noexcept {
   const detail::CacheState& s = *state_;
+  if (s.latent)  // the latent rows' first v_dim columns
+    return ConstTensorView(s.k.data(), s.dtype, {s.batch, s.kv_heads, s.capacity, s.v_dim},
+                           {s.kv_heads * s.capacity * s.head_dim, s.capacity * s.head_dim, s.head_dim, 1});
   return ConstTensorView(s.v.data(), s.dtype, {s.batch, s.kv_heads, s.capacity, s.head_dim});
 }
 ConstTensorView KvCache::key_scales() const noexcept {
@@ -138,8 +156,14 @@ ConstTensorView KvCache::key_scales() const noexcept {
 }
 ConstTensorView KvCache::value_scales() const noexcept {
   const detail::CacheState& s = *state_;
-  if (s.v_scale.empty()) return {};
-  return ConstTensorView(s.v_scale.data(), DType::f32, {s.batch, s.kv_heads, s.capacity, 1});
+  if (s.k_scale.empty()) return {};
+  return ConstTensorView(s.latent ? s.k_scale.data() : s.v_scale.data(), DType::f32, {s.batch, s.kv_heads, s.capacity, 1});
+}
+
+std::int64_t KvCache::bytes_per_token() const noexcept {
+  const detail::CacheState& s = *state_;
+  const std::int64_t row = s.head_dim * static_cast<std::int64_t>(dtype_size(s.dtype)) + (is_kv_code(s.dtype) ? 4 : 0);
+  return s.kv_heads * row * (s.latent ? 1 : 2);
 }
 
 }  // namespace simdattn

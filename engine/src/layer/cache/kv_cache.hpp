@@ -18,6 +18,10 @@ namespace simdattn::detail {
 struct CacheState {
   DType dtype = DType::f32;
   std::int64_t batch = 0, kv_heads = 0, head_dim = 0, capacity = 0;
+  // An MLA layer's latent cache: one "kv head" of latent rows [kv_lora_rank | rope] (head_dim),
+  // V their first v_dim = kv_lora_rank columns (v and v_scale empty); otherwise v_dim = head_dim.
+  bool latent = false;
+  std::int64_t v_dim = 0;
   std::vector<std::int64_t> lengths;  // per sequence
   std::vector<std::int64_t> next;     // during a step: each sequence's length after it
   std::vector<std::byte> k, v;        // [B, Hkv, capacity, head_dim]

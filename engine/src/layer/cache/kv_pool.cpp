@@ -136,6 +136,7 @@ KvStore pool_store(PoolState& pool, std::int64_t layer) {
   KvStore s;
   s.dtype = pool.dtype;
   s.kv_heads = pool.kv_heads, s.head_dim = pool.head_dim, s.block_size = pool.block_size, s.blocks = pool.num_blocks;
+  s.v_dim = pool.head_dim;
   s.k = pool.row(0, layer, 0, 0, 0), s.v = pool.row(0, layer, 1, 0, 0);
   s.block_stride = pool.block_bytes / static_cast<std::int64_t>(pool.esize());
   if (is_kv_code(pool.dtype)) {

@@ -101,47 +101,55 @@ namespace {
 void dense_core(const KvStore& store, std::span<const StoreSeq> seqs, DType core, std::int64_t H, const void* qd,
                 std::int64_t ldq, void* od, std::int64_t ldo, AttentionOptions a) {
   const std::int64_t B = static_cast<std::int64_t>(seqs.size()), T = seqs.empty() ? 0 : seqs[0].tokens;
-  const std::int64_t Hkv = store.kv_heads, hd = store.head_dim, cap = store.block_size;
+  const std::int64_t Hkv = store.kv_heads, hd = store.head_dim, cap = store.block_size, dv = store.v_dim;
   thread_local std::vector<std::int64_t> lens;
   lens.clear();
   for (const StoreSeq& s : seqs) lens.push_back(s.start + s.tokens);
   a.causal = Causal::bottom_right;
   a.key_lengths = lens;
   const Shape4 kvs{store.block_stride, cap * hd, hd, 1};
-  const ConstTensorView k(store.k, store.dtype, {B, Hkv, cap, hd}, kvs), v(store.v, store.dtype, {B, Hkv, cap, hd}, kvs);
+  const ConstTensorView k(store.k, store.dtype, {B, Hkv, cap, hd}, kvs), v(store.v, store.dtype, {B, Hkv, cap, dv}, kvs);
   if (is_kv_code(store.dtype)) {
     const Shape4 ss{store.scale_stride, cap, 1, 1};
     a.k_scale = ConstTensorView(store.k_scale, DType::f32, {B, Hkv, cap, 1}, ss);
     a.v_scale = ConstTensorView(store.v_scale, DType::f32, {B, Hkv, cap, 1}, ss);
   }
   attention(ConstTensorView(qd, core, {B, H, T, hd}, {T * ldq, hd, ldq, 1}), k, v,
-            TensorView(od, core, {B, H, T, hd}, {T * ldo, hd, ldo, 1}), a);
+            TensorView(od, core, {B, H, T, dv}, {T * ldo, dv, ldo, 1}), a);
 }
 
 }  // namespace
 
+void core_attention(const KvStore& store, std::span<const StoreSeq> seqs, DType core, std::int64_t H, const void* qd,
+                    std::int64_t ldq, void* od, std::int64_t ldo, const AttentionOptions& a) {
+  if (store.paged) pool_attention(store, seqs, core, H, qd, ldq, od, ldo, a);
+  else dense_core(store, seqs, core, H, qd, ldq, od, ldo, a);
+}
+
 template <class T>
-void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
-                     std::span<const StoreSeq> seqs, T* o, const AttentionOptions& a) {
+void store_attention_rows(std::int64_t H, std::int64_t nq, std::int64_t no, const T* p, std::int64_t N,
+                          const KvStore& store, std::span<const StoreSeq> seqs, T* o, const AttentionOptions& a) {
   if (seqs.empty()) return;
-  const std::int64_t H = layer.cfg.heads, nq = layer.nq, r0 = seqs[0].row0;  // the sequences' rows: consecutive from r0
+  const std::int64_t r0 = seqs[0].row0;  // the sequences' rows: consecutive from r0
   const DType core = core_dtype(store.dtype, dtype_of<T>());
-  auto run = [&](const void* qd, std::int64_t ldq, void* od, std::int64_t ldo) {
-    if (store.paged) pool_attention(store, seqs, core, H, qd, ldq, od, ldo, a);
-    else dense_core(store, seqs, core, H, qd, ldq, od, ldo, a);
-  };
-  p += r0 * N, o += r0 * nq;
-  if (core == dtype_of<T>()) return run(p, N, o, nq);
+  p += r0 * N, o += r0 * no;
+  if (core == dtype_of<T>()) return core_attention(store, seqs, core, H, p, N, o, no, a);
   // A store of another dtype: q converted to it (rounded to nearest even if narrower, as
   // llama.cpp rounds q for its f16 cache) and the output back.
   std::int64_t M = 0;
   for (const StoreSeq& s : seqs) M += s.tokens;
-  const std::int64_t n = M * nq, cs = static_cast<std::int64_t>(dtype_size(core));
-  std::byte* qc = thread_buffer<std::byte, scratch::MhaCacheQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
-  std::byte* oc = thread_buffer<std::byte, scratch::MhaCacheOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, n * cs)));
+  const std::int64_t cs = static_cast<std::int64_t>(dtype_size(core));
+  std::byte* qc = thread_buffer<std::byte, scratch::MhaCacheQ>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * nq * cs)));
+  std::byte* oc = thread_buffer<std::byte, scratch::MhaCacheOut>().get(static_cast<std::size_t>(std::max<std::int64_t>(1, M * no * cs)));
   for (std::int64_t m = 0; m < M; ++m) convert_elements(p + m * N, dtype_of<T>(), qc + m * nq * cs, core, nq);
-  run(qc, nq, oc, nq);
-  convert_elements(oc, core, o, dtype_of<T>(), n);
+  core_attention(store, seqs, core, H, qc, nq, oc, no, a);
+  convert_elements(oc, core, o, dtype_of<T>(), M * no);
+}
+
+template <class T>
+void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
+                     std::span<const StoreSeq> seqs, T* o, const AttentionOptions& a) {
+  store_attention_rows(layer.cfg.heads, layer.nq, layer.nq, p, N, store, seqs, o, a);
 }
 
 #define SIMDATTN_STORE(T)                                                                                          \
@@ -152,7 +160,9 @@ void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, c
   template void append_store_rows(const LayerStorage<T>&, const T*, std::int64_t, const KvStore&,                  \
                                   std::span<const StoreSeq>);                                                     \
   template void store_attention(const LayerStorage<T>&, const T*, std::int64_t, const KvStore&,                    \
-                                std::span<const StoreSeq>, T*, const AttentionOptions&);
+                                std::span<const StoreSeq>, T*, const AttentionOptions&);                           \
+  template void store_attention_rows(std::int64_t, std::int64_t, std::int64_t, const T*, std::int64_t,            \
+                                     const KvStore&, std::span<const StoreSeq>, T*, const AttentionOptions&);
 SIMDATTN_STORE(float)
 SIMDATTN_STORE(double)
 SIMDATTN_STORE(bfloat16)

@@ -18,11 +18,14 @@
 namespace simdattn::detail {
 
 // Element (block, kv head hk, slot, d) of K at k + block * block_stride + (hk * block_size + slot)
-// * head_dim + d (elements of dtype), V's likewise; 8-bit stores' row scales at k_scale[block *
-// scale_stride + hk * block_size + slot].
+// * head_dim + d (elements of dtype), V's likewise (its first v_dim columns); 8-bit stores' row
+// scales at k_scale[block * scale_stride + hk * block_size + slot]. A latent store (an MLA
+// layer's: one kv head of the latent rows) has v == k and v_scale == k_scale: V is K's first
+// v_dim columns.
 struct KvStore {
   DType dtype = DType::f32;
   std::int64_t kv_heads = 0, head_dim = 0, block_size = 0, blocks = 0;
+  std::int64_t v_dim = 0;  // V's columns (head_dim, or a latent store's fewer)
   std::byte* k = nullptr;
   std::byte* v = nullptr;
   std::int64_t block_stride = 0;
@@ -71,6 +74,19 @@ std::string bad_row_text(const BadRow& bad, std::int64_t id, DType dtype, const 
 template <class T>
 void append_store_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
                        std::span<const StoreSeq> seqs);
+
+// The attention core over a store (dense: attention() over its views; paged: pool_core.hpp's
+// pool_attention): each sequence's query rows (qd, ldq apart; H heads of head_dim) over its keys
+// into its rows of od (ldo apart; H heads of v_dim), in the core's dtype.
+void core_attention(const KvStore& store, std::span<const StoreSeq> seqs, DType core, std::int64_t H, const void* qd,
+                    std::int64_t ldq, void* od, std::int64_t ldo, const AttentionOptions& a);
+
+// A step's attention core for a layer whose query rows are nq wide (p, N apart) and output rows
+// no wide (o, no apart), in T: core_attention with q converted to the store's core dtype and the
+// output back when they differ.
+template <class T>
+void store_attention_rows(std::int64_t H, std::int64_t nq, std::int64_t no, const T* p, std::int64_t N,
+                          const KvStore& store, std::span<const StoreSeq> seqs, T* o, const AttentionOptions& a);
 
 // The attention core of a step (its sequences' rows consecutive in p from the first's row0): each
 // sequence's query rows (from p, N apart) over its keys (start

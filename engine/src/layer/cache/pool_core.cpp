@@ -41,7 +41,7 @@ void set_store(Problem& q, const KvStore& store, DType core, std::int64_t H, con
   const std::int64_t hd = store.head_dim, bs = store.block_size;
   q.dtype = core;
   q.kv_dtype = store.dtype;
-  q.H = H, q.Hkv = store.kv_heads, q.D = q.Dv = hd;
+  q.H = H, q.Hkv = store.kv_heads, q.D = hd, q.Dv = store.v_dim;
   q.k = store.k, q.v = store.v;
   q.k_strides = q.v_strides = {store.block_stride, bs * hd, hd, 1};  // block, kv head, slot, d
   if (is_kv_code(store.dtype)) {
@@ -80,7 +80,7 @@ void build_steps(PoolProblem& pp, const KvStore& store, std::span<const StoreSeq
   q.query_start = pp.starts.data();
   q.kv_blocks = {pp.table.data(), max_blocks, bs, store.blocks};
   q.q = qd, q.q_strides = {0, hd, ldq, 1};
-  q.o = od, q.o_strides = {0, hd, ldo, 1};
+  q.o = od, q.o_strides = {0, store.v_dim, ldo, 1};
   q.causal = Causal::bottom_right;  // a step's tokens see the keys before them and themselves
   if (std::any_of(seqs.begin(), seqs.end(), [](const StoreSeq& s) { return s.tree_mask != nullptr; })) {
     // draft trees: one tree mask over the steps (a step without one: its causal matrix)
@@ -109,7 +109,7 @@ void build_steps(PoolProblem& pp, const KvStore& store, std::span<const StoreSeq
 void build_prefixes(PoolProblem& pp, const KvStore& store, std::span<const StoreSeq> seqs,
                     std::span<const SharedPrefix> groups, DType core, std::int64_t H, const void* qg, void* og,
                     float* lse, const AttentionOptions& a) {
-  const std::int64_t hd = store.head_dim, bs = store.block_size, ld = H * hd;
+  const std::int64_t hd = store.head_dim, bs = store.block_size, ld = H * hd, dv = store.v_dim, ldo = H * dv;
   pp.q = Problem{};
   Problem& q = pp.q;
   set_store(q, store, core, H, a);
@@ -132,7 +132,7 @@ void build_prefixes(PoolProblem& pp, const KvStore& store, std::span<const Store
   q.query_start = pp.starts.data();
   q.kv_blocks = {pp.table.data(), max_blocks, bs, store.blocks};
   q.q = qg, q.q_strides = {0, hd, ld, 1};
-  q.o = og, q.o_strides = {0, hd, ld, 1};
+  q.o = og, q.o_strides = {0, dv, ldo, 1};
   q.causal = Causal::none;
   q.lse = lse;
   q.lse_strides[0] = 0, q.lse_strides[1] = 1, q.lse_strides[2] = H;
@@ -216,7 +216,8 @@ void pool_attention(const KvStore& store, std::span<const StoreSeq> seqs, DType 
     build_steps(steps, store, seqs, {}, core, H, qd, ldq, od, ldo, a, nullptr);
     return run_attention("attention_paged", steps.q, a.backend);
   }
-  const std::int64_t hd = store.head_dim, ld = H * hd, cs = static_cast<std::int64_t>(dtype_size(core));
+  const std::int64_t hd = store.head_dim, ld = H * hd, dv = store.v_dim, ldv = H * dv;
+  const std::int64_t cs = static_cast<std::int64_t>(dtype_size(core));
   std::int64_t rows = 0, shared_rows = 0;
   for (const StoreSeq& s : seqs) rows += s.tokens;
   std::vector<std::int64_t> skip(seqs.size(), 0), first_row(seqs.size(), 0);
@@ -226,13 +227,14 @@ void pool_attention(const KvStore& store, std::span<const StoreSeq> seqs, DType 
     for (const std::size_t i : g.members) skip[i] = g.blocks, shared_rows += seqs[i].tokens;
   // scratch: the members' q rows gathered, the prefix problem's out rows, its lse, the suffix's lse
   const auto line = kLineElems<std::byte>;
-  const std::int64_t q_bytes = round_up(shared_rows * ld * cs, line), lse_bytes = round_up(shared_rows * H * 4, line);
+  const std::int64_t q_bytes = round_up(shared_rows * ld * cs, line), o_bytes = round_up(shared_rows * ldv * cs, line);
+  const std::int64_t lse_bytes = round_up(shared_rows * H * 4, line);
   std::byte* buf = thread_buffer<std::byte, scratch::PoolCascade>().get(
-      static_cast<std::size_t>(2 * q_bytes + lse_bytes + round_up(rows * H * 4, line)));
+      static_cast<std::size_t>(q_bytes + o_bytes + lse_bytes + round_up(rows * H * 4, line)));
   std::byte* qg = buf;
   std::byte* og = qg + q_bytes;
-  auto* lse_prefix = reinterpret_cast<float*>(og + q_bytes);
-  auto* lse_steps = reinterpret_cast<float*>(og + q_bytes + lse_bytes);
+  auto* lse_prefix = reinterpret_cast<float*>(og + o_bytes);
+  auto* lse_steps = reinterpret_cast<float*>(og + o_bytes + lse_bytes);
   std::int64_t at = 0;
   for (const SharedPrefix& g : groups)
     for (const std::size_t i : g.members)
@@ -248,9 +250,9 @@ void pool_attention(const KvStore& store, std::span<const StoreSeq> seqs, DType 
   for (const SharedPrefix& g : groups)
     for (const std::size_t i : g.members) {
       const std::int64_t T = seqs[i].tokens, r = first_row[i];
-      const ConstTensorView out_a(og + at * ld * cs, core, {1, T, H, hd}, {0, ld, hd, 1});
+      const ConstTensorView out_a(og + at * ldv * cs, core, {1, T, H, dv}, {0, ldv, dv, 1});
       const ConstTensorView lse_a(lse_prefix + at * H, DType::f32, {1, T, H, 1}, {0, H, 1, 1});
-      const TensorView out(static_cast<std::byte*>(od) + r * ldo * cs, core, {1, T, H, hd}, {0, ldo, hd, 1});
+      const TensorView out(static_cast<std::byte*>(od) + r * ldo * cs, core, {1, T, H, dv}, {0, ldo, dv, 1});
       const TensorView lse(lse_steps + r * H, DType::f32, {1, T, H, 1}, {0, H, 1, 1});
       merge_states_into(out_a, lse_a, out, lse, out, lse);
       at += T;

@@ -69,6 +69,9 @@ MhaConfig resolve_mla(MhaConfig c) {
   (void)rope_table(r, m.qk_rope_head_dim, false);  // validates it
   out.rope = r;
   out.mla = m;
+  // the scale over the expanded keys' dimensions, whichever form attends (the absorbed form's
+  // keys are kv_lora_rank + rope wide)
+  if (!out.scale) out.scale = 1.0 / std::sqrt(static_cast<double>(hd));
   return out;
 }
 
@@ -146,6 +149,18 @@ MlaStorage<T> build_mla(const MhaConfig& config, MlaWeights<T>&& w) {
     std::copy(w.bkv_a.begin(), w.bkv_a.end(), L.b_a.begin() + L.kv0);
   }
   if (lora) L.w_qb = pack_transposed(w.wq_b, nq, m.q_lora_rank);
+  {  // the absorbed form's per-head weights from kv_b [H * (nope + v), kv_lora_rank]
+    const std::int64_t nope = m.qk_nope_head_dim, vd = m.v_head_dim, kvl = m.kv_lora_rank;
+    std::vector<T> uv(static_cast<std::size_t>(kvl * vd));
+    for (std::int64_t h = 0; h < H; ++h) {
+      const T* rows = w.wkv_b.data() + h * (nope + vd) * kvl;
+      if (nope > 0) L.w_uk.push_back(pack_weights(rows, kvl, nope, kvl));  // W_UK[h] as it is: [nope, kvl]
+      else L.w_uk.emplace_back();
+      const std::vector<T> v_rows(rows + nope * kvl, rows + (nope + vd) * kvl);
+      transpose_into(v_rows, vd, kvl, uv.data(), vd);  // W_UV[h]^T [kvl, vd]
+      L.w_uv.push_back(pack_weights(uv.data(), vd, kvl, vd));
+    }
+  }
   L.w_kvb = pack_transposed(w.wkv_b, nkv_b, m.kv_lora_rank);
   L.wo = pack_transposed(w.wo, d, nv);
   L.bo = std::move(w.bo);

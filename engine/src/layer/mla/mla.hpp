@@ -8,6 +8,7 @@
 #include <variant>
 #include <vector>
 
+#include "layer/cache/kv_cache.hpp"
 #include "layer/positions/rope_table.hpp"
 #include "layer/storage.hpp"
 #include "simdattn/mha.hpp"
@@ -26,6 +27,9 @@ struct MlaStorage {
   PackedWeights<T> w_qb;  // [q_lora_rank, H * (nope + rope)] (q_lora_rank > 0)
   PackedWeights<T> w_kvb; // [kv_lora_rank, H * (nope + v)]
   PackedWeights<T> wo;    // [H * v, d_model]
+  // The absorbed form's weights, per head h: W_UK[h] [nope, kv_lora_rank] (kv_b's key rows, q_nope
+  // times it gives the query's latent part) and W_UV[h]^T [kv_lora_rank, v] (kv_b's value rows)
+  std::vector<PackedWeights<T>> w_uk, w_uv;
   std::vector<T> bo;
   std::vector<float> q_norm, kv_norm;
   RopeTable rope;  // over the rope dimensions
@@ -42,5 +46,13 @@ MlaStorage<T> build_mla(const MhaConfig& config, MlaWeights<T>&& weights);
 // projections run on the native GEMMs); attention weights are refused (Error("options.attn_weights")).
 template <class T>
 void mla_forward(const MlaStorage<T>& layer, const ConstSeqView& query, const SeqView& out, const MhaOptions& opt);
+
+// A cached step (query [cache.batch, T, d_model]) in the absorbed form over the latent cache
+// (mla_cached.cpp): the new tokens' latent rows appended, every head over them, the lengths
+// advanced last. Error naming "query", "out", "cache" (capacity; an 8-bit cache's non-finite row)
+// or the option, before anything changes.
+template <class T>
+void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
+                        const MhaOptions& opt);
 
 }  // namespace simdattn::detail
