@@ -371,6 +371,8 @@ pool; blocks shared with a fork are copied first. A bad argument changes nothing
       .def_property_readonly("block_size", &KvPool::block_size)
       .def_property_readonly("layers", &KvPool::layers)
       .def_property_readonly("bytes", &KvPool::bytes)
+      .def_property_readonly("bytes_per_token", &KvPool::bytes_per_token,
+                             "Bytes one token occupies per layer (an MLA layer's pool: its latent row)")
       .def_property_readonly("dtype", [](const KvPool& p) { return std::string(dtype_name(p.dtype())); });
 
   py::class_<PyPoolScheduler>(m, "PoolScheduler", R"doc(Continuous batching over a KvPool: request threads' prompts (cut into chunks of the token

@@ -3,7 +3,8 @@
 // attention is tests/cli/model_families.py's, run by tests/python/test_layer.py and
 // tests/cli/test_models.py), bitwise at 1, 2 and 3 threads; a q LoRA or a plain q_proj, biases;
 // every weight and configuration error named; the latent cache's size and views, a cache of the
-// other kind refused, the calls not supported yet (pools, batches, cross-attention) refused.
+// other kind refused, the calls not supported yet (batches, cross-attention) refused; a pool of
+// latent rows (batched steps, a fork, an accepted draft) against the prefill.
 #include <doctest/doctest.h>
 
 #include <algorithm>
@@ -134,7 +135,6 @@ TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache
   check_error([&] { MultiHeadAttention(bad, mla_weights<float>(c, 1)); }, "config.rope.rotary_dim");
   check_error([&] { MultiHeadAttention(c, MhaWeights<float>{}); }, "config.mla");
   const MultiHeadAttention layer(c, mla_weights<float>(c, 1));
-  check_error([&] { KvPool(layer, 8, 4); }, "layer");
   // a latent cache holds kv_lora_rank + qk_rope_head_dim values a token, and only this layer's kind
   const KvCache latent(layer, 1, 8);
   CHECK(latent.bytes_per_token() == (10 + 4) * 4);
@@ -148,6 +148,14 @@ TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache
                                                             std::vector<float>(kD * kD), std::vector<float>(kD * kD), {}, {}, {}, {}});
     CHECK(KvCache(other, 1, 8).bytes_per_token() == 2 * kD * 4);
     KvCache mine(other, 1, 8), theirs(layer, 1, 8);
+    KvPool plain_pool(other, 8, 4), latent_pool(layer, 8, 4);
+    const KvPool::Sequence ps = plain_pool.add(), ls = latent_pool.add();
+    std::vector<float> q1(static_cast<std::size_t>(kD)), r1(q1.size());
+    const PoolStep to_plain{ConstSeqView(q1.data(), 1, 1, kD), ps, SeqView(r1.data(), 1, 1, kD)};
+    const PoolStep to_latent{ConstSeqView(q1.data(), 1, 1, kD), ls, SeqView(r1.data(), 1, 1, kD)};
+    check_error([&] { layer.forward_pool({&to_plain, 1}, plain_pool); }, "pool");
+    check_error([&] { other.forward_pool({&to_latent, 1}, latent_pool); }, "pool");
+    CHECK(plain_pool.length(ps) == 0);
     std::vector<float> q(static_cast<std::size_t>(kD)), r(q.size());
     check_error([&] { other.forward(ConstSeqView(q.data(), 1, 1, kD), theirs, SeqView(r.data(), 1, 1, kD)); }, "cache");
     check_error([&] { layer.forward(ConstSeqView(q.data(), 1, 1, kD), mine, SeqView(r.data(), 1, 1, kD)); }, "cache");
@@ -196,4 +204,60 @@ TEST_CASE("MLA layer: steps over the latent cache (absorbed form) equal the whol
       test::check_error([&] { layer.forward(ConstSeqView(more.data(), B, 3, kD), cache, SeqView(out.data(), B, 3, kD)); }, "cache");
       CHECK(cache.lengths()[0] == S);  // unchanged
     }
+}
+
+TEST_CASE("MLA layer: a pool of latent rows (batched steps, a fork, accepted drafts) equals the prefill") {
+  for (const DType pool_dtype : {DType::f32, DType::int8}) {
+    INFO("pool ", dtype_name(pool_dtype));
+    const MhaConfig c = mla_config(8);
+    const MultiHeadAttention layer(c, mla_weights<float>(c, 17));
+    KvPool pool(layer, 24, 4, 1, pool_dtype);
+    CHECK(pool.bytes_per_token() == (pool_dtype == DType::f32 ? 14 * 4 : 14 + 4));
+    CHECK(pool.keys(0).shape[3] == 14);
+    CHECK(pool.values(0).shape[3] == 10);
+    const std::int64_t S = 9;
+    std::mt19937_64 rng(31);
+    std::normal_distribution<float> n;
+    std::vector<float> x(static_cast<std::size_t>(2 * S * kD)), full(x.size());
+    for (float& e : x) e = n(rng);
+    layer.forward(ConstSeqView(x.data(), 2, S, kD), SeqView(full.data(), 2, S, kD));
+    double scale = 1.0;
+    for (float e : full) scale = std::max(scale, double(std::abs(e)));
+    const double tol = (pool_dtype == DType::f32 ? 1e-4 : 6e-2) * scale;
+    const KvPool::Sequence a = pool.add(), b = pool.add();
+    std::int64_t at = 0;
+    for (const std::int64_t t : {5, 1, 3}) {
+      std::vector<float> ya(static_cast<std::size_t>(t * kD)), yb(ya.size());
+      const std::vector<PoolStep> steps = {
+          {ConstSeqView(x.data() + at * kD, 1, t, kD), a, SeqView(ya.data(), 1, t, kD)},
+          {ConstSeqView(x.data() + (S + at) * kD, 1, t, kD), b, SeqView(yb.data(), 1, t, kD)}};
+      layer.forward_pool(steps, pool);
+      for (std::int64_t i = 0; i < t * kD; ++i) {
+        CHECK(std::abs(ya[static_cast<std::size_t>(i)] - full[static_cast<std::size_t>(at * kD + i)]) <= tol);
+        CHECK(std::abs(yb[static_cast<std::size_t>(i)] - full[static_cast<std::size_t>((S + at) * kD + i)]) <= tol);
+      }
+      at += t;
+    }
+    // a fork of a with two drafts as a tree (siblings), the second accepted: as a causal step of it
+    const KvPool::Sequence f = pool.fork(a);
+    std::vector<float> d(static_cast<std::size_t>(2 * kD)), yd(d.size());
+    for (float& e : d) e = n(rng);
+    const std::vector<std::uint8_t> tree = {1, 0, 0, 1};
+    const std::vector<std::int64_t> pos = {S, S};
+    PoolStep drafts{ConstSeqView(d.data(), 1, 2, kD), f, SeqView(yd.data(), 1, 2, kD), pos};
+    drafts.tree_mask = tree;
+    layer.forward_pool({&drafts, 1}, pool);
+    const std::vector<std::int64_t> kept = {1};
+    pool.accept(f, S, kept);
+    std::vector<float> x2(static_cast<std::size_t>((S + 1) * kD)), y2(x2.size());
+    std::copy_n(x.begin(), S * kD, x2.begin());
+    std::copy_n(d.begin() + kD, kD, x2.begin() + S * kD);
+    layer.forward(ConstSeqView(x2.data(), 1, S + 1, kD), SeqView(y2.data(), 1, S + 1, kD));
+    for (std::int64_t i = 0; i < kD; ++i)
+      CHECK(std::abs(yd[static_cast<std::size_t>(kD + i)] - y2[static_cast<std::size_t>(S * kD + i)]) <= tol);
+    CHECK(pool.length(f) == S + 1);
+    CHECK(pool.length(a) == S);
+    for (const KvPool::Sequence s : {a, b, f}) pool.release(s);
+    CHECK(pool.free_blocks() == pool.num_blocks());
+  }
 }

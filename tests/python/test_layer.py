@@ -329,3 +329,51 @@ def test_mla_latent_cache_steps_equal_the_prefill(tmp_path, family, cache_dtype,
             assert np.abs(got - full[:, at:at + n]).max() <= tol * scale, (layer, at)
             at += n
         assert list(cache.lengths) == [12, 12]
+
+
+@pytest.mark.parametrize("pool_dtype,tol", [(None, 1e-4), ("bf16", 3e-2), ("int8", 6e-2)])
+def test_mla_pool_steps_forks_and_drafts(tmp_path, pool_dtype, tol):
+    """DeepSeek-V3's MLA over a KvPool of latent rows: two sequences' prompts and steps in one
+    forward_pool batch equal each one's prefill; a fork shares the prompt's blocks (copy-on-write
+    when it writes); a draft tree's accepted path equals a causal step of those tokens."""
+    rng = np.random.default_rng(29)
+    model_families.write_checkpoint(str(tmp_path), "deepseek_v3", rng)
+    m = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), 1, dtype="f32")
+    cfg = model_families.FAMILIES["deepseek_v3"]["config"]
+    width = cfg["kv_lora_rank"] + cfg["qk_rope_head_dim"]
+    pool = simdattn.KvPool(m, 40, 4, 1, pool_dtype)
+    assert pool.bytes_per_token == {None: 4 * width, "bf16": 2 * width, "int8": width + 4}[pool_dtype]
+    if pool_dtype != "bf16":  # (NumPy has no bfloat16 view)
+        assert pool.keys(0).shape[-1] == width and pool.values(0).shape[-1] == cfg["kv_lora_rank"]
+    x = rng.standard_normal((2, 11, 32)).astype(np.float32)
+    full = m.forward(x)
+    a, b = pool.add(), pool.add()
+    at = 0
+    for n in (6, 1, 2, 1, 1):
+        ya, yb = m.forward_pool([a, b], [x[0, at:at + n], x[1, at:at + n]], pool)
+        for y, row in ((ya, 0), (yb, 1)):
+            scale = max(1.0, np.abs(full[row, at:at + n]).max())
+            assert np.abs(y - full[row, at:at + n]).max() <= tol * scale, at
+        at += n
+    # a fork continues like its parent would
+    c = pool.fork(a)
+    x2 = np.concatenate([x[0], rng.standard_normal((3, 32)).astype(np.float32)])[None]
+    want = m.forward(x2)[0, 11:]
+    got = m.forward_pool([c], [x2[0, 11:]], pool)[0]
+    assert np.abs(got - want).max() <= tol * max(1.0, np.abs(want).max())
+    assert pool.length(a) == 11 and pool.length(c) == 14
+    # a draft tree over b: token 0 the root, 1 and 2 its children; accept [0, 2]
+    drafts = rng.standard_normal((3, 32)).astype(np.float32)
+    mask = np.array([[1, 0, 0], [1, 1, 0], [1, 0, 1]], bool)
+    out = m.forward_pool([b], [drafts], pool, tree_masks=[mask], positions=[11 + np.array([0, 1, 1])])[0]
+    pool.accept(b, 11, [0, 2])
+    want = m.forward(np.concatenate([x[1], drafts[[0, 2]]])[None])[0, 11:]
+    assert np.abs(out[[0, 2]] - want).max() <= tol * max(1.0, np.abs(want).max())
+    with pytest.raises(simdattn.Error) as e:
+        w = lambda *sh: rng.standard_normal(sh).astype(np.float32)  # noqa: E731
+        plain = simdattn.MultiHeadAttention(w(32, 32), w(32, 32), w(32, 32), w(32, 32), heads=4)
+        m.forward_pool([b], [drafts], simdattn.KvPool(plain, 8, 4))
+    assert e.value.argument == "pool"
+    for s in (a, b, c):
+        pool.release(s)
+    assert pool.free_blocks == pool.num_blocks

@@ -104,6 +104,11 @@ class SIMDATTN_API KvPool {
   std::int64_t head_dim() const noexcept;
   DType dtype() const noexcept;
   std::int64_t bytes() const noexcept;  // the blocks' storage
+  // The bytes one token occupies per layer (KvCache::bytes_per_token's count: K and V rows of
+  // every kv head, 8-bit row scales included; an MLA layer's pool: its one latent row). A pool
+  // made from an MLA layer holds per layer only its latent rows: keys() views them as one kv head
+  // of kv_lora_rank + qk_rope_head_dim, values() as their first kv_lora_rank columns.
+  std::int64_t bytes_per_token() const noexcept;
 
   // Layer `layer`'s keys and values as [num_blocks, block_size, kv_heads, head_dim] views
   // (strides {block, head_dim, block_size * head_dim, 1} elements), for attention_paged().

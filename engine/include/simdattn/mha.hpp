@@ -53,7 +53,9 @@ namespace simdattn {
 // KvCache::bytes_per_token), and forward(query, cache, out) runs the absorbed form over them:
 // each head's query [q_nope W_UK[h] | RoPE(q_rope)] (W_UK[h]: Wkv_b's key rows of head h) over the
 // one latent row a key (values: its first kv_lora_rank columns), the output times W_UV[h]^T (its
-// value rows), the same products regrouped. Not yet: KvPool, forward_batch, forward_pool and
+// value rows), the same products regrouped. A KvPool made from the layer holds the same latent
+// rows in its blocks (forks, copy-on-write, accept, 8-bit rows) and forward_pool runs the absorbed
+// form over it (tree masks and the cascade included). Not yet: forward_batch and
 // cross-attention (Error("layer")).
 struct MlaConfig {
   std::int64_t q_lora_rank = 0;       // 0: a plain q_proj (Wq)

@@ -380,6 +380,7 @@ template <class T>
 void check_pool_call(const LayerStorage<T>& layer, const PoolState& pool, const MhaOptions& opt) {
   const MhaConfig& c = layer.cfg;
   if (!layer.fused_qkv) throw Error("pool", "a pool holds self-attention's keys: it needs kdim == vdim == d_model");
+  if (pool.latent) throw Error("pool", "holds an MLA layer's latent rows, not this layer's keys and values");
   if (pool.kv_heads != c.kv_heads || pool.head_dim != c.head_dim)
     throw Error("pool", "was made for another layer (kv_heads " + num(pool.kv_heads) + ", head_dim " + num(pool.head_dim) +
                             "; this layer has " + num(c.kv_heads) + " and " + num(c.head_dim) + ")");

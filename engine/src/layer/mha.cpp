@@ -192,19 +192,33 @@ void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const 
 
 void MultiHeadAttention::forward_pool(std::span<const PoolStep> steps, KvPool& pool, std::int64_t layer,
                                       const MhaOptions& options) const {
-  refuse_mla(storage_->mla, "forward_pool");
   detail::PoolState& state = detail::PoolAccess::state(pool);
   std::int64_t tokens = 0;
   for (const PoolStep& s : steps) tokens += s.query.S;
   const CallShape shape{"mha_forward_pool", pool.dtype(), static_cast<std::int64_t>(steps.size()), tokens};
+  if (storage_->mla) {
+    in_call(*this, storage_->layer, options, shape, [&](const auto& shell) {
+      using T = typename std::decay_t<decltype(shell)>::Element;
+      detail::mla_pool_forward(std::get<detail::MlaStorage<T>>(*storage_->mla), steps, state, layer, options);
+    });
+    return;
+  }
   in_call(*this, storage_->layer, options, shape,
           [&](const auto& built) { detail::pool_forward(built, steps, state, layer, options); });
 }
 
 void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, const MhaOptions& options) const {
-  refuse_mla(storage_->mla, "a pool step");
   const detail::PoolState& state = detail::PoolAccess::state(pool);
   (void)state.at(step.sequence, "sequence");
+  if (storage_->mla) {
+    std::visit(
+        [&](const auto& built) {
+          detail::mla_check_pool_call(built, state, options);
+          detail::mla_check_pool_step(built, step);
+        },
+        *storage_->mla);
+    return;
+  }
   std::visit(
       [&](const auto& layer) {
         detail::check_pool_call(layer, state, options);

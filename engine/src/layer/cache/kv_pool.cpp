@@ -59,13 +59,14 @@ const PoolState& PoolAccess::state(const KvPool& pool) { return pool.state_->s; 
 
 ConstTensorView PoolState::view(std::int64_t layer, int kv) const {
   return ConstTensorView(data.data + static_cast<std::size_t>(offset(layer, kv, 0, 0)) * esize(), dtype,
-                         {num_blocks, block_size, kv_heads, head_dim},
+                         {num_blocks, block_size, kv_heads, kv == 1 ? v_dim : head_dim},
                          {block_bytes / static_cast<std::int64_t>(esize()), head_dim, block_size * head_dim, 1});
 }
 
 ConstTensorView PoolState::scale_view(std::int64_t layer, int kv) const {
   if (!is_kv_code(dtype)) return {};
-  return ConstTensorView(reinterpret_cast<const float*>(data.data + scale_offset) + (layer * 2 + kv) * kv_heads * block_size,
+  return ConstTensorView(reinterpret_cast<const float*>(data.data + scale_offset) +
+                             (layer * parts() + (latent ? 0 : kv)) * kv_heads * block_size,
                          DType::f32, {num_blocks, block_size, kv_heads, 1}, {block_bytes / 4, 1, block_size, 1});
 }
 
@@ -136,8 +137,8 @@ KvStore pool_store(PoolState& pool, std::int64_t layer) {
   KvStore s;
   s.dtype = pool.dtype;
   s.kv_heads = pool.kv_heads, s.head_dim = pool.head_dim, s.block_size = pool.block_size, s.blocks = pool.num_blocks;
-  s.v_dim = pool.head_dim;
-  s.k = pool.row(0, layer, 0, 0, 0), s.v = pool.row(0, layer, 1, 0, 0);
+  s.v_dim = pool.v_dim;
+  s.k = pool.row(0, layer, 0, 0, 0), s.v = pool.row(0, layer, 1, 0, 0);  // (a latent pool's: the same rows)
   s.block_stride = pool.block_bytes / static_cast<std::int64_t>(pool.esize());
   if (is_kv_code(pool.dtype)) {
     s.k_scale = pool.scale(0, layer, 0, 0, 0), s.v_scale = pool.scale(0, layer, 1, 0, 0);
@@ -160,15 +161,13 @@ void pool_seqs(const PoolState& pool, std::span<const PoolWrite> writes, std::ve
 KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers)
     : KvPool(layer, num_blocks, block_size, layers, layer.dtype()) {}
 
-KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
-               DType dtype)
-    : KvPool(layer.config().mla ? throw Error("layer", "an MLA layer (DeepSeek's latent attention) has no pool yet: its latent cache is not supported")
-                                : layer.config().kv_heads,
-             layer.config().head_dim, num_blocks, block_size, layers, dtype) {}
+namespace detail {
+namespace {
 
-KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_blocks, std::int64_t block_size,
-               std::int64_t layers, DType dtype)
-    : state_(std::make_unique<State>()) {
+// A pool's blocks and bookkeeping: kv_heads x head_dim rows, two parts a layer (K and V) or,
+// latent, one (V its first v_dim columns). Error naming the argument.
+void build_pool(PoolState& s, std::int64_t kv_heads, std::int64_t head_dim, std::int64_t v_dim, bool latent,
+                std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers, DType dtype) {
   using detail::num;
   if (dtype != DType::f32 && dtype != DType::bf16 && dtype != DType::f16 && !is_kv_code(dtype))
     throw Error("dtype", "a pool holds f32, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got " + std::string(dtype_name(dtype)) +
@@ -179,12 +178,11 @@ KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_bl
     throw Error("num_blocks", "expected 1 <= num_blocks <= 2^31 - 1, got " + num(num_blocks));
   if (block_size < 1) throw Error("block_size", "expected >= 1, got " + num(block_size));
   if (layers < 1) throw Error("layers", "expected >= 1, got " + num(layers));
-  detail::PoolState& s = state_->s;
   s.dtype = dtype, s.num_blocks = num_blocks, s.block_size = block_size, s.layers = layers;
-  s.kv_heads = kv_heads, s.head_dim = head_dim;
+  s.kv_heads = kv_heads, s.head_dim = head_dim, s.latent = latent, s.v_dim = latent ? v_dim : head_dim;
   std::int64_t elems = 0, rows = 0, total = 0, block_bytes = 0;
   const bool codes = is_kv_code(dtype);
-  if (__builtin_mul_overflow(layers * 2, kv_heads, &rows) || __builtin_mul_overflow(rows, block_size, &rows) ||
+  if (__builtin_mul_overflow(layers * s.parts(), kv_heads, &rows) || __builtin_mul_overflow(rows, block_size, &rows) ||
       __builtin_mul_overflow(rows, head_dim, &elems) ||
       __builtin_mul_overflow(elems, static_cast<std::int64_t>(dtype_size(dtype)), &block_bytes) ||
       (codes && __builtin_add_overflow((block_bytes + 63) / 64 * 64, rows * 4 + 63, &block_bytes)) ||
@@ -201,6 +199,26 @@ KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_bl
   s.free_blocks.resize(static_cast<std::size_t>(num_blocks));
   for (std::int64_t b = 0; b < num_blocks; ++b)  // block 0 handed out first
     s.free_blocks[static_cast<std::size_t>(b)] = static_cast<std::int32_t>(num_blocks - 1 - b);
+}
+
+}  // namespace
+}  // namespace detail
+
+KvPool::KvPool(const MultiHeadAttention& layer, std::int64_t num_blocks, std::int64_t block_size, std::int64_t layers,
+               DType dtype)
+    : state_(std::make_unique<State>()) {
+  const MhaConfig& c = layer.config();
+  if (c.mla)  // one part a layer: the latent rows
+    detail::build_pool(state_->s, 1, c.mla->kv_lora_rank + c.mla->qk_rope_head_dim, c.mla->kv_lora_rank, true, num_blocks,
+                       block_size, layers, dtype);
+  else
+    detail::build_pool(state_->s, c.kv_heads, c.head_dim, c.head_dim, false, num_blocks, block_size, layers, dtype);
+}
+
+KvPool::KvPool(std::int64_t kv_heads, std::int64_t head_dim, std::int64_t num_blocks, std::int64_t block_size,
+               std::int64_t layers, DType dtype)
+    : state_(std::make_unique<State>()) {
+  detail::build_pool(state_->s, kv_heads, head_dim, head_dim, false, num_blocks, block_size, layers, dtype);
 }
 
 KvPool::~KvPool() = default;
@@ -285,7 +303,7 @@ void KvPool::accept(Sequence seq, std::int64_t first, std::span<const std::int64
       const std::int32_t sb = q.blocks[static_cast<std::size_t>(src / s.block_size)],
                          db = q.blocks[static_cast<std::size_t>(out / s.block_size)];
       const std::int64_t ss = src % s.block_size, ds = out % s.block_size;
-      for (int kv = 0; kv < 2; ++kv)
+      for (int kv = 0; kv < s.parts(); ++kv)
         for (std::int64_t hk = 0; hk < s.kv_heads; ++hk) {
           std::memcpy(s.row(db, layer, kv, hk, ds), s.row(sb, layer, kv, hk, ss), row_bytes);
           if (is_kv_code(s.dtype)) *s.scale(db, layer, kv, hk, ds) = *s.scale(sb, layer, kv, hk, ss);
@@ -350,6 +368,11 @@ std::int64_t KvPool::layers() const noexcept { return state_->s.layers; }
 std::int64_t KvPool::kv_heads() const noexcept { return state_->s.kv_heads; }
 std::int64_t KvPool::head_dim() const noexcept { return state_->s.head_dim; }
 DType KvPool::dtype() const noexcept { return state_->s.dtype; }
+std::int64_t KvPool::bytes_per_token() const noexcept {
+  const detail::PoolState& s = state_->s;
+  const std::int64_t row = s.head_dim * static_cast<std::int64_t>(s.esize()) + (is_kv_code(s.dtype) ? 4 : 0);
+  return s.kv_heads * row * s.parts();
+}
 std::int64_t KvPool::bytes() const noexcept { return static_cast<std::int64_t>(state_->s.bytes); }
 
 ConstTensorView KvPool::keys(std::int64_t layer) const {

@@ -20,9 +20,15 @@ namespace simdattn::detail {
 struct PoolState {
   DType dtype = DType::f32;
   std::int64_t num_blocks = 0, block_size = 0, layers = 0, kv_heads = 0, head_dim = 0;
-  // Elements of one block: per layer K then V, each [kv_heads, block_size, head_dim]. 8-bit
-  // pools then hold the rows' f32 scales, per layer K then V, each [kv_heads, block_size], from
-  // byte scale_offset of the block (block_elems rounded up to 64 bytes).
+  // An MLA layer's pool: per layer one part, the latent rows (V their first v_dim columns);
+  // otherwise two, K and V (v_dim = head_dim).
+  bool latent = false;
+  std::int64_t v_dim = 0;
+  int parts() const { return latent ? 1 : 2; }
+  // Elements of one block: per layer K then V (a latent pool: its rows), each [kv_heads,
+  // block_size, head_dim]. 8-bit pools then hold the rows' f32 scales, per layer K then V, each
+  // [kv_heads, block_size], from byte scale_offset of the block (block_elems rounded up to 64
+  // bytes).
   std::int64_t block_elems = 0;
   std::int64_t block_bytes = 0, scale_offset = 0;
   // The blocks, on transparent huge pages: a decode step reads a kv head's rows of one block, then
@@ -42,9 +48,9 @@ struct PoolState {
   std::vector<KvPool::Sequence> free_handles;
 
   std::size_t esize() const { return dtype_size(dtype); }
-  // Element offset of (layer, K or V, kv head hk, slot) in a block.
+  // Element offset of (layer, K or V, kv head hk, slot) in a block (a latent pool's V: its K).
   std::int64_t offset(std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) const {
-    return ((layer * 2 + kv) * kv_heads + hk) * block_size * head_dim + slot * head_dim;
+    return ((layer * parts() + (latent ? 0 : kv)) * kv_heads + hk) * block_size * head_dim + slot * head_dim;
   }
   std::byte* row(std::int32_t block, std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) {
     return data.data + static_cast<std::size_t>(block * block_bytes) + static_cast<std::size_t>(offset(layer, kv, hk, slot)) * esize();
@@ -52,7 +58,7 @@ struct PoolState {
   // 8-bit pools: the scale of a row.
   float* scale(std::int32_t block, std::int64_t layer, int kv, std::int64_t hk, std::int64_t slot) {
     return reinterpret_cast<float*>(data.data + static_cast<std::size_t>(block * block_bytes + scale_offset)) +
-           ((layer * 2 + kv) * kv_heads + hk) * block_size + slot;
+           ((layer * parts() + (latent ? 0 : kv)) * kv_heads + hk) * block_size + slot;
   }
   ConstTensorView view(std::int64_t layer, int kv) const;
   // 8-bit pools: the scales of layer's K (kv 0) or V rows, [num_blocks, block_size, kv_heads, 1].

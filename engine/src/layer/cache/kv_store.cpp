@@ -92,6 +92,25 @@ void append_store_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N,
     }
 }
 
+template <class T>
+void append_latent_rows(const KvStore& store, std::span<const StoreSeq> seqs, const T* rows) {
+  const std::int64_t W = store.head_dim;
+  const auto esize = static_cast<std::int64_t>(dtype_size(store.dtype));
+  const bool codes = is_kv_code(store.dtype);
+  float* tmp = codes ? thread_buffer<float, scratch::MhaCacheQ>().get(static_cast<std::size_t>(W)) : nullptr;
+  for (const StoreSeq& s : seqs)
+    for (std::int64_t t = 0; t < s.tokens; ++t) {
+      const auto [blk, slot] = place(store, s, s.start + t);
+      const T* src = rows + (s.row0 + t) * W;
+      const std::int64_t at = blk * store.block_stride + slot * W;
+      if (codes)
+        quantize_row(store.dtype, src, dtype_of<T>(), W, tmp, reinterpret_cast<std::uint8_t*>(store.k) + at,
+                     store.k_scale + blk * store.scale_stride + slot);
+      else
+        convert_elements(src, dtype_of<T>(), store.k + at * esize, store.dtype, W);
+    }
+}
+
 namespace {
 
 // A KvCache's core: attention() on dense views of its whole capacity (the kernels size their
@@ -162,7 +181,8 @@ void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, c
   template void store_attention(const LayerStorage<T>&, const T*, std::int64_t, const KvStore&,                    \
                                 std::span<const StoreSeq>, T*, const AttentionOptions&);                           \
   template void store_attention_rows(std::int64_t, std::int64_t, std::int64_t, const T*, std::int64_t,            \
-                                     const KvStore&, std::span<const StoreSeq>, T*, const AttentionOptions&);
+                                     const KvStore&, std::span<const StoreSeq>, T*, const AttentionOptions&);      \
+  template void append_latent_rows(const KvStore&, std::span<const StoreSeq>, const T*);
 SIMDATTN_STORE(float)
 SIMDATTN_STORE(double)
 SIMDATTN_STORE(bfloat16)

@@ -75,6 +75,12 @@ template <class T>
 void append_store_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N, const KvStore& store,
                        std::span<const StoreSeq> seqs);
 
+// A latent store's (an MLA layer's) new rows: row r of `rows` (width head_dim, T) written at
+// sequence i's position start + t for r = row0 + t, converted or quantized per row. The rows are
+// finite for an 8-bit store (checked before).
+template <class T>
+void append_latent_rows(const KvStore& store, std::span<const StoreSeq> seqs, const T* rows);
+
 // The attention core over a store (dense: attention() over its views; paged: pool_core.hpp's
 // pool_attention): each sequence's query rows (qd, ldq apart; H heads of head_dim) over its keys
 // into its rows of od (ldo apart; H heads of v_dim), in the core's dtype.

@@ -5,10 +5,12 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <variant>
 #include <vector>
 
 #include "layer/cache/kv_cache.hpp"
+#include "layer/cache/kv_pool.hpp"
 #include "layer/positions/rope_table.hpp"
 #include "layer/storage.hpp"
 #include "simdattn/mha.hpp"
@@ -54,5 +56,20 @@ void mla_forward(const MlaStorage<T>& layer, const ConstSeqView& query, const Se
 template <class T>
 void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
                         const MhaOptions& opt);
+
+// A pool batch (MultiHeadAttention::forward_pool's contract) in the absorbed form over a pool of
+// latent rows: every step checked and the blocks counted first (Error naming "steps[i].<argument>",
+// "pool", "layer" or the option, nothing changed), the new latent rows appended, every head over
+// each sequence's rows (tree masks and the cascade as for any pool), the lengths advanced last.
+// forward_pool's checks of the call (the pool a latent pool of this layer's widths, the options)
+// and of one step (query, out, positions, tree mask), as check_step(PoolStep) runs them.
+template <class T>
+void mla_check_pool_call(const MlaStorage<T>& layer, const PoolState& pool, const MhaOptions& opt);
+template <class T>
+void mla_check_pool_step(const MlaStorage<T>& layer, const PoolStep& step);
+
+template <class T>
+void mla_pool_forward(const MlaStorage<T>& layer, std::span<const PoolStep> steps, PoolState& pool, std::int64_t layer_index,
+                      const MhaOptions& opt);
 
 }  // namespace simdattn::detail
