@@ -3,7 +3,7 @@
 // attention is tests/cli/model_families.py's, run by tests/python/test_layer.py and
 // tests/cli/test_models.py), bitwise at 1, 2 and 3 threads; a q LoRA or a plain q_proj, biases;
 // every weight and configuration error named; the latent cache's size and views, a cache of the
-// other kind refused, the calls not supported yet (batches, cross-attention) refused; a pool of
+// other kind refused, cross-attention refused, forward_batch as forward step by step; a pool of
 // latent rows (batched steps, a fork, an accepted draft) against the prefill.
 #include <doctest/doctest.h>
 
@@ -164,7 +164,20 @@ TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache
   check_error([&] { layer.forward(ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD), ConstSeqView(x.data(), 1, 2, kD),
                                   SeqView(y.data(), 1, 2, kD)); },
               "layer");
-  check_error([&] { layer.forward_batch({}); }, "layer");
+  {  // forward_batch: each step over its latent cache as forward does it; a bad step named, nothing changed
+    KvCache c1(layer, 1, 8), c2(layer, 1, 8), c3(layer, 1, 8);
+    std::vector<float> y1(x.size()), y2(x.size()), want(x.size());
+    layer.forward(ConstSeqView(x.data(), 1, 2, kD), c3, SeqView(want.data(), 1, 2, kD));
+    std::vector<DecodeStep> steps = {{ConstSeqView(x.data(), 1, 2, kD), &c1, SeqView(y1.data(), 1, 2, kD)},
+                                     {ConstSeqView(x.data(), 1, 1, kD), &c2, SeqView(y2.data(), 1, 1, kD)}};
+    layer.forward_batch(steps);
+    CHECK(y1 == want);
+    CHECK(c1.lengths()[0] == 2);
+    CHECK(c2.lengths()[0] == 1);
+    steps[1].out = SeqView(y2.data(), 1, 2, kD);  // the wrong shape
+    check_error([&] { layer.forward_batch(steps); }, "steps[1].out");
+    CHECK(c1.lengths()[0] == 2);  // unchanged
+  }
   MhaOptions o;
   std::vector<float> weights(static_cast<std::size_t>(kH * 4));
   o.attn_weights = TensorView(weights.data(), {1, kH, 2, 2});

@@ -55,8 +55,8 @@ namespace simdattn {
 // one latent row a key (values: its first kv_lora_rank columns), the output times W_UV[h]^T (its
 // value rows), the same products regrouped. A KvPool made from the layer holds the same latent
 // rows in its blocks (forks, copy-on-write, accept, 8-bit rows) and forward_pool runs the absorbed
-// form over it (tree masks and the cascade included). Not yet: forward_batch and
-// cross-attention (Error("layer")).
+// form over it (tree masks and the cascade included). forward_batch runs each step's cached
+// forward in turn (every step checked first). Cross-attention is refused (Error("layer")).
 struct MlaConfig {
   std::int64_t q_lora_rank = 0;       // 0: a plain q_proj (Wq)
   std::int64_t kv_lora_rank = 0;      // >= 1

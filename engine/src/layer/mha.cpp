@@ -109,8 +109,8 @@ std::pair<detail::LayerStorage<T>, detail::MlaStorage<T>> mla_parts(const MhaCon
 // The calls an MLA layer does not run yet.
 void refuse_mla(const std::optional<detail::AnyMlaStorage>& mla, const char* what) {
   if (mla)
-    throw Error("layer", std::string("an MLA layer (DeepSeek's latent attention) runs forward(query, out) and ") +
-                             "forward(query, cache, out) so far; " + what + " over its latent rows is not supported yet");
+    throw Error("layer", std::string("an MLA layer (DeepSeek's latent attention) is self-attention: ") + what +
+                             " is not supported");
 }
 
 }  // namespace
@@ -181,7 +181,33 @@ void MultiHeadAttention::forward(const ConstSeqView& query, KvCache& cache, cons
 }
 
 void MultiHeadAttention::forward_batch(std::span<const DecodeStep> steps, const MhaOptions& options) const {
-  refuse_mla(storage_->mla, "forward_batch");
+  if (storage_->mla) {  // every step checked first, then each over its latent cache in turn
+    std::vector<detail::CacheState*> states(steps.size());
+    std::visit(
+        [&](const auto& built) {
+          for (std::size_t i = 0; i < steps.size(); ++i) {
+            const DecodeStep& s = steps[i];
+            try {
+              if (s.cache == nullptr) throw Error("cache", "null");
+              states[i] = &detail::cache_of_layer(config(), *s.cache);
+              if (!options.positions.empty())
+                throw Error("options.positions", "forward_batch takes each step's positions in DecodeStep::positions");
+              detail::mla_check_cached_step(built, s.query, *states[i], s.out, options, s.positions);
+            } catch (const Error& e) {
+              const std::string what = e.what(), arg = e.argument();
+              throw Error("steps[" + std::to_string(i) + "]." + arg,
+                          what.rfind(arg + ": ", 0) == 0 ? what.substr(arg.size() + 2) : what);
+            }
+          }
+        },
+        *storage_->mla);
+    for (std::size_t i = 0; i < steps.size(); ++i) {
+      MhaOptions o = options;
+      o.positions = steps[i].positions;
+      forward(steps[i].query, *steps[i].cache, steps[i].out, o);
+    }
+    return;
+  }
   std::int64_t tokens = 0;
   for (const DecodeStep& s : steps) tokens += s.query.B * s.query.S;
   const DType kv = steps.empty() || steps[0].cache == nullptr ? dtype() : steps[0].cache->dtype();
@@ -228,9 +254,13 @@ void MultiHeadAttention::check_step(const PoolStep& step, const KvPool& pool, co
 }
 
 void MultiHeadAttention::check_step(const DecodeStep& step, const MhaOptions& options) const {
-  refuse_mla(storage_->mla, "a cached step");
   if (step.cache == nullptr) throw Error("cache", "null");
   detail::CacheState& state = detail::cache_of_layer(config(), *step.cache);
+  if (storage_->mla) {
+    std::visit([&](const auto& built) { detail::mla_check_cached_step(built, step.query, state, step.out, options, step.positions); },
+               *storage_->mla);
+    return;
+  }
   std::visit([&](const auto& layer) { detail::check_cached_step(layer, step.query, state, step.out, options, step.positions); },
              storage_->layer);
 }

@@ -53,6 +53,11 @@ void mla_forward(const MlaStorage<T>& layer, const ConstSeqView& query, const Se
 // (mla_cached.cpp): the new tokens' latent rows appended, every head over them, the lengths
 // advanced last. Error naming "query", "out", "cache" (capacity; an 8-bit cache's non-finite row)
 // or the option, before anything changes.
+// The cached step's checks (query, out, options, positions, room in the cache), changing nothing.
+template <class T>
+void mla_check_cached_step(const MlaStorage<T>& layer, const ConstSeqView& query, const CacheState& cache, const SeqView& out,
+                           const MhaOptions& opt, std::span<const std::int64_t> positions);
+
 template <class T>
 void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
                         const MhaOptions& opt);

@@ -133,21 +133,27 @@ std::int64_t bad_latent_row(const MlaStorage<T>& layer, DType store, const T* Lr
 }  // namespace
 
 template <class T>
-void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
-                        const MhaOptions& opt) {
+void mla_check_cached_step(const MlaStorage<T>& layer, const ConstSeqView& query, const CacheState& cache, const SeqView& out,
+                           const MhaOptions& opt, std::span<const std::int64_t> positions) {
   const MhaConfig& c = layer.cfg;
   check_seq("query", query, dtype_of<T>(), cache.batch, c.d_model);
   check_rows("query", query, c.d_model, sizeof(T));
   check_out(out, dtype_of<T>(), query.B, query.S, c.d_model);
   check_cached_options(opt, "a KvCache");
-  const std::int64_t B = cache.batch, S = query.S, M = B * S;
-  check_positions(opt.positions, B, S);
-  for (std::int64_t b = 0; b < B; ++b) {
+  check_positions(positions, cache.batch, query.S);
+  for (std::int64_t b = 0; b < cache.batch; ++b) {
     const std::int64_t L = cache.lengths[static_cast<std::size_t>(b)];
-    if (S > cache.capacity - L)
-      throw Error("cache", "sequence " + num(b) + " holds " + num(L) + " tokens; " + num(S) + " more exceed the capacity " +
-                               num(cache.capacity));
+    if (query.S > cache.capacity - L)
+      throw Error("cache", "sequence " + num(b) + " holds " + num(L) + " tokens; " + num(query.S) +
+                               " more exceed the capacity " + num(cache.capacity));
   }
+}
+
+template <class T>
+void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, CacheState& cache, const SeqView& out,
+                        const MhaOptions& opt) {
+  mla_check_cached_step(layer, query, cache, out, opt, opt.positions);
+  const std::int64_t B = cache.batch, S = query.S, M = B * S;
   if (M == 0) return;
   std::vector<std::int64_t> pos(static_cast<std::size_t>(M));
   for (std::int64_t r = 0; r < M; ++r)
@@ -251,7 +257,9 @@ void mla_pool_forward(const MlaStorage<T>& layer, std::span<const PoolStep> step
   template void mla_pool_forward(const MlaStorage<T>&, std::span<const PoolStep>, PoolState&, std::int64_t,       \
                                  const MhaOptions&);                                                              \
   template void mla_check_pool_call(const MlaStorage<T>&, const PoolState&, const MhaOptions&);                  \
-  template void mla_check_pool_step(const MlaStorage<T>&, const PoolStep&);
+  template void mla_check_pool_step(const MlaStorage<T>&, const PoolStep&);                                      \
+  template void mla_check_cached_step(const MlaStorage<T>&, const ConstSeqView&, const CacheState&,               \
+                                      const SeqView&, const MhaOptions&, std::span<const std::int64_t>);
 SIMDATTN_MLA_CACHED(float)
 SIMDATTN_MLA_CACHED(double)
 SIMDATTN_MLA_CACHED(bfloat16)
