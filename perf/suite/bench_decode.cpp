@@ -11,6 +11,8 @@
 //       mla16    H 16,  Hkv 1, 8192 keys, D 576, Dv 512, V a view of K's first 512 columns
 //       mla128   H 128, the same                   (DeepSeek's absorbed latent decode)
 //       mla1     H 1,   Hkv 1, 8192 keys, D 576, V a view of K (the byte rate of mla's)
+//       mla128k4 H 128, 4096 keys (DeepSeek-V3's decode step at 4096 tokens; t1 and t2), and its
+//       mla1k4   byte-rate row H 1
 //   attention/native/chunk512-{dense,paged16}[.bf16]/t<N>: 512 query tokens over 4096 keys (a
 //     prompt chunk after 3584 cached tokens), H 32, Hkv 8, D 128, bottom-right causal: dense
 //     views, and the same keys in blocks of 16 tokens of a KvPool-layout cache, shuffled.
@@ -42,7 +44,8 @@ constexpr DecodeShape kShapes[] = {
     {"gqa8", 64, 8, 16384, 128, 128, false},   {"mha1", 1, 1, 131072, 128, 128, false},
     {"mqa", 32, 1, 131072, 128, 128, false},   {"mqa32k", 32, 1, 32768, 128, 128, false},
     {"mla1", 1, 1, 8192, 576, 512, true},      {"mla16", 16, 1, 8192, 576, 512, true},
-    {"mla128", 128, 1, 8192, 576, 512, true},
+    {"mla128", 128, 1, 8192, 576, 512, true},  {"mla1k4", 1, 1, 4096, 576, 512, true},
+    {"mla128k4", 128, 1, 4096, 576, 512, true},
 };
 
 std::vector<float> normal(std::size_t n, unsigned seed) {

@@ -23,6 +23,7 @@ SHAPES = {
     "mqa": (32, 1, 131072, 128, 128, "mha1"),
     "mla16": (16, 1, 8192, 576, 512, "mla1"),
     "mla128": (128, 1, 8192, 576, 512, "mla1"),
+    "mla128k4": (128, 1, 4096, 576, 512, "mla1k4"),
 }
 DTYPES = {"f32": "", "bf16": ".bf16", "int8": ".int8"}
 TARGET = 0.8
@@ -70,10 +71,11 @@ def main(argv):
             failed += share < TARGET
             print(f"{shape + '.' + dtype:<18} {ms(name):8.3f} {t_bytes:9.3f} {t_flops:9.3f} {roof:9.3f} {share:6.2f}"
                   f"{'' if share >= TARGET else '  < ' + str(TARGET)}")
-    for suffix in ("", ".bf16"):
-        t1, t2 = ms(f"attention/native/mqa32k-decode{suffix}/t1"), ms(f"attention/native/mqa32k-decode{suffix}/t2")
-        if t1 and t2:
-            print(f"mqa32k-decode{suffix}: 2 threads {t1 / t2:.2f}x the speed of 1 (target >= 1.8)")
+    for shape in ("mqa32k", "mla128k4"):
+        for suffix in ("", ".bf16"):
+            t1, t2 = ms(f"attention/native/{shape}-decode{suffix}/t1"), ms(f"attention/native/{shape}-decode{suffix}/t2")
+            if t1 and t2:
+                print(f"{shape}-decode{suffix}: 2 threads {t1 / t2:.2f}x the speed of 1 (target >= 1.8)")
     for suffix in ("", ".bf16"):
         d, p = ms(f"attention/native/chunk512-dense{suffix}/t2"), ms(f"attention/native/chunk512-paged16{suffix}/t2")
         if d and p:
