@@ -133,6 +133,10 @@ static void test_pool(void) {
   }
   CHECK(simdattn_kv_pool_length(pool, s, &len) == SIMDATTN_OK && len == 8);
   CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 6);
+  int64_t per_token = 0;  /* K and V rows of every head, f32 */
+  CHECK(simdattn_kv_pool_bytes_per_token(pool, &per_token) == SIMDATTN_OK && per_token == 2 * DM * 4);
+  CHECK(simdattn_kv_cache_bytes_per_token(cache, &per_token) == SIMDATTN_OK && per_token == 2 * DM * 4);
+  CHECK(simdattn_kv_pool_bytes_per_token(pool, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
   CHECK(simdattn_kv_pool_fork(pool, s, &c) == SIMDATTN_OK && c != s);
   CHECK(simdattn_kv_pool_free_blocks(pool, &free_blocks) == SIMDATTN_OK && free_blocks == 6);
   /* 25 more tokens of the child need 7 blocks: 6 are free */

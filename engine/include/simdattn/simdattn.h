@@ -365,6 +365,8 @@ SIMDATTN_C_API simdattn_status simdattn_kv_cache_truncate(simdattn_kv_cache* cac
 /* The tokens cached for sequence `sequence`. */
 SIMDATTN_C_API simdattn_status simdattn_kv_cache_length(const simdattn_kv_cache* cache, int64_t sequence,
                                                         int64_t* length);
+/* KvCache::bytes_per_token: the bytes one token occupies (an MLA layer's cache: its latent row). */
+SIMDATTN_C_API simdattn_status simdattn_kv_cache_bytes_per_token(const simdattn_kv_cache* cache, int64_t* bytes);
 
 /* ---- paged attention and the KV pool (simdattn/paged.hpp, simdattn/kv_pool.hpp) -------------- */
 
@@ -437,6 +439,8 @@ SIMDATTN_C_API simdattn_status simdattn_kv_pool_accept(simdattn_kv_pool* pool, i
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_length(const simdattn_kv_pool* pool, int64_t sequence,
                                                        int64_t* length);
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_free_blocks(const simdattn_kv_pool* pool, int64_t* free_blocks);
+/* KvPool::bytes_per_token: the bytes one token occupies per layer (an MLA layer's pool: its latent row). */
+SIMDATTN_C_API simdattn_status simdattn_kv_pool_bytes_per_token(const simdattn_kv_pool* pool, int64_t* bytes);
 
 /* PoolStep: query [1, T, d_model] of sequence `sequence`, out of the same shape. */
 typedef struct simdattn_pool_step {

@@ -360,4 +360,12 @@ simdattn_status simdattn_kv_cache_length(const simdattn_kv_cache* cache, int64_t
   });
 }
 
+simdattn_status simdattn_kv_cache_bytes_per_token(const simdattn_kv_cache* cache, int64_t* bytes) {
+  return guarded([&] {
+    require(cache, "cache");
+    require(bytes, "bytes");
+    *bytes = cache->cache.bytes_per_token();
+  });
+}
+
 }  // extern "C"

@@ -166,6 +166,14 @@ simdattn_status simdattn_kv_pool_free_blocks(const simdattn_kv_pool* pool, int64
   });
 }
 
+simdattn_status simdattn_kv_pool_bytes_per_token(const simdattn_kv_pool* pool, int64_t* bytes) {
+  return guarded([&] {
+    require(pool, "pool");
+    require(bytes, "bytes");
+    *bytes = pool->pool.bytes_per_token();
+  });
+}
+
 void simdattn_pool_step_init(simdattn_pool_step* step) {
   if (step == nullptr) return;
   std::memset(step, 0, sizeof *step);
