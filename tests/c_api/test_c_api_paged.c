@@ -253,7 +253,7 @@ static void test_codes(void) {
   for (i = 0; i < H * SQ * D; ++i) CHECK(out[i] == want[i]);
   v1.struct_size = offsetof(simdattn_attention_options, k_scale) - 8;
   CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_ERROR_VERSION);
-  CHECK(simdattn_c_api_version() == 4);
+  CHECK(simdattn_c_api_version() == 5);
 }
 
 /* C API 4: tree masks, lse and merge_attention_states. A tree mask showing each new token its
@@ -310,10 +310,98 @@ static void test_speculative(void) {
   CHECK(memcmp(out, out2, sizeof out) == 0);
 }
 
+/* C API 5: a pool step's draft tree (simdattn_pool_step's tree_mask): a lower-triangular tree is
+ * the causal step, bitwise; a tree of two siblings gives the second what a causal step of it
+ * alone gives, and simdattn_pool_scheduler_accept keeps it; an array of C API 4's step size is
+ * read at that stride. */
+static void test_pool_trees(void) {
+  enum { DM = 16, PH = 2 };
+  static float w[4][DM * DM];
+  for (int m = 0; m < 4; ++m)
+    for (int i = 0; i < DM * DM; ++i) w[m][i] = 0.3f * frand();
+  simdattn_mha_config cfg;
+  simdattn_mha_config_init(&cfg);
+  cfg.d_model = DM, cfg.heads = PH;
+  simdattn_mha_weights wt;
+  simdattn_mha_weights_init(&wt);
+  wt.dtype = SIMDATTN_F32;
+  wt.wq = w[0], wt.wk = w[1], wt.wv = w[2], wt.wo = w[3];
+  simdattn_mha* layer = NULL;
+  CHECK(simdattn_mha_create(&cfg, &wt, &layer) == SIMDATTN_OK);
+  simdattn_kv_pool* pool = NULL;
+  CHECK(simdattn_kv_pool_create(layer, 16, 4, 1, SIMDATTN_F32, &pool) == SIMDATTN_OK);
+  int64_t a = -1, b = -1;
+  CHECK(simdattn_kv_pool_add(pool, &a) == SIMDATTN_OK && simdattn_kv_pool_add(pool, &b) == SIMDATTN_OK);
+  static float x[3 * DM], ya[3 * DM], yb[3 * DM];
+  for (int i = 0; i < 3 * DM; ++i) x[i] = frand();
+  /* both sequences: the same 3 tokens, a causal and as a lower-triangular tree, in one call */
+  const uint8_t tril[9] = {1, 0, 0, 1, 1, 0, 1, 1, 1};
+  simdattn_pool_step st[2];
+  for (int i = 0; i < 2; ++i) {
+    simdattn_pool_step_init(&st[i]);
+    st[i].query = simdattn_seq_make(x, SIMDATTN_F32, 1, 3, DM);
+    st[i].out = simdattn_seq_make(i == 0 ? ya : yb, SIMDATTN_F32, 1, 3, DM);
+    st[i].sequence = i == 0 ? a : b;
+  }
+  st[1].tree_mask = tril, st[1].tree_mask_count = 9;
+  CHECK(simdattn_mha_forward_pool(layer, st, 2, pool, 0, NULL) == SIMDATTN_OK);
+  for (int i = 0; i < 3 * DM; ++i) CHECK(ya[i] == yb[i]);
+  st[1].tree_mask_count = 8; /* not [T, T] */
+  CHECK(simdattn_mha_forward_pool(layer, &st[1], 1, pool, 0, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "steps[0].tree_mask") == 0);
+  /* C API 4's step size: an array read at that stride (no tree mask: causal) */
+  static unsigned char old[2 * sizeof(simdattn_pool_step)];
+  const size_t v4 = offsetof(simdattn_pool_step, tree_mask);
+  static float y4[3 * DM], y4b[DM];
+  simdattn_pool_step o0 = st[0], o1 = st[0];
+  o0.struct_size = v4, o0.out = simdattn_seq_make(y4, SIMDATTN_F32, 1, 3, DM), o0.sequence = a;
+  o1.struct_size = v4, o1.query = simdattn_seq_make(x, SIMDATTN_F32, 1, 1, DM), o1.out = simdattn_seq_make(y4b, SIMDATTN_F32, 1, 1, DM);
+  o1.sequence = b;
+  memcpy(old, &o0, v4);
+  memcpy(old + v4, &o1, v4);
+  CHECK(simdattn_mha_forward_pool(layer, (const simdattn_pool_step*)old, 2, pool, 0, NULL) == SIMDATTN_OK);
+  int64_t len = 0;
+  CHECK(simdattn_kv_pool_length(pool, a, &len) == SIMDATTN_OK && len == 6);
+  CHECK(simdattn_kv_pool_length(pool, b, &len) == SIMDATTN_OK && len == 4);
+  /* through the scheduler: two sibling drafts over b, the second accepted */
+  simdattn_pool_scheduler* sched = NULL;
+  CHECK(simdattn_pool_scheduler_create(layer, pool, 0, 1, &sched) == SIMDATTN_OK);
+  int64_t c = -1;
+  CHECK(simdattn_pool_scheduler_open(sched, b, &c) == SIMDATTN_OK);
+  static float d[2 * DM], yd[2 * DM], yc[DM];
+  for (int i = 0; i < 2 * DM; ++i) d[i] = frand();
+  const uint8_t siblings[4] = {1, 0, 0, 1};
+  const int64_t pos[2] = {4, 4};
+  simdattn_pool_step t;
+  simdattn_pool_step_init(&t);
+  t.query = simdattn_seq_make(d, SIMDATTN_F32, 1, 2, DM), t.out = simdattn_seq_make(yd, SIMDATTN_F32, 1, 2, DM);
+  t.sequence = b, t.positions = pos, t.positions_count = 2, t.tree_mask = siblings, t.tree_mask_count = 4;
+  CHECK(simdattn_pool_scheduler_step(sched, &t) == SIMDATTN_OK);
+  const int64_t kept[1] = {1};
+  CHECK(simdattn_pool_scheduler_accept(sched, b, 4, kept, 1) == SIMDATTN_OK);
+  CHECK(simdattn_pool_scheduler_length(sched, b, &len) == SIMDATTN_OK && len == 5);
+  simdattn_pool_step u;
+  simdattn_pool_step_init(&u);
+  u.query = simdattn_seq_make(d + DM, SIMDATTN_F32, 1, 1, DM), u.out = simdattn_seq_make(yc, SIMDATTN_F32, 1, 1, DM);
+  u.sequence = c;
+  CHECK(simdattn_pool_scheduler_step(sched, &u) == SIMDATTN_OK);
+  double err = 0;
+  for (int i = 0; i < DM; ++i) err = fmax(err, fabs((double)yc[i] - yd[DM + i]));
+  CHECK(err <= 1e-5);
+  const int64_t bad[2] = {1, 0};
+  CHECK(simdattn_pool_scheduler_accept(sched, b, 4, bad, 2) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "kept") == 0);
+  CHECK(simdattn_pool_scheduler_close(sched, c) == SIMDATTN_OK);
+  simdattn_pool_scheduler_free(sched);
+  simdattn_kv_pool_free(pool);
+  simdattn_mha_free(layer);
+}
+
 int main(void) {
   test_attention_paged();
   test_pool();
   test_codes();
   test_speculative();
+  test_pool_trees();
   return report("test_c_api_paged");
 }

@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 4
+#define SIMDATTN_C_API_VERSION 5
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -450,6 +450,11 @@ typedef struct simdattn_pool_step {
   simdattn_seq out;
   const int64_t* positions; /* NULL or T positions */
   size_t positions_count;
+  /* C API 5: the step's draft tree, [T, T] row-major, nonzero = token j sees token j' (PoolStep::
+   * tree_mask); NULL: causal. A step struct of C API 4's size (ending before it) is taken, and an
+   * array of them is read at its struct_size's stride. */
+  const uint8_t* tree_mask;
+  size_t tree_mask_count;
 } simdattn_pool_step;
 
 SIMDATTN_C_API void simdattn_pool_step_init(simdattn_pool_step* step);
@@ -477,6 +482,9 @@ SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_step(simdattn_pool_schedu
                                                             const simdattn_pool_step* step);
 SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_length(const simdattn_pool_scheduler* scheduler,
                                                               int64_t sequence, int64_t* length);
+/* PoolScheduler::accept: of `sequence`'s drafts from position `first` on, keeps kept[0 .. count-1]. */
+SIMDATTN_C_API simdattn_status simdattn_pool_scheduler_accept(simdattn_pool_scheduler* scheduler, int64_t sequence,
+                                                              int64_t first, const int64_t* kept, size_t count);
 
 /* ---- the machine and the build ------------------------------------------------------------- */
 

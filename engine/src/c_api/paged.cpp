@@ -57,7 +57,22 @@ PoolStep pool_step(const simdattn_pool_step& s, const std::string& name) {
   p.out = step_seq<SeqView>(s.out, name + ".out");
   p.sequence = s.sequence;
   p.positions = span_of(s.positions, s.positions_count, (name + ".positions").c_str());
+  p.tree_mask = span_of(s.tree_mask, s.tree_mask_count, (name + ".tree_mask").c_str());
   return p;
+}
+
+// C API 4's step struct ended before the tree mask.
+constexpr std::size_t kPoolStepV4 = offsetof(simdattn_pool_step, tree_mask);
+
+// Step i of an array whose elements are steps[0].struct_size apart (this header's or C API 4's).
+simdattn_pool_step step_at(const simdattn_pool_step* steps, std::size_t i, const std::string& name) {
+  (void)checked_options(steps, "steps[0]", {kPoolStepV4});  // its size: this header's or C API 4's
+  const std::size_t stride = steps->struct_size >= sizeof(simdattn_pool_step) ? steps->struct_size : kPoolStepV4;
+  const auto* p = reinterpret_cast<const simdattn_pool_step*>(reinterpret_cast<const char*>(steps) + i * stride);
+  if (p->struct_size != steps->struct_size)
+    throw VersionError{name, "struct_size " + std::to_string(p->struct_size) + " differs from steps[0]'s " +
+                                 std::to_string(steps->struct_size) + " (every step of an array has one size)"};
+  return checked_options(p, name.c_str(), {kPoolStepV4});
 }
 
 }  // namespace
@@ -189,11 +204,13 @@ simdattn_status simdattn_mha_forward_pool(const simdattn_mha* layer, const simda
   return guarded([&] {
     require(layer, "layer");
     require(pool, "pool");
-    const std::span<const simdattn_pool_step> in = span_of(steps, count, "steps");
-    std::vector<PoolStep> cpp(in.size());
-    for (std::size_t i = 0; i < in.size(); ++i) {
+    if (count > 0) require(steps, "steps");
+    std::vector<simdattn_pool_step> in(count);
+    std::vector<PoolStep> cpp(count);
+    for (std::size_t i = 0; i < count; ++i) {
       const std::string name = "steps[" + std::to_string(i) + "]";
-      cpp[i] = pool_step(checked(&in[i], name.c_str()), name);
+      in[i] = step_at(steps, i, name);
+      cpp[i] = pool_step(in[i], name);
     }
     layer->layer.forward_pool(cpp, pool->pool, layer_index, mha_options(options));
   });
@@ -233,7 +250,16 @@ simdattn_status simdattn_pool_scheduler_close(simdattn_pool_scheduler* scheduler
 simdattn_status simdattn_pool_scheduler_step(simdattn_pool_scheduler* scheduler, const simdattn_pool_step* step) {
   return guarded([&] {
     require(scheduler, "scheduler");
-    scheduler->scheduler.step(pool_step(checked(step, "step"), "step"));
+    const simdattn_pool_step s = checked_options(step, "step", {kPoolStepV4});
+    scheduler->scheduler.step(pool_step(s, "step"));
+  });
+}
+
+simdattn_status simdattn_pool_scheduler_accept(simdattn_pool_scheduler* scheduler, int64_t sequence, int64_t first,
+                                               const int64_t* kept, size_t count) {
+  return guarded([&] {
+    require(scheduler, "scheduler");
+    scheduler->scheduler.accept(sequence, first, span_of(kept, count, "kept"));
   });
 }
 
