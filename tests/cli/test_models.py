@@ -207,6 +207,13 @@ class Models(cli_case.CliCase):
         mf.write_checkpoint(yarn, "gpt_oss", self.rng,
                             config_edit=lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0, "beta_fast": -2}))
         cases.append((["--model", yarn, "--layer", "0"], "beta_fast"))
+        # an MLA config whose sizes disagree with the tensors: the tensor named; an odd rope width
+        mla = self.path("mla")
+        mf.write_checkpoint(mla, "deepseek_v3", self.rng, config_edit=lambda c: c.update(kv_lora_rank=11))
+        cases.append((["--model", mla, "--layer", "0"], "kv_a_proj_with_mqa.weight"))
+        odd = self.path("odd")
+        mf.write_checkpoint(odd, "deepseek_v2", self.rng, config_edit=lambda c: c.update(qk_rope_head_dim=3))
+        cases.append((["--model", odd, "--layer", "0"], "qk_rope_head_dim"))
         types = self.path("types")
         mf.write_checkpoint(types, "gpt_oss", self.rng, config_edit=lambda c: c.update(layer_types=["sliding_attention", "local"]))
         cases.append((["--model", types, "--layer", "1"], "layer_types"))
