@@ -1,7 +1,8 @@
 // libFuzzer target: the model-directory loader (MultiHeadAttention::from_pretrained: config.json,
 // model.safetensors.index.json, the shards it names). The input is the config text, a NUL byte,
 // then the index text; both are written into a scratch directory that also holds two fixed
-// shards with the tensors of every family's layers 0 and 1 (gpt2, bloom, t5, bert, llama-like).
+// shards with the tensors of every family's layers 0 and 1 (gpt2, bloom, t5, bert, llama-like),
+// and a third file with gpt-oss's sinks and an MLA layer's tensors.
 // Layers 0 and 1 are loaded (and, when a layer loads, run once on a small input): each must
 // succeed or throw simdattn::Error, nothing else.
 #include <unistd.h>
@@ -49,18 +50,30 @@ void write_shards() {
     shapes[m + "q_proj.bias"] = {32}, shapes[m + "k_proj.bias"] = {16}, shapes[m + "v_proj.bias"] = {16};
     shapes[m + "q_norm.weight"] = {8}, shapes[m + "k_norm.weight"] = {8};
   }
+  // gpt-oss's sinks and an MLA layer's tensors (4 heads, qk_nope 4, qk_rope 4, v_head 8,
+  // kv_lora_rank 8, no q LoRA: its q_proj and o_proj are the llama-like ones), in a third file
+  std::map<std::string, std::vector<std::int64_t>> later;
+  for (int n = 0; n < 2; ++n) {
+    const std::string m = "model.layers." + std::to_string(n) + ".self_attn.";
+    later[m + "sinks"] = {4};
+    later[m + "kv_a_proj_with_mqa.weight"] = {12, d}, later[m + "kv_a_layernorm.weight"] = {8};
+    later[m + "kv_b_proj.weight"] = {48, 8};
+  }
   std::vector<std::vector<float>> keep;
-  std::map<std::string, simdattn::SafetensorsTensor> shard[2];
-  int i = 0;
-  for (const auto& [name, shape] : shapes) {
+  std::map<std::string, simdattn::SafetensorsTensor> shard[3];
+  auto add = [&](const std::string& name, const std::vector<std::int64_t>& shape, int file) {
     std::int64_t n = 1;
     for (std::int64_t s : shape) n *= s;
     keep.emplace_back(static_cast<std::size_t>(n));
     for (std::size_t k = 0; k < keep.back().size(); ++k) keep.back()[k] = 0.01f * static_cast<float>((k * 5) % 13) - 0.06f;
-    shard[i++ % 2][name] = {simdattn::DType::f32, shape, keep.back().data()};
-  }
+    shard[file][name] = {simdattn::DType::f32, shape, keep.back().data()};
+  };
+  int i = 0;
+  for (const auto& [name, shape] : shapes) add(name, shape, i++ % 2);
+  for (const auto& [name, shape] : later) add(name, shape, 2);
   simdattn::write_safetensors(dir + "/model-00001-of-00002.safetensors", shard[0]);
   simdattn::write_safetensors(dir + "/model-00002-of-00002.safetensors", shard[1]);
+  simdattn::write_safetensors(dir + "/model-extra.safetensors", shard[2]);
 }
 
 bool setup() {
