@@ -47,6 +47,7 @@ INTERNAL_FOR_TESTS = {
     "core/validate/validate.hpp",   # make_problem (the path table's input)
     "io/gguf.hpp",                  # the GGUF reader (its doctest and fuzz target)
     "io/json.hpp",
+    "layer/mla/mla.hpp",            # the MLA forms' threshold (its tests)
     "layer/cache/pool_core.hpp",    # the cascade's mode, rule and count (its tests, the soak)
     "linalg/gemm.hpp",
     "linalg/gemm16.hpp",

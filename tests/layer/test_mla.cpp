@@ -13,6 +13,7 @@
 #include <random>
 #include <vector>
 
+#include "layer/mla/mla.hpp"
 #include "support/serving_util.hpp"
 #include "support/test_util.hpp"
 
@@ -272,5 +273,46 @@ TEST_CASE("MLA layer: a pool of latent rows (batched steps, a fork, accepted dra
     CHECK(pool.length(a) == S);
     for (const KvPool::Sequence s : {a, b, f}) pool.release(s);
     CHECK(pool.free_blocks() == pool.num_blocks());
+  }
+}
+
+TEST_CASE("MLA layer: chunks of kMlaExpandedMinTokens or more run the expanded form over the cache; mixed with decode steps in one batch") {
+  for (const DType dtype : {DType::f32, DType::int8}) {
+    INFO("store ", dtype_name(dtype));
+    const MhaConfig c = mla_config(8);
+    const MultiHeadAttention layer(c, mla_weights<float>(c, 19));
+    const std::int64_t S = 2 * detail::kMlaExpandedMinTokens + 40, E = detail::kMlaExpandedMinTokens;
+    std::mt19937_64 rng(37);
+    std::normal_distribution<float> n;
+    std::vector<float> x(static_cast<std::size_t>(2 * S * kD)), full(x.size());
+    for (float& e : x) e = n(rng);
+    layer.forward(ConstSeqView(x.data(), 2, S, kD), SeqView(full.data(), 2, S, kD));
+    double scale = 1.0;
+    for (float e : full) scale = std::max(scale, double(std::abs(e)));
+    const double tol = (dtype == DType::f32 ? 1e-4 : 6e-2) * scale;
+    // a KvCache: E + 6 tokens (expanded), 1 (absorbed), the rest (expanded)
+    KvCache cache(layer, 1, S, dtype);
+    std::int64_t at = 0;
+    for (const std::int64_t t : {E + 6, std::int64_t{1}, S - E - 7}) {
+      std::vector<float> y(static_cast<std::size_t>(t * kD));
+      layer.forward(ConstSeqView(x.data() + at * kD, 1, t, kD), cache, SeqView(y.data(), 1, t, kD));
+      for (std::int64_t i = 0; i < t * kD; ++i) CHECK(std::abs(y[static_cast<std::size_t>(i)] - full[static_cast<std::size_t>(at * kD + i)]) <= tol);
+      at += t;
+    }
+    // a pool batch: sequence a's chunk of E + 20 tokens (expanded) beside b's decode steps (absorbed)
+    KvPool pool(layer, 2 * S / 4 + 8, 4, 1, dtype);
+    const KvPool::Sequence a = pool.add(), b = pool.add();
+    const std::int64_t chunk = E + 20;
+    std::vector<float> ya(static_cast<std::size_t>(chunk * kD)), yb(static_cast<std::size_t>(kD));
+    for (std::int64_t step = 0; step < 2; ++step) {
+      const std::int64_t ta = step == 0 ? chunk : 1;
+      const std::vector<PoolStep> steps = {
+          {ConstSeqView(x.data() + (step == 0 ? 0 : chunk) * kD, 1, ta, kD), a, SeqView(ya.data(), 1, ta, kD)},
+          {ConstSeqView(x.data() + (S + step) * kD, 1, 1, kD), b, SeqView(yb.data(), 1, 1, kD)}};
+      layer.forward_pool(steps, pool);
+      const std::int64_t a0 = step == 0 ? 0 : chunk;
+      for (std::int64_t i = 0; i < ta * kD; ++i) CHECK(std::abs(ya[static_cast<std::size_t>(i)] - full[static_cast<std::size_t>(a0 * kD + i)]) <= tol);
+      for (std::int64_t i = 0; i < kD; ++i) CHECK(std::abs(yb[static_cast<std::size_t>(i)] - full[static_cast<std::size_t>((S + step) * kD + i)]) <= tol);
+    }
   }
 }

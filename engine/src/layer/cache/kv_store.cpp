@@ -111,6 +111,25 @@ void append_latent_rows(const KvStore& store, std::span<const StoreSeq> seqs, co
     }
 }
 
+template <class T>
+void read_latent_rows(const KvStore& store, const StoreSeq& s, std::int64_t n, T* dst) {
+  const std::int64_t W = store.head_dim;
+  const auto esize = static_cast<std::int64_t>(dtype_size(store.dtype));
+  const bool codes = is_kv_code(store.dtype);
+  for (std::int64_t t = 0; t < n; ++t) {
+    const auto [blk, slot] = place(store, s, t);
+    const std::int64_t at = blk * store.block_stride + slot * W;
+    T* row = dst + t * W;
+    if (codes) {
+      const auto* c = reinterpret_cast<const std::uint8_t*>(store.k) + at;
+      const float scale = store.k_scale[blk * store.scale_stride + slot];
+      for (std::int64_t d = 0; d < W; ++d) row[d] = narrow<T>(static_cast<double>(code8_value(store.dtype, c[d]) * scale));
+    } else {
+      convert_elements(store.k + at * esize, store.dtype, row, dtype_of<T>(), W);
+    }
+  }
+}
+
 namespace {
 
 // A KvCache's core: attention() on dense views of its whole capacity (the kernels size their
@@ -182,7 +201,8 @@ void store_attention(const LayerStorage<T>& layer, const T* p, std::int64_t N, c
                                 std::span<const StoreSeq>, T*, const AttentionOptions&);                           \
   template void store_attention_rows(std::int64_t, std::int64_t, std::int64_t, const T*, std::int64_t,            \
                                      const KvStore&, std::span<const StoreSeq>, T*, const AttentionOptions&);      \
-  template void append_latent_rows(const KvStore&, std::span<const StoreSeq>, const T*);
+  template void append_latent_rows(const KvStore&, std::span<const StoreSeq>, const T*);                         \
+  template void read_latent_rows(const KvStore&, const StoreSeq&, std::int64_t, T*);
 SIMDATTN_STORE(float)
 SIMDATTN_STORE(double)
 SIMDATTN_STORE(bfloat16)

@@ -81,6 +81,11 @@ void append_store_rows(const LayerStorage<T>& layer, const T* p, std::int64_t N,
 template <class T>
 void append_latent_rows(const KvStore& store, std::span<const StoreSeq> seqs, const T* rows);
 
+// A latent store's first n rows of sequence s (its positions 0 .. n-1) read back as T into dst
+// (n x head_dim): converted, or an 8-bit row's codes times its scale (as the kernels read them).
+template <class T>
+void read_latent_rows(const KvStore& store, const StoreSeq& s, std::int64_t n, T* dst);
+
 // The attention core over a store (dense: attention() over its views; paged: pool_core.hpp's
 // pool_attention): each sequence's query rows (qd, ldq apart; H heads of head_dim) over its keys
 // into its rows of od (ldo apart; H heads of v_dim), in the core's dtype.

@@ -17,6 +17,15 @@
 
 namespace simdattn::detail {
 
+// A cached step's sequence with this many new tokens or more (and no draft tree) runs in the
+// expanded form (its keys' latent rows projected up through kv_b, one attention() call), fewer in
+// the absorbed form (every head over the latent rows). Measured (docs/models.md): a chunk over
+// 4096 cached tokens, bf16, 2 threads, expanded against absorbed: V2-Lite's shape 1.32x the time at
+// 128 tokens, 0.86x at 256; V3's 1.33x and 0.93x. Expanding costs the keys' kv_b product (L x
+// kv_lora_rank x H (nope + v)) whatever the chunk; absorbing costs 576 + 512 multiply-adds a key
+// and head a token instead of 192 + 128.
+inline constexpr std::int64_t kMlaExpandedMinTokens = 256;
+
 template <class T>
 struct MlaStorage {
   MhaConfig cfg;  // resolved: head_dim = nope + rope, kv_heads = heads, kdim = vdim = d_model

@@ -30,37 +30,44 @@ namespace simdattn::detail {
 namespace scratch {
 struct MlaCachedRows : HugePagesSlot {};  // a cached step's rows: the first projection, q, latent rows, absorbed q and output
 struct MlaPoolRows : HugePagesSlot {};    // a pool batch's query rows gathered, and its output rows
+struct MlaExpandRows : HugePagesSlot {};  // the expanded form's latent rows read back, kv_b's output, the keys
 }  // namespace scratch
 
 namespace {
 
 // A cached step's rows in this thread's scratch: the latent rows Lr [M, W], the absorbed queries
-// Qa [M, H, W], the attention's output Oa [M, H, kv_lora_rank], the heads' output O [M, H * v].
+// Qa [M, H, W] and their attention's output Oa [M, H, kv_lora_rank], the expanded queries Qe [M,
+// H, rope | nope], the heads' output O [M, H * v].
 template <class T>
 struct StepRows {
   T* Lr;
   T* Qa;
   T* Oa;
+  T* Qe;
   T* O;
 };
 
 // Rows x [M, d_model] at positions pos[r]: the first projection, the two RMSNorms, the latent rows
-// [normed c | RoPE(kr)], the absorbed queries [q_nope W_UK[h] | RoPE(q_rope)].
+// [normed c | RoPE(kr)], the absorbed queries [q_nope W_UK[h] | RoPE(q_rope)] (`absorbed`) and the
+// expanded ones [RoPE(q_rope) | q_nope] (`expanded`).
 template <class T>
-StepRows<T> step_rows(const MlaStorage<T>& layer, const T* x, std::int64_t M, std::span<const std::int64_t> pos, int threads) {
+StepRows<T> step_rows(const MlaStorage<T>& layer, const T* x, std::int64_t M, std::span<const std::int64_t> pos, bool absorbed,
+                      bool expanded, int threads) {
   const MhaConfig& c = layer.cfg;
   const MlaConfig& m = layer.m;
   const std::int64_t H = c.heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope;
   const std::int64_t kvl = m.kv_lora_rank, W = kvl + rope, vd = m.v_head_dim, nA = layer.n_a, d = c.d_model;
   const bool lora = m.q_lora_rank > 0;
-  const std::size_t need = static_cast<std::size_t>(M * (nA + (lora ? H * qk : 0) + W + H * W + H * kvl + H * vd));
+  const std::size_t need =
+      static_cast<std::size_t>(M * (nA + (lora ? H * qk : 0) + W + H * W + H * kvl + (expanded ? H * qk : 0) + H * vd));
   T* A = thread_buffer<T, scratch::MlaCachedRows>().get(need);
   T* Qup = A + M * nA;
   StepRows<T> out;
   out.Lr = Qup + (lora ? M * H * qk : 0);
   out.Qa = out.Lr + M * W;
   out.Oa = out.Qa + M * H * W;
-  out.O = out.Oa + M * H * kvl;
+  out.Qe = out.Oa + M * H * kvl;
+  out.O = out.Qe + (expanded ? M * H * qk : 0);
   project(x, M, d, d, layer.w_a, 0, nA, layer.b_a.empty() ? nullptr : layer.b_a.data(), A, nA, threads);
   parallel_for(M, threads, 64, [&](std::int64_t m0, std::int64_t m1) {
     for (std::int64_t r = m0; r < m1; ++r) {
@@ -75,7 +82,7 @@ StepRows<T> step_rows(const MlaStorage<T>& layer, const T* x, std::int64_t M, st
     qsrc = Qup, ldq = H * qk;
   }
   // the absorbed queries' latent parts: q_nope of head h times W_UK[h]
-  for (std::int64_t h = 0; h < H; ++h) {
+  for (std::int64_t h = 0; h < H && absorbed; ++h) {
     if (nope == 0) {
       for (std::int64_t r = 0; r < M; ++r) std::fill_n(out.Qa + r * H * W + h * W, kvl, T{});
       continue;
@@ -93,17 +100,62 @@ StepRows<T> step_rows(const MlaStorage<T>& layer, const T* x, std::int64_t M, st
       std::copy_n(A + r * nA + layer.kv0, W, row);  // [normed c | kr]
       rope_rotate(layer.rope, cs.data(), row + kvl, 1);
       for (std::int64_t h = 0; h < H; ++h) {
-        T* q = out.Qa + (r * H + h) * W + kvl;
-        std::copy_n(qsrc + r * ldq + h * qk + nope, rope, q);
-        rope_rotate(layer.rope, cs.data(), q, 1);
+        const T* src = qsrc + r * ldq + h * qk;
+        if (absorbed) {
+          T* q = out.Qa + (r * H + h) * W + kvl;
+          std::copy_n(src + nope, rope, q);
+          rope_rotate(layer.rope, cs.data(), q, 1);
+        }
+        if (expanded) {  // [rope | nope], as the whole-sequence forward lays a head out
+          T* q = out.Qe + (r * H + h) * qk;
+          std::copy_n(src + nope, rope, q);
+          std::copy_n(src, nope, q + rope);
+          rope_rotate(layer.rope, cs.data(), q, 1);
+        }
       }
     }
   });
   return out;
 }
 
-// Every head over the store's latent rows (keys: whole rows; values: their first kv_lora_rank
-// columns), then o_latent W_UV[h]^T and o_proj into y [M, d_model].
+// Whether a sequence's step runs in the expanded form: a chunk of kMlaExpandedMinTokens new tokens
+// or more without a draft tree (pool_core.hpp-style rule, measured: docs/models.md, "Multi-head
+// Latent Attention").
+bool expanded_step(const StoreSeq& s) { return s.tokens >= kMlaExpandedMinTokens && s.tree_mask == nullptr; }
+
+// One sequence's step in the expanded form: its keys' latent rows (cached and new) read back, kv_b
+// over them (each head's nope keys and values), every head's keys [kr | k_nope], one attention()
+// call into its rows of O.
+template <class T>
+void expanded_sequence(const MlaStorage<T>& layer, const StepRows<T>& rows, const KvStore& store, const StoreSeq& s,
+                       const AttentionOptions& a) {
+  const MlaConfig& m = layer.m;
+  const std::int64_t H = layer.cfg.heads, nope = m.qk_nope_head_dim, rope = m.qk_rope_head_dim, qk = nope + rope;
+  const std::int64_t kvl = m.kv_lora_rank, W = kvl + rope, vd = m.v_head_dim, nkv = H * (nope + vd);
+  const std::int64_t L = s.start + s.tokens, T0 = s.tokens;
+  T* Lc = thread_buffer<T, scratch::MlaExpandRows>().get(static_cast<std::size_t>(L * (W + nkv + H * qk)));
+  T* KV = Lc + L * W;
+  T* K = KV + L * nkv;
+  read_latent_rows(store, s, L, Lc);
+  project(Lc, L, kvl, W, layer.w_kvb, 0, nkv, static_cast<const T*>(nullptr), KV, nkv, a.threads);
+  for (std::int64_t j = 0; j < L; ++j)
+    for (std::int64_t h = 0; h < H; ++h) {
+      T* kh = K + (j * H + h) * qk;
+      std::copy_n(Lc + j * W + kvl, rope, kh);
+      std::copy_n(KV + j * nkv + h * (nope + vd), nope, kh + rope);
+    }
+  const DType t = dtype_of<T>();
+  AttentionOptions o = a;
+  o.causal = Causal::bottom_right;
+  attention(ConstTensorView(rows.Qe + s.row0 * H * qk, t, {1, H, T0, qk}, {T0 * H * qk, qk, H * qk, 1}),
+            ConstTensorView(K, t, {1, H, L, qk}, {L * H * qk, qk, H * qk, 1}),
+            ConstTensorView(KV + nope, t, {1, H, L, vd}, {L * nkv, nope + vd, nkv, 1}),
+            TensorView(rows.O + s.row0 * H * vd, t, {1, H, T0, vd}, {T0 * H * vd, vd, H * vd, 1}), o);
+}
+
+// Every sequence's step: the absorbed form (every head over the store's latent rows: keys whole
+// rows, values their first kv_lora_rank columns; then o_latent W_UV[h]^T) or the expanded one
+// (expanded_step), then o_proj into y [M, d_model].
 template <class T>
 void step_output(const MlaStorage<T>& layer, const StepRows<T>& rows, std::int64_t M, const KvStore& store,
                  std::span<const StoreSeq> seqs, const MhaOptions& opt, T* y) {
@@ -114,12 +166,30 @@ void step_output(const MlaStorage<T>& layer, const StepRows<T>& rows, std::int64
   add_config_options(c, a);
   a.threads = opt.threads;
   a.backend = opt.backend;
-  store_attention_rows(H, H * W, H * kvl, rows.Qa, H * W, store, seqs, rows.Oa, a);
-  for (std::int64_t h = 0; h < H; ++h)
-    project(rows.Oa + h * kvl, M, kvl, H * kvl, layer.w_uv[static_cast<std::size_t>(h)], 0, vd, static_cast<const T*>(nullptr),
-            rows.O + h * vd, H * vd, opt.threads);
+  for (std::size_t i = 0; i < seqs.size();) {  // runs of sequences of one form (their rows consecutive)
+    std::size_t j = i;
+    while (j < seqs.size() && expanded_step(seqs[j]) == expanded_step(seqs[i])) ++j;
+    const std::span<const StoreSeq> run = seqs.subspan(i, j - i);
+    if (expanded_step(seqs[i])) {
+      for (const StoreSeq& s : run) expanded_sequence(layer, rows, store, s, a);
+    } else {
+      store_attention_rows(H, H * W, H * kvl, rows.Qa, H * W, store, run, rows.Oa, a);
+      const std::int64_t r0 = run.front().row0, n = run.back().row0 + run.back().tokens - r0;
+      for (std::int64_t h = 0; h < H; ++h)
+        project(rows.Oa + r0 * H * kvl + h * kvl, n, kvl, H * kvl, layer.w_uv[static_cast<std::size_t>(h)], 0, vd,
+                static_cast<const T*>(nullptr), rows.O + r0 * H * vd + h * vd, H * vd, opt.threads);
+    }
+    i = j;
+  }
   project(rows.O, M, H * vd, H * vd, layer.wo, 0, c.d_model, layer.bo.empty() ? nullptr : layer.bo.data(), y, c.d_model,
           opt.threads);
+}
+
+// Which forms a step's sequences take.
+std::pair<bool, bool> forms_of(std::span<const StoreSeq> seqs) {
+  bool absorbed = false, expanded = false;
+  for (const StoreSeq& s : seqs) (expanded_step(s) ? expanded : absorbed) = true;
+  return {absorbed, expanded};
 }
 
 // The first row of an 8-bit store's new latent rows that no code holds (a NaN or an infinity), or -1.
@@ -159,14 +229,15 @@ void mla_cached_forward(const MlaStorage<T>& layer, const ConstSeqView& query, C
   for (std::int64_t r = 0; r < M; ++r)
     pos[static_cast<std::size_t>(r)] =
         opt.positions.empty() ? cache.lengths[static_cast<std::size_t>(r / S)] + r % S : opt.positions[static_cast<std::size_t>(r)];
-  const StepRows<T> rows = step_rows(layer, static_cast<const T*>(query.data), M, pos, opt.threads);
+  const KvStore store = cache_store(cache);
+  std::vector<StoreSeq> seqs;
+  cache_seqs(cache, S, 0, seqs);
+  const auto [absorbed, expanded] = forms_of(seqs);
+  const StepRows<T> rows = step_rows(layer, static_cast<const T*>(query.data), M, pos, absorbed, expanded, opt.threads);
   if (const std::int64_t bad = bad_latent_row(layer, cache.dtype, rows.Lr, M); bad >= 0)
     throw Error("cache", "sequence " + num(bad / S) + ", token " + num(pos[static_cast<std::size_t>(bad)]) +
                              ": its latent row holds a NaN or an infinity, which a " + std::string(dtype_name(cache.dtype)) +
                              " cache cannot represent (the cache is unchanged)");
-  const KvStore store = cache_store(cache);
-  std::vector<StoreSeq> seqs;
-  cache_seqs(cache, S, 0, seqs);
   append_latent_rows(store, seqs, rows.Lr);
   step_output(layer, rows, M, store, seqs, opt, static_cast<T*>(out.data));
   for (std::int64_t b = 0; b < B; ++b) cache.lengths[static_cast<std::size_t>(b)] += S;
@@ -227,7 +298,12 @@ void mla_pool_forward(const MlaStorage<T>& layer, std::span<const PoolStep> step
       std::copy_n(static_cast<const T*>(steps[i].query.data) + t * d, d, x + static_cast<std::int64_t>(r) * d);
       pos[r] = steps[i].positions.empty() ? writes[i].start + t : steps[i].positions[static_cast<std::size_t>(t)];
     }
-  const StepRows<T> rows = step_rows(layer, x, M, pos, opt.threads);
+  std::vector<StoreSeq> seqs;
+  pool_seqs(pool, writes, seqs);  // (tables as they stand: only the forms are read before the blocks are taken)
+  for (std::size_t i = 0; i < steps.size(); ++i)
+    if (!steps[i].tree_mask.empty()) seqs[i].tree_mask = steps[i].tree_mask.data();
+  const auto [absorbed, expanded] = forms_of(seqs);
+  const StepRows<T> rows = step_rows(layer, x, M, pos, absorbed, expanded, opt.threads);
   if (const std::int64_t bad = bad_latent_row(layer, pool.dtype, rows.Lr, M); bad >= 0) {
     std::size_t i = 0;
     std::int64_t r0 = 0;
@@ -239,10 +315,6 @@ void mla_pool_forward(const MlaStorage<T>& layer, std::span<const PoolStep> step
                                                          " pool cannot represent (the pool is unchanged)");
   }
   prepare_pool_writes(pool, writes);
-  std::vector<StoreSeq> seqs;
-  pool_seqs(pool, writes, seqs);
-  for (std::size_t i = 0; i < steps.size(); ++i)
-    if (!steps[i].tree_mask.empty()) seqs[i].tree_mask = steps[i].tree_mask.data();
   const KvStore store = pool_store(pool, layer_index);
   append_latent_rows(store, seqs, rows.Lr);
   step_output(layer, rows, M, store, seqs, opt, y);
