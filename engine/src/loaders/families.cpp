@@ -399,6 +399,8 @@ LayerPlan deepseek(const FamilyContext& x, const std::string& family) {
   p.cfg.heads = c.integer("num_attention_heads");
   check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
   MlaConfig m;
+  for (const char* key : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
+    if (!c.present(key)) p.mla.defaulted += std::string(p.mla.defaulted.empty() ? "" : ", ") + "\"" + key + "\"";
   m.q_lora_rank = c.present("q_lora_rank") && !c.has("q_lora_rank") ? 0 : c.integer_or("q_lora_rank", 1536);
   m.kv_lora_rank = c.integer_or("kv_lora_rank", 512);
   m.qk_nope_head_dim = c.integer_or("qk_nope_head_dim", 128, 0, ConfigJson::kMax);

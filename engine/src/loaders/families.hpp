@@ -40,6 +40,7 @@ struct LayerPlan {
   // q_lora_rank; biases empty when absent), read into MlaWeights
   struct Mla {
     std::string wq, wq_a, bq_a, q_a_norm, wq_b, wkv_a, bkv_a, kv_a_norm, wkv_b, wo, bo;
+    std::string defaulted;  // the MLA size keys config.json lacks (their class defaults taken), for errors
   } mla;
   std::string t5_max_distance_key;  // the config that set its max distance (for errors)
   bool cross = false;          // kdim / vdim from the key and value weights' widths

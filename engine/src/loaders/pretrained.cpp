@@ -80,9 +80,26 @@ DType dtype_of_entry(const std::string& file, const std::string& name, const Saf
   throw Error(file, "tensor '" + name + "' has dtype " + e.dtype + ", expected F32, F64, BF16 or F16");
 }
 
-// An MLA layer's weights (DeepSeek), each read at its shape.
+template <class T>
+MultiHeadAttention read_mla(const Checkpoint& ck, const LayerPlan& p);
+
+// An MLA layer's weights (DeepSeek), each read at its shape; a shape that disagrees when
+// config.json lacks size keys says which defaults were taken.
 template <class T>
 MultiHeadAttention load_mla(const Checkpoint& ck, const LayerPlan& p) {
+  try {
+    return read_mla<T>(ck, p);
+  } catch (const Error& e) {
+    if (p.mla.defaulted.empty()) throw;
+    const std::string what = e.what(), arg = e.argument();
+    const std::string message = what.rfind(arg + ": ", 0) == 0 ? what.substr(arg.size() + 2) : what;
+    throw Error(arg, message + " (config.json lacks " + p.mla.defaulted +
+                         ": the configuration class's defaults were taken, 1536, 512, 128, 64, 128)");
+  }
+}
+
+template <class T>
+MultiHeadAttention read_mla(const Checkpoint& ck, const LayerPlan& p) {
   const MhaConfig& c = p.cfg;
   const MlaConfig& m = *c.mla;
   const std::int64_t H = c.heads, d = c.d_model, qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
