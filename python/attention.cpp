@@ -181,6 +181,48 @@ py::object linear_attention_py(const py::object& q_in, const py::object& k_in, c
   return result.object;
 }
 
+// A [B, T, Hv] array (g, beta) as the [B, T, Hv, 1] view gated_delta_rule takes.
+ConstTensorView per_head_view(const Array& a, const char* name) {
+  if (a.ndim() != 3) throw Error(name, "expected [B, T, Hv], got " + std::to_string(a.ndim()) + " dimensions");
+  return ConstTensorView(a.data, a.dtype, Shape4{a.shape[0], a.shape[1], a.shape[2], 1},
+                         Shape4{a.strides[0], a.strides[1], a.strides[2], 1});
+}
+
+py::object gated_delta_rule_py(const py::object& q_in, const py::object& k_in, const py::object& v_in, const py::object& g_in,
+                               const py::object& beta_in, const py::object& scale, const py::object& initial_state,
+                               bool output_final_state, bool use_qk_l2norm, int threads, const py::object& out) {
+  const Array q = array_of(q_in, "q"), k = array_of(k_in, "k"), v = array_of(v_in, "v");
+  const Array g = array_of(g_in, "g"), beta = array_of(beta_in, "beta");
+  for (const auto& [a, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+    if (a->ndim() != 4) throw Error(name, "expected 4 dimensions ([B, T, heads, D]), got " + std::to_string(a->ndim()));
+  const ConstTensorView qv = const_view(q, "q"), kv = const_view(k, "k"), vv = const_view(v, "v");
+  const ConstTensorView gv = per_head_view(g, "g"), bv = per_head_view(beta, "beta");
+  GatedDeltaRuleOptions o;
+  if (!scale.is_none()) o.scale = scale.cast<double>();
+  o.use_qk_l2norm = use_qk_l2norm;
+  o.threads = threads;
+  Array init;
+  if (!initial_state.is_none()) {
+    init = array_of(initial_state, "initial_state");
+    if (init.ndim() != 4) throw Error("initial_state", "expected [B, Hv, Dk, Dv], got " + std::to_string(init.ndim()) + " dimensions");
+    o.initial_state = const_view(init, "initial_state");
+  }
+  const std::vector<std::int64_t> shape = {q.shape[0], q.shape[1], v.shape[2], v.shape[3]};
+  const Output result = output_of(out, q, qv.dtype, qv.dtype, shape);
+  py::object final_state = py::none();
+  if (output_final_state) {
+    final_state = new_array(q, DType::f32, {q.shape[0], v.shape[2], q.shape[3], v.shape[3]});
+    o.final_state = mutable_view(array_of(final_state, "final_state"), "final_state");
+  }
+  {
+    py::gil_scoped_release release;
+    gated_delta_rule(qv, kv, vv, gv, bv, result.view, o);
+    result.finish();
+  }
+  if (output_final_state) return py::make_tuple(result.object, final_state);
+  return result.object;
+}
+
 // Per-call seconds of `reps` attention() calls made from C++ on the same arrays (the calling
 // overhead benchmark's baseline; perf/hosts/python_overhead.py).
 std::vector<double> time_attention_cpp(const py::object& q_in, const py::object& k_in, const py::object& v_in,
@@ -263,6 +305,20 @@ Each division is one float32 division; a row of zeros has s = 0 and codes 0. A r
 or an infinity raises simdattn.Error naming it.)doc");
   m.def("dequantize_kv", &dequantize_kv_py, py::arg("codes"), py::arg("scales"), py::arg("dtype"),
         "decode(codes) * scales as float32 (codes [..., D] from quantize_kv, scales [...]).");
+
+  m.def("gated_delta_rule", &gated_delta_rule_py, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("g"), py::arg("beta"),
+        py::kw_only(), py::arg("scale") = py::none(), py::arg("initial_state") = py::none(),
+        py::arg("output_final_state") = false, py::arg("use_qk_l2norm") = false, py::arg("threads") = 0,
+        py::arg("out") = py::none(),
+        R"doc(The gated delta rule (Gated DeltaNet; flash-linear-attention's chunk_gated_delta_rule layout).
+
+  q, k [B, T, H, Dk]; v [B, T, Hv, Dv] (Hv a multiple of H); g, beta [B, T, Hv] (g <= 0);
+  initial_state [B, Hv, Dk, Dv] float32 (None: zeros). Per batch and value head h (query/key head
+  h // (Hv // H)), for t = 0 .. T-1: q_t, k_t L2-normalized with use_qk_l2norm (+1e-6 inside the
+  sqrt), q_t *= scale (default Dk^-0.5); S = exp(g_t) S; u = beta_t (v_t - S^T k_t);
+  S = S + k_t u^T; out_t = S^T q_t.
+Returns out [B, T, Hv, Dv] (q's dtype; float32 for NumPy bf16), or (out, final_state) with
+output_final_state. float32 (bf16 and f16 q/k/v computed in float32).)doc");
 
   m.def("linear_attention", &linear_attention_py, py::arg("q"), py::arg("k"), py::arg("v"), py::kw_only(),
         py::arg("causal") = false, py::arg("feature_map") = "elu1", py::arg("eps") = 1e-6, py::arg("chunk") = 64,

@@ -397,11 +397,62 @@ static void test_pool_trees(void) {
   simdattn_mha_free(layer);
 }
 
+/* C API 5: simdattn_gated_delta_rule against the recurrence written out in double (T 70: the
+ * chunked form past one chunk), the final state, a g > 0 named "g". */
+static void test_gated_delta(void) {
+  enum { GT = 70, GH = 2, GD = 4, GV = 3 };
+  static float q[GT * GH * GD], k[GT * GH * GD], v[GT * GH * GV], g[GT * GH], beta[GT * GH], out[GT * GH * GV],
+      fin[GH * GD * GV];
+  for (int i = 0; i < GT * GH * GD; ++i) q[i] = frand(), k[i] = 0.3f * frand();
+  for (int i = 0; i < GT * GH * GV; ++i) v[i] = frand();
+  for (int i = 0; i < GT * GH; ++i) g[i] = -0.2f * fabsf(frand()), beta[i] = 0.5f + 0.4f * frand();
+  const simdattn_tensor tq = simdattn_tensor_contiguous(q, SIMDATTN_F32, 1, GT, GH, GD);
+  const simdattn_tensor tk = simdattn_tensor_contiguous(k, SIMDATTN_F32, 1, GT, GH, GD);
+  const simdattn_tensor tv = simdattn_tensor_contiguous(v, SIMDATTN_F32, 1, GT, GH, GV);
+  const simdattn_tensor tg = simdattn_tensor_contiguous(g, SIMDATTN_F32, 1, GT, GH, 1);
+  const simdattn_tensor tb = simdattn_tensor_contiguous(beta, SIMDATTN_F32, 1, GT, GH, 1);
+  const simdattn_tensor to = simdattn_tensor_contiguous(out, SIMDATTN_F32, 1, GT, GH, GV);
+  simdattn_gated_delta_options o;
+  simdattn_gated_delta_options_init(&o);
+  o.final_state = simdattn_tensor_contiguous(fin, SIMDATTN_F32, 1, GH, GD, GV);
+  o.scale = 0.5;
+  CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to, &o) == SIMDATTN_OK);
+  double err = 0;
+  for (int h = 0; h < GH; ++h) {
+    double S[GD][GV] = {{0}};
+    for (int t = 0; t < GT; ++t) {
+      const float* qt = q + (t * GH + h) * GD;
+      const float* kt = k + (t * GH + h) * GD;
+      const double decay = exp((double)g[t * GH + h]), b = beta[t * GH + h];
+      for (int d = 0; d < GD; ++d)
+        for (int j = 0; j < GV; ++j) S[d][j] *= decay;
+      for (int j = 0; j < GV; ++j) {
+        double sk = 0;
+        for (int d = 0; d < GD; ++d) sk += S[d][j] * kt[d];
+        const double u = b * (v[(t * GH + h) * GV + j] - sk);
+        for (int d = 0; d < GD; ++d) S[d][j] += kt[d] * u;
+      }
+      for (int j = 0; j < GV; ++j) {
+        double o_ = 0;
+        for (int d = 0; d < GD; ++d) o_ += S[d][j] * 0.5 * qt[d];
+        err = fmax(err, fabs(o_ - out[(t * GH + h) * GV + j]));
+      }
+    }
+    for (int d = 0; d < GD; ++d)
+      for (int j = 0; j < GV; ++j) err = fmax(err, fabs(S[d][j] - fin[(h * GD + d) * GV + j]));
+  }
+  CHECK(err <= 1e-4);
+  g[5] = 0.25f;
+  CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "g") == 0);
+}
+
 int main(void) {
   test_attention_paged();
   test_pool();
   test_codes();
   test_speculative();
   test_pool_trees();
+  test_gated_delta();
   return report("test_c_api_paged");
 }

@@ -20,6 +20,7 @@
 #include "simdattn/export.hpp"
 
 #include <cstdint>
+#include <optional>
 #include <string_view>
 #include <vector>
 
@@ -71,5 +72,33 @@ class SIMDATTN_API LinearAttentionState {
   std::vector<double> s_;  // [B, Hkv, D, Dv + 1]: S with z as its last column, in double
   std::vector<double> fq_;  // phi(q) of one row, scratch
 };
+
+// The gated delta rule (Gated DeltaNet, Yang et al. 2024; flash-linear-attention's
+// chunk_gated_delta_rule and fused_recurrent_gated_delta_rule, transformers'
+// Qwen3NextGatedDeltaNet). q, k [B, T, H, Dk]; v [B, T, Hv, Dv] with Hv a multiple of H (value
+// head h reads query/key head h / (Hv / H)); g, beta [B, T, Hv, 1] (g the log of each step's
+// decay, <= 0); out [B, T, Hv, Dv]. Per batch b and value head h, S = initial_state[b, h] (zeros
+// when empty), for t = 0 .. T-1:
+//   qt, kt = q[b, t, h'], k[b, t, h']; with use_qk_l2norm each divided by sqrt(sum x^2 + 1e-6)
+//   (fla's l2norm); qt *= scale (default Dk^-1/2)
+//   S = exp(g[b, t, h]) S;  u = beta[b, t, h] (v[b, t, h] - S^T kt);  S = S + kt u^T
+//   out[b, t, h] = S^T qt
+// final_state (when given) = S after the last step. q, k, v and out f32, bf16 or f16 (one dtype;
+// computed in f32), g and beta f32, bf16 or f16, the states f32 [B, Hv, Dk, Dv]; any strides. T
+// = 1 runs the recurrence; longer sequences run in chunks of 64 (the WY / UT form: a chunk's
+// updates as products with its start state and one forward substitution), equal to the
+// recurrence within f32 rounding. Each (batch, value head) is one thread's work: bitwise the same
+// at any thread count. Throws Error naming the argument (a shape, a dtype, a g > 0, a non-finite
+// input) before writing anything; the states may not overlap the outputs.
+struct GatedDeltaRuleOptions {
+  std::optional<double> scale = {};  // finite, > 0
+  ConstTensorView initial_state = {};
+  TensorView final_state = {};
+  bool use_qk_l2norm = false;
+  int threads = 0;
+};
+SIMDATTN_API void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v,
+                                   const ConstTensorView& g, const ConstTensorView& beta, const TensorView& out,
+                                   const GatedDeltaRuleOptions& options = {});
 
 }  // namespace simdattn

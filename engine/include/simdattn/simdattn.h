@@ -205,6 +205,25 @@ SIMDATTN_C_API simdattn_status simdattn_linear_attention(const simdattn_tensor* 
                                                          const simdattn_tensor* v, const simdattn_tensor* out,
                                                          const simdattn_linear_options* options);
 
+/* GatedDeltaRuleOptions (C API 5): scale 0 = Dk^-1/2; initial_state and final_state f32 [B, Hv,
+ * Dk, Dv] (data NULL: absent). */
+typedef struct simdattn_gated_delta_options {
+  size_t struct_size;
+  double scale;
+  simdattn_tensor initial_state;
+  simdattn_tensor final_state;
+  int use_qk_l2norm;
+  int threads;
+} simdattn_gated_delta_options;
+
+SIMDATTN_C_API void simdattn_gated_delta_options_init(simdattn_gated_delta_options* options);
+/* simdattn::gated_delta_rule: q, k [B, T, H, Dk], v [B, T, Hv, Dv], g and beta [B, T, Hv, 1], out
+ * [B, T, Hv, Dv] (simdattn/linear.hpp). options may be NULL. */
+SIMDATTN_C_API simdattn_status simdattn_gated_delta_rule(const simdattn_tensor* q, const simdattn_tensor* k,
+                                                         const simdattn_tensor* v, const simdattn_tensor* g,
+                                                         const simdattn_tensor* beta, const simdattn_tensor* out,
+                                                         const simdattn_gated_delta_options* options);
+
 /* ---- the multi-head attention layer -------------------------------------------------------- */
 
 typedef struct simdattn_mha simdattn_mha;

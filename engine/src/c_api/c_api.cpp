@@ -150,6 +150,32 @@ void simdattn_linear_options_init(simdattn_linear_options* o) {
   o->backend = SIMDATTN_BACKEND_NATIVE;
 }
 
+void simdattn_gated_delta_options_init(simdattn_gated_delta_options* options) {
+  if (options == nullptr) return;
+  std::memset(options, 0, sizeof *options);
+  options->struct_size = sizeof *options;
+  options->initial_state.struct_size = sizeof(simdattn_tensor);
+  options->final_state.struct_size = sizeof(simdattn_tensor);
+}
+
+simdattn_status simdattn_gated_delta_rule(const simdattn_tensor* q, const simdattn_tensor* k, const simdattn_tensor* v,
+                                          const simdattn_tensor* g, const simdattn_tensor* beta, const simdattn_tensor* out,
+                                          const simdattn_gated_delta_options* options) {
+  return guarded([&] {
+    GatedDeltaRuleOptions o;
+    if (options != nullptr) {
+      const simdattn_gated_delta_options& s = checked(options, "options");
+      if (s.scale != 0.0) o.scale = s.scale;
+      o.initial_state = optional_view<ConstTensorView>(s.initial_state, "options.initial_state");
+      o.final_state = optional_view<TensorView>(s.final_state, "options.final_state");
+      o.use_qk_l2norm = s.use_qk_l2norm != 0;
+      o.threads = s.threads;
+    }
+    gated_delta_rule(view_of<ConstTensorView>(q, "q"), view_of<ConstTensorView>(k, "k"), view_of<ConstTensorView>(v, "v"),
+                     view_of<ConstTensorView>(g, "g"), view_of<ConstTensorView>(beta, "beta"), view_of<TensorView>(out, "out"), o);
+  });
+}
+
 simdattn_status simdattn_linear_attention(const simdattn_tensor* q, const simdattn_tensor* k,
                                           const simdattn_tensor* v, const simdattn_tensor* out,
                                           const simdattn_linear_options* options) {

@@ -1,0 +1,259 @@
+// The gated delta rule (simdattn/linear.hpp): checks, the recurrence (T = 1) and the chunked WY /
+// UT form, each (batch, value head) on one thread.
+//
+// Chunk form. Within a chunk of n steps from state S0, with gamma_t = g_0 + .. + g_t (the chunk's
+// cumulative log decay), the recurrence unrolls to
+//   S_t = e^gamma_t S0 + sum_{s <= t} e^(gamma_t - gamma_s) k_s u_s^T
+//   u_t = beta_t (v_t - e^gamma_t S0^T k_t - sum_{s < t} e^(gamma_t - gamma_s) (k_t . k_s) u_s)
+//   o_t = e^gamma_t S0^T q_t + sum_{s <= t} e^(gamma_t - gamma_s) (q_t . k_s) u_s
+// so the u_t follow by one forward substitution over the chunk's lower-triangular (I + L) (the
+// UT transform of the WY representation), and the chunk's end state is e^gamma_last S0 +
+// sum_s e^(gamma_last - gamma_s) k_s u_s^T. Every exponent is <= 0 (g <= 0).
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/element.hpp"
+#include "core/text.hpp"
+#include "core/problem.hpp"
+#include "core/validate/validate.hpp"
+#include "runtime/team.hpp"
+#include "runtime/threading.hpp"
+#include "simdattn/error.hpp"
+#include "simdattn/linear.hpp"
+
+namespace simdattn {
+namespace {
+
+using detail::num;
+using detail::shape_str;
+
+constexpr std::int64_t kChunk = 64;
+
+bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
+
+// Element (i0, i1, i2, i3) of a view, widened to float.
+float at(const ConstTensorView& v, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
+  return static_cast<float>(
+      detail::widen_at(v.data, v.dtype, i0 * v.strides[0] + i1 * v.strides[1] + i2 * v.strides[2] + i3 * v.strides[3]));
+}
+
+void check_finite(const ConstTensorView& v, const char* name) {
+  const Shape4& s = v.shape;
+  for (std::int64_t a = 0; a < s[0]; ++a)
+    for (std::int64_t b = 0; b < s[1]; ++b)
+      for (std::int64_t c = 0; c < s[2]; ++c)
+        for (std::int64_t d = 0; d < s[3]; ++d)
+          if (!std::isfinite(at(v, a, b, c, d)))
+            throw Error(name, "holds a NaN or an infinity at [" + num(a) + ", " + num(b) + ", " + num(c) + ", " + num(d) + "]");
+}
+
+struct Sizes {
+  std::int64_t B, T, H, Hv, Dk, Dv;
+};
+
+Sizes check(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
+            const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& o) {
+  detail::check_isa();
+  for (const auto& [view, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
+    if (!float_dtype(view->dtype))
+      throw Error(name, "dtype must be f32, bf16 or f16, got " + std::string(dtype_name(view->dtype)));
+  if (k.dtype != q.dtype || v.dtype != q.dtype)
+    throw Error(k.dtype != q.dtype ? "k" : "v", "dtype differs from q's " + std::string(dtype_name(q.dtype)));
+  const Shape4& qs = q.shape;
+  const Sizes z{qs[0], qs[1], qs[2], v.shape[2], qs[3], v.shape[3]};
+  if (z.B < 1 || z.T < 0 || z.H < 1 || z.Dk < 1) throw Error("q", "expected [B >= 1, T, H >= 1, Dk >= 1], got " + shape_str(qs));
+  if (k.shape != qs) throw Error("k", "expected q's shape " + shape_str(qs) + ", got " + shape_str(k.shape));
+  if (v.shape[0] != z.B || v.shape[1] != z.T || z.Hv < 1 || z.Hv % z.H != 0 || z.Dv < 1)
+    throw Error("v", "expected [B, T, Hv, Dv] with B = " + num(z.B) + ", T = " + num(z.T) + ", Hv a multiple of H = " +
+                         num(z.H) + ", got " + shape_str(v.shape));
+  const Shape4 gs{z.B, z.T, z.Hv, 1};
+  for (const auto& [view, name] : {std::pair{&g, "g"}, std::pair{&beta, "beta"}}) {
+    if (!float_dtype(view->dtype))
+      throw Error(name, "dtype must be f32, bf16 or f16, got " + std::string(dtype_name(view->dtype)));
+    if (view->shape != gs) throw Error(name, "expected [B, T, Hv, 1] = " + shape_str(gs) + ", got " + shape_str(view->shape));
+  }
+  const Shape4 os{z.B, z.T, z.Hv, z.Dv};
+  if (out.dtype != q.dtype) throw Error("out", "dtype must be q's " + std::string(dtype_name(q.dtype)));
+  if (out.shape != os) throw Error("out", "expected [B, T, Hv, Dv] = " + shape_str(os) + ", got " + shape_str(out.shape));
+  if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0.0))
+    throw Error("options.scale", "must be finite and > 0, got " + std::to_string(*o.scale));
+  const Shape4 ss{z.B, z.Hv, z.Dk, z.Dv};
+  if (detail::view_given(o.initial_state)) {
+    if (o.initial_state.dtype != DType::f32)
+      throw Error("options.initial_state", "dtype must be f32, got " + std::string(dtype_name(o.initial_state.dtype)));
+    if (o.initial_state.shape != ss)
+      throw Error("options.initial_state", "expected [B, Hv, Dk, Dv] = " + shape_str(ss) + ", got " + shape_str(o.initial_state.shape));
+  }
+  if (detail::view_given(o.final_state)) {
+    if (o.final_state.dtype != DType::f32)
+      throw Error("options.final_state", "dtype must be f32, got " + std::string(dtype_name(o.final_state.dtype)));
+    if (o.final_state.shape != ss)
+      throw Error("options.final_state", "expected [B, Hv, Dk, Dv] = " + shape_str(ss) + ", got " + shape_str(o.final_state.shape));
+  }
+  // every input's bytes countable; the outputs clear of every input and of each other
+  const detail::Span so = detail::byte_span("out", out.data, out.dtype, out.shape, out.strides);
+  detail::check_no_self_overlap("out", out.shape, out.strides);
+  std::vector<std::pair<const char*, detail::Span>> inputs = {{"q", detail::byte_span("q", q)}, {"k", detail::byte_span("k", k)},
+                                                              {"v", detail::byte_span("v", v)}, {"g", detail::byte_span("g", g)},
+                                                              {"beta", detail::byte_span("beta", beta)}};
+  if (detail::view_given(o.initial_state)) inputs.push_back({"options.initial_state", detail::byte_span("options.initial_state", o.initial_state)});
+  for (const auto& [name, span] : inputs)
+    if (detail::overlaps(so, span)) throw Error("out", std::string("memory overlaps ") + name);
+  if (detail::view_given(o.final_state)) {
+    const TensorView& f = o.final_state;
+    const detail::Span sf = detail::byte_span("options.final_state", f.data, f.dtype, f.shape, f.strides);
+    detail::check_no_self_overlap("options.final_state", f.shape, f.strides);
+    if (detail::overlaps(sf, so)) throw Error("options.final_state", "memory overlaps out");
+    for (const auto& [name, span] : inputs)
+      if (std::string(name) != "options.initial_state" && detail::overlaps(sf, span))
+        throw Error("options.final_state", std::string("memory overlaps ") + name);
+  }
+  // values: finite inputs, g <= 0
+  check_finite(q, "q"), check_finite(k, "k"), check_finite(v, "v"), check_finite(beta, "beta"), check_finite(g, "g");
+  for (std::int64_t b = 0; b < z.B; ++b)
+    for (std::int64_t t = 0; t < z.T; ++t)
+      for (std::int64_t h = 0; h < z.Hv; ++h)
+        if (at(g, b, t, h, 0) > 0.0f)
+          throw Error("g", "must be <= 0 (the log of a decay), got " + std::to_string(at(g, b, t, h, 0)) + " at [" + num(b) + ", " +
+                               num(t) + ", " + num(h) + "]");
+  if (detail::view_given(o.initial_state)) check_finite(o.initial_state, "options.initial_state");
+  return z;
+}
+
+// One (batch, value head): its query and key rows (normalized, q scaled), values, decays and betas
+// read into f32 rows, then the recurrence or the chunks over S [Dk, Dv].
+struct HeadRun {
+  const ConstTensorView &q, &k, &v, &g, &beta;
+  const Sizes& z;
+  bool l2;
+  float scale;
+
+  void row(const ConstTensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t n, float* dst, bool norm,
+           float mult) const {
+    for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
+    float f = mult;
+    if (norm) {
+      float ss = 0.0f;
+      for (std::int64_t d = 0; d < n; ++d) ss += dst[d] * dst[d];
+      f = mult / std::sqrt(ss + 1e-6f);
+    }
+    if (f != 1.0f)
+      for (std::int64_t d = 0; d < n; ++d) dst[d] *= f;
+  }
+
+  void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out) const {
+    const std::int64_t Dk = z.Dk, Dv = z.Dv, hq = h / (z.Hv / z.H);
+    std::vector<float> Q(static_cast<std::size_t>(kChunk * Dk)), K(Q.size()), V(static_cast<std::size_t>(kChunk * Dv)),
+        U(V.size()), O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(Dv));
+    for (std::int64_t c0 = 0; c0 < z.T; c0 += kChunk) {
+      const std::int64_t n = std::min(kChunk, z.T - c0);
+      float acc = 0.0f;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t t = c0 + i;
+        row(q, b, t, hq, Dk, Q.data() + i * Dk, l2, scale);
+        row(k, b, t, hq, Dk, K.data() + i * Dk, l2, 1.0f);
+        row(v, b, t, h, Dv, V.data() + i * Dv, false, 1.0f);
+        acc += at(g, b, t, h, 0);
+        gam[static_cast<std::size_t>(i)] = acc;
+        bet[static_cast<std::size_t>(i)] = at(beta, b, t, h, 0);
+      }
+      if (n == 1) {  // the recurrence: S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q
+        const float decay = std::exp(gam[0]);
+        for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= decay;
+        std::fill(tmp.begin(), tmp.end(), 0.0f);
+        for (std::int64_t d = 0; d < Dk; ++d)
+          for (std::int64_t j = 0; j < Dv; ++j) tmp[static_cast<std::size_t>(j)] += S[d * Dv + j] * K[static_cast<std::size_t>(d)];
+        for (std::int64_t j = 0; j < Dv; ++j) U[static_cast<std::size_t>(j)] = bet[0] * (V[static_cast<std::size_t>(j)] - tmp[static_cast<std::size_t>(j)]);
+        for (std::int64_t d = 0; d < Dk; ++d)
+          for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] += K[static_cast<std::size_t>(d)] * U[static_cast<std::size_t>(j)];
+        std::fill(O.begin(), O.begin() + Dv, 0.0f);
+        for (std::int64_t d = 0; d < Dk; ++d)
+          for (std::int64_t j = 0; j < Dv; ++j) O[static_cast<std::size_t>(j)] += S[d * Dv + j] * Q[static_cast<std::size_t>(d)];
+      } else {
+        // u_t: rhs_t = beta_t (v_t - e^gamma_t S0^T k_t), then the forward substitution
+        for (std::int64_t i = 0; i < n; ++i) {
+          float* u = U.data() + i * Dv;
+          std::fill(tmp.begin(), tmp.end(), 0.0f);
+          const float* kt = K.data() + i * Dk;
+          for (std::int64_t d = 0; d < Dk; ++d)
+            for (std::int64_t j = 0; j < Dv; ++j) tmp[static_cast<std::size_t>(j)] += S[d * Dv + j] * kt[d];
+          const float eg = std::exp(gam[static_cast<std::size_t>(i)]), bi = bet[static_cast<std::size_t>(i)];
+          for (std::int64_t j = 0; j < Dv; ++j) u[j] = bi * (V[static_cast<std::size_t>(i * Dv + j)] - eg * tmp[static_cast<std::size_t>(j)]);
+          for (std::int64_t s = 0; s < i; ++s) {
+            float dot = 0.0f;
+            for (std::int64_t d = 0; d < Dk; ++d) dot += kt[d] * K[static_cast<std::size_t>(s * Dk + d)];
+            const float l = bi * std::exp(gam[static_cast<std::size_t>(i)] - gam[static_cast<std::size_t>(s)]) * dot;
+            const float* us = U.data() + s * Dv;
+            for (std::int64_t j = 0; j < Dv; ++j) u[j] -= l * us[j];
+          }
+        }
+        // o_t = e^gamma_t S0^T q_t + sum_{s <= t} e^(gamma_t - gamma_s) (q_t . k_s) u_s
+        for (std::int64_t i = 0; i < n; ++i) {
+          float* o = O.data() + i * Dv;
+          std::fill(o, o + Dv, 0.0f);
+          const float* qt = Q.data() + i * Dk;
+          for (std::int64_t d = 0; d < Dk; ++d)
+            for (std::int64_t j = 0; j < Dv; ++j) o[j] += S[d * Dv + j] * qt[d];
+          const float eg = std::exp(gam[static_cast<std::size_t>(i)]);
+          for (std::int64_t j = 0; j < Dv; ++j) o[j] *= eg;
+          for (std::int64_t s = 0; s <= i; ++s) {
+            float dot = 0.0f;
+            for (std::int64_t d = 0; d < Dk; ++d) dot += qt[d] * K[static_cast<std::size_t>(s * Dk + d)];
+            const float w = std::exp(gam[static_cast<std::size_t>(i)] - gam[static_cast<std::size_t>(s)]) * dot;
+            const float* us = U.data() + s * Dv;
+            for (std::int64_t j = 0; j < Dv; ++j) o[j] += w * us[j];
+          }
+        }
+        // the end state: e^gamma_last S0 + sum_s e^(gamma_last - gamma_s) k_s u_s^T
+        const float last = gam[static_cast<std::size_t>(n - 1)], el = std::exp(last);
+        for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= el;
+        for (std::int64_t s = 0; s < n; ++s) {
+          const float w = std::exp(last - gam[static_cast<std::size_t>(s)]);
+          const float* ks = K.data() + s * Dk;
+          const float* us = U.data() + s * Dv;
+          for (std::int64_t d = 0; d < Dk; ++d) {
+            const float kd = w * ks[d];
+            for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] += kd * us[j];
+          }
+        }
+      }
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t j = 0; j < Dv; ++j)
+          detail::store_at(out.data, out.dtype,
+                           b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2] + j * out.strides[3],
+                           static_cast<double>(O[static_cast<std::size_t>(i * Dv + j)]));
+    }
+  }
+};
+
+}  // namespace
+
+void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
+                      const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& options) {
+  const Sizes z = check(q, k, v, g, beta, out, options);
+  const float scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(z.Dk)));
+  const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
+  const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
+  const detail::CallScope in_use;
+  detail::parallel_for(z.B * z.Hv, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+    std::vector<float> S(static_cast<std::size_t>(z.Dk * z.Dv));
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t b = i / z.Hv, h = i % z.Hv;
+      for (std::int64_t d = 0; d < z.Dk; ++d)
+        for (std::int64_t j = 0; j < z.Dv; ++j) S[static_cast<std::size_t>(d * z.Dv + j)] = init ? at(options.initial_state, b, h, d, j) : 0.0f;
+      run.run(b, h, S.data(), out);
+      if (fin)
+        for (std::int64_t d = 0; d < z.Dk; ++d)
+          for (std::int64_t j = 0; j < z.Dv; ++j) {
+            const TensorView& f = options.final_state;
+            static_cast<float*>(f.data)[b * f.strides[0] + h * f.strides[1] + d * f.strides[2] + j * f.strides[3]] =
+                S[static_cast<std::size_t>(d * z.Dv + j)];
+          }
+    }
+  });
+}
+
+}  // namespace simdattn
