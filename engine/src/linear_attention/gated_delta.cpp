@@ -160,18 +160,29 @@ struct HeadRun {
         gam[static_cast<std::size_t>(i)] = acc;
         bet[static_cast<std::size_t>(i)] = at(beta, b, t, h, 0);
       }
-      if (n == 1) {  // the recurrence: S = e^g S; u = beta (v - S^T k); S += k u^T; o = S^T q
+      if (n == 1) {
+        // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
+        // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
         const float decay = std::exp(gam[0]);
-        for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= decay;
-        std::fill(tmp.begin(), tmp.end(), 0.0f);
-        for (std::int64_t d = 0; d < Dk; ++d)
-          for (std::int64_t j = 0; j < Dv; ++j) tmp[static_cast<std::size_t>(j)] += S[d * Dv + j] * K[static_cast<std::size_t>(d)];
-        for (std::int64_t j = 0; j < Dv; ++j) U[static_cast<std::size_t>(j)] = bet[0] * (V[static_cast<std::size_t>(j)] - tmp[static_cast<std::size_t>(j)]);
-        for (std::int64_t d = 0; d < Dk; ++d)
-          for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] += K[static_cast<std::size_t>(d)] * U[static_cast<std::size_t>(j)];
-        std::fill(O.begin(), O.begin() + Dv, 0.0f);
-        for (std::int64_t d = 0; d < Dk; ++d)
-          for (std::int64_t j = 0; j < Dv; ++j) O[static_cast<std::size_t>(j)] += S[d * Dv + j] * Q[static_cast<std::size_t>(d)];
+        float* sk = tmp.data();
+        float* sq = O.data() + Dv;  // (O's second row, free when n == 1)
+        std::fill(sk, sk + Dv, 0.0f);
+        std::fill(sq, sq + Dv, 0.0f);
+        float kq = 0.0f;
+        for (std::int64_t d = 0; d < Dk; ++d) {
+          const float kd = K[static_cast<std::size_t>(d)], qd = Q[static_cast<std::size_t>(d)];
+          kq += kd * qd;
+          for (std::int64_t j = 0; j < Dv; ++j) sk[j] += S[d * Dv + j] * kd, sq[j] += S[d * Dv + j] * qd;
+        }
+        for (std::int64_t j = 0; j < Dv; ++j) {
+          const float u = bet[0] * (V[static_cast<std::size_t>(j)] - decay * sk[j]);
+          U[static_cast<std::size_t>(j)] = u;
+          O[static_cast<std::size_t>(j)] = decay * sq[j] + kq * u;
+        }
+        for (std::int64_t d = 0; d < Dk; ++d) {
+          const float kd = K[static_cast<std::size_t>(d)];
+          for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = decay * S[d * Dv + j] + kd * U[static_cast<std::size_t>(j)];
+        }
       } else {
         // u_t: rhs_t = beta_t (v_t - e^gamma_t S0^T k_t), then the forward substitution
         for (std::int64_t i = 0; i < n; ++i) {
