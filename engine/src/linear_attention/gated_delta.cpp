@@ -19,6 +19,7 @@
 #include "core/text.hpp"
 #include "core/problem.hpp"
 #include "core/validate/validate.hpp"
+#include "linalg/gemm.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
 #include "simdattn/error.hpp"
@@ -133,7 +134,12 @@ struct HeadRun {
 
   void row(const ConstTensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t n, float* dst, bool norm,
            float mult) const {
-    for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
+    if (x.dtype == DType::f32) {  // (the common case without the per-element dtype dispatch)
+      const float* p = static_cast<const float*>(x.data) + b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
+    } else {
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
+    }
     float f = mult;
     if (norm) {
       float ss = 0.0f;
@@ -144,10 +150,70 @@ struct HeadRun {
       for (std::int64_t d = 0; d < n; ++d) dst[d] *= f;
   }
 
-  void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out) const {
+  // One chunk of n >= 2 steps from state S (updated in place): the products on the GEMM
+  // (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S += (w K)^T U), the forward
+  // substitution for U on the vector unit. work: 2 n Dv + 2 n^2 + n Dk floats.
+  void chunk(std::int64_t n, const float* Q, const float* K, const float* V, const float* gam, const float* bet, float* S,
+             float* U, float* O, float* work) const {
+    const std::int64_t Dk = z.Dk, Dv = z.Dv;
+    float* KS = work;
+    float* QS = KS + n * Dv;
+    float* KK = QS + n * Dv;
+    float* QK = KK + n * n;
+    float* Kw = QK + n * n;
+    auto mm = [](std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, std::int64_t lda, detail::Trans ta,
+                 const float* B, std::int64_t ldb, detail::Trans tb, float* C, std::int64_t ldc, float accumulate) {
+      detail::GemmArgs<float> args;
+      args.trans_a = ta, args.trans_b = tb, args.M = M, args.N = N, args.K = Kd;
+      args.A = A, args.lda = lda, args.B = B, args.ldb = ldb, args.beta = accumulate, args.C = C, args.ldc = ldc;
+      detail::gemm(args, 1);  // one thread: this (batch, value head) is one thread's work
+    };
+    using detail::Trans;
+    mm(n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
+    mm(n, Dv, Dk, Q, Dk, Trans::N, S, Dv, Trans::N, QS, Dv, 0.0f);
+    mm(n, n, Dk, K, Dk, Trans::N, K, Dk, Trans::T, KK, n, 0.0f);
+    mm(n, n, Dk, Q, Dk, Trans::N, K, Dk, Trans::T, QK, n, 0.0f);
+    // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - beta_i sum_{s < i} e^(gamma_i - gamma_s) (k_i . k_s) u_s
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* u = U + i * Dv;
+      const float eg = std::exp(gam[i]), bi = bet[i];
+      for (std::int64_t j = 0; j < Dv; ++j) u[j] = bi * (V[i * Dv + j] - eg * KS[i * Dv + j]);
+      for (std::int64_t s = 0; s < i; ++s) {
+        const float l = bi * std::exp(gam[i] - gam[s]) * KK[i * n + s];
+        const float* us = U + s * Dv;
+        for (std::int64_t j = 0; j < Dv; ++j) u[j] -= l * us[j];
+      }
+    }
+    // O = diag(e^gamma) QS + (QK .* e^(gamma_i - gamma_s) on s <= i) U
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float eg = std::exp(gam[i]);
+      for (std::int64_t j = 0; j < Dv; ++j) O[i * Dv + j] = eg * QS[i * Dv + j];
+      for (std::int64_t s = 0; s < n; ++s) QK[i * n + s] = s <= i ? std::exp(gam[i] - gam[s]) * QK[i * n + s] : 0.0f;
+    }
+    mm(n, Dv, n, QK, n, Trans::N, U, Dv, Trans::N, O, Dv, 1.0f);
+    // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U
+    const float last = gam[n - 1], el = std::exp(last);
+    for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= el;
+    for (std::int64_t s = 0; s < n; ++s) {
+      const float w = std::exp(last - gam[s]);
+      for (std::int64_t d = 0; d < Dk; ++d) Kw[s * Dk + d] = w * K[s * Dk + d];
+    }
+    mm(Dk, Dv, n, Kw, Dk, Trans::T, U, Dv, Trans::N, S, Dv, 1.0f);
+  }
+
+  // A thread's buffers for run(), sized once for its whole range of (batch, value head) items.
+  struct Buffers {
+    std::vector<float> Q, K, V, U, O, gam, bet, tmp, work;
+    explicit Buffers(const Sizes& z)
+        : Q(static_cast<std::size_t>(kChunk * z.Dk)), K(Q.size()), V(static_cast<std::size_t>(kChunk * z.Dv)), U(V.size()),
+          O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(z.Dv)),
+          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk)) {}
+  };
+
+  void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out, Buffers& buf) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, hq = h / (z.Hv / z.H);
-    std::vector<float> Q(static_cast<std::size_t>(kChunk * Dk)), K(Q.size()), V(static_cast<std::size_t>(kChunk * Dv)),
-        U(V.size()), O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(Dv));
+    std::vector<float>&Q = buf.Q, &K = buf.K, &V = buf.V, &U = buf.U, &O = buf.O, &gam = buf.gam, &bet = buf.bet,
+    &tmp = buf.tmp, &work = buf.work;
     for (std::int64_t c0 = 0; c0 < z.T; c0 += kChunk) {
       const std::int64_t n = std::min(kChunk, z.T - c0);
       float acc = 0.0f;
@@ -184,58 +250,18 @@ struct HeadRun {
           for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = decay * S[d * Dv + j] + kd * U[static_cast<std::size_t>(j)];
         }
       } else {
-        // u_t: rhs_t = beta_t (v_t - e^gamma_t S0^T k_t), then the forward substitution
-        for (std::int64_t i = 0; i < n; ++i) {
-          float* u = U.data() + i * Dv;
-          std::fill(tmp.begin(), tmp.end(), 0.0f);
-          const float* kt = K.data() + i * Dk;
-          for (std::int64_t d = 0; d < Dk; ++d)
-            for (std::int64_t j = 0; j < Dv; ++j) tmp[static_cast<std::size_t>(j)] += S[d * Dv + j] * kt[d];
-          const float eg = std::exp(gam[static_cast<std::size_t>(i)]), bi = bet[static_cast<std::size_t>(i)];
-          for (std::int64_t j = 0; j < Dv; ++j) u[j] = bi * (V[static_cast<std::size_t>(i * Dv + j)] - eg * tmp[static_cast<std::size_t>(j)]);
-          for (std::int64_t s = 0; s < i; ++s) {
-            float dot = 0.0f;
-            for (std::int64_t d = 0; d < Dk; ++d) dot += kt[d] * K[static_cast<std::size_t>(s * Dk + d)];
-            const float l = bi * std::exp(gam[static_cast<std::size_t>(i)] - gam[static_cast<std::size_t>(s)]) * dot;
-            const float* us = U.data() + s * Dv;
-            for (std::int64_t j = 0; j < Dv; ++j) u[j] -= l * us[j];
-          }
-        }
-        // o_t = e^gamma_t S0^T q_t + sum_{s <= t} e^(gamma_t - gamma_s) (q_t . k_s) u_s
-        for (std::int64_t i = 0; i < n; ++i) {
-          float* o = O.data() + i * Dv;
-          std::fill(o, o + Dv, 0.0f);
-          const float* qt = Q.data() + i * Dk;
-          for (std::int64_t d = 0; d < Dk; ++d)
-            for (std::int64_t j = 0; j < Dv; ++j) o[j] += S[d * Dv + j] * qt[d];
-          const float eg = std::exp(gam[static_cast<std::size_t>(i)]);
-          for (std::int64_t j = 0; j < Dv; ++j) o[j] *= eg;
-          for (std::int64_t s = 0; s <= i; ++s) {
-            float dot = 0.0f;
-            for (std::int64_t d = 0; d < Dk; ++d) dot += qt[d] * K[static_cast<std::size_t>(s * Dk + d)];
-            const float w = std::exp(gam[static_cast<std::size_t>(i)] - gam[static_cast<std::size_t>(s)]) * dot;
-            const float* us = U.data() + s * Dv;
-            for (std::int64_t j = 0; j < Dv; ++j) o[j] += w * us[j];
-          }
-        }
-        // the end state: e^gamma_last S0 + sum_s e^(gamma_last - gamma_s) k_s u_s^T
-        const float last = gam[static_cast<std::size_t>(n - 1)], el = std::exp(last);
-        for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= el;
-        for (std::int64_t s = 0; s < n; ++s) {
-          const float w = std::exp(last - gam[static_cast<std::size_t>(s)]);
-          const float* ks = K.data() + s * Dk;
-          const float* us = U.data() + s * Dv;
-          for (std::int64_t d = 0; d < Dk; ++d) {
-            const float kd = w * ks[d];
-            for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] += kd * us[j];
-          }
+        chunk(n, Q.data(), K.data(), V.data(), gam.data(), bet.data(), S, U.data(), O.data(), work.data());
+      }
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
+        const float* o = O.data() + i * Dv;
+        if (out.dtype == DType::f32) {
+          float* p = static_cast<float*>(out.data) + at0;
+          for (std::int64_t j = 0; j < Dv; ++j) p[j * out.strides[3]] = o[j];
+        } else {
+          for (std::int64_t j = 0; j < Dv; ++j) detail::store_at(out.data, out.dtype, at0 + j * out.strides[3], static_cast<double>(o[j]));
         }
       }
-      for (std::int64_t i = 0; i < n; ++i)
-        for (std::int64_t j = 0; j < Dv; ++j)
-          detail::store_at(out.data, out.dtype,
-                           b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2] + j * out.strides[3],
-                           static_cast<double>(O[static_cast<std::size_t>(i * Dv + j)]));
     }
   }
 };
@@ -251,18 +277,24 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
   const detail::CallScope in_use;
   detail::parallel_for(z.B * z.Hv, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
     std::vector<float> S(static_cast<std::size_t>(z.Dk * z.Dv));
+    HeadRun::Buffers buf(z);
+    const ConstTensorView& is = options.initial_state;
+    const TensorView& f = options.final_state;
     for (std::int64_t i = i0; i < i1; ++i) {
       const std::int64_t b = i / z.Hv, h = i % z.Hv;
-      for (std::int64_t d = 0; d < z.Dk; ++d)
-        for (std::int64_t j = 0; j < z.Dv; ++j) S[static_cast<std::size_t>(d * z.Dv + j)] = init ? at(options.initial_state, b, h, d, j) : 0.0f;
-      run.run(b, h, S.data(), out);
-      if (fin)
+      if (init) {  // (f32, checked)
+        const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1];
         for (std::int64_t d = 0; d < z.Dk; ++d)
-          for (std::int64_t j = 0; j < z.Dv; ++j) {
-            const TensorView& f = options.final_state;
-            static_cast<float*>(f.data)[b * f.strides[0] + h * f.strides[1] + d * f.strides[2] + j * f.strides[3]] =
-                S[static_cast<std::size_t>(d * z.Dv + j)];
-          }
+          for (std::int64_t j = 0; j < z.Dv; ++j) S[static_cast<std::size_t>(d * z.Dv + j)] = p[d * is.strides[2] + j * is.strides[3]];
+      } else {
+        std::fill(S.begin(), S.end(), 0.0f);
+      }
+      run.run(b, h, S.data(), out, buf);
+      if (fin) {
+        float* p = static_cast<float*>(f.data) + b * f.strides[0] + h * f.strides[1];
+        for (std::int64_t d = 0; d < z.Dk; ++d)
+          for (std::int64_t j = 0; j < z.Dv; ++j) p[d * f.strides[2] + j * f.strides[3]] = S[static_cast<std::size_t>(d * z.Dv + j)];
+      }
     }
   });
 }
