@@ -45,10 +45,17 @@ void check_finite(const ConstTensorView& v, const char* name) {
   const Shape4& s = v.shape;
   for (std::int64_t a = 0; a < s[0]; ++a)
     for (std::int64_t b = 0; b < s[1]; ++b)
-      for (std::int64_t c = 0; c < s[2]; ++c)
+      for (std::int64_t c = 0; c < s[2]; ++c) {
+        if (v.dtype == DType::f32 && v.strides[3] == 1) {  // a contiguous f32 row: one test of its sum of x * 0
+          const float* row = static_cast<const float*>(v.data) + a * v.strides[0] + b * v.strides[1] + c * v.strides[2];
+          float z = 0.0f;
+          for (std::int64_t d = 0; d < s[3]; ++d) z += row[d] * 0.0f;  // NaN iff some element is NaN or infinite
+          if (z == 0.0f) continue;
+        }
         for (std::int64_t d = 0; d < s[3]; ++d)
           if (!std::isfinite(at(v, a, b, c, d)))
             throw Error(name, "holds a NaN or an infinity at [" + num(a) + ", " + num(b) + ", " + num(c) + ", " + num(d) + "]");
+      }
 }
 
 struct Sizes {
@@ -266,6 +273,69 @@ struct HeadRun {
   }
 };
 
+// A decode step (T = 1) straight from the initial state to the final one, each read twice (the
+// second time from cache) and written once: pass 1 gives S^T k and S^T q; then u = beta (v - e^g
+// S^T k), out = e^g S^T q + (k . q) u; pass 2 writes e^g S + k u^T (only when the final state is
+// asked for). The initial and final state may be the same array.
+void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions& o, const TensorView& out) {
+  const bool init = detail::view_given(o.initial_state), fin = detail::view_given(o.final_state);
+  const ConstTensorView& is = o.initial_state;
+  const TensorView& f = o.final_state;
+  const std::int64_t Dk = z.Dk, Dv = z.Dv;
+  detail::parallel_for(z.B * z.Hv, o.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+    std::vector<float> q(static_cast<std::size_t>(Dk)), k(q.size()), v(static_cast<std::size_t>(Dv)), sk(v.size()),
+        sq(v.size()), u(v.size());
+    for (std::int64_t i = i0; i < i1; ++i) {
+      const std::int64_t b = i / z.Hv, h = i % z.Hv, hq = h / (z.Hv / z.H);
+      run.row(run.q, b, 0, hq, Dk, q.data(), run.l2, run.scale);
+      run.row(run.k, b, 0, hq, Dk, k.data(), run.l2, 1.0f);
+      run.row(run.v, b, 0, h, Dv, v.data(), false, 1.0f);
+      const float decay = std::exp(at(run.g, b, 0, h, 0)), beta = at(run.beta, b, 0, h, 0);
+      std::fill(sk.begin(), sk.end(), 0.0f);
+      std::fill(sq.begin(), sq.end(), 0.0f);
+      float kq = 0.0f;
+      for (std::int64_t d = 0; d < Dk; ++d) kq += k[static_cast<std::size_t>(d)] * q[static_cast<std::size_t>(d)];
+      const float* s0 = init ? static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1] : nullptr;
+      if (init)
+        for (std::int64_t d = 0; d < Dk; ++d) {
+          const float* __restrict row = s0 + d * is.strides[2];
+          const float kd = k[static_cast<std::size_t>(d)], qd = q[static_cast<std::size_t>(d)];
+          float* __restrict a = sk.data();
+          float* __restrict c = sq.data();
+          if (is.strides[3] == 1) {
+            for (std::int64_t j = 0; j < Dv; ++j) a[j] += row[j] * kd, c[j] += row[j] * qd;
+          } else {
+            for (std::int64_t j = 0; j < Dv; ++j) {
+              const float x = row[j * is.strides[3]];
+              a[j] += x * kd, c[j] += x * qd;
+            }
+          }
+        }
+      for (std::int64_t j = 0; j < Dv; ++j) {
+        u[static_cast<std::size_t>(j)] = beta * (v[static_cast<std::size_t>(j)] - decay * sk[static_cast<std::size_t>(j)]);
+        const float oj = decay * sq[static_cast<std::size_t>(j)] + kq * u[static_cast<std::size_t>(j)];
+        const std::int64_t at0 = b * out.strides[0] + h * out.strides[2] + j * out.strides[3];
+        if (out.dtype == DType::f32) static_cast<float*>(out.data)[at0] = oj;
+        else detail::store_at(out.data, out.dtype, at0, static_cast<double>(oj));
+      }
+      if (!fin) continue;
+      float* s1 = static_cast<float*>(f.data) + b * f.strides[0] + h * f.strides[1];
+      const float* uu = u.data();
+      for (std::int64_t d = 0; d < Dk; ++d) {
+        const float kd = k[static_cast<std::size_t>(d)];
+        float* dst = s1 + d * f.strides[2];
+        const float* src = init ? s0 + d * is.strides[2] : nullptr;
+        if (init && f.strides[3] == 1 && is.strides[3] == 1) {  // (dst may be src: in place, element by element)
+          for (std::int64_t j = 0; j < Dv; ++j) dst[j] = decay * src[j] + kd * uu[j];
+        } else {
+          for (std::int64_t j = 0; j < Dv; ++j)
+            dst[j * f.strides[3]] = (init ? decay * src[j * is.strides[3]] : 0.0f) + kd * uu[j];
+        }
+      }
+    }
+  });
+}
+
 }  // namespace
 
 void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
@@ -275,6 +345,7 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
   const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
   const detail::CallScope in_use;
+  if (z.T == 1) return decode_step(run, z, options, out);
   detail::parallel_for(z.B * z.Hv, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
     std::vector<float> S(static_cast<std::size_t>(z.Dk * z.Dv));
     HeadRun::Buffers buf(z);
