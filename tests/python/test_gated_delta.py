@@ -108,3 +108,16 @@ def test_bad_arguments_are_named():
     with pytest.raises(simdattn.Error):
         simdattn.gated_delta_rule(q, k, v, bad_g, beta, out=out)
     assert (out == 7.0).all()  # nothing written
+
+
+def test_bf16_inputs_within_1e_2():
+    """torch bf16 q, k, v (computed in f32, the output rounded to bf16) against the float64
+    recurrence of the same bf16 values."""
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(6)
+    q, k, v, g, beta = inputs(rng, 1, 80, 2, 2, 16, 8)
+    tq, tk, tv = (torch.from_numpy(a).to(torch.bfloat16) for a in (q, k, v))
+    out = simdattn.gated_delta_rule(tq, tk, tv, torch.from_numpy(g), torch.from_numpy(beta), use_qk_l2norm=True)
+    assert out.dtype == torch.bfloat16
+    want, _ = oracle(tq.float().numpy(), tk.float().numpy(), tv.float().numpy(), g, beta, use_qk_l2norm=True)
+    assert np.abs(out.float().numpy() - want).max() <= 1e-2 * max(1.0, np.abs(want).max())
