@@ -157,10 +157,10 @@ struct HeadRun {
       for (std::int64_t d = 0; d < n; ++d) dst[d] *= f;
   }
 
-  // One chunk of n >= 2 steps from state S (updated in place): the products on the GEMM
+  // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the products on the GEMM
   // (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S += (w K)^T U), the forward
   // substitution for U on the vector unit. work: 2 n Dv + 2 n^2 + n Dk floats.
-  void chunk(std::int64_t n, const float* Q, const float* K, const float* V, const float* gam, const float* bet, float* S,
+  void chunk(std::int64_t n, const float* K, const float* V, const float* gam, const float* bet, float* S,
              float* U, float* O, float* work) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv;
     float* KS = work;
@@ -176,10 +176,9 @@ struct HeadRun {
       detail::gemm(args, 1);  // one thread: this (batch, value head) is one thread's work
     };
     using detail::Trans;
-    mm(n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
-    mm(n, Dv, Dk, Q, Dk, Trans::N, S, Dv, Trans::N, QS, Dv, 0.0f);
-    mm(n, n, Dk, K, Dk, Trans::N, K, Dk, Trans::T, KK, n, 0.0f);
-    mm(n, n, Dk, Q, Dk, Trans::N, K, Dk, Trans::T, QK, n, 0.0f);
+    // [K; Q] (Q right after K's n rows) times S and times K^T: KS then QS, KK then QK
+    mm(2 * n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
+    mm(2 * n, n, Dk, K, Dk, Trans::N, K, Dk, Trans::T, KK, n, 0.0f);
     // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - beta_i sum_{s < i} e^(gamma_i - gamma_s) (k_i . k_s) u_s
     for (std::int64_t i = 0; i < n; ++i) {
       float* u = U + i * Dv;
@@ -210,24 +209,26 @@ struct HeadRun {
 
   // A thread's buffers for run(), sized once for its whole range of (batch, value head) items.
   struct Buffers {
-    std::vector<float> Q, K, V, U, O, gam, bet, tmp, work;
+    std::vector<float> K, V, U, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
     explicit Buffers(const Sizes& z)
-        : Q(static_cast<std::size_t>(kChunk * z.Dk)), K(Q.size()), V(static_cast<std::size_t>(kChunk * z.Dv)), U(V.size()),
+        : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), V(static_cast<std::size_t>(kChunk * z.Dv)), U(V.size()),
           O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(z.Dv)),
           work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk)) {}
   };
 
   void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out, Buffers& buf) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, hq = h / (z.Hv / z.H);
-    std::vector<float>&Q = buf.Q, &K = buf.K, &V = buf.V, &U = buf.U, &O = buf.O, &gam = buf.gam, &bet = buf.bet,
+    std::vector<float>&K = buf.K, &V = buf.V, &U = buf.U, &O = buf.O, &gam = buf.gam, &bet = buf.bet,
     &tmp = buf.tmp, &work = buf.work;
     for (std::int64_t c0 = 0; c0 < z.T; c0 += kChunk) {
       const std::int64_t n = std::min(kChunk, z.T - c0);
+      float* Kp = K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
+      float* Qp = Kp + n * Dk;
       float acc = 0.0f;
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
-        row(q, b, t, hq, Dk, Q.data() + i * Dk, l2, scale);
-        row(k, b, t, hq, Dk, K.data() + i * Dk, l2, 1.0f);
+        row(q, b, t, hq, Dk, Qp + i * Dk, l2, scale);
+        row(k, b, t, hq, Dk, Kp + i * Dk, l2, 1.0f);
         row(v, b, t, h, Dv, V.data() + i * Dv, false, 1.0f);
         acc += at(g, b, t, h, 0);
         gam[static_cast<std::size_t>(i)] = acc;
@@ -243,7 +244,7 @@ struct HeadRun {
         std::fill(sq, sq + Dv, 0.0f);
         float kq = 0.0f;
         for (std::int64_t d = 0; d < Dk; ++d) {
-          const float kd = K[static_cast<std::size_t>(d)], qd = Q[static_cast<std::size_t>(d)];
+          const float kd = Kp[d], qd = Qp[d];
           kq += kd * qd;
           for (std::int64_t j = 0; j < Dv; ++j) sk[j] += S[d * Dv + j] * kd, sq[j] += S[d * Dv + j] * qd;
         }
@@ -253,11 +254,11 @@ struct HeadRun {
           O[static_cast<std::size_t>(j)] = decay * sq[j] + kq * u;
         }
         for (std::int64_t d = 0; d < Dk; ++d) {
-          const float kd = K[static_cast<std::size_t>(d)];
+          const float kd = Kp[d];
           for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = decay * S[d * Dv + j] + kd * U[static_cast<std::size_t>(j)];
         }
       } else {
-        chunk(n, Q.data(), K.data(), V.data(), gam.data(), bet.data(), S, U.data(), O.data(), work.data());
+        chunk(n, Kp, V.data(), gam.data(), bet.data(), S, U.data(), O.data(), work.data());
       }
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
