@@ -53,5 +53,6 @@ PYBIND11_MODULE(_simdattn, m) {
   python::bind_array(m);
   python::bind_attention(m);
   python::bind_layer(m);
+  python::bind_linear_layer(m);
   python::bind_paged(m);
 }

@@ -100,6 +100,10 @@ struct MhaConfig {
   bool causal = false;
   // Multi-head Latent Attention (MlaConfig above); the layer is then built from MlaWeights.
   std::optional<MlaConfig> mla = {};
+  // Qwen3-Next's gated attention output: gate = x Wg^T + bg [heads*head_dim] per query token
+  // (MhaWeights::wg, bg), and each head's attention output o multiplied by sigmoid(gate) (in
+  // f32, rounded once) before the output projection. Refused with MLA.
+  bool output_gate = false;
 };
 
 // Which attention sub-layer of a published checkpoint to load (MultiHeadAttention::
@@ -115,11 +119,14 @@ struct PretrainedOptions {
 };
 
 // Weights in torch's layout, f32, f64, bfloat16 or float16 (the layer's dtype). Empty bias = no
-// bias.
+// bias. wg, bg: the output gate's [heads*head_dim, d_model] and [heads*head_dim] (config.output_gate
+// only; transformers' Qwen3-Next q_proj holds them interleaved with the queries per head, and
+// from_pretrained takes them apart).
 template <class T>
 struct MhaWeights {
   std::vector<T> wq, wk, wv, wo;
   std::vector<T> bq, bk, bv, bo;
+  std::vector<T> wg = {}, bg = {};
 };
 
 // An MLA layer's weights (MlaConfig), torch's layout [out_features, in_features], in the layer's

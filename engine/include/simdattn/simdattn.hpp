@@ -3,6 +3,7 @@
 
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
+#include "simdattn/gated_delta_net.hpp"
 #include "simdattn/kv_pool.hpp"
 #include "simdattn/linear.hpp"
 #include "simdattn/mha.hpp"

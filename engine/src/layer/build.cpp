@@ -88,15 +88,24 @@ LayerStorage<T> build_layer(const MhaConfig& config, MhaWeights<T>&& w) {
   check_bias(w.bk, L.nkv, "weights.bk");
   check_bias(w.bv, L.nkv, "weights.bv");
   check_bias(w.bo, cfg.d_model, "weights.bo");
+  if (cfg.output_gate) {
+    check(w.wg, L.nq, cfg.d_model, "weights.wg", "[heads*head_dim, d_model]");
+    check_bias(w.bg, L.nq, "weights.bg");
+  } else if (!w.wg.empty() || !w.bg.empty()) {
+    throw Error(w.wg.empty() ? "weights.bg" : "weights.wg", "an output gate's weights need config.output_gate");
+  }
   L.fused_qkv = cfg.kdim == cfg.d_model && cfg.vdim == cfg.d_model;
   const std::int64_t nr = weights_nr<T>();
   auto pad = [nr](std::int64_t n) { return (n + nr - 1) / nr * nr; };
-  L.k0 = pad(L.nq);
+  L.g0 = pad(L.nq);
+  L.k0 = L.g0 + (cfg.output_gate ? pad(L.nq) : 0);
   L.v0 = L.k0 + pad(L.nkv);
   L.n_in = L.v0 + pad(L.nkv);
+  L.n_qg = cfg.output_gate ? L.g0 + L.nq : L.nq;
   if (L.fused_qkv) {
     std::vector<T> t(static_cast<std::size_t>(cfg.d_model * L.n_in), T{});
     transpose_into(w.wq, L.nq, cfg.d_model, t.data(), L.n_in);
+    if (cfg.output_gate) transpose_into(w.wg, L.nq, cfg.d_model, t.data() + L.g0, L.n_in);
     transpose_into(w.wk, L.nkv, cfg.kdim, t.data() + L.k0, L.n_in);
     transpose_into(w.wv, L.nkv, cfg.vdim, t.data() + L.v0, L.n_in);
     L.w_in = pack_weights(t.data(), L.n_in, cfg.d_model, L.n_in);
@@ -106,13 +115,17 @@ LayerStorage<T> build_layer(const MhaConfig& config, MhaWeights<T>&& w) {
       transpose_into(wm, rows, cols, t.data(), rows);
       return pack_weights(t.data(), rows, cols, rows);
     };
-    L.w_in = pack_t(w.wq, L.nq, cfg.d_model);
+    std::vector<T> t(static_cast<std::size_t>(cfg.d_model * L.n_qg), T{});  // Wq^T | Wg^T
+    transpose_into(w.wq, L.nq, cfg.d_model, t.data(), L.n_qg);
+    if (cfg.output_gate) transpose_into(w.wg, L.nq, cfg.d_model, t.data() + L.g0, L.n_qg);
+    L.w_in = pack_weights(t.data(), L.n_qg, cfg.d_model, L.n_qg);
     L.w_k = pack_t(w.wk, L.nkv, cfg.kdim);
     L.w_v = pack_t(w.wv, L.nkv, cfg.vdim);
   }
-  if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty()) {
+  if (!w.bq.empty() || !w.bk.empty() || !w.bv.empty() || !w.bg.empty()) {
     L.b_in.assign(static_cast<std::size_t>(L.n_in), T{});
     std::copy(w.bq.begin(), w.bq.end(), L.b_in.begin());
+    std::copy(w.bg.begin(), w.bg.end(), L.b_in.begin() + L.g0);
     std::copy(w.bk.begin(), w.bk.end(), L.b_in.begin() + L.k0);
     std::copy(w.bv.begin(), w.bv.end(), L.b_in.begin() + L.v0);
   }

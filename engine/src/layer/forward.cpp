@@ -2,10 +2,13 @@
 #include "layer/forward.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <string>
 #include <vector>
 
+#include "core/element.hpp"
 #include "layer/cache/kv_cache.hpp"
 #include "layer/cache/kv_pool.hpp"
 #include "layer/cache/kv_store.hpp"
@@ -99,16 +102,37 @@ Projected<T> project_inputs(const LayerStorage<T>& layer, const ForwardCall<T>& 
   }
   // k and v side by side in one [B*Sk, 2*nkv] buffer
   const std::int64_t rows_kv = call.segments[0].B * call.Sk, ldkv = 2 * layer.nkv;
-  T* pq = thread_buffer<T, scratch::MhaProjection>().get(elements(M * layer.nq));
+  T* pq = thread_buffer<T, scratch::MhaProjection>().get(elements(M * layer.n_qg));
   T* pkv = thread_buffer<T, scratch::MhaProjectionKv>().get(elements(rows_kv * ldkv));
   o = thread_buffer<T, scratch::MhaAttentionOut>().get(elements(M * layer.nq));
-  project(x, M, c.d_model, c.d_model, layer.w_in, 0, layer.nq, layer.bq(), pq, layer.nq, opt.threads,
+  project(x, M, c.d_model, c.d_model, layer.w_in, 0, layer.n_qg, layer.bq(), pq, layer.n_qg, opt.threads,
           onednn_weights(layer, opt, layer.w_in));
   project(call.key, rows_kv, c.kdim, c.kdim, layer.wk(), layer.k_col(), layer.nkv, layer.bk(), pkv, ldkv, opt.threads,
           onednn_weights(layer, opt, layer.wk()));
   project(call.value, rows_kv, c.vdim, c.vdim, layer.wv(), layer.v_col(), layer.nkv, layer.bv(), pkv + layer.nkv, ldkv,
           opt.threads, onednn_weights(layer, opt, layer.wv()));
-  return {pq, layer.nq, pkv, pkv + layer.nkv, ldkv};
+  return {pq, layer.n_qg, pkv, pkv + layer.nkv, ldkv};
+}
+
+// The output gate (MhaConfig::output_gate): o [M, nq] times sigmoid of the gate columns (g0) of
+// the query rows (row stride ldq), in f32, each product rounded once.
+template <class T>
+void gate_output(const LayerStorage<T>& layer, const T* p, std::int64_t ldq, T* o, std::int64_t M, int threads) {
+  const std::int64_t nq = layer.nq;
+  parallel_for_each_claimed(M, threads, 16, [&](std::int64_t m0, std::int64_t m1) {
+    for (std::int64_t m = m0; m < m1; ++m) {
+      const T* g = p + m * ldq + layer.g0;
+      T* row = o + m * nq;
+      for (std::int64_t j = 0; j < nq; ++j) {
+        if constexpr (std::is_same_v<T, double>) {
+          row[j] = row[j] / (1.0 + std::exp(-g[j]));
+        } else {
+          const auto gj = static_cast<float>(widen(g[j])), oj = static_cast<float>(widen(row[j]));
+          row[j] = narrow<T>(static_cast<double>(oj / (1.0f + std::exp(-gj))));
+        }
+      }
+    }
+  });
 }
 
 // The attention core of one segment: a cached one's sequences name their rows of the projections
@@ -197,6 +221,7 @@ void run(const LayerStorage<T>& layer, const ForwardCall<T>& call, const MhaOpti
     });
   }
   average_weights(call.weights, opt.attn_weights);
+  if (layer.gated()) gate_output(layer, pr.q, pr.ldq, o, M, opt.threads);
   project(o, M, layer.nq, layer.nq, layer.wo, 0, d, layer.bo_or_null(), y, d, opt.threads,
           onednn_weights(layer, opt, layer.wo));
   for (std::size_t i = 0; i < segs.size(); ++i) {
@@ -242,7 +267,7 @@ void cross_forward(const LayerStorage<T>& layer, const ConstSeqView& query, cons
                    const ConstSeqView& value, const SeqView& out, const MhaOptions& opt) {
   const MhaConfig& c = layer.cfg;
   check_seq("query", query, dtype_of<T>(), -1, c.d_model);
-  check_rows("query", query, std::max(c.d_model, layer.nq), sizeof(T));
+  check_rows("query", query, std::max(c.d_model, layer.n_qg), sizeof(T));
   const std::int64_t B = query.B, Sq = query.S;
   check_seq("key", key, dtype_of<T>(), B, c.kdim);
   check_seq("value", value, dtype_of<T>(), B, c.vdim);

@@ -67,6 +67,7 @@ void describe(detail::VerboseCall& call, const MultiHeadAttention& mha, const Mh
   if (o.attn_weights.data != nullptr) add("attn_weights");
   if (c.rope) add("rope");
   if (!c.q_norm.empty()) add("qk_norm");
+  if (c.output_gate) add("output_gate");
 }
 
 // fn(layer) on the layer of the storage's dtype, inside the call's scopes: this thread counts as

@@ -51,11 +51,13 @@ struct LayerStorage {
   MhaConfig cfg;
   std::int64_t nq = 0, nkv = 0;  // rows of Wq (H*hd) and of Wk / Wv (Hkv*hd)
   bool fused_qkv = false;        // kdim == vdim == d_model: the input projections are one GEMM
-  // Column groups Wq^T | Wk^T | Wv^T start at 0, k0, v0, each padded to the GEMM's panel width
-  // (so that each can also be multiplied alone; zeros in the padding); n_in columns in all.
-  // fused_qkv: w_in holds all three, [d_model, n_in]; otherwise w_in holds Wq^T [d_model, nq],
-  // w_k Wk^T [kdim, nkv], w_v Wv^T [vdim, nkv]. The biases b_in follow the column groups.
-  std::int64_t k0 = 0, v0 = 0, n_in = 0;
+  // Column groups Wq^T | Wg^T | Wk^T | Wv^T start at 0, g0, k0, v0, each padded to the GEMM's
+  // panel width (so that each can also be multiplied alone; zeros in the padding); n_in columns
+  // in all; the gate's group (cfg.output_gate) is empty without a gate (g0 = k0).
+  // fused_qkv: w_in holds all of them, [d_model, n_in]; otherwise w_in holds Wq^T | Wg^T
+  // [d_model, n_qg], w_k Wk^T [kdim, nkv], w_v Wv^T [vdim, nkv]. The biases b_in follow the
+  // column groups. n_qg: the query side's columns (q and the gate, 0 .. g0 + nq with a gate).
+  std::int64_t g0 = 0, k0 = 0, v0 = 0, n_in = 0, n_qg = 0;
   PackedWeights<T> w_in, w_k, w_v;
   std::vector<T> b_in;  // empty if no input bias was given
   PackedWeights<T> wo;  // Wo^T [nq, d_model]
@@ -74,6 +76,7 @@ struct LayerStorage {
   std::int64_t k_col() const { return fused_qkv ? k0 : 0; }
   std::int64_t v_col() const { return fused_qkv ? v0 : 0; }
   const T* bq() const { return b_in.empty() ? nullptr : b_in.data(); }
+  bool gated() const { return cfg.output_gate; }
   const T* bk() const { return b_in.empty() ? nullptr : b_in.data() + k0; }
   const T* bv() const { return b_in.empty() ? nullptr : b_in.data() + v0; }
   const T* bo_or_null() const { return bo.empty() ? nullptr : bo.data(); }

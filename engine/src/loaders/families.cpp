@@ -18,7 +18,6 @@
 #include "simdattn/mha.hpp"
 
 namespace simdattn::detail {
-namespace {
 
 // Where `suffix` (e.g. "encoder.layer.3.attention.self.query.weight") sits in the checkpoint:
 // the prefix before it ("", "bert.", "model.", ...). Exactly one tensor may end with it.
@@ -47,6 +46,8 @@ void only_self(const FamilyContext& x, const char* family) {
     throw Error("attention", std::string(family) + " has self-attention only, got '" + x.opt.attention + "'");
   if (!x.opt.stack.empty()) throw Error("stack", std::string(family) + " has one stack, got '" + x.opt.stack + "'");
 }
+
+namespace {
 
 // BERT, RoBERTa (attention.self.*) and ViT, DeiT (attention.attention.*): encoder
 // self-attention, nn.Linear projections with biases, output through attention.output.dense.
@@ -166,11 +167,14 @@ LayerPlan bloom(const FamilyContext& x) {
 // YaRN's get_mscale (Hugging Face's modeling_rope_utils): 1 for a factor <= 1.
 double yarn_mscale(double factor, double mscale) { return factor <= 1.0 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0; }
 
+}  // namespace
+
 // RoPE from rope_theta, rope_scaling and partial_rotary_factor, or from rope_parameters (the
 // same keys in one object, as newer configs write them). max_positions: max_position_embeddings'
 // default in the family's configuration class (yarn's original_max_position_embeddings when
-// absent); theta: rope_theta's default there.
-RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_positions = 2048, double theta = 10000.0) {
+// absent); theta: rope_theta's default there; partial_rotary_factor: its default there.
+RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_positions, double theta,
+                   double partial_rotary_factor) {
   RopeConfig r;
   const bool params = c.has("rope_parameters");
   const char* key = params ? "rope_parameters" : "rope_scaling";
@@ -189,7 +193,7 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_
   r.theta = params && s != nullptr && s->find("rope_theta") != nullptr ? num("rope_theta", "any") : c.number_or("rope_theta", theta);
   const double partial = params && s != nullptr && s->find("partial_rotary_factor") != nullptr
                              ? num("partial_rotary_factor", "any")
-                             : c.number_or("partial_rotary_factor", 1.0);
+                             : c.number_or("partial_rotary_factor", partial_rotary_factor);
   if (!(partial > 0.0 && partial <= 1.0))
     throw Error(c.path(), "\"partial_rotary_factor\" must be in (0, 1], got " + std::to_string(partial));
   if (!(r.theta > 0.0)) throw Error(c.path(), "\"rope_theta\" must be > 0, got " + std::to_string(r.theta));
@@ -264,6 +268,8 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_
     throw Error(c.path(), "\"" + std::string(key) + "\" needs 0 < \"low_freq_factor\" < \"high_freq_factor\"");
   return r;
 }
+
+namespace {
 
 // Whether layer `layer` of a Qwen2 / Qwen3 / Gemma 2 model uses the sliding window: layer_types
 // when the config lists them, else the family's rule.
@@ -458,6 +464,7 @@ constexpr Family kFamilies[] = {
     {"gpt_oss", gpt_oss},
     {"deepseek_v2", [](const FamilyContext& x) { return deepseek(x, "deepseek_v2"); }},
     {"deepseek_v3", [](const FamilyContext& x) { return deepseek(x, "deepseek_v3"); }},
+    {"qwen3_next", qwen3_next},
 };
 
 }  // namespace

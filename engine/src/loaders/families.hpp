@@ -22,6 +22,7 @@ struct Part {
     conv1d,       // GPT-2's Conv1D: weight [in, blocks * out] (x W + b), bias [blocks * out];
                   // block `index` of the columns (c_attn: q | k | v; c_proj: one)
     fused_heads,  // BLOOM's query_key_value: [H * 3 * hd, in], per head q, k, v; `index` of them
+    gated_heads,  // Qwen3-Next's q_proj: [H * 2 * hd, in], per head the query then the gate; `index` of them
   };
   std::string tensor;  // empty: absent (a bias the family does not have)
   Take take = Take::whole;
@@ -33,7 +34,9 @@ struct Part {
 struct LayerPlan {
   MhaConfig cfg;
   Part wq, wk, wv, wo, bq, bk, bv, bo;
-  std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3)
+  Part wg, bg;                 // the output gate's (cfg.output_gate: Qwen3-Next)
+  std::string q_norm, k_norm;  // QK-norm weights [head_dim] (qwen3, qwen3_next)
+  bool norm_plus_one = false;  // the QK-norm multiplies by 1 + weight (Qwen3NextRMSNorm)
   std::string t5_table;        // T5's relative attention bias [num_buckets, heads]
   std::string sinks;           // one sink logit per head [heads] (gpt-oss)
   // Multi-head Latent Attention (cfg.mla; DeepSeek-V2/V3): the tensors' names (wq empty with a
@@ -68,5 +71,27 @@ inline Window sliding_window(std::int64_t w) { return Window{w - 1, 0}; }
 
 // Every family, by config.json's model_type.
 std::span<const Family> families();
+
+// Helpers the families share (families.cpp).
+// Where `suffix` sits in the checkpoint: the prefix before it; exactly one tensor may end with it.
+std::string find_prefix(const Checkpoint& ck, const std::string& dir, const std::string& suffix);
+// 0 <= layer < n (n read from config key `key`), else Error("layer").
+void check_layer(const ConfigJson& c, const char* key, std::int64_t n, std::int64_t layer);
+// Error("attention" / "stack") unless the options ask for a self-attention layer of one stack.
+void only_self(const FamilyContext& x, const char* family);
+// RoPE from rope_theta, rope_scaling and partial_rotary_factor, or from rope_parameters; the
+// arguments are the family's configuration class's defaults.
+RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_positions = 2048, double theta = 10000.0,
+                   double partial_rotary_factor = 1.0);
+
+// Qwen3-Next (loaders/qwen3_next.cpp): a full-attention layer's plan; its layer kinds.
+LayerPlan qwen3_next(const FamilyContext& x);
+// Whether layer `layer` of a qwen3_next config is a full-attention one (layer_types, or every
+// full_attention_interval-th layer, default 4); Error(config path) for another kind.
+bool qwen3_next_full_layer(const ConfigJson& c, std::int64_t layer);
+
+// A model directory's config.json, parsed (Error(path) when it is not a JSON object with a
+// string model_type; loaders/pretrained.cpp).
+ConfigJson read_model_config(const std::string& dir);
 
 }  // namespace simdattn::detail

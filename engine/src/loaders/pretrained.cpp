@@ -55,6 +55,15 @@ struct Reader {
             out[static_cast<std::size_t>(o * cols + i)] = w[static_cast<std::size_t>(i * n + c0 + o)];
         return out;
       }
+      case Part::Take::gated_heads: {
+        const std::int64_t hd = rows / heads, width = bias ? 1 : cols;
+        const std::vector<T>& w =
+            bias ? fused_tensor(part.tensor, {2 * rows}) : fused_tensor(part.tensor, {2 * rows, cols});
+        std::vector<T> out(static_cast<std::size_t>(rows * width));
+        for (std::int64_t h = 0; h < heads; ++h)
+          std::copy_n(w.begin() + (h * 2 * hd + part.index * hd) * width, hd * width, out.begin() + h * hd * width);
+        return out;
+      }
       case Part::Take::fused_heads: {
         const std::int64_t hd = rows / heads, width = bias ? 1 : cols;
         const std::vector<T>& w =
@@ -150,10 +159,15 @@ MultiHeadAttention load_plan(const Checkpoint& ck, LayerPlan p) {
     if (!p.bk.tensor.empty()) w.bk = r.take(p.bk, nkv, 0, kvh);
     if (!p.bv.tensor.empty()) w.bv = r.take(p.bv, nkv, 0, kvh);
     if (!p.bo.tensor.empty()) w.bo = r.take(p.bo, c.d_model, 0, c.heads);
+    if (!p.wg.tensor.empty()) w.wg = r.take(p.wg, nq, c.d_model, c.heads);
+    if (!p.bg.tensor.empty()) w.bg = r.take(p.bg, nq, 0, c.heads);
   }
   if (!p.q_norm.empty()) {
     c.q_norm = ck.read<float>(p.q_norm, {hd});
     c.k_norm = ck.read<float>(p.k_norm, {hd});
+    if (p.norm_plus_one)  // (1 + weight), in f32 as Qwen3NextRMSNorm computes it
+      for (auto* v : {&c.q_norm, &c.k_norm})
+        for (float& x : *v) x = 1.0f + x;
   }
   if (!p.sinks.empty()) c.sinks = ck.read<float>(p.sinks, {c.heads});
   if (!p.t5_table.empty()) {
@@ -193,26 +207,16 @@ struct Planned {
 };
 
 Planned plan_pretrained(const std::string& dir, std::int64_t layer, const PretrainedOptions& options) {
-  const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
-  JsonValue j;
-  try {
-    j = parse_json(read_text_file(path, kMaxConfig));
-  } catch (const JsonError& e) {
-    throw Error(path, std::string("is not valid JSON: ") + e.what());
-  }
-  if (!j.is_object()) throw Error(path, "is not a JSON object");
-  const JsonValue* model_type = j.find("model_type");
-  if (model_type == nullptr || !model_type->is_string()) throw Error(path, "needs a string \"model_type\"");
-  const std::string type = model_type->string();
+  const ConfigJson config = read_model_config(dir);
+  const std::string type = config.at("model_type").string();
   const Family* family = nullptr;
   for (const Family& f : families())
     if (type == f.model_type) family = &f;
   if (family == nullptr) {
     std::string known;
     for (const Family& f : families()) known += std::string(known.empty() ? "" : ", ") + f.model_type;
-    throw Error(path, "model_type '" + type.substr(0, 100) + "' is not supported (" + known + ")");
+    throw Error(config.path(), "model_type '" + type.substr(0, 100) + "' is not supported (" + known + ")");
   }
-  const ConfigJson config(path, std::move(j));
   Planned out{Checkpoint(dir), {}};
   out.plan = family->plan(FamilyContext{config, out.ck, dir, layer, options});
   return out;
@@ -267,6 +271,24 @@ Planned plan_diffusers(const std::string& path, const std::string& prefix, std::
 }
 
 }  // namespace
+
+namespace detail {
+
+ConfigJson read_model_config(const std::string& dir) {
+  const std::string path = dir + (dir.empty() || dir.back() == '/' ? "" : "/") + "config.json";
+  JsonValue j;
+  try {
+    j = parse_json(read_text_file(path, kMaxConfig));
+  } catch (const JsonError& e) {
+    throw Error(path, std::string("is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw Error(path, "is not a JSON object");
+  const JsonValue* model_type = j.find("model_type");
+  if (model_type == nullptr || !model_type->is_string()) throw Error(path, "needs a string \"model_type\"");
+  return ConfigJson(path, std::move(j));
+}
+
+}  // namespace detail
 
 MultiHeadAttention MultiHeadAttention::from_pretrained(const std::string& dir, std::int64_t layer,
                                                        const PretrainedOptions& options) {

@@ -44,6 +44,7 @@ MlaConfig check_mla(const MlaConfig& m) {
 
 // The layer's configuration: MhaConfig's checks with head_dim nope + rope and kv_heads = heads.
 MhaConfig resolve_mla(MhaConfig c) {
+  if (c.output_gate) throw Error("config.output_gate", "a Multi-head Latent Attention layer has no output gate");
   const MlaConfig m = check_mla(*c.mla);
   const std::int64_t hd = qk_dim(m);
   if (c.head_dim != 0 && c.head_dim != hd)

@@ -1,0 +1,163 @@
+"""Qwen3-Next's layers through simdattn against float64 reimplementations of transformers' code
+(tests/cli/qwen3_next_model.py): the gated full attention (MultiHeadAttention.from_pretrained,
+whole and continued through a KvCache) and the Gated DeltaNet (GatedDeltaNet.from_pretrained,
+whole and continued through a GatedDeltaNetState: the conv window and the recurrent state carried
+across calls of any length, the chunked form past 64 tokens); threads 1/2/3 bitwise; bad
+arguments named.
+
+Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/test_qwen3_next.py
+"""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+import simdattn
+from oracles import expect_error
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+import qwen3_next_model as q3n  # noqa: E402
+
+
+def rel_err(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("qwen3_next"))
+    cfg, values = q3n.write_checkpoint(d, np.random.default_rng(7))
+    return d, cfg, values
+
+
+def test_gated_deltanet_whole_sequence(model):
+    d, cfg, values = model
+    rng = np.random.default_rng(1)
+    for layer in q3n.linear_layers(cfg):
+        gdn = simdattn.GatedDeltaNet.from_pretrained(d, layer)
+        assert (gdn.key_heads, gdn.value_heads, gdn.key_head_dim, gdn.value_head_dim, gdn.conv_kernel) == (2, 4, 8, 6, 4)
+        for S in (1, 3, 70, 131):  # within one chunk, and two or three chunks of 64
+            x = rng.standard_normal((2, S, 32)).astype(np.float32)
+            ref, _ = q3n.gated_deltanet_reference(cfg, values, layer, x)
+            assert rel_err(gdn.forward(x), ref) < 1e-4, (layer, S)
+
+
+@pytest.mark.parametrize("splits", [(1, 1, 1, 1, 1), (2, 5, 1), (70, 1, 3), (3, 90, 2)])
+def test_gated_deltanet_continued_equals_whole(model, splits):
+    d, cfg, values = model
+    layer = q3n.linear_layers(cfg)[1]
+    gdn = simdattn.GatedDeltaNet.from_pretrained(d, layer)
+    rng = np.random.default_rng(sum(splits))
+    x = rng.standard_normal((2, sum(splits), 32)).astype(np.float32)
+    whole = gdn.forward(x)
+    ref, ref_state = q3n.gated_deltanet_reference(cfg, values, layer, x)
+    state = simdattn.GatedDeltaNetState(gdn, 2)
+    parts, t = [], 0
+    for n in splits:
+        parts.append(gdn.forward(x[:, t:t + n], state=state))
+        t += n
+    assert state.tokens == sum(splits)
+    cont = np.concatenate(parts, axis=1)
+    assert rel_err(cont, ref) < 1e-4
+    assert rel_err(cont, whole) < 1e-4
+    assert rel_err(state.recurrent, ref_state["recurrent"]) < 1e-4
+    # the window: the last K - 1 pre-conv inputs, [B, K - 1, conv_dim] (the reference's is [B, conv_dim, K - 1])
+    assert rel_err(state.conv_window, np.transpose(ref_state["conv"], (0, 2, 1))) < 1e-5
+    # without the carried state the continuation differs: the state is what carries it
+    fresh = gdn.forward(x[:, splits[0]:splits[0] + splits[1]])
+    assert rel_err(fresh, ref[:, splits[0]:splits[0] + splits[1]]) > 1e-3
+
+
+def test_gated_deltanet_state_bytes_and_reset(model):
+    d, cfg, _ = model
+    gdn = simdattn.GatedDeltaNet.from_pretrained(d, 0)
+    Hk, Hv, Dk, Dv, K, conv_dim = q3n.gdn_dims(cfg)
+    state = simdattn.GatedDeltaNetState(gdn, 3)
+    assert state.bytes == 3 * (Hv * Dk * Dv * 4 + (K - 1) * conv_dim * 4)
+    bf = simdattn.GatedDeltaNetState(simdattn.GatedDeltaNet.from_pretrained(d, 0, dtype="bf16"), 3)
+    assert bf.bytes == 3 * (Hv * Dk * Dv * 4 + (K - 1) * conv_dim * 2)
+    x = np.random.default_rng(2).standard_normal((3, 5, 32)).astype(np.float32)
+    first = gdn.forward(x, state=state)
+    assert state.tokens == 5 and np.abs(state.recurrent).max() > 0
+    state.reset()
+    assert state.tokens == 0 and not np.any(state.recurrent) and not np.any(state.conv_window)
+    np.testing.assert_array_equal(gdn.forward(x, state=state), first)
+
+
+def test_gated_deltanet_threads_bitwise(model):
+    d, cfg, _ = model
+    gdn = simdattn.GatedDeltaNet.from_pretrained(d, 2)
+    x = np.random.default_rng(3).standard_normal((3, 100, 32)).astype(np.float32)
+    outs = [gdn.forward(x, threads=t) for t in (1, 2, 3)]
+    for o in outs[1:]:
+        np.testing.assert_array_equal(o, outs[0])
+
+
+def test_gated_deltanet_bf16(model, tmp_path):
+    d, cfg, values = model
+    bd = str(tmp_path)
+    cfg16, values16 = q3n.write_checkpoint(bd, np.random.default_rng(7), dtype="BF16")
+    gdn = simdattn.GatedDeltaNet.from_pretrained(bd, 0)
+    assert gdn.dtype == "bf16"
+    x = np.random.default_rng(4).standard_normal((2, 80, 32)).astype(np.float32)
+    ref, _ = q3n.gated_deltanet_reference(cfg16, values16, 0, q3n.mha_weights.to_bf16(x))
+    y = gdn.forward(x)
+    assert y.dtype == np.float32
+    assert rel_err(y, ref) < 2e-2
+
+
+def test_full_attention_layer(model):
+    d, cfg, values = model
+    layer = q3n.full_layers(cfg)[0]
+    mha = simdattn.MultiHeadAttention.from_pretrained(d, layer)
+    assert (mha.heads, mha.kv_heads, mha.head_dim, mha.causal) == (4, 2, 16, True)
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((2, 9, 32)).astype(np.float32)
+    ref = q3n.attention_reference(cfg, values, layer, x)
+    assert rel_err(mha.forward(x), ref) < 1e-5
+    # continued: a cache of the prefix, then the rest in steps
+    cache = simdattn.KvCache(mha, 2, 16)
+    parts = [mha.forward(x[:, :4], cache=cache)] + [mha.forward(x[:, t:t + 1], cache=cache) for t in range(4, 9)]
+    assert rel_err(np.concatenate(parts, axis=1), ref) < 1e-5
+    # f64: the float64 definition to the f32 rounding of (1 + weight), which transformers computes
+    # in f32 (Qwen3NextRMSNorm: 1.0 + weight.float()) and the oracle in f64
+    m64 = simdattn.MultiHeadAttention.from_pretrained(d, layer, dtype="f64")
+    assert rel_err(m64.forward(x.astype(np.float64)), ref) < 1e-7
+
+
+def test_full_attention_with_biases_and_default_layer_types(tmp_path):
+    def edit(cfg):
+        cfg["attention_bias"] = True
+        del cfg["layer_types"]  # the configuration class's pattern: layer 3 of 4 is full attention
+        cfg["rope_parameters"] = {"rope_type": "default", "rope_theta": 500.0}  # partial_rotary_factor's default 0.25
+    cfg, values = q3n.write_checkpoint(str(tmp_path), np.random.default_rng(8), config_edit=edit)
+    cfg["partial_rotary_factor"] = 0.25
+    mha = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), 3, dtype="f64")
+    x = np.random.default_rng(9).standard_normal((1, 7, 32))
+    assert rel_err(mha.forward(x), q3n.attention_reference(cfg, values, 3, x)) < 1e-7
+    gdn = simdattn.GatedDeltaNet.from_pretrained(str(tmp_path), 2)
+    assert gdn.hidden_size == 32
+
+
+def test_errors(model):
+    d, cfg, _ = model
+    e = expect_error("layer", simdattn.MultiHeadAttention.from_pretrained, d, 0)
+    assert "GatedDeltaNet" in str(e)
+    e = expect_error("layer", simdattn.GatedDeltaNet.from_pretrained, d, 3)
+    assert "MultiHeadAttention" in str(e)
+    expect_error("layer", simdattn.GatedDeltaNet.from_pretrained, d, 4)
+    expect_error("dtype", simdattn.GatedDeltaNet.from_pretrained, d, 0, dtype="f64")
+    gdn = simdattn.GatedDeltaNet.from_pretrained(d, 0)
+    state = simdattn.GatedDeltaNetState(gdn, 2)
+    x = np.ones((3, 4, 32), np.float32)
+    expect_error("state", gdn.forward, x, state=state)
+    expect_error("x", gdn.forward, np.ones((2, 4, 31), np.float32))
+    bad = np.ones((2, 4, 32), np.float32)
+    bad[1, 2, 5] = np.nan
+    e = expect_error("x", gdn.forward, bad, state=state)
+    assert "[1, 2, 5]" in str(e)
+    assert state.tokens == 0 and not np.any(state.recurrent)  # nothing written
+    other = simdattn.GatedDeltaNet.from_pretrained(d, 0, dtype="bf16")
+    expect_error("state", other.forward, np.ones((2, 4, 32), np.float32), state=state)
+    expect_error("batch", simdattn.GatedDeltaNetState, gdn, 0)
