@@ -253,7 +253,7 @@ static void test_codes(void) {
   for (i = 0; i < H * SQ * D; ++i) CHECK(out[i] == want[i]);
   v1.struct_size = offsetof(simdattn_attention_options, k_scale) - 8;
   CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_ERROR_VERSION);
-  CHECK(simdattn_c_api_version() == 5);
+  CHECK(simdattn_c_api_version() == 6);
 }
 
 /* C API 4: tree masks, lse and merge_attention_states. A tree mask showing each new token its

@@ -2,7 +2,9 @@
 """`simdattn mha --model` and `--family diffusers` on tiny checkpoints of every supported family
 (model_families.py: config.json and safetensors with the published tensor names, shapes and
 dtypes) against each family's attention sub-layer in float64, on every backend; and the exit
-code and one-line error for broken model directories.
+code and one-line error for broken model directories. Qwen3-Next (qwen3_next_model.py): its full
+attention through `simdattn mha --model`, its Gated DeltaNet layers and the gated delta rule on
+files through `simdattn linear --rule gated-delta`.
 
     python3 test_models.py path/to/simdattn [unittest args]
 """
@@ -16,6 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402
+import qwen3_next_model as q3n  # noqa: E402
 import cli_case  # noqa: E402  (CliCase: a temporary directory, .npy files, the CLI run; backends())
 
 backends = cli_case.backends
@@ -266,6 +269,77 @@ class Models(cli_case.CliCase):
         # flags the config sets are refused with --model
         err = self.mha("--model", d, "--layer", "0", "--query", x, "--rope-theta", "10", rc=2)
         self.assertIn("--rope-theta", err)
+
+
+class Qwen3Next(cli_case.CliCase):
+    def setUp(self):
+        super().setUp()
+        self.rng = np.random.default_rng(20261206)
+        self.d = self.path("q3n")
+        self.cfg, self.W = q3n.write_checkpoint(self.d, self.rng)
+
+    def cli(self, *args, rc=0):
+        if os.path.exists(self.path("y.npy")):
+            os.remove(self.path("y.npy"))
+        r = self.run_cli(*args, "--out", self.path("y.npy"))
+        self.assertEqual(r.returncode, rc, r.stderr)
+        if rc != 0:
+            self.assertEqual(r.stderr.count("\n"), 1, r.stderr)
+            self.assertFalse(os.path.exists(self.path("y.npy")))
+            return r.stderr
+        return np.load(self.path("y.npy"))
+
+    def test_full_attention_layer(self):
+        layer = q3n.full_layers(self.cfg)[0]
+        x = self.rng.standard_normal((2, 6, 32)).astype(np.float32)
+        want = q3n.attention_reference(self.cfg, self.W, layer, x)
+        for backend in backends():
+            y = self.cli("mha", "--model", self.d, "--layer", str(layer), "--query", self.save("x.npy", x),
+                         "--backend", backend)
+            self.assertLess(np.abs(y - want).max() / np.abs(want).max(), 1e-4, backend)
+
+    def test_gated_deltanet_layer(self):
+        layer = q3n.linear_layers(self.cfg)[1]
+        x = self.rng.standard_normal((2, 70, 32)).astype(np.float32)
+        want, _ = q3n.gated_deltanet_reference(self.cfg, self.W, layer, x)
+        y = self.cli("linear", "--rule", "gated-delta", "--model", self.d, "--layer", str(layer), "--x", self.save("x.npy", x),
+                     "--threads", "2")
+        self.assertEqual(y.dtype, np.float32)
+        self.assertLess(np.abs(y - want).max() / np.abs(want).max(), 1e-4)
+        err = self.cli("linear", "--rule", "gated-delta", "--model", self.d, "--layer", "3", "--x", self.path("x.npy"), rc=2)
+        self.assertIn("--layer", err)
+        err = self.cli("linear", "--rule", "gated-delta", "--model", self.d, "--layer", "0",
+                       "--x", self.save("bad.npy", np.ones((2, 3, 31), np.float32)), rc=2)
+        self.assertIn("--x", err)
+        err = self.cli("mha", "--model", self.d, "--layer", "0", "--query", self.path("x.npy"), rc=2)
+        self.assertIn("linear_attention", err)
+
+    def test_rule_on_files(self):
+        B, T, H, Hv, Dk, Dv = 2, 75, 2, 4, 8, 6
+        q, k = (self.rng.standard_normal((B, T, H, Dk)) for _ in range(2))
+        v = self.rng.standard_normal((B, T, Hv, Dv))
+        g = -self.rng.uniform(0, 0.3, (B, T, Hv))
+        beta = self.rng.uniform(0, 1, (B, T, Hv))
+        s0 = self.rng.standard_normal((B, Hv, Dk, Dv))
+        rep = Hv // H
+        # (the reference normalizes q and k and scales q itself)
+        want, want_s = q3n.recurrent_gated_delta_rule(np.repeat(q, rep, axis=2), np.repeat(k, rep, axis=2), v, g, beta,
+                                                      state=s0)
+        files = [self.save(n + ".npy", a) for n, a in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta), ("s0", s0))]
+        y = self.cli("linear", "--rule", "gated-delta", "--q", files[0], "--k", files[1], "--v", files[2], "--g", files[3],
+                     "--beta", files[4], "--initial-state", files[5], "--final-state", self.path("s.npy"), "--qk-l2norm")
+        self.assertEqual(y.dtype, np.float64)  # the files' dtype (computed in f32)
+        self.assertLess(np.abs(y - want).max() / np.abs(want).max(), 1e-4)
+        s = np.load(self.path("s.npy"))
+        self.assertLess(np.abs(s - want_s).max() / np.abs(want_s).max(), 1e-4)
+        g[1, 3, 2] = 0.5
+        err = self.cli("linear", "--rule", "gated-delta", "--q", files[0], "--k", files[1], "--v", files[2],
+                       "--g", self.save("gbad.npy", g), "--beta", files[4], rc=2)
+        self.assertIn("--g", err)
+        err = self.cli("linear", "--rule", "gated-delta", "--q", files[0], "--k", files[1], "--v", files[2], rc=2)
+        self.assertIn("--g", err)
+        err = self.cli("linear", "--rule", "delta", "--q", files[0], "--k", files[1], "--v", files[2], rc=2)
+        self.assertIn("--rule", err)
 
 
 if __name__ == "__main__":

@@ -161,3 +161,61 @@ def test_errors(model):
     other = simdattn.GatedDeltaNet.from_pretrained(d, 0, dtype="bf16")
     expect_error("state", other.forward, np.ones((2, 4, 32), np.float32), state=state)
     expect_error("batch", simdattn.GatedDeltaNetState, gdn, 0)
+
+
+def c_library():
+    """The C API's shared library of this build (build/engine/libsimdattn.so beside build/python), or None."""
+    import ctypes
+    base = os.path.dirname(os.path.dirname(os.path.abspath(simdattn.__file__)))
+    path = os.path.join(base, "..", "engine", "libsimdattn.so")
+    return ctypes.CDLL(path) if os.path.exists(path) else None
+
+
+def test_c_api_gated_deltanet(model):
+    """simdattn_gdn_* (C API 6) through ctypes: the same layer and state as the Python class."""
+    import ctypes as C
+    lib = c_library()
+    if lib is None:
+        pytest.skip("no build/engine/libsimdattn.so beside this module")
+    d, cfg, _ = model
+
+    class Seq(C.Structure):
+        _fields_ = [("struct_size", C.c_size_t), ("data", C.c_void_p), ("dtype", C.c_int), ("batch", C.c_int64),
+                    ("seq", C.c_int64), ("width", C.c_int64)]
+
+    lib.simdattn_last_error.restype = C.c_char_p
+    lib.simdattn_last_error_argument.restype = C.c_char_p
+    layer, state = C.c_void_p(), C.c_void_p()
+    assert lib.simdattn_gdn_from_pretrained(d.encode(), 1, 0, 0, C.byref(layer)) == 0, lib.simdattn_last_error()
+    hidden, vh = C.c_int64(), C.c_int64()
+    assert lib.simdattn_gdn_get_info(layer, C.byref(hidden), None, C.byref(vh), None, None, None, None) == 0
+    assert (hidden.value, vh.value) == (32, 4)
+    assert lib.simdattn_gdn_state_create(layer, C.c_int64(2), C.byref(state)) == 0
+    x = np.random.default_rng(6).standard_normal((2, 9, 32)).astype(np.float32)
+    y = np.zeros_like(x)
+
+    def seq(a):
+        return Seq(C.sizeof(Seq), a.ctypes.data, 0, a.shape[0], a.shape[1], a.shape[2])
+
+    for t0, t1 in ((0, 4), (4, 9)):
+        xs, ys = np.ascontiguousarray(x[:, t0:t1]), np.zeros((2, t1 - t0, 32), np.float32)
+        assert lib.simdattn_gdn_forward(layer, C.byref(seq(xs)), C.byref(seq(ys)), state, 0) == 0, lib.simdattn_last_error()
+        y[:, t0:t1] = ys
+    py = simdattn.GatedDeltaNet.from_pretrained(d, 1)
+    pst = simdattn.GatedDeltaNetState(py, 2)
+    np.testing.assert_array_equal(y, np.concatenate([py.forward(x[:, :4], state=pst), py.forward(x[:, 4:], state=pst)], 1))
+    nbytes, tokens = C.c_int64(), C.c_int64()
+    assert lib.simdattn_gdn_state_get_info(state, C.byref(nbytes), C.byref(tokens)) == 0
+    assert (nbytes.value, tokens.value) == (simdattn.GatedDeltaNetState(py, 2).bytes, 9)
+    assert lib.simdattn_gdn_state_reset(state) == 0
+    assert lib.simdattn_gdn_state_get_info(state, None, C.byref(tokens)) == 0 and tokens.value == 0
+    # errors: a status and the argument named, nothing returned
+    bad = C.c_void_p()
+    assert lib.simdattn_gdn_from_pretrained(d.encode(), 3, 0, 0, C.byref(bad)) == 1 and not bad.value
+    assert lib.simdattn_last_error_argument() == b"layer"
+    assert lib.simdattn_gdn_forward(layer, C.byref(seq(np.zeros((3, 1, 32), np.float32))),
+                                    C.byref(seq(np.zeros((3, 1, 32), np.float32))), state, 0) == 1
+    assert lib.simdattn_last_error_argument() == b"state"
+    assert lib.simdattn_gdn_forward(None, None, None, None, 0) == 1
+    lib.simdattn_gdn_state_free(state)
+    lib.simdattn_gdn_free(layer)

@@ -41,7 +41,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 5
+#define SIMDATTN_C_API_VERSION 6
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -386,6 +386,36 @@ SIMDATTN_C_API simdattn_status simdattn_kv_cache_length(const simdattn_kv_cache*
                                                         int64_t* length);
 /* KvCache::bytes_per_token: the bytes one token occupies (an MLA layer's cache: its latent row). */
 SIMDATTN_C_API simdattn_status simdattn_kv_cache_bytes_per_token(const simdattn_kv_cache* cache, int64_t* bytes);
+
+/* ---- Gated DeltaNet, Qwen3-Next's linear-attention layer (simdattn/gated_delta_net.hpp; C API 6) - */
+
+typedef struct simdattn_gdn simdattn_gdn;
+typedef struct simdattn_gdn_state simdattn_gdn_state;
+
+/* Linear-attention layer layer_index of a qwen3_next model directory (GatedDeltaNet::
+ * from_pretrained); has_dtype 0: the checkpoint's dtype, else dtype (F32, BF16 or F16). *layer
+ * receives the handle (NULL on failure). */
+SIMDATTN_C_API simdattn_status simdattn_gdn_from_pretrained(const char* dir, int64_t layer_index, int has_dtype,
+                                                            simdattn_dtype dtype, simdattn_gdn** layer);
+SIMDATTN_C_API void simdattn_gdn_free(simdattn_gdn* layer);
+/* The layer's shape (hidden_size, key_heads, value_heads, key_head_dim, value_head_dim,
+ * conv_kernel; any pointer may be NULL) and dtype. */
+SIMDATTN_C_API simdattn_status simdattn_gdn_get_info(const simdattn_gdn* layer, int64_t* hidden_size,
+                                                     int64_t* key_heads, int64_t* value_heads, int64_t* key_head_dim,
+                                                     int64_t* value_head_dim, int64_t* conv_kernel,
+                                                     simdattn_dtype* dtype);
+/* x [B, S, hidden] -> out [B, S, hidden] (the layer's dtype); state NULL: from an empty state,
+ * else continued from it and updated (unchanged on failure); threads 0: the default. */
+SIMDATTN_C_API simdattn_status simdattn_gdn_forward(const simdattn_gdn* layer, const simdattn_seq* x,
+                                                    const simdattn_seq* out, simdattn_gdn_state* state, int threads);
+/* The conv window and recurrent state of `batch` sequences through the layer (GatedDeltaNetState). */
+SIMDATTN_C_API simdattn_status simdattn_gdn_state_create(const simdattn_gdn* layer, int64_t batch,
+                                                         simdattn_gdn_state** state);
+SIMDATTN_C_API void simdattn_gdn_state_free(simdattn_gdn_state* state);
+SIMDATTN_C_API simdattn_status simdattn_gdn_state_reset(simdattn_gdn_state* state);
+/* Its bytes (recurrent state and conv window) and the tokens it has seen; NULL pointers skipped. */
+SIMDATTN_C_API simdattn_status simdattn_gdn_state_get_info(const simdattn_gdn_state* state, int64_t* bytes,
+                                                           int64_t* tokens);
 
 /* ---- paged attention and the KV pool (simdattn/paged.hpp, simdattn/kv_pool.hpp) -------------- */
 
