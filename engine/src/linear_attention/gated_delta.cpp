@@ -10,6 +10,7 @@
 // UT transform of the WY representation), and the chunk's end state is e^gamma_last S0 +
 // sum_s e^(gamma_last - gamma_s) k_s u_s^T. Every exponent is <= 0 (g <= 0).
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -22,6 +23,7 @@
 #include "linalg/gemm.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
+#include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/linear.hpp"
 
@@ -41,21 +43,40 @@ float at(const ConstTensorView& v, std::int64_t i0, std::int64_t i1, std::int64_
       detail::widen_at(v.data, v.dtype, i0 * v.strides[0] + i1 * v.strides[1] + i2 * v.strides[2] + i3 * v.strides[3]));
 }
 
-void check_finite(const ConstTensorView& v, const char* name) {
+// Every element of v finite, else Error(name) naming the first that is not: a vectorized test of
+// each contiguous f32 row (of each whole [c, d] block when it is contiguous) over the threads,
+// then, only when one failed, a scan for the first.
+void check_finite(const ConstTensorView& v, const char* name, int threads) {
   const Shape4& s = v.shape;
+  const std::int64_t n01 = s[0] * s[1];
+  if (n01 == 0 || s[2] == 0 || s[3] == 0) return;
+  const simd::DeltaKernels& kern = simd::kernels().delta;
+  auto block_ok = [&](std::int64_t a, std::int64_t b) {
+    const bool f32_rows = v.dtype == DType::f32 && v.strides[3] == 1;
+    if (f32_rows) {
+      const float* base = static_cast<const float*>(v.data) + a * v.strides[0] + b * v.strides[1];
+      if (v.strides[2] == s[3]) return kern.all_finite(base, s[2] * s[3]);
+      for (std::int64_t c = 0; c < s[2]; ++c)
+        if (!kern.all_finite(base + c * v.strides[2], s[3])) return false;
+      return true;
+    }
+    for (std::int64_t c = 0; c < s[2]; ++c)
+      for (std::int64_t d = 0; d < s[3]; ++d)
+        if (!std::isfinite(at(v, a, b, c, d))) return false;
+    return true;
+  };
+  std::atomic<bool> bad{false};
+  detail::parallel_for(n01, threads, std::max<std::int64_t>(1, 32768 / (s[2] * s[3])), [&](std::int64_t i0, std::int64_t i1) {
+    for (std::int64_t i = i0; i < i1 && !bad.load(std::memory_order_relaxed); ++i)
+      if (!block_ok(i / s[1], i % s[1])) bad.store(true, std::memory_order_relaxed);
+  });
+  if (!bad.load()) return;
   for (std::int64_t a = 0; a < s[0]; ++a)
     for (std::int64_t b = 0; b < s[1]; ++b)
-      for (std::int64_t c = 0; c < s[2]; ++c) {
-        if (v.dtype == DType::f32 && v.strides[3] == 1) {  // a contiguous f32 row: one test of its sum of x * 0
-          const float* row = static_cast<const float*>(v.data) + a * v.strides[0] + b * v.strides[1] + c * v.strides[2];
-          float z = 0.0f;
-          for (std::int64_t d = 0; d < s[3]; ++d) z += row[d] * 0.0f;  // NaN iff some element is NaN or infinite
-          if (z == 0.0f) continue;
-        }
+      for (std::int64_t c = 0; c < s[2]; ++c)
         for (std::int64_t d = 0; d < s[3]; ++d)
           if (!std::isfinite(at(v, a, b, c, d)))
             throw Error(name, "holds a NaN or an infinity at [" + num(a) + ", " + num(b) + ", " + num(c) + ", " + num(d) + "]");
-      }
 }
 
 struct Sizes {
@@ -120,14 +141,16 @@ Sizes check(const ConstTensorView& q, const ConstTensorView& k, const ConstTenso
         throw Error("options.final_state", std::string("memory overlaps ") + name);
   }
   // values: finite inputs, g <= 0
-  check_finite(q, "q"), check_finite(k, "k"), check_finite(v, "v"), check_finite(beta, "beta"), check_finite(g, "g");
+  const int th = o.threads;
+  check_finite(q, "q", th), check_finite(k, "k", th), check_finite(v, "v", th), check_finite(beta, "beta", th);
+  check_finite(g, "g", th);
   for (std::int64_t b = 0; b < z.B; ++b)
     for (std::int64_t t = 0; t < z.T; ++t)
       for (std::int64_t h = 0; h < z.Hv; ++h)
         if (at(g, b, t, h, 0) > 0.0f)
           throw Error("g", "must be <= 0 (the log of a decay), got " + std::to_string(at(g, b, t, h, 0)) + " at [" + num(b) + ", " +
                                num(t) + ", " + num(h) + "]");
-  if (detail::view_given(o.initial_state)) check_finite(o.initial_state, "options.initial_state");
+  if (detail::view_given(o.initial_state)) check_finite(o.initial_state, "options.initial_state", th);
   return z;
 }
 
@@ -283,6 +306,7 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
   const ConstTensorView& is = o.initial_state;
   const TensorView& f = o.final_state;
   const std::int64_t Dk = z.Dk, Dv = z.Dv;
+  const simd::DeltaKernels& kern = simd::kernels().delta;
   detail::parallel_for(z.B * z.Hv, o.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
     std::vector<float> q(static_cast<std::size_t>(Dk)), k(q.size()), v(static_cast<std::size_t>(Dv)), sk(v.size()),
         sq(v.size()), u(v.size());
@@ -297,7 +321,9 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
       float kq = 0.0f;
       for (std::int64_t d = 0; d < Dk; ++d) kq += k[static_cast<std::size_t>(d)] * q[static_cast<std::size_t>(d)];
       const float* s0 = init ? static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1] : nullptr;
-      if (init)
+      if (init && is.strides[3] == 1)
+        kern.state_dots(s0, Dk, Dv, is.strides[2], k.data(), q.data(), sk.data(), sq.data());
+      else if (init)
         for (std::int64_t d = 0; d < Dk; ++d) {
           const float* __restrict row = s0 + d * is.strides[2];
           const float kd = k[static_cast<std::size_t>(d)], qd = q[static_cast<std::size_t>(d)];
@@ -322,6 +348,10 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
       if (!fin) continue;
       float* s1 = static_cast<float*>(f.data) + b * f.strides[0] + h * f.strides[1];
       const float* uu = u.data();
+      if (init && f.strides[3] == 1 && is.strides[3] == 1) {  // (in place allowed: each element read, then written)
+        kern.state_update(s0, is.strides[2], s1, f.strides[2], Dk, Dv, decay, k.data(), uu);
+        continue;
+      }
       for (std::int64_t d = 0; d < Dk; ++d) {
         const float kd = k[static_cast<std::size_t>(d)];
         float* dst = s1 + d * f.strides[2];
@@ -341,11 +371,11 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
 
 void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
                       const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& options) {
+  const detail::CallScope in_use;
   const Sizes z = check(q, k, v, g, beta, out, options);
   const float scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(z.Dk)));
   const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
-  const detail::CallScope in_use;
   if (z.T == 1) return decode_step(run, z, options, out);
   detail::parallel_for(z.B * z.Hv, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
     std::vector<float> S(static_cast<std::size_t>(z.Dk * z.Dv));

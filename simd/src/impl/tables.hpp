@@ -10,6 +10,7 @@
 
 #include "impl/batch.hpp"
 #include "impl/convert/convert16.hpp"
+#include "impl/delta.hpp"
 #include "impl/products/gemm16.hpp"
 #include "impl/products/gemm_tile.hpp"
 #include "impl/products/gemv.hpp"
@@ -178,7 +179,11 @@ KernelTable make_kernel_table(Isa isa) {
                           .pack_transpose = &pack_transpose16<Arch, false>},
           .quant8 = {make_quant8_kernels<Arch, Code8::int8>(), make_quant8_kernels<Arch, Code8::e4m3>(),
                      make_quant8_kernels<Arch, Code8::e5m2>()},
-          .amx_attention = {}};
+          .amx_attention = {},
+          .delta = {.axpy = &delta_axpy<Arch>,
+                    .state_dots = &delta_state_dots<Arch>,
+                    .state_update = &delta_state_update<Arch>,
+                    .all_finite = &delta_all_finite<Arch>}};
 }
 
 }  // namespace simdattn::simd::impl

@@ -199,6 +199,20 @@ struct VectorKernels {
   void (*normalize_cols)(T* x, std::int64_t ld, std::int64_t rows, std::int64_t n, const T* l);
 };
 
+// The gated delta rule's f32 kernels (engine/src/linear_attention/gated_delta.cpp).
+struct DeltaKernels {
+  // y[j] += a x[j], j < n (the chunk form's forward substitution).
+  void (*axpy)(float a, const float* x, float* y, std::int64_t n);
+  // A decode step's first pass over a state S [rows, cols] (row stride ld): sk = S^T k, sq = S^T q.
+  void (*state_dots)(const float* S, std::int64_t rows, std::int64_t cols, std::int64_t ld, const float* k,
+                     const float* q, float* sk, float* sq);
+  // Its second: dst[d, j] = decay src[d, j] + k[d] u[j]; dst may be src (in place).
+  void (*state_update)(const float* src, std::int64_t lds, float* dst, std::int64_t ldd, std::int64_t rows,
+                       std::int64_t cols, float decay, const float* k, const float* u);
+  // Whether every x[i], i < n, is finite.
+  bool (*all_finite)(const float* x, std::int64_t n);
+};
+
 // Machine-limit probes for the perf suite (perf/suite/bench_machine.cpp).
 struct ProbeKernels {
   // Runs `iters` steps of kFmaChains independent FMA chains on full-width f32 vectors; returns
@@ -316,6 +330,7 @@ struct KernelTable {
   // by simdattn::simd::Code8: int8, e4m3, e5m2
   std::array<Quant8Kernels, 3> quant8;
   AmxAttentionKernels amx_attention;
+  DeltaKernels delta;
 
   const Quant8Kernels& code8(Code8 f) const { return quant8[static_cast<std::size_t>(f)]; }
   template <class T> const GemmKernels<T>& gemm() const;

@@ -1,0 +1,102 @@
+// The gated delta rule's vector kernels (DeltaKernels, kernels.hpp): a decode step's two passes
+// over a state, the chunk form's axpy, a finiteness test.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+#include "impl/batch.hpp"
+
+namespace simdattn::simd::impl {
+
+// y[j] += a x[j].
+template <class Arch>
+void delta_axpy(float a, const float* x, float* y, std::int64_t n) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B va(a);
+  std::int64_t j = 0;
+  for (; j + W <= n; j += W) xsimd::fma(va, B::load_unaligned(x + j), B::load_unaligned(y + j)).store_unaligned(y + j);
+  for (; j < n; ++j) y[j] += a * x[j];
+}
+
+// sk = S^T k and sq = S^T q of S [rows, cols] (row stride ld), in one pass: 4 vectors of columns
+// at a time, their 8 sums in registers down the rows.
+template <class Arch>
+void delta_state_dots(const float* S, std::int64_t rows, std::int64_t cols, std::int64_t ld, const float* k,
+                      const float* q, float* sk, float* sq) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t j = 0;
+  for (; j + 4 * W <= cols; j += 4 * W) {
+    B a0(0.0f), a1(0.0f), a2(0.0f), a3(0.0f), c0(0.0f), c1(0.0f), c2(0.0f), c3(0.0f);
+    for (std::int64_t d = 0; d < rows; ++d) {
+      const float* r = S + d * ld + j;
+      const B kd(k[d]), qd(q[d]);
+      const B x0 = B::load_unaligned(r), x1 = B::load_unaligned(r + W), x2 = B::load_unaligned(r + 2 * W),
+              x3 = B::load_unaligned(r + 3 * W);
+      a0 = xsimd::fma(x0, kd, a0), a1 = xsimd::fma(x1, kd, a1), a2 = xsimd::fma(x2, kd, a2), a3 = xsimd::fma(x3, kd, a3);
+      c0 = xsimd::fma(x0, qd, c0), c1 = xsimd::fma(x1, qd, c1), c2 = xsimd::fma(x2, qd, c2), c3 = xsimd::fma(x3, qd, c3);
+    }
+    a0.store_unaligned(sk + j), a1.store_unaligned(sk + j + W), a2.store_unaligned(sk + j + 2 * W), a3.store_unaligned(sk + j + 3 * W);
+    c0.store_unaligned(sq + j), c1.store_unaligned(sq + j + W), c2.store_unaligned(sq + j + 2 * W), c3.store_unaligned(sq + j + 3 * W);
+  }
+  for (; j + W <= cols; j += W) {
+    B a(0.0f), c(0.0f);
+    for (std::int64_t d = 0; d < rows; ++d) {
+      const B x = B::load_unaligned(S + d * ld + j);
+      a = xsimd::fma(x, B(k[d]), a), c = xsimd::fma(x, B(q[d]), c);
+    }
+    a.store_unaligned(sk + j), c.store_unaligned(sq + j);
+  }
+  for (; j < cols; ++j) {
+    float a = 0.0f, c = 0.0f;
+    for (std::int64_t d = 0; d < rows; ++d) a += S[d * ld + j] * k[d], c += S[d * ld + j] * q[d];
+    sk[j] = a, sq[j] = c;
+  }
+}
+
+// dst[d, j] = decay src[d, j] + k[d] u[j] (dst may be src: each element read before it is written).
+template <class Arch>
+void delta_state_update(const float* src, std::int64_t lds, float* dst, std::int64_t ldd, std::int64_t rows,
+                        std::int64_t cols, float decay, const float* k, const float* u) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B g(decay);
+  for (std::int64_t d = 0; d < rows; ++d) {
+    const float* s = src + d * lds;
+    float* o = dst + d * ldd;
+    const B kd(k[d]);
+    std::int64_t j = 0;
+    for (; j + W <= cols; j += W)
+      xsimd::fma(kd, B::load_unaligned(u + j), B::load_unaligned(s + j) * g).store_unaligned(o + j);
+    for (; j < cols; ++j) o[j] = decay * s[j] + k[d] * u[j];
+  }
+}
+
+// Whether every x[i] is finite: the exponent bits of each element, all ones for Inf and NaN.
+template <class Arch>
+bool delta_all_finite(const float* x, std::int64_t n) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  // x - x is 0 for finite x and NaN for Inf and NaN; the sums of four accumulators stay 0 or NaN
+  B z0(0.0f), z1(0.0f), z2(0.0f), z3(0.0f);
+  std::int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    const B a = B::load_unaligned(x + i), b = B::load_unaligned(x + i + W), c = B::load_unaligned(x + i + 2 * W),
+            d = B::load_unaligned(x + i + 3 * W);
+    z0 += a - a, z1 += b - b, z2 += c - c, z3 += d - d;
+  }
+  for (; i + W <= n; i += W) {
+    const B a = B::load_unaligned(x + i);
+    z0 += a - a;
+  }
+  alignas(64) float buf[W];
+  ((z0 + z1) + (z2 + z3)).store_aligned(buf);
+  float z = 0.0f;
+  for (std::int64_t l = 0; l < W; ++l) z += buf[l];
+  for (; i < n; ++i) z += x[i] - x[i];
+  return z == 0.0f;
+}
+
+}  // namespace simdattn::simd::impl
