@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/element.hpp"
@@ -166,31 +167,48 @@ struct HeadRun {
            float mult) const {
     if (x.dtype == DType::f32) {  // (the common case without the per-element dtype dispatch)
       const float* p = static_cast<const float*>(x.data) + b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
-      for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
+      if (x.strides[3] == 1) std::copy_n(p, n, dst);
+      else for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
     } else {
       for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
     }
-    float f = mult;
-    if (norm) {
-      float ss = 0.0f;
-      for (std::int64_t d = 0; d < n; ++d) ss += dst[d] * dst[d];
-      f = mult / std::sqrt(ss + 1e-6f);
-    }
-    if (f != 1.0f)
-      for (std::int64_t d = 0; d < n; ++d) dst[d] *= f;
+    if (norm || mult != 1.0f) simd::kernels().delta.scale_row(dst, dst, n, mult, 1e-6f, norm);
   }
 
-  // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the products on the GEMM
-  // (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S += (w K)^T U), the forward
-  // substitution for U on the vector unit. work: 2 n Dv + 2 n^2 + n Dk floats.
+  // The q, k and v rows of the chunk from token t0 into the caches, while this chunk computes: a
+  // head's rows are H Dk (q, k) and Hv Dv (v) elements apart, a stride the hardware prefetchers do
+  // not follow across pages (measured: loading the rows took a third of gdr-prefill8k without).
+  void prefetch_rows(std::int64_t b, std::int64_t t0, std::int64_t hq, std::int64_t h) const {
+    const std::int64_t t1 = std::min(z.T, t0 + kChunk);
+    for (const auto& [x, head, n] : {std::tuple{&q, hq, z.Dk}, std::tuple{&k, hq, z.Dk}, std::tuple{&v, h, z.Dv}}) {
+      if (x->strides[3] != 1) continue;
+      const std::size_t es = dtype_size(x->dtype);
+      const auto* base = static_cast<const char*>(x->data);
+      for (std::int64_t t = t0; t < t1; ++t) {
+        const char* r = base + static_cast<std::int64_t>(es) * (b * x->strides[0] + t * x->strides[1] + head * x->strides[2]);
+        for (std::int64_t off = 0; off < n * static_cast<std::int64_t>(es); off += 64) __builtin_prefetch(r + off, 0, 2);
+      }
+    }
+  }
+
+  // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
+  // products on the GEMM (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S = e^gamma_last S
+  // + (w K)^T U), the decays e^(gamma_i - gamma_s) as one exp over each row, the forward
+  // substitution for U as one matrix-vector product a row on the vector unit. work: 2 n Dv + 3 n^2 +
+  // n Dk + 2 n floats.
   void chunk(std::int64_t n, const float* K, const float* V, const float* gam, const float* bet, float* S,
              float* U, float* O, float* work) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv;
+    const simd::KernelTable& kt = simd::kernels();
+    const simd::VectorKernels<float>& vec = kt.vec_f32;
+    const simd::DeltaKernels& del = kt.delta;
     float* KS = work;
     float* QS = KS + n * Dv;
     float* KK = QS + n * Dv;
     float* QK = KK + n * n;
-    float* Kw = QK + n * n;
+    float* E = QK + n * n;  // E[i, s] = e^(gamma_i - gamma_s), s <= i
+    float* Kw = E + n * n;
+    float* eg = Kw + n * Dk;  // e^gamma_i
     auto mm = [](std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, std::int64_t lda, detail::Trans ta,
                  const float* B, std::int64_t ldb, detail::Trans tb, float* C, std::int64_t ldc, float accumulate) {
       detail::GemmArgs<float> args;
@@ -202,32 +220,40 @@ struct HeadRun {
     // [K; Q] (Q right after K's n rows) times S and times K^T: KS then QS, KK then QK
     mm(2 * n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
     mm(2 * n, n, Dk, K, Dk, Trans::N, K, Dk, Trans::T, KK, n, 0.0f);
-    // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - beta_i sum_{s < i} e^(gamma_i - gamma_s) (k_i . k_s) u_s
+    vec.exp(gam, eg, n);
+    for (std::int64_t i = 0; i < n; ++i) {
+      float* e = E + i * n;
+      for (std::int64_t s = 0; s <= i; ++s) e[s] = gam[i] - gam[s];
+      vec.exp(e, e, i + 1);
+    }
+    // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - beta_i sum_{s < i} e^(gamma_i - gamma_s) (k_i . k_s) u_s:
+    // the sum over the rows before as one matrix-vector product (u_i's sums held in registers)
+    const simd::GemmKernels<float>& gk = kt.gemm_f32;
+    float* coef = eg + n;
     for (std::int64_t i = 0; i < n; ++i) {
       float* u = U + i * Dv;
-      const float eg = std::exp(gam[i]), bi = bet[i];
-      for (std::int64_t j = 0; j < Dv; ++j) u[j] = bi * (V[i * Dv + j] - eg * KS[i * Dv + j]);
-      for (std::int64_t s = 0; s < i; ++s) {
-        const float l = bi * std::exp(gam[i] - gam[s]) * KK[i * n + s];
-        const float* us = U + s * Dv;
-        for (std::int64_t j = 0; j < Dv; ++j) u[j] -= l * us[j];
-      }
+      const float bi = bet[i];
+      vec.scale_to(V + i * Dv, u, Dv, bi);
+      del.axpy(-bi * eg[i], KS + i * Dv, u, Dv);
+      if (i == 0) continue;
+      for (std::int64_t s = 0; s < i; ++s) coef[s] = -bi * E[i * n + s] * KK[i * n + s];
+      gk.gemv_n(Dv, i, 1.0f, coef, U, Dv, 1.0f, u);
     }
     // O = diag(e^gamma) QS + (QK .* e^(gamma_i - gamma_s) on s <= i) U
     for (std::int64_t i = 0; i < n; ++i) {
-      const float eg = std::exp(gam[i]);
-      for (std::int64_t j = 0; j < Dv; ++j) O[i * Dv + j] = eg * QS[i * Dv + j];
-      for (std::int64_t s = 0; s < n; ++s) QK[i * n + s] = s <= i ? std::exp(gam[i] - gam[s]) * QK[i * n + s] : 0.0f;
+      vec.scale_to(QS + i * Dv, O + i * Dv, Dv, eg[i]);
+      float* qk = QK + i * n;
+      const float* e = E + i * n;
+      for (std::int64_t s = 0; s <= i; ++s) qk[s] *= e[s];
+      for (std::int64_t s = i + 1; s < n; ++s) qk[s] = 0.0f;
     }
     mm(n, Dv, n, QK, n, Trans::N, U, Dv, Trans::N, O, Dv, 1.0f);
-    // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U
-    const float last = gam[n - 1], el = std::exp(last);
-    for (std::int64_t e = 0; e < Dk * Dv; ++e) S[e] *= el;
-    for (std::int64_t s = 0; s < n; ++s) {
-      const float w = std::exp(last - gam[s]);
-      for (std::int64_t d = 0; d < Dk; ++d) Kw[s * Dk + d] = w * K[s * Dk + d];
-    }
-    mm(Dk, Dv, n, Kw, Dk, Trans::T, U, Dv, Trans::N, S, Dv, 1.0f);
+    // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U, the weighted keys written transposed
+    // ([Dk, n]: the product reads them in place)
+    const float* last = E + (n - 1) * n;
+    for (std::int64_t s = 0; s < n; ++s)
+      for (std::int64_t d = 0; d < Dk; ++d) Kw[d * n + s] = last[s] * K[s * Dk + d];
+    mm(Dk, Dv, n, Kw, n, Trans::N, U, Dv, Trans::N, S, Dv, eg[n - 1]);
   }
 
   // A thread's buffers for run(), sized once for its whole range of (batch, value head) items.
@@ -236,7 +262,7 @@ struct HeadRun {
     explicit Buffers(const Sizes& z)
         : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), V(static_cast<std::size_t>(kChunk * z.Dv)), U(V.size()),
           O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(z.Dv)),
-          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk)) {}
+          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 3 * kChunk * kChunk + kChunk * z.Dk + 2 * kChunk)) {}
   };
 
   void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out, Buffers& buf) const {
@@ -248,6 +274,7 @@ struct HeadRun {
       float* Kp = K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
       float* Qp = Kp + n * Dk;
       float acc = 0.0f;
+      prefetch_rows(b, c0 + kChunk, hq, h);
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
         row(q, b, t, hq, Dk, Qp + i * Dk, l2, scale);
@@ -286,7 +313,9 @@ struct HeadRun {
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
         const float* o = O.data() + i * Dv;
-        if (out.dtype == DType::f32) {
+        if (out.dtype == DType::f32 && out.strides[3] == 1) {
+          std::copy_n(o, Dv, static_cast<float*>(out.data) + at0);
+        } else if (out.dtype == DType::f32) {
           float* p = static_cast<float*>(out.data) + at0;
           for (std::int64_t j = 0; j < Dv; ++j) p[j * out.strides[3]] = o[j];
         } else {

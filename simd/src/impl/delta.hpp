@@ -2,6 +2,7 @@
 // over a state, the chunk form's axpy, a finiteness test.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -97,6 +98,37 @@ bool delta_all_finite(const float* x, std::int64_t n) {
   for (std::int64_t l = 0; l < W; ++l) z += buf[l];
   for (; i < n; ++i) z += x[i] - x[i];
   return z == 0.0f;
+}
+
+// y[i] = x[i] * f: f = mult / sqrt(sum x^2 + eps) with norm, else mult (four sums' lanes added
+// in a fixed order: the same result for the same row at any call).
+template <class Arch>
+void delta_scale_row(const float* x, float* y, std::int64_t n, float mult, float eps, bool norm) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  float f = mult;
+  if (norm) {
+    B s0(0.0f), s1(0.0f);
+    std::int64_t i = 0;
+    for (; i + 2 * W <= n; i += 2 * W) {
+      const B a = B::load_unaligned(x + i), b = B::load_unaligned(x + i + W);
+      s0 = xsimd::fma(a, a, s0), s1 = xsimd::fma(b, b, s1);
+    }
+    for (; i + W <= n; i += W) {
+      const B a = B::load_unaligned(x + i);
+      s0 = xsimd::fma(a, a, s0);
+    }
+    alignas(64) float buf[W];
+    (s0 + s1).store_aligned(buf);
+    float ss = 0.0f;
+    for (std::int64_t l = 0; l < W; ++l) ss += buf[l];
+    for (; i < n; ++i) ss += x[i] * x[i];
+    f = mult / std::sqrt(ss + eps);
+  }
+  const B vf(f);
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) (B::load_unaligned(x + i) * vf).store_unaligned(y + i);
+  for (; i < n; ++i) y[i] = x[i] * f;
 }
 
 }  // namespace simdattn::simd::impl

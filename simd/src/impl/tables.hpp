@@ -183,7 +183,8 @@ KernelTable make_kernel_table(Isa isa) {
           .delta = {.axpy = &delta_axpy<Arch>,
                     .state_dots = &delta_state_dots<Arch>,
                     .state_update = &delta_state_update<Arch>,
-                    .all_finite = &delta_all_finite<Arch>}};
+                    .all_finite = &delta_all_finite<Arch>,
+                    .scale_row = &delta_scale_row<Arch>}};
 }
 
 }  // namespace simdattn::simd::impl

@@ -211,6 +211,9 @@ struct DeltaKernels {
                        std::int64_t cols, float decay, const float* k, const float* u);
   // Whether every x[i], i < n, is finite.
   bool (*all_finite)(const float* x, std::int64_t n);
+  // y[i] = x[i] * f, i < n, with f = mult / sqrt(sum_i x[i]^2 + eps) (norm) or mult (the rule's
+  // L2 norm of a query or key row, and its scale); y may be x.
+  void (*scale_row)(const float* x, float* y, std::int64_t n, float mult, float eps, bool norm);
 };
 
 // Machine-limit probes for the perf suite (perf/suite/bench_machine.cpp).
