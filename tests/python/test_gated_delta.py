@@ -59,6 +59,21 @@ def test_matches_the_recurrence(T, l2):
     assert np.abs(fin - want_s).max() <= 1e-4 * max(1.0, np.abs(want_s).max())
 
 
+def test_value_heads_grouped_or_split_over_the_threads_bitwise():
+    # one key head of six value heads: items of 3 heads at 1 thread, of one head at 2 and 3
+    rng = np.random.default_rng(8)
+    q, k, v, g, beta = inputs(rng, 1, 100, 1, 6, 8, 5)
+    s0 = rng.standard_normal((1, 6, 8, 5)).astype(np.float32)
+    want, want_s = oracle(q, k, v, g, beta, initial_state=s0, use_qk_l2norm=True)
+    full, fin = simdattn.gated_delta_rule(q, k, v, g, beta, initial_state=s0, use_qk_l2norm=True,
+                                          output_final_state=True, threads=1)
+    assert np.abs(full - want).max() < 1e-4 * np.abs(want).max()
+    for t in (2, 3, 4):
+        o, s = simdattn.gated_delta_rule(q, k, v, g, beta, initial_state=s0, use_qk_l2norm=True,
+                                         output_final_state=True, threads=t)
+        assert np.array_equal(o, full) and np.array_equal(s, fin)
+
+
 def test_decode_steps_carry_the_state_and_threads_agree_bitwise():
     rng = np.random.default_rng(3)
     q, k, v, g, beta = inputs(rng, 1, 70, 2, 2, 8, 8)

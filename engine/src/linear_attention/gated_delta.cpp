@@ -178,15 +178,15 @@ struct HeadRun {
   // The q, k and v rows of the chunk from token t0 into the caches, while this chunk computes: a
   // head's rows are H Dk (q, k) and Hv Dv (v) elements apart, a stride the hardware prefetchers do
   // not follow across pages (measured: loading the rows took a third of gdr-prefill8k without).
-  void prefetch_rows(std::int64_t b, std::int64_t t0, std::int64_t hq, std::int64_t h) const {
+  void prefetch_rows(std::int64_t b, std::int64_t t0, std::int64_t hk, std::int64_t h0, std::int64_t hn) const {
     const std::int64_t t1 = std::min(z.T, t0 + kChunk);
-    for (const auto& [x, head, n] : {std::tuple{&q, hq, z.Dk}, std::tuple{&k, hq, z.Dk}, std::tuple{&v, h, z.Dv}}) {
-      if (x->strides[3] != 1) continue;
+    for (const auto& [x, head, n] : {std::tuple{&q, hk, z.Dk}, std::tuple{&k, hk, z.Dk}, std::tuple{&v, h0, hn * z.Dv}}) {
+      if (x->strides[3] != 1 || (x == &v && hn > 1 && x->strides[2] != z.Dv)) continue;
       const std::size_t es = dtype_size(x->dtype);
       const auto* base = static_cast<const char*>(x->data);
       for (std::int64_t t = t0; t < t1; ++t) {
-        const char* r = base + static_cast<std::int64_t>(es) * (b * x->strides[0] + t * x->strides[1] + head * x->strides[2]);
-        for (std::int64_t off = 0; off < n * static_cast<std::int64_t>(es); off += 64) __builtin_prefetch(r + off, 0, 2);
+        const char* p = base + static_cast<std::int64_t>(es) * (b * x->strides[0] + t * x->strides[1] + head * x->strides[2]);
+        for (std::int64_t off = 0; off < n * static_cast<std::int64_t>(es); off += 64) __builtin_prefetch(p + off, 0, 2);
       }
     }
   }
@@ -194,18 +194,17 @@ struct HeadRun {
   // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
   // products on the GEMM (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S = e^gamma_last S
   // + (w K)^T U), the decays e^(gamma_i - gamma_s) as one exp over each row, the forward
-  // substitution for U as one matrix-vector product a row on the vector unit. work: 2 n Dv + 3 n^2 +
-  // n Dk + 2 n floats.
-  void chunk(std::int64_t n, const float* K, const float* V, const float* gam, const float* bet, float* S,
-             float* U, float* O, float* work) const {
+  // substitution for U as one matrix-vector product a row on the vector unit. KKQK: [K; Q] K^T.
+  // work: 2 n Dv + 2 n^2 + n Dk + 2 n floats.
+  void chunk(std::int64_t n, const float* K, const float* KKQK, const float* V, const float* gam, const float* bet,
+             float* S, float* U, float* O, float* work) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv;
     const simd::KernelTable& kt = simd::kernels();
     const simd::VectorKernels<float>& vec = kt.vec_f32;
     const simd::DeltaKernels& del = kt.delta;
     float* KS = work;
     float* QS = KS + n * Dv;
-    float* KK = QS + n * Dv;
-    float* QK = KK + n * n;
+    float* QK = QS + n * Dv;
     float* E = QK + n * n;  // E[i, s] = e^(gamma_i - gamma_s), s <= i
     float* Kw = E + n * n;
     float* eg = Kw + n * Dk;  // e^gamma_i
@@ -217,9 +216,11 @@ struct HeadRun {
       detail::gemm(args, 1);  // one thread: this (batch, value head) is one thread's work
     };
     using detail::Trans;
-    // [K; Q] (Q right after K's n rows) times S and times K^T: KS then QS, KK then QK
+    // [K; Q] (Q right after K's n rows) times S: KS then QS; KK then QK given (one product for the
+    // value heads that share the keys), QK copied to be masked
     mm(2 * n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
-    mm(2 * n, n, Dk, K, Dk, Trans::N, K, Dk, Trans::T, KK, n, 0.0f);
+    const float* KK = KKQK;
+    std::copy_n(KKQK + n * n, n * n, QK);
     vec.exp(gam, eg, n);
     for (std::int64_t i = 0; i < n; ++i) {
       float* e = E + i * n;
@@ -256,70 +257,87 @@ struct HeadRun {
     mm(Dk, Dv, n, Kw, n, Trans::N, U, Dv, Trans::N, S, Dv, eg[n - 1]);
   }
 
-  // A thread's buffers for run(), sized once for its whole range of (batch, value head) items.
+  // A thread's buffers for run(), sized once for its whole range of (batch, key head) groups.
   struct Buffers {
-    std::vector<float> K, V, U, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
+    std::vector<float> K, KKQK, V, U, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
     explicit Buffers(const Sizes& z)
-        : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), V(static_cast<std::size_t>(kChunk * z.Dv)), U(V.size()),
-          O(V.size()), gam(kChunk), bet(kChunk), tmp(static_cast<std::size_t>(z.Dv)),
-          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 3 * kChunk * kChunk + kChunk * z.Dk + 2 * kChunk)) {}
+        : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), KKQK(static_cast<std::size_t>(2 * kChunk * kChunk)),
+          V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), U(static_cast<std::size_t>(kChunk * z.Dv)),
+          O(U.size()), gam(static_cast<std::size_t>(z.Hv / z.H * kChunk)), bet(gam.size()),
+          tmp(static_cast<std::size_t>(z.Dv)),
+          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk + 2 * kChunk)) {}
   };
 
-  void run(std::int64_t b, std::int64_t h, float* S, const TensorView& out, Buffers& buf) const {
-    const std::int64_t Dk = z.Dk, Dv = z.Dv, hq = h / (z.Hv / z.H);
-    std::vector<float>&K = buf.K, &V = buf.V, &U = buf.U, &O = buf.O, &gam = buf.gam, &bet = buf.bet,
-    &tmp = buf.tmp, &work = buf.work;
+  // Value heads hk r + j0 .. + jn - 1 of one (batch, key head) group (r = Hv / H), states S (jn of
+  // [Dk, Dv], one after the other), over the sequence chunk by chunk. The chunk's query and key rows
+  // are read, normalized and multiplied ([K; Q] K^T) once for the jn heads.
+  void run(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, float* S, const TensorView& out,
+           Buffers& buf) const {
+    const std::int64_t Dk = z.Dk, Dv = z.Dv, r = z.Hv / z.H;
+    float* const U = buf.U.data();
+    float* const O = buf.O.data();
     for (std::int64_t c0 = 0; c0 < z.T; c0 += kChunk) {
       const std::int64_t n = std::min(kChunk, z.T - c0);
-      float* Kp = K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
+      float* Kp = buf.K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
       float* Qp = Kp + n * Dk;
-      float acc = 0.0f;
-      prefetch_rows(b, c0 + kChunk, hq, h);
+      prefetch_rows(b, c0 + kChunk, hk, hk * r + j0, jn);
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
-        row(q, b, t, hq, Dk, Qp + i * Dk, l2, scale);
-        row(k, b, t, hq, Dk, Kp + i * Dk, l2, 1.0f);
-        row(v, b, t, h, Dv, V.data() + i * Dv, false, 1.0f);
-        acc += at(g, b, t, h, 0);
-        gam[static_cast<std::size_t>(i)] = acc;
-        bet[static_cast<std::size_t>(i)] = at(beta, b, t, h, 0);
+        row(q, b, t, hk, Dk, Qp + i * Dk, l2, scale);
+        row(k, b, t, hk, Dk, Kp + i * Dk, l2, 1.0f);
       }
-      if (n == 1) {
-        // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
-        // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
-        const float decay = std::exp(gam[0]);
-        float* sk = tmp.data();
-        float* sq = O.data() + Dv;  // (O's second row, free when n == 1)
-        std::fill(sk, sk + Dv, 0.0f);
-        std::fill(sq, sq + Dv, 0.0f);
-        float kq = 0.0f;
-        for (std::int64_t d = 0; d < Dk; ++d) {
-          const float kd = Kp[d], qd = Qp[d];
-          kq += kd * qd;
-          for (std::int64_t j = 0; j < Dv; ++j) sk[j] += S[d * Dv + j] * kd, sq[j] += S[d * Dv + j] * qd;
+      for (std::int64_t j = 0; j < jn; ++j) {
+        const std::int64_t h = hk * r + j0 + j;
+        float acc = 0.0f;
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t t = c0 + i;
+          row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
+          acc += at(g, b, t, h, 0);
+          buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
+          buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
         }
-        for (std::int64_t j = 0; j < Dv; ++j) {
-          const float u = bet[0] * (V[static_cast<std::size_t>(j)] - decay * sk[j]);
-          U[static_cast<std::size_t>(j)] = u;
-          O[static_cast<std::size_t>(j)] = decay * sq[j] + kq * u;
-        }
-        for (std::int64_t d = 0; d < Dk; ++d) {
-          const float kd = Kp[d];
-          for (std::int64_t j = 0; j < Dv; ++j) S[d * Dv + j] = decay * S[d * Dv + j] + kd * U[static_cast<std::size_t>(j)];
-        }
-      } else {
-        chunk(n, Kp, V.data(), gam.data(), bet.data(), S, U.data(), O.data(), work.data());
       }
-      for (std::int64_t i = 0; i < n; ++i) {
-        const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
-        const float* o = O.data() + i * Dv;
-        if (out.dtype == DType::f32 && out.strides[3] == 1) {
-          std::copy_n(o, Dv, static_cast<float*>(out.data) + at0);
-        } else if (out.dtype == DType::f32) {
-          float* p = static_cast<float*>(out.data) + at0;
-          for (std::int64_t j = 0; j < Dv; ++j) p[j * out.strides[3]] = o[j];
+      if (n > 1) {
+        detail::GemmArgs<float> args;  // [K; Q] K^T: KK then QK
+        args.trans_b = detail::Trans::T, args.M = 2 * n, args.N = n, args.K = Dk;
+        args.A = Kp, args.lda = Dk, args.B = Kp, args.ldb = Dk, args.C = buf.KKQK.data(), args.ldc = n;
+        detail::gemm(args, 1);
+      }
+      for (std::int64_t j = 0; j < jn; ++j) {
+        const std::int64_t h = hk * r + j0 + j;
+        float* Sj = S + j * Dk * Dv;
+        const float* V = buf.V.data() + j * kChunk * Dv;
+        const float* gam = buf.gam.data() + j * kChunk;
+        const float* bet = buf.bet.data() + j * kChunk;
+        if (n == 1) {
+          // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
+          // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
+          const float decay = std::exp(gam[0]);
+          float* sk = buf.tmp.data();
+          float* sq = O + Dv;  // (O's second row, free when n == 1)
+          const simd::DeltaKernels& del = simd::kernels().delta;
+          del.state_dots(Sj, Dk, Dv, Dv, Kp, Qp, sk, sq);
+          float kq = 0.0f;
+          for (std::int64_t d = 0; d < Dk; ++d) kq += Kp[d] * Qp[d];
+          for (std::int64_t e = 0; e < Dv; ++e) {
+            U[e] = bet[0] * (V[e] - decay * sk[e]);
+            O[e] = decay * sq[e] + kq * U[e];
+          }
+          del.state_update(Sj, Dv, Sj, Dv, Dk, Dv, decay, Kp, U);
         } else {
-          for (std::int64_t j = 0; j < Dv; ++j) detail::store_at(out.data, out.dtype, at0 + j * out.strides[3], static_cast<double>(o[j]));
+          chunk(n, Kp, buf.KKQK.data(), V, gam, bet, Sj, U, O, buf.work.data());
+        }
+        for (std::int64_t i = 0; i < n; ++i) {
+          const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
+          const float* o = O + i * Dv;
+          if (out.dtype == DType::f32 && out.strides[3] == 1) {
+            std::copy_n(o, Dv, static_cast<float*>(out.data) + at0);
+          } else if (out.dtype == DType::f32) {
+            float* p = static_cast<float*>(out.data) + at0;
+            for (std::int64_t e = 0; e < Dv; ++e) p[e * out.strides[3]] = o[e];
+          } else {
+            for (std::int64_t e = 0; e < Dv; ++e) detail::store_at(out.data, out.dtype, at0 + e * out.strides[3], static_cast<double>(o[e]));
+          }
         }
       }
     }
@@ -406,26 +424,42 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
   const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
   if (z.T == 1) return decode_step(run, z, options, out);
-  detail::parallel_for(z.B * z.Hv, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
-    std::vector<float> S(static_cast<std::size_t>(z.Dk * z.Dv));
+  // A work item: the value heads of one (batch, key head) group, which share the chunks' keys and
+  // queries; or, with too few groups to keep the threads busy (two items a thread), a part of one
+  // (the same arithmetic either way: the same result at any thread count).
+  const std::int64_t r = z.Hv / z.H, DD = z.Dk * z.Dv;
+  const std::int64_t want = 2 * detail::resolve_threads(options.threads);
+  std::int64_t parts = 1;
+  while (parts < r && z.B * z.H * parts < want) {
+    ++parts;
+    while (r % parts != 0) ++parts;
+  }
+  const std::int64_t per = r / parts;
+  detail::parallel_for(z.B * z.H * parts, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+    std::vector<float> S(static_cast<std::size_t>(per * DD));
     HeadRun::Buffers buf(z);
     const ConstTensorView& is = options.initial_state;
     const TensorView& f = options.final_state;
     for (std::int64_t i = i0; i < i1; ++i) {
-      const std::int64_t b = i / z.Hv, h = i % z.Hv;
-      if (init) {  // (f32, checked)
-        const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1];
-        for (std::int64_t d = 0; d < z.Dk; ++d)
-          for (std::int64_t j = 0; j < z.Dv; ++j) S[static_cast<std::size_t>(d * z.Dv + j)] = p[d * is.strides[2] + j * is.strides[3]];
-      } else {
-        std::fill(S.begin(), S.end(), 0.0f);
+      const std::int64_t b = i / (z.H * parts), hk = i / parts % z.H, j0 = i % parts * per;
+      for (std::int64_t j = 0; j < per; ++j) {
+        float* Sj = S.data() + j * DD;
+        if (init) {  // (f32, checked)
+          const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + (hk * r + j0 + j) * is.strides[1];
+          for (std::int64_t d = 0; d < z.Dk; ++d)
+            for (std::int64_t e = 0; e < z.Dv; ++e) Sj[d * z.Dv + e] = p[d * is.strides[2] + e * is.strides[3]];
+        } else {
+          std::fill(Sj, Sj + DD, 0.0f);
+        }
       }
-      run.run(b, h, S.data(), out, buf);
-      if (fin) {
-        float* p = static_cast<float*>(f.data) + b * f.strides[0] + h * f.strides[1];
-        for (std::int64_t d = 0; d < z.Dk; ++d)
-          for (std::int64_t j = 0; j < z.Dv; ++j) p[d * f.strides[2] + j * f.strides[3]] = S[static_cast<std::size_t>(d * z.Dv + j)];
-      }
+      run.run(b, hk, j0, per, S.data(), out, buf);
+      if (fin)
+        for (std::int64_t j = 0; j < per; ++j) {
+          const float* Sj = S.data() + j * DD;
+          float* p = static_cast<float*>(f.data) + b * f.strides[0] + (hk * r + j0 + j) * f.strides[1];
+          for (std::int64_t d = 0; d < z.Dk; ++d)
+            for (std::int64_t e = 0; e < z.Dv; ++e) p[d * f.strides[2] + e * f.strides[3]] = Sj[d * z.Dv + e];
+        }
     }
   });
 }
