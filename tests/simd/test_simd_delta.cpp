@@ -15,7 +15,7 @@
 using namespace simdattn::simd;
 using simdattn::test::kernel_tables;
 
-TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), axpy, all_finite; tails and strides") {
+TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), axpy, forward_substitute, all_finite; tails and strides") {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> small(-4, 4);
   for (const KernelTable* kt : kernel_tables()) {
@@ -55,6 +55,22 @@ TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), 
         std::vector<float> y = u;
         d.axpy(-3.f, S.data(), y.data(), cols);
         for (std::int64_t j = 0; j < cols; ++j) CHECK(y[j] == u[j] - 3.f * S[j]);
+        // the forward substitution: rows of S as U, A strictly lower with entries 0, +-1 (small
+        // integers stay exact), against the same recurrence in double
+        const std::int64_t lda = rows + 2;
+        std::vector<float> A(static_cast<std::size_t>(rows * lda), 99.f), U = S;
+        std::uniform_int_distribution<int> coef(-1, 1);
+        for (std::int64_t i = 0; i < rows; ++i)
+          for (std::int64_t s = 0; s < i; ++s) A[i * lda + s] = float(coef(rng));
+        std::vector<double> want(S.begin(), S.end());
+        for (std::int64_t i = 1; i < rows; ++i)
+          for (std::int64_t s = 0; s < i; ++s)
+            for (std::int64_t j = 0; j < cols; ++j) want[i * ld + j] -= A[i * lda + s] * want[s * ld + j];
+        d.forward_substitute(U.data(), ld, rows, cols, A.data(), lda);
+        for (std::int64_t i = 0; i < rows; ++i) {
+          for (std::int64_t j = 0; j < cols; ++j) CHECK(U[i * ld + j] == float(want[i * ld + j]));
+          CHECK(U[i * ld + cols] == S[i * ld + cols]);  // nothing past cols
+        }
       }
     }
     for (std::int64_t n : {0, 1, 15, 16, 17, 63, 64, 65, 200}) {

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <tuple>
@@ -178,8 +179,8 @@ struct HeadRun {
   // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
   // products on the GEMM (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S = e^gamma_last S
   // + (w K)^T U), the decays e^(gamma_i - gamma_s) as one exp over each row, the forward
-  // substitution for U as one matrix-vector product a row on the vector unit. KKQK: [K; Q] K^T.
-  // work: 2 n Dv + 2 n^2 + n Dk + 2 n floats.
+  // substitution row by row (each row's sums in registers). KKQK: [K; Q] K^T. work: 2 n Dv + 2 n^2 +
+  // n Dk + max(n^2, n Dk) + n floats.
   void chunk(std::int64_t n, const float* K, const float* KKQK, const float* V, const float* gam, const float* bet,
              float* S, float* U, float* O, float* work) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv;
@@ -191,7 +192,8 @@ struct HeadRun {
     float* QK = QS + n * Dv;
     float* E = QK + n * n;  // E[i, s] = e^(gamma_i - gamma_s), s <= i
     float* Kw = E + n * n;
-    float* eg = Kw + n * Dk;  // e^gamma_i
+    float* Ks = Kw + n * Dk;  // the substitution's A [n, n], then the keys scaled by e^(gamma_last - gamma_s) [n, Dk]
+    float* eg = Ks + std::max(n * n, n * Dk);  // e^gamma_i
     auto mm = [](std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, std::int64_t lda, detail::Trans ta,
                  const float* B, std::int64_t ldb, detail::Trans tb, float* C, std::int64_t ldc, float accumulate) {
       detail::GemmArgs<float> args;
@@ -211,19 +213,17 @@ struct HeadRun {
       for (std::int64_t s = 0; s <= i; ++s) e[s] = gam[i] - gam[s];
       vec.exp(e, e, i + 1);
     }
-    // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - beta_i sum_{s < i} e^(gamma_i - gamma_s) (k_i . k_s) u_s:
-    // the sum over the rows before as one matrix-vector product (u_i's sums held in registers)
-    const simd::GemmKernels<float>& gk = kt.gemm_f32;
-    float* coef = eg + n;
+    // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - sum_{s < i} A[i, s] u_s with A[i, s] = beta_i e^(gamma_i -
+    // gamma_s) (k_i . k_s): the right sides, then the forward substitution (each row's sums in registers)
+    float* A = Ks;  // (n x n, before the scaled keys take its room)
     for (std::int64_t i = 0; i < n; ++i) {
       float* u = U + i * Dv;
       const float bi = bet[i];
       vec.scale_to(V + i * Dv, u, Dv, bi);
       del.axpy(-bi * eg[i], KS + i * Dv, u, Dv);
-      if (i == 0) continue;
-      for (std::int64_t s = 0; s < i; ++s) coef[s] = -bi * E[i * n + s] * KK[i * n + s];
-      gk.gemv_n(Dv, i, 1.0f, coef, U, Dv, 1.0f, u);
+      for (std::int64_t s = 0; s < i; ++s) A[i * n + s] = bi * E[i * n + s] * KK[i * n + s];
     }
+    del.forward_substitute(U, Dv, n, Dv, A, n);
     // O = diag(e^gamma) QS + (QK .* e^(gamma_i - gamma_s) on s <= i) U
     for (std::int64_t i = 0; i < n; ++i) {
       vec.scale_to(QS + i * Dv, O + i * Dv, Dv, eg[i]);
@@ -236,8 +236,8 @@ struct HeadRun {
     // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U, the weighted keys written transposed
     // ([Dk, n]: the product reads them in place)
     const float* last = E + (n - 1) * n;
-    for (std::int64_t s = 0; s < n; ++s)
-      for (std::int64_t d = 0; d < Dk; ++d) Kw[d * n + s] = last[s] * K[s * Dk + d];
+    for (std::int64_t s = 0; s < n; ++s) vec.scale_to(K + s * Dk, Ks + s * Dk, Dk, last[s]);
+    vec.pack_transpose(Ks, Dk, n, Dk, Kw, n, n);
     mm(Dk, Dv, n, Kw, n, Trans::N, U, Dv, Trans::N, S, Dv, eg[n - 1]);
   }
 
@@ -249,7 +249,8 @@ struct HeadRun {
           V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), U(static_cast<std::size_t>(kChunk * z.Dv)),
           O(U.size()), gam(static_cast<std::size_t>(z.Hv / z.H * kChunk)), bet(gam.size()),
           tmp(static_cast<std::size_t>(z.Dv)),
-          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk + 2 * kChunk)) {}
+          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk +
+                                        std::max(kChunk * kChunk, kChunk * z.Dk) + kChunk)) {}
   };
 
   // The chunk from token c0 of value heads hk r + j0 .. + jn - 1 of one (batch, key head) group (r =

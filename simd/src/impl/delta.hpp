@@ -75,6 +75,40 @@ void delta_state_update(const float* src, std::int64_t lds, float* dst, std::int
   }
 }
 
+// U[i, :cols] -= sum_{s < i} A[i, s] U[s, :cols], rows in order: 8 vectors of columns at a time,
+// row i's 8 sums in registers across the rows before it (8 FMA chains: both FMA pipes busy), the
+// rest 1 vector at a time, the tail with masked lanes.
+template <class Arch>
+void delta_forward_substitute(float* U, std::int64_t ldu, std::int64_t n, std::int64_t cols, const float* A,
+                              std::int64_t lda) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  std::int64_t j = 0;
+  for (; j + 8 * W <= cols; j += 8 * W)
+    for (std::int64_t i = 1; i < n; ++i) {
+      float* ui = U + i * ldu + j;
+      B a[8];
+      for (int v = 0; v < 8; ++v) a[v] = B::load_unaligned(ui + v * W);
+      const float* ai = A + i * lda;
+      for (std::int64_t s = 0; s < i; ++s) {
+        const B c(-ai[s]);
+        const float* us = U + s * ldu + j;
+        for (int v = 0; v < 8; ++v) a[v] = xsimd::fma(c, B::load_unaligned(us + v * W), a[v]);
+      }
+      for (int v = 0; v < 8; ++v) a[v].store_unaligned(ui + v * W);
+    }
+  for (; j < cols; j += W) {
+    const std::int64_t w = cols - j < W ? cols - j : W;
+    for (std::int64_t i = 1; i < n; ++i) {
+      float* ui = U + i * ldu + j;
+      B a = load_tail<Arch, float>(ui, w, 0.0f);
+      const float* ai = A + i * lda;
+      for (std::int64_t s = 0; s < i; ++s) a = xsimd::fma(B(-ai[s]), load_tail<Arch, float>(U + s * ldu + j, w, 0.0f), a);
+      store_tail<Arch, float>(ui, w, a);
+    }
+  }
+}
+
 // Whether every x[i] is finite: the exponent bits of each element, all ones for Inf and NaN.
 template <class Arch>
 bool delta_all_finite(const float* x, std::int64_t n) {

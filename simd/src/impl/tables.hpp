@@ -184,6 +184,7 @@ KernelTable make_kernel_table(Isa isa) {
                     .state_dots = &delta_state_dots<Arch>,
                     .state_update = &delta_state_update<Arch>,
                     .all_finite = &delta_all_finite<Arch>,
+                    .forward_substitute = &delta_forward_substitute<Arch>,
                     .scale_row = &delta_scale_row<Arch>}};
 }
 

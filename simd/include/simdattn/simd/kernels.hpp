@@ -211,6 +211,10 @@ struct DeltaKernels {
                        std::int64_t cols, float decay, const float* k, const float* u);
   // Whether every x[i], i < n, is finite.
   bool (*all_finite)(const float* x, std::int64_t n);
+  // The chunk form's forward substitution, rows in order: U[i, :cols] -= sum_{s < i} A[i, s] U[s, :cols]
+  // for i < n (U row stride ldu, A row stride lda; each row's sums held in registers).
+  void (*forward_substitute)(float* U, std::int64_t ldu, std::int64_t n, std::int64_t cols, const float* A,
+                             std::int64_t lda);
   // y[i] = x[i] * f, i < n, with f = mult / sqrt(sum_i x[i]^2 + eps) (norm) or mult (the rule's
   // L2 norm of a query or key row, and its scale); y may be x.
   void (*scale_row)(const float* x, float* y, std::int64_t n, float mult, float eps, bool norm);
