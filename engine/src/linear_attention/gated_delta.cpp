@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/element.hpp"
+#include "core/fp_env.hpp"
 #include "core/text.hpp"
 #include "core/problem.hpp"
 #include "core/validate/validate.hpp"
@@ -54,6 +55,16 @@ void check_finite(const ConstTensorView& v, const char* name, int threads) {
   if (n01 == 0 || s[2] == 0 || s[3] == 0) return;
   const simd::DeltaKernels& kern = simd::kernels().delta;
   auto block_ok = [&](std::int64_t a, std::int64_t b) {
+    if ((v.dtype == DType::bf16 || v.dtype == DType::f16) && v.strides[3] == 1) {  // all-ones exponents
+      const std::uint16_t mask = v.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
+      const auto* base = static_cast<const std::uint16_t*>(v.data) + a * v.strides[0] + b * v.strides[1];
+      unsigned bad = 0;
+      for (std::int64_t c = 0; c < s[2]; ++c) {
+        const std::uint16_t* row = base + c * v.strides[2];
+        for (std::int64_t d = 0; d < s[3]; ++d) bad |= static_cast<unsigned>((row[d] & mask) == mask);
+      }
+      return bad == 0;
+    }
     const bool f32_rows = v.dtype == DType::f32 && v.strides[3] == 1;
     if (f32_rows) {
       const float* base = static_cast<const float*>(v.data) + a * v.strides[0] + b * v.strides[1];
@@ -166,10 +177,14 @@ struct HeadRun {
 
   void row(const ConstTensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t n, float* dst, bool norm,
            float mult) const {
-    if (x.dtype == DType::f32) {  // (the common case without the per-element dtype dispatch)
-      const float* p = static_cast<const float*>(x.data) + b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
+    const std::int64_t at0 = b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
+    if (x.dtype == DType::f32) {  // (the common cases without the per-element dtype dispatch)
+      const float* p = static_cast<const float*>(x.data) + at0;
       if (x.strides[3] == 1) std::copy_n(p, n, dst);
       else for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
+    } else if (x.strides[3] == 1) {  // bf16, f16: a row widened by the SIMD kernel
+      const simd::KernelTable& kt = simd::kernels();
+      (x.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).widen(static_cast<const std::uint16_t*>(x.data) + at0, dst, n);
     } else {
       for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
     }
@@ -319,6 +334,9 @@ struct HeadRun {
           } else if (out.dtype == DType::f32) {
             float* p = static_cast<float*>(out.data) + at0;
             for (std::int64_t e = 0; e < Dv; ++e) p[e * out.strides[3]] = o[e];
+          } else if (out.strides[3] == 1) {  // bf16, f16: rounded by the SIMD kernel
+            const simd::KernelTable& kt = simd::kernels();
+            (out.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).narrow(o, static_cast<std::uint16_t*>(out.data) + at0, Dv);
           } else {
             for (std::int64_t e = 0; e < Dv; ++e) detail::store_at(out.data, out.dtype, at0 + e * out.strides[3], static_cast<double>(o[e]));
           }
@@ -339,6 +357,7 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
   const std::int64_t Dk = z.Dk, Dv = z.Dv;
   const simd::DeltaKernels& kern = simd::kernels().delta;
   detail::parallel_for(z.B * z.Hv, o.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+    const detail::FlushDenormals ftz;  // (as the chunks: a decayed state's denormals)
     std::vector<float> q(static_cast<std::size_t>(Dk)), k(q.size()), v(static_cast<std::size_t>(Dv)), sk(v.size()),
         sq(v.size()), u(v.size());
     for (std::int64_t i = i0; i < i1; ++i) {
@@ -423,6 +442,9 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
   // by side (one stream through q, k, v and out where one item at a time strides a row per token:
   // gdr-prefill8k 1.2x faster), their states held at once.
   detail::parallel_for(z.B * z.H * parts, options.threads, 1, [&](std::int64_t i0, std::int64_t i1) {
+    // strong decays make e^(gamma_i - gamma_s) and the state denormal, each a microcode assist
+    // (Qwen3-Next's layer at 4096 tokens: the rule took 8x its time with random weights' g ~ -2)
+    const detail::FlushDenormals ftz;
     std::vector<float> S(static_cast<std::size_t>((i1 - i0) * per * DD));
     HeadRun::Buffers buf(z);
     const ConstTensorView& is = options.initial_state;
