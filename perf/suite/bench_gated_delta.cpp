@@ -1,7 +1,7 @@
 // The gated delta rule (docs/linear-attention.md):
 //   linear/native/gdr-prefill8k/t<N>: one sequence of 8192 tokens, H 16, Hv 32, Dk = Dv 128, f32,
 //     L2 norm, in chunks; GFLOP/s of the chunk form's count (6 Dk Dv + 4 C Dk + 3 C Dv a token and
-//     value head, C = 64)
+//     value head, C = 32)
 //   linear/native/gdr-decode-b8/t<N>: one decode step of 8 sequences, Hv 32, 128 x 128 f32 states
 //     carried in place; GB/s of 2 x the states' bytes (each read and written once)
 //   linear/native/gdr-step-b1/t<N>: one decode step of the prefill's shape (B 1): 8192 of them
@@ -25,7 +25,7 @@
 
 namespace {
 
-constexpr std::int64_t kH = 16, kHv = 32, kD = 128, kChunk = 64;
+constexpr std::int64_t kH = 16, kHv = 32, kD = 128, kChunk = 32;  // the rule's chunk (gated_delta.cpp)
 
 struct Inputs {
   std::int64_t B, T;

@@ -1,4 +1,4 @@
-// The gated delta rule (simdattn/linear.hpp): the chunked form (T past a chunk of 64) and the
+// The gated delta rule (simdattn/linear.hpp): the chunked form (T past a chunk of 32) and the
 // recurrence (T = 1 steps carrying the state) against the recurrence written out in double, GQA
 // value heads, the L2 norm, bitwise at 1, 2 and 3 threads, bad arguments named with nothing
 // written. (tests/python/test_gated_delta.py checks the NumPy oracle too.)

@@ -1,6 +1,6 @@
 """simdattn.gated_delta_rule against a float64 NumPy oracle written from the recurrence (the Gated
 DeltaNet paper's, as flash-linear-attention's fused_recurrent_gated_delta_rule states it): the
-recurrence (T = 1 steps, a carried state) and the chunked form (T past a chunk of 64) agree with it
+recurrence (T = 1 steps, a carried state) and the chunked form (T past a chunk of 32) agree with it
 within f32 rounding; GQA-style value heads; the L2 norm; bad arguments named.
 
 Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/test_gated_delta.py

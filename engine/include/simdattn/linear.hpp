@@ -85,11 +85,12 @@ class SIMDATTN_API LinearAttentionState {
 //   out[b, t, h] = S^T qt
 // final_state (when given) = S after the last step. q, k, v and out f32, bf16 or f16 (one dtype;
 // computed in f32), g and beta f32, bf16 or f16, the states f32 [B, Hv, Dk, Dv]; any strides. T
-// = 1 runs the recurrence; longer sequences run in chunks of 64 (the WY / UT form: a chunk's
+// = 1 runs the recurrence; longer sequences run in chunks of 32 (the WY / UT form: a chunk's
 // updates as products with its start state and one forward substitution), equal to the
-// recurrence within f32 rounding. Each (batch, value head) is one thread's work: bitwise the same
-// at any thread count. Throws Error naming the argument (a shape, a dtype, a g > 0, a non-finite
-// input) before writing anything; the states may not overlap the outputs.
+// recurrence within f32 rounding. Each (batch, key head) group of value heads (or a part of one)
+// is one thread's work: bitwise the same at any thread count. Throws Error naming the argument (a
+// shape, a dtype, a g > 0, a non-finite input) before writing anything; the states may not overlap
+// the outputs.
 struct GatedDeltaRuleOptions {
   std::optional<double> scale = {};  // finite, > 0
   ConstTensorView initial_state = {};
