@@ -1,10 +1,11 @@
-// libFuzzer target: the model-directory loader (MultiHeadAttention::from_pretrained: config.json,
-// model.safetensors.index.json, the shards it names). The input is the config text, a NUL byte,
-// then the index text; both are written into a scratch directory that also holds two fixed
-// shards with the tensors of every family's layers 0 and 1 (gpt2, bloom, t5, bert, llama-like),
-// and a third file with gpt-oss's sinks and an MLA layer's tensors.
-// Layers 0 and 1 are loaded (and, when a layer loads, run once on a small input): each must
-// succeed or throw simdattn::Error, nothing else.
+// libFuzzer target: the model-directory loaders (MultiHeadAttention::from_pretrained and
+// GatedDeltaNet::from_pretrained: config.json, model.safetensors.index.json, the shards it names).
+// The input is the config text, a NUL byte, then the index text; both are written into a scratch
+// directory that also holds two fixed shards with the tensors of every family's layers 0 and 1
+// (gpt2, bloom, t5, bert, llama-like), and a third file with gpt-oss's sinks, an MLA layer's
+// tensors and a Gated DeltaNet layer's (Qwen3-Next's linear_attn).
+// Layers 0 and 1 are loaded by both (and, when a layer loads, run once on a small input): each
+// must succeed or throw simdattn::Error, nothing else.
 #include <unistd.h>
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include <vector>
 
 #include "simdattn/error.hpp"
+#include "simdattn/gated_delta_net.hpp"
 #include "simdattn/mha.hpp"
 #include "simdattn/safetensors.hpp"
 
@@ -58,6 +60,11 @@ void write_shards() {
     later[m + "sinks"] = {4};
     later[m + "kv_a_proj_with_mqa.weight"] = {12, d}, later[m + "kv_a_layernorm.weight"] = {8};
     later[m + "kv_b_proj.weight"] = {48, 8};
+    // Gated DeltaNet: hidden 16, 2 key heads of 4, 4 value heads of 2, conv kernel 4
+    const std::string g = "model.layers." + std::to_string(n) + ".linear_attn.";
+    later[g + "in_proj_qkvz.weight"] = {32, d}, later[g + "in_proj_ba.weight"] = {8, d};
+    later[g + "conv1d.weight"] = {24, 1, 4}, later[g + "dt_bias"] = {4}, later[g + "A_log"] = {4};
+    later[g + "norm.weight"] = {2}, later[g + "out_proj.weight"] = {d, 8};
   }
   std::vector<std::vector<float>> keep;
   std::map<std::string, simdattn::SafetensorsTensor> shard[3];
@@ -101,6 +108,16 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const std::int64_t dm = m.config().d_model;
       std::vector<float> x(static_cast<std::size_t>(3 * dm), 0.5f), y(x.size());
       m.forward(simdattn::ConstSeqView(x.data(), 1, 3, dm), simdattn::SeqView(y.data(), 1, 3, dm));
+    } catch (const simdattn::Error&) {
+    }
+    try {
+      const simdattn::GatedDeltaNet g = simdattn::GatedDeltaNet::from_pretrained(dir, layer);
+      const std::int64_t dm = g.config().hidden_size;
+      if (g.dtype() == simdattn::DType::f32 && dm <= 4096) {
+        std::vector<float> x(static_cast<std::size_t>(3 * dm), 0.5f), y(x.size());
+        simdattn::GatedDeltaNetState st(g, 1);
+        g.forward(simdattn::ConstSeqView(x.data(), 1, 3, dm), simdattn::SeqView(y.data(), 1, 3, dm), &st);
+      }
     } catch (const simdattn::Error&) {
     }
   }
