@@ -12,9 +12,10 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints"))
 import cli_case  # noqa: E402  (tests/cli/cli_case.py)
 from cli_case import CliCase, backend_dtypes, backends  # noqa: E402
-import mha_weights  # noqa: E402  (tests/cli/mha_weights.py)
+import mha_weights  # noqa: E402  (tests/cli/checkpoints/mha_weights.py)
 
 
 def linear_oracle(q, k, v, causal=False, feature_map="elu1", eps=1e-6):

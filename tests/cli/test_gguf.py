@@ -14,6 +14,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints"))
 import gguf_files as gg  # noqa: E402
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402

@@ -16,6 +16,7 @@ import unittest
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "checkpoints"))
 import mha_weights  # noqa: E402
 import model_families as mf  # noqa: E402
 import qwen3_next_model as q3n  # noqa: E402

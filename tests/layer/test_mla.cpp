@@ -1,6 +1,6 @@
 // Multi-head Latent Attention layers (MhaConfig::mla, MlaWeights): the f32, bf16 and f16 forwards
 // agree with the f64 one of the same weights (the float64 oracle of transformers' DeepSeek
-// attention is tests/cli/model_families.py's, run by tests/python/test_layer.py and
+// attention is tests/cli/checkpoints/model_families.py's, run by tests/python/layers/test_layer.py and
 // tests/cli/test_models.py), bitwise at 1, 2 and 3 threads; a q LoRA or a plain q_proj, biases;
 // every weight and configuration error named; the latent cache's size and views, a cache of the
 // other kind refused, cross-attention refused, forward_batch as forward step by step; a pool of

@@ -8,7 +8,7 @@ rows permuted within each head, 2-D weights in the output type and 1-D tensors i
 
     python3 gguf_files.py OUT.gguf FAMILY TYPE   # a model_families.py checkpoint as GGUF
 
-Used by test_gguf.py and tests/python/test_gguf.py.
+Used by tests/cli/test_gguf.py and tests/python/layers/test_gguf.py.
 """
 import os
 import struct

@@ -1,11 +1,11 @@
 """Qwen3-Next's layers through simdattn against float64 reimplementations of transformers' code
-(tests/cli/qwen3_next_model.py): the gated full attention (MultiHeadAttention.from_pretrained,
+(tests/cli/checkpoints/qwen3_next_model.py): the gated full attention (MultiHeadAttention.from_pretrained,
 whole and continued through a KvCache) and the Gated DeltaNet (GatedDeltaNet.from_pretrained,
 whole and continued through a GatedDeltaNetState: the conv window and the recurrent state carried
 across calls of any length, the chunked form past 64 tokens); threads 1/2/3 bitwise; bad
 arguments named.
 
-Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/test_qwen3_next.py
+Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/layers/test_qwen3_next.py
 """
 import os
 import sys
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 
 import simdattn
-from oracles import expect_error
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracles import expect_error  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "cli", "checkpoints"))
 import qwen3_next_model as q3n  # noqa: E402
 
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 import simdattn
-from oracles import expect_error
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from oracles import expect_error  # noqa: E402
 
 
 # ---- the layer vs torch.nn.MultiheadAttention ------------------------------------------------
@@ -125,7 +126,7 @@ def test_mha_cross_attention_vs_torch(tdtype):
 
 # The loaders, on tiny checkpoints written with the published tensor names (tests/cli's
 # model_families.py, NumPy only), against each family's float64 definition there.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "cli", "checkpoints"))
 import model_families  # noqa: E402
 
 

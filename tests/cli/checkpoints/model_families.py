@@ -6,7 +6,7 @@ definition (the papers and Hugging Face's / diffusers' reference implementations
 
     python3 model_families.py OUT_DIR FAMILY     # writes OUT_DIR/config.json and the weights
 
-Used by test_models.py.
+Used by tests/cli/test_models.py, tests/cli/test_gguf.py and tests/python/layers/.
 """
 import json
 import os

@@ -1,4 +1,4 @@
-"""MultiHeadAttention.from_gguf: the layers of GGUF files written by tests/cli/gguf_files.py equal
+"""MultiHeadAttention.from_gguf: the layers of GGUF files written by tests/cli/checkpoints/gguf_files.py equal
 from_pretrained's on the Hugging Face directories they were converted from."""
 import os
 import sys
@@ -8,7 +8,7 @@ import pytest
 
 import simdattn
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "cli"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "cli", "checkpoints"))
 import gguf_files  # noqa: E402
 import model_families  # noqa: E402
 

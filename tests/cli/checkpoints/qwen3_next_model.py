@@ -7,7 +7,7 @@ DeltaNet linear attention (Qwen3NextGatedDeltaNet) with its carried state.
     python3 qwen3_next_model.py            # self-check of the references, prints OK
     python3 qwen3_next_model.py OUT_DIR    # writes OUT_DIR/config.json and the weights
 
-Used by tests/python/test_qwen3_next.py and tests/cli/test_models.py.
+Used by tests/python/layers/test_qwen3_next.py and tests/cli/test_models.py.
 """
 import json
 import os

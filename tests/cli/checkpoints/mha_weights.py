@@ -5,7 +5,7 @@ float64 from first principles (torch.nn.MultiheadAttention semantics, batch_firs
     python3 mha_weights.py OUT.safetensors D_MODEL HEADS [--kv-heads N] [--hf] [--prefix P]
 
 Also the float64 definitions both CLI suites share: RoPE, T5's relative position bucket and
-ALiBi's slopes. Used by test_cli.py, test_cli_commands.py and model_families.py; also runnable by hand to make a
+ALiBi's slopes. Used by tests/cli/test_cli.py, test_cli_commands.py and model_families.py; also runnable by hand to make a
 weights file for `simdattn mha`.
 """
 import json
