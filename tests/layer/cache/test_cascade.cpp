@@ -154,7 +154,8 @@ void cascade_equals_twins(DType pool_dtype, std::int64_t block_size, std::int64_
 
 TEST_CASE("cascade: each fork's step equals its unshared twin's (f32 pools, block sizes 1, 16, 32)") {
   for (std::int64_t bs : {1, 16, 32})
-    for (const auto& [ca, cb] : {std::pair<std::int64_t, std::int64_t>{300, 64}, {47, 33}, {16, 200}}) {
+    for (const auto& prompts : {std::pair<std::int64_t, std::int64_t>{300, 64}, {47, 33}, {16, 200}}) {
+      const std::int64_t ca = prompts.first, cb = prompts.second;  // named: INFO captures them
       INFO("block size ", bs, ", prompts ", ca, " and ", cb);
       cascade_equals_twins(DType::f32, bs, ca, cb, {}, 2e-5, static_cast<std::uint64_t>(bs * 1000 + ca));
     }
