@@ -37,11 +37,14 @@ inline float bits_float(std::uint32_t u) noexcept {
 
 // d rounded to f32 with "round to odd": truncated toward zero, the last bit set when inexact.
 // Rounding that to fewer bits (bf16, f16) to nearest-even gives d's own nearest-even rounding.
+// (No branch and no library call, so loops over it vectorize: an inexact t steps one ulp toward
+// zero by its bits where it rounded the magnitude up, then sets its last bit; a NaN keeps NaN.)
 inline float round_to_odd(double d) noexcept {
-  float t = static_cast<float>(d);
-  if (std::isnan(d) || static_cast<double>(t) == d) return t;
-  if (std::fabs(static_cast<double>(t)) > std::fabs(d)) t = std::nextafter(t, 0.0f);  // truncate
-  return bits_float(float_bits(t) | 1u);
+  const float t = static_cast<float>(d);
+  const double back = static_cast<double>(t);
+  const auto inexact = static_cast<std::uint32_t>(back != d);
+  const auto up = static_cast<std::uint32_t>(std::fabs(back) > std::fabs(d));
+  return bits_float((float_bits(t) - up) | inexact);
 }
 
 }  // namespace detail

@@ -1,11 +1,14 @@
 // merge_attention_states (simdattn/paged.hpp): two attention states (output rows and their lse)
 // of the same query rows over two key sets merged into the state over their union, with the
-// partial-result rule's merge_states (core/partial.hpp), in double and rounded once.
+// partial-result rule's merge_states (core/partial.hpp), in double and rounded once (the rows on the
+// SIMD kernel StateKernels::merge_rows: the same bits on every ISA).
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
+#include <vector>
 
 #include "attention/states.hpp"
 #include "core/element.hpp"
@@ -14,6 +17,7 @@
 #include "core/validate/validate.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/paged.hpp"
+#include "simdattn/simd/kernels.hpp"
 
 namespace simdattn {
 namespace {
@@ -85,6 +89,10 @@ void merge_impl(const ConstTensorView& out_a, const ConstTensorView& lse_a, cons
   const auto* lb = static_cast<const float*>(lse_b.data);
   auto* lo = static_cast<float*>(lse.data);
   const double inf = std::numeric_limits<double>::infinity();
+  const simd::KernelTable& kt = simd::kernels();
+  constexpr bool k16 = std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>;
+  const simd::Convert16Kernels* conv = std::is_same_v<S, bfloat16> ? &kt.convert_bf16 : &kt.convert_f16;
+  std::vector<float> rows(static_cast<std::size_t>(k16 ? 3 * Dv : 0));  // a 16-bit row pair widened, the sum
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t h = 0; h < H; ++h) {
       double s = la[t * lse_a.strides[1] + h * lse_a.strides[2]];
@@ -94,25 +102,32 @@ void merge_impl(const ConstTensorView& out_a, const ConstTensorView& lse_a, cons
       // neither part saw a key (both -inf): zeros and -inf
       const detail::StateWeights w = s == -inf && sb == -inf ? detail::StateWeights{0.0, 0.0} : detail::merge_states(s, sb);
       lo[t * lse.strides[1] + h * lse.strides[2]] = static_cast<float>(s);
-      // a part of weight 0 (lse -inf) is not read: its row may hold anything
-      const double start = w.nan ? std::numeric_limits<double>::quiet_NaN() : 0.0;
       const S* pa = a + ra;
       const S* pb = b + rb;
       S* po = o + ro;
       const std::int64_t sa = out_a.strides[3], sb2 = out_b.strides[3], so = out.strides[3];
-      if (w.a != 0.0 && w.b != 0.0 && sa == 1 && sb2 == 1 && so == 1) {  // the common case, one loop the compiler widens
-        for (std::int64_t d = 0; d < Dv; ++d) {
-          double x = start;
-          x += w.a * widen(pa[d]);
-          x += w.b * widen(pb[d]);
-          po[d] = detail::narrow<S>(x);
+      if (!std::is_same_v<S, double> && !w.nan && w.a != 0.0 && w.b != 0.0 && sa == 1 && sb2 == 1 && so == 1) {
+        // the common case: the SIMD kernel
+        if constexpr (std::is_same_v<S, float>) {
+          kt.states.merge_rows(pa, pb, po, Dv, w.a, w.b, false);
+        } else if constexpr (k16) {
+          float* fa = rows.data();
+          float* fb = fa + Dv;
+          conv->widen(reinterpret_cast<const std::uint16_t*>(pa), fa, Dv);
+          conv->widen(reinterpret_cast<const std::uint16_t*>(pb), fb, Dv);
+          kt.states.merge_rows(fa, fb, fb + Dv, Dv, w.a, w.b, true);  // rounded to odd, then to 16 bits once
+          conv->narrow(fb + Dv, reinterpret_cast<std::uint16_t*>(po), Dv);
         }
         continue;
       }
+      // the kernel's sum fma(w_b, b, 0 + w_a a); a part of weight 0 (lse -inf) is not read: its row
+      // may hold anything
       for (std::int64_t d = 0; d < Dv; ++d) {
-        double x = start;
-        if (w.a != 0.0) x += w.a * widen(pa[d * sa]);
-        if (w.b != 0.0) x += w.b * widen(pb[d * sb2]);
+        double x = 0.0;
+        if (w.nan) x = std::numeric_limits<double>::quiet_NaN();
+        else if (w.a != 0.0 && w.b != 0.0) x = std::fma(w.b, widen(pb[d * sb2]), 0.0 + w.a * widen(pa[d * sa]));
+        else if (w.a != 0.0) x += w.a * widen(pa[d * sa]);
+        else if (w.b != 0.0) x += w.b * widen(pb[d * sb2]);
         po[d * so] = detail::narrow<S>(x);
       }
     }

@@ -18,6 +18,7 @@
 #include "impl/products/gemv_rows.hpp"
 #include "impl/products/pack.hpp"
 #include "impl/probe.hpp"
+#include "impl/states.hpp"
 #include "impl/convert/quant8.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "impl/softmax/softmax.hpp"
@@ -185,7 +186,8 @@ KernelTable make_kernel_table(Isa isa) {
                     .state_update = &delta_state_update<Arch>,
                     .all_finite = &delta_all_finite<Arch>,
                     .forward_substitute = &delta_forward_substitute<Arch>,
-                    .scale_row = &delta_scale_row<Arch>}};
+                    .scale_row = &delta_scale_row<Arch>},
+          .states = {.merge_rows = &merge_pair_rows<Arch>}};
 }
 
 }  // namespace simdattn::simd::impl

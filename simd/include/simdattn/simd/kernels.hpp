@@ -220,6 +220,14 @@ struct DeltaKernels {
   void (*scale_row)(const float* x, float* y, std::int64_t n, float mult, float eps, bool norm);
 };
 
+// The merge of two attention states (engine/src/attention/states.cpp).
+struct StateKernels {
+  // y[i] = fma(wb, b[i], 0 + wa a[i]) in double, rounded once to f32, i < n: to nearest even, or
+  // (odd) to odd, for a rounding to bf16 / f16 after that gives the double's own (simdattn/half.hpp's
+  // round_to_odd). The same bits on every ISA; y may be a or b.
+  void (*merge_rows)(const float* a, const float* b, float* y, std::int64_t n, double wa, double wb, bool odd);
+};
+
 // Machine-limit probes for the perf suite (perf/suite/bench_machine.cpp).
 struct ProbeKernels {
   // Runs `iters` steps of kFmaChains independent FMA chains on full-width f32 vectors; returns
@@ -338,6 +346,7 @@ struct KernelTable {
   std::array<Quant8Kernels, 3> quant8;
   AmxAttentionKernels amx_attention;
   DeltaKernels delta;
+  StateKernels states;
 
   const Quant8Kernels& code8(Code8 f) const { return quant8[static_cast<std::size_t>(f)]; }
   template <class T> const GemmKernels<T>& gemm() const;
