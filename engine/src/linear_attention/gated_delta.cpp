@@ -198,10 +198,11 @@ struct HeadRun {
   // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
   // products on the GEMM (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S = e^gamma_last S
   // + (w K)^T U), the decays e^(gamma_i - gamma_s) as one exp over each row, the forward
-  // substitution row by row (each row's sums in registers). KKQK: [K; Q] K^T. work: 2 n Dv + 2 n^2 +
-  // n Dk + max(n^2, n Dk) + n floats.
-  void chunk(std::int64_t n, const float* K, const float* KKQK, const float* V, const float* gam, const float* bet,
-             float* S, float* U, float* O, float* work) const {
+  // substitution row by row (each row's sums in registers). KKQK: [K; Q] K^T. V's rows ldv apart,
+  // O's ldo apart (the call's own arrays where they are f32 rows). work: 2 n Dv + 2 n^2 + n Dk +
+  // max(n^2, n Dk) + n floats.
+  void chunk(std::int64_t n, const float* K, const float* KKQK, const float* V, std::int64_t ldv, const float* gam,
+             const float* bet, float* S, float* U, float* O, std::int64_t ldo, float* work) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv;
     const simd::KernelTable& kt = simd::kernels();
     const simd::VectorKernels<float>& vec = kt.vec_f32;
@@ -238,20 +239,20 @@ struct HeadRun {
     for (std::int64_t i = 0; i < n; ++i) {
       float* u = U + i * Dv;
       const float bi = bet[i];
-      vec.scale_to(V + i * Dv, u, Dv, bi);
+      vec.scale_to(V + i * ldv, u, Dv, bi);
       del.axpy(-bi * eg[i], KS + i * Dv, u, Dv);
       for (std::int64_t s = 0; s < i; ++s) A[i * n + s] = bi * E[i * n + s] * KK[i * n + s];
     }
     del.forward_substitute(U, Dv, n, Dv, A, n);
     // O = diag(e^gamma) QS + (QK .* e^(gamma_i - gamma_s) on s <= i) U
     for (std::int64_t i = 0; i < n; ++i) {
-      vec.scale_to(QS + i * Dv, O + i * Dv, Dv, eg[i]);
+      vec.scale_to(QS + i * Dv, O + i * ldo, Dv, eg[i]);
       float* qk = QK + i * n;
       const float* e = E + i * n;
       for (std::int64_t s = 0; s <= i; ++s) qk[s] *= e[s];
       for (std::int64_t s = i + 1; s < n; ++s) qk[s] = 0.0f;
     }
-    mm(n, Dv, n, QK, n, Trans::N, U, Dv, Trans::N, O, Dv, 1.0f);
+    mm(n, Dv, n, QK, n, Trans::N, U, Dv, Trans::N, O, ldo, 1.0f);
     // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U, the weighted keys written transposed
     // ([Dk, n]: the product reads them in place)
     const float* last = E + (n - 1) * n;
@@ -289,12 +290,15 @@ struct HeadRun {
         row(q, b, t, hk, Dk, Qp + i * Dk, l2, scale);
         row(k, b, t, hk, Dk, Kp + i * Dk, l2, 1.0f);
       }
+      // f32 rows of v are read and out's written where they lie (no copy through a buffer)
+      const bool v_rows = v.dtype == DType::f32 && v.strides[3] == 1 && n > 1;
+      const bool out_rows = out.dtype == DType::f32 && out.strides[3] == 1 && n > 1;
       for (std::int64_t j = 0; j < jn; ++j) {
         const std::int64_t h = hk * r + j0 + j;
         float acc = 0.0f;
         for (std::int64_t i = 0; i < n; ++i) {
           const std::int64_t t = c0 + i;
-          row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
+          if (!v_rows) row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
           acc += at(g, b, t, h, 0);
           buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
           buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
@@ -309,7 +313,10 @@ struct HeadRun {
       for (std::int64_t j = 0; j < jn; ++j) {
         const std::int64_t h = hk * r + j0 + j;
         float* Sj = S + j * Dk * Dv;
-        const float* V = buf.V.data() + j * kChunk * Dv;
+        const std::int64_t ldv = v_rows ? v.strides[1] : Dv, ldo = out_rows ? out.strides[1] : Dv;
+        const float* V = v_rows ? static_cast<const float*>(v.data) + b * v.strides[0] + c0 * v.strides[1] + h * v.strides[2]
+                                : buf.V.data() + j * kChunk * Dv;
+        float* const Oh = out_rows ? static_cast<float*>(out.data) + b * out.strides[0] + c0 * out.strides[1] + h * out.strides[2] : O;
         const float* gam = buf.gam.data() + j * kChunk;
         const float* bet = buf.bet.data() + j * kChunk;
         if (n == 1) {
@@ -328,9 +335,9 @@ struct HeadRun {
           }
           del.state_update(Sj, Dv, Sj, Dv, Dk, Dv, decay, Kp, U);
         } else {
-          chunk(n, Kp, buf.KKQK.data(), V, gam, bet, Sj, U, O, buf.work.data());
+          chunk(n, Kp, buf.KKQK.data(), V, ldv, gam, bet, Sj, U, Oh, ldo, buf.work.data());
         }
-        for (std::int64_t i = 0; i < n; ++i) {
+        for (std::int64_t i = 0; i < n && !out_rows; ++i) {
           const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
           const float* o = O + i * Dv;
           if (out.dtype == DType::f32 && out.strides[3] == 1) {
