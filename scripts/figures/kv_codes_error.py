@@ -8,7 +8,7 @@ and normal with outlier channels (8 of the 128 channels of K and V scaled by 20,
 With --per-channel-k, also int8 keys quantized per channel (one scale per channel of a kv head
 over all its keys, KIVI's granularity for K), simulated in NumPy, for comparison.
 
-  PYTHONPATH=build/python python3 scripts/kv_codes_error.py [--per-channel-k]
+  PYTHONPATH=build/python python3 scripts/figures/kv_codes_error.py [--per-channel-k]
 """
 import sys
 

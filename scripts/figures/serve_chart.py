@@ -2,7 +2,7 @@
 """Latency against load from `simdattn_serve_bench load --json` files: one panel per file, p50
 and p99 of each server (the library, the scheduler, the stand-in) against the offered load.
 
-  python3 scripts/serve_chart.py OUT.png RUN.json [RUN.json ...]
+  python3 scripts/figures/serve_chart.py OUT.png RUN.json [RUN.json ...]
 """
 import json
 import sys

@@ -4,7 +4,7 @@ files (or one file whose "runs" lists them): decode tokens/s of the streams alon
 group per pool run), the streams' p99 step latency without and with a prompt joining (one group
 per prefill run), and the bytes of the memory run against its tokens and 4096-token slabs.
 
-  python3 scripts/pool_chart.py OUT.png RUN.json [RUN.json ...]
+  python3 scripts/figures/pool_chart.py OUT.png RUN.json [RUN.json ...]
 """
 import json
 import sys
