@@ -184,6 +184,7 @@ struct HeadRun {
     const std::int64_t at0 = b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
     if (x.dtype == DType::f32) {  // (the common cases without the per-element dtype dispatch)
       const float* p = static_cast<const float*>(x.data) + at0;
+      if (x.strides[3] == 1 && (norm || mult != 1.0f)) return simd::kernels().delta.scale_row(p, dst, n, mult, 1e-6f, norm);
       if (x.strides[3] == 1) std::copy_n(p, n, dst);
       else for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
     } else if (x.strides[3] == 1) {  // bf16, f16: a row widened by the SIMD kernel
