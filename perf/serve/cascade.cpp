@@ -8,9 +8,9 @@
 #include <numeric>
 #include <random>
 #include <string>
-#include <type_traits>
 #include <vector>
 
+#include "core/element.hpp"
 #include "layer/cache/pool_core.hpp"
 #include "serve/serve.hpp"
 #include "simdattn/simdattn.hpp"
@@ -41,11 +41,7 @@ Row measure(DType pool, std::int64_t m, std::int64_t shared, std::int64_t tokens
   std::vector<std::int8_t> k8(static_cast<std::size_t>(codes ? elems : 0)), v8(k8.size());
   std::vector<float> scales(static_cast<std::size_t>(blocks * kBs * kHkv), 0.02f);
   for (auto* x : {&k, &v, &q})
-    for (T& e : *x) {
-      const float r = n(rng);
-      if constexpr (std::is_same_v<T, bfloat16>) e = to_bfloat16(r);  // rounded, not the bits' aggregate init
-      else e = r;
-    }
+    for (T& e : *x) e = detail::narrow<T>(n(rng));
   for (auto* x : {&k8, &v8})
     for (auto& e : *x) e = static_cast<std::int8_t>(static_cast<int>(rng() % 255) - 127);
   std::vector<T> out(q.size()), prefix_out(q.size());

@@ -6,7 +6,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <limits>
 #include <random>
 #include <vector>
@@ -15,17 +14,8 @@
 #include "support/simd_test_util.hpp"
 
 using namespace simdattn::simd;
+using simdattn::detail::float_bits;
 using simdattn::test::kernel_tables;
-
-namespace {
-
-std::uint32_t bits(float f) {
-  std::uint32_t u;
-  std::memcpy(&u, &f, sizeof u);
-  return u;
-}
-
-}  // namespace
 
 TEST_CASE("states kernel on every ISA: merge_rows to nearest and to odd, tails, specials, in place; a bf16 / f16 rounding after it is the double's") {
   std::mt19937 rng(5);
@@ -59,8 +49,8 @@ TEST_CASE("states kernel on every ISA: merge_rows to nearest and to odd, tails, 
             CHECK(std::isnan(y[i]));
             continue;
           }
-          CHECK(bits(y[i]) == bits(want));
-          CHECK(bits(in_place[i]) == bits(want));
+          CHECK(float_bits(y[i]) == float_bits(want));
+          CHECK(float_bits(in_place[i]) == float_bits(want));
           if (odd) {  // the 16-bit roundings of the odd f32 are the double's own
             CHECK(simdattn::to_bfloat16(y[i]).bits == simdattn::to_bfloat16(x).bits);
             CHECK(simdattn::to_float16(y[i]).bits == simdattn::to_float16(x).bits);

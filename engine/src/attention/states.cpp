@@ -2,13 +2,13 @@
 // of the same query rows over two key sets merged into the state over their union, with the
 // partial-result rule's merge_states (core/partial.hpp), in double and rounded once (the rows on the
 // SIMD kernel StateKernels::merge_rows: the same bits on every ISA).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
 #include <tuple>
 #include <type_traits>
-#include <vector>
 
 #include "attention/states.hpp"
 #include "core/element.hpp"
@@ -92,7 +92,6 @@ void merge_impl(const ConstTensorView& out_a, const ConstTensorView& lse_a, cons
   const simd::KernelTable& kt = simd::kernels();
   constexpr bool k16 = std::is_same_v<S, bfloat16> || std::is_same_v<S, float16>;
   const simd::Convert16Kernels* conv = std::is_same_v<S, bfloat16> ? &kt.convert_bf16 : &kt.convert_f16;
-  std::vector<float> rows(static_cast<std::size_t>(k16 ? 3 * Dv : 0));  // a 16-bit row pair widened, the sum
   for (std::int64_t t = 0; t < T; ++t)
     for (std::int64_t h = 0; h < H; ++h) {
       double s = la[t * lse_a.strides[1] + h * lse_a.strides[2]];
@@ -110,13 +109,16 @@ void merge_impl(const ConstTensorView& out_a, const ConstTensorView& lse_a, cons
         // the common case: the SIMD kernel
         if constexpr (std::is_same_v<S, float>) {
           kt.states.merge_rows(pa, pb, po, Dv, w.a, w.b, false);
-        } else if constexpr (k16) {
-          float* fa = rows.data();
-          float* fb = fa + Dv;
-          conv->widen(reinterpret_cast<const std::uint16_t*>(pa), fa, Dv);
-          conv->widen(reinterpret_cast<const std::uint16_t*>(pb), fb, Dv);
-          kt.states.merge_rows(fa, fb, fb + Dv, Dv, w.a, w.b, true);  // rounded to odd, then to 16 bits once
-          conv->narrow(fb + Dv, reinterpret_cast<std::uint16_t*>(po), Dv);
+        } else if constexpr (k16) {  // widened a piece at a time on the stack, the sum into fb
+          constexpr std::int64_t kPiece = 256;
+          float fa[kPiece], fb[kPiece];
+          for (std::int64_t d0 = 0; d0 < Dv; d0 += kPiece) {
+            const std::int64_t m = std::min(kPiece, Dv - d0);
+            conv->widen(reinterpret_cast<const std::uint16_t*>(pa + d0), fa, m);
+            conv->widen(reinterpret_cast<const std::uint16_t*>(pb + d0), fb, m);
+            kt.states.merge_rows(fa, fb, fb, m, w.a, w.b, true);  // rounded to odd, then to 16 bits once
+            conv->narrow(fb, reinterpret_cast<std::uint16_t*>(po + d0), m);
+          }
         }
         continue;
       }

@@ -37,9 +37,9 @@ using detail::num;
 using detail::shape_str;
 
 // Tokens a chunk. The state's products cost the same at any chunk size while the within-chunk ones
-// (the forward substitution, the masked (Q K^T) U, [K; Q] K^T) grow with it: 32 measured 4-5%
-// faster than 64 (flash-linear-attention's and SGLang's choice) on gdr-prefill8k at 2 threads (six
-// interleaved rounds, cpu time 205 against 213 ms), 16 no faster.
+// (the forward substitution, the masked (Q K^T) U, [K; Q] K^T) grow with it: 32 measured faster
+// than 64 (flash-linear-attention's and SGLang's choice) on gdr-prefill8k, 16 no faster
+// (docs/linear-attention.md).
 constexpr std::int64_t kChunk = 32;
 
 bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
@@ -182,18 +182,32 @@ struct HeadRun {
   void row(const ConstTensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t n, float* dst, bool norm,
            float mult) const {
     const std::int64_t at0 = b * x.strides[0] + t * x.strides[1] + h * x.strides[2];
-    if (x.dtype == DType::f32) {  // (the common cases without the per-element dtype dispatch)
+    const simd::KernelTable& kt = simd::kernels();
+    const float* src = dst;  // the row as f32: in place for f32 rows, else widened into dst
+    if (x.dtype == DType::f32 && x.strides[3] == 1) {
+      src = static_cast<const float*>(x.data) + at0;
+    } else if (x.dtype == DType::f32) {  // (the common cases without the per-element dtype dispatch)
       const float* p = static_cast<const float*>(x.data) + at0;
-      if (x.strides[3] == 1 && (norm || mult != 1.0f)) return simd::kernels().delta.scale_row(p, dst, n, mult, 1e-6f, norm);
-      if (x.strides[3] == 1) std::copy_n(p, n, dst);
-      else for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = p[d * x.strides[3]];
     } else if (x.strides[3] == 1) {  // bf16, f16: a row widened by the SIMD kernel
-      const simd::KernelTable& kt = simd::kernels();
       (x.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).widen(static_cast<const std::uint16_t*>(x.data) + at0, dst, n);
     } else {
       for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
     }
-    if (norm || mult != 1.0f) simd::kernels().delta.scale_row(dst, dst, n, mult, 1e-6f, norm);
+    if (norm || mult != 1.0f) kt.delta.scale_row(src, dst, n, mult, 1e-6f, norm);
+    else if (src != dst) std::copy_n(src, n, dst);
+  }
+
+  // One token's u = beta (v - decay S^T k) and o = decay S^T q + (k . q) u, from a first pass's
+  // sums sk = S^T k and sq = S^T q (o may be sq).
+  static void one_token(std::int64_t Dk, std::int64_t Dv, const float* k, const float* q, const float* v, float decay,
+                        float beta, const float* sk, const float* sq, float* u, float* o) {
+    float kq = 0.0f;
+    for (std::int64_t d = 0; d < Dk; ++d) kq += k[d] * q[d];
+    for (std::int64_t e = 0; e < Dv; ++e) {
+      u[e] = beta * (v[e] - decay * sk[e]);
+      o[e] = decay * sq[e] + kq * u[e];
+    }
   }
 
   // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
@@ -282,76 +296,69 @@ struct HeadRun {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, r = z.Hv / z.H;
     float* const U = buf.U.data();
     float* const O = buf.O.data();
-    {
-      const std::int64_t n = std::min(kChunk, z.T - c0);
-      float* Kp = buf.K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
-      float* Qp = Kp + n * Dk;
+    const std::int64_t n = std::min(kChunk, z.T - c0);
+    float* Kp = buf.K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
+    float* Qp = Kp + n * Dk;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const std::int64_t t = c0 + i;
+      row(q, b, t, hk, Dk, Qp + i * Dk, l2, scale);
+      row(k, b, t, hk, Dk, Kp + i * Dk, l2, 1.0f);
+    }
+    // f32 rows of v are read and out's written where they lie (no copy through a buffer)
+    const bool v_rows = v.dtype == DType::f32 && v.strides[3] == 1 && n > 1;
+    const bool out_rows = out.dtype == DType::f32 && out.strides[3] == 1 && n > 1;
+    for (std::int64_t j = 0; j < jn; ++j) {
+      const std::int64_t h = hk * r + j0 + j;
+      float acc = 0.0f;
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
-        row(q, b, t, hk, Dk, Qp + i * Dk, l2, scale);
-        row(k, b, t, hk, Dk, Kp + i * Dk, l2, 1.0f);
+        if (!v_rows) row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
+        acc += at(g, b, t, h, 0);
+        buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
+        buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
       }
-      // f32 rows of v are read and out's written where they lie (no copy through a buffer)
-      const bool v_rows = v.dtype == DType::f32 && v.strides[3] == 1 && n > 1;
-      const bool out_rows = out.dtype == DType::f32 && out.strides[3] == 1 && n > 1;
-      for (std::int64_t j = 0; j < jn; ++j) {
-        const std::int64_t h = hk * r + j0 + j;
-        float acc = 0.0f;
-        for (std::int64_t i = 0; i < n; ++i) {
-          const std::int64_t t = c0 + i;
-          if (!v_rows) row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
-          acc += at(g, b, t, h, 0);
-          buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
-          buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
-        }
+    }
+    if (n > 1) {
+      detail::GemmArgs<float> args;  // [K; Q] K^T: KK then QK
+      args.trans_b = detail::Trans::T, args.M = 2 * n, args.N = n, args.K = Dk;
+      args.A = Kp, args.lda = Dk, args.B = Kp, args.ldb = Dk, args.C = buf.KKQK.data(), args.ldc = n;
+      detail::gemm(args, 1);
+    }
+    for (std::int64_t j = 0; j < jn; ++j) {
+      const std::int64_t h = hk * r + j0 + j;
+      float* Sj = S + j * Dk * Dv;
+      const std::int64_t ldv = v_rows ? v.strides[1] : Dv, ldo = out_rows ? out.strides[1] : Dv;
+      const float* V = v_rows ? static_cast<const float*>(v.data) + b * v.strides[0] + c0 * v.strides[1] + h * v.strides[2]
+                              : buf.V.data() + j * kChunk * Dv;
+      float* const Oh = out_rows ? static_cast<float*>(out.data) + b * out.strides[0] + c0 * out.strides[1] + h * out.strides[2] : O;
+      const float* gam = buf.gam.data() + j * kChunk;
+      const float* bet = buf.bet.data() + j * kChunk;
+      if (n == 1) {
+        // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
+        // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
+        const float decay = std::exp(gam[0]);
+        float* sk = buf.tmp.data();
+        float* sq = O + Dv;  // (O's second row, free when n == 1)
+        const simd::DeltaKernels& del = simd::kernels().delta;
+        del.state_dots(Sj, Dk, Dv, Dv, Kp, Qp, sk, sq);
+        one_token(Dk, Dv, Kp, Qp, V, decay, bet[0], sk, sq, U, O);
+        del.state_update(Sj, Dv, Sj, Dv, Dk, Dv, decay, Kp, U);
+      } else {
+        chunk(n, Kp, buf.KKQK.data(), V, ldv, gam, bet, Sj, U, Oh, ldo, buf.work.data());
       }
-      if (n > 1) {
-        detail::GemmArgs<float> args;  // [K; Q] K^T: KK then QK
-        args.trans_b = detail::Trans::T, args.M = 2 * n, args.N = n, args.K = Dk;
-        args.A = Kp, args.lda = Dk, args.B = Kp, args.ldb = Dk, args.C = buf.KKQK.data(), args.ldc = n;
-        detail::gemm(args, 1);
-      }
-      for (std::int64_t j = 0; j < jn; ++j) {
-        const std::int64_t h = hk * r + j0 + j;
-        float* Sj = S + j * Dk * Dv;
-        const std::int64_t ldv = v_rows ? v.strides[1] : Dv, ldo = out_rows ? out.strides[1] : Dv;
-        const float* V = v_rows ? static_cast<const float*>(v.data) + b * v.strides[0] + c0 * v.strides[1] + h * v.strides[2]
-                                : buf.V.data() + j * kChunk * Dv;
-        float* const Oh = out_rows ? static_cast<float*>(out.data) + b * out.strides[0] + c0 * out.strides[1] + h * out.strides[2] : O;
-        const float* gam = buf.gam.data() + j * kChunk;
-        const float* bet = buf.bet.data() + j * kChunk;
-        if (n == 1) {
-          // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
-          // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
-          const float decay = std::exp(gam[0]);
-          float* sk = buf.tmp.data();
-          float* sq = O + Dv;  // (O's second row, free when n == 1)
-          const simd::DeltaKernels& del = simd::kernels().delta;
-          del.state_dots(Sj, Dk, Dv, Dv, Kp, Qp, sk, sq);
-          float kq = 0.0f;
-          for (std::int64_t d = 0; d < Dk; ++d) kq += Kp[d] * Qp[d];
-          for (std::int64_t e = 0; e < Dv; ++e) {
-            U[e] = bet[0] * (V[e] - decay * sk[e]);
-            O[e] = decay * sq[e] + kq * U[e];
-          }
-          del.state_update(Sj, Dv, Sj, Dv, Dk, Dv, decay, Kp, U);
+      for (std::int64_t i = 0; i < n && !out_rows; ++i) {
+        const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
+        const float* o = O + i * Dv;
+        if (out.dtype == DType::f32 && out.strides[3] == 1) {
+          std::copy_n(o, Dv, static_cast<float*>(out.data) + at0);
+        } else if (out.dtype == DType::f32) {
+          float* p = static_cast<float*>(out.data) + at0;
+          for (std::int64_t e = 0; e < Dv; ++e) p[e * out.strides[3]] = o[e];
+        } else if (out.strides[3] == 1) {  // bf16, f16: rounded by the SIMD kernel
+          const simd::KernelTable& kt = simd::kernels();
+          (out.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).narrow(o, static_cast<std::uint16_t*>(out.data) + at0, Dv);
         } else {
-          chunk(n, Kp, buf.KKQK.data(), V, ldv, gam, bet, Sj, U, Oh, ldo, buf.work.data());
-        }
-        for (std::int64_t i = 0; i < n && !out_rows; ++i) {
-          const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
-          const float* o = O + i * Dv;
-          if (out.dtype == DType::f32 && out.strides[3] == 1) {
-            std::copy_n(o, Dv, static_cast<float*>(out.data) + at0);
-          } else if (out.dtype == DType::f32) {
-            float* p = static_cast<float*>(out.data) + at0;
-            for (std::int64_t e = 0; e < Dv; ++e) p[e * out.strides[3]] = o[e];
-          } else if (out.strides[3] == 1) {  // bf16, f16: rounded by the SIMD kernel
-            const simd::KernelTable& kt = simd::kernels();
-            (out.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).narrow(o, static_cast<std::uint16_t*>(out.data) + at0, Dv);
-          } else {
-            for (std::int64_t e = 0; e < Dv; ++e) detail::store_at(out.data, out.dtype, at0 + e * out.strides[3], static_cast<double>(o[e]));
-          }
+          for (std::int64_t e = 0; e < Dv; ++e) detail::store_at(out.data, out.dtype, at0 + e * out.strides[3], static_cast<double>(o[e]));
         }
       }
     }
@@ -380,29 +387,21 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
       const float decay = std::exp(at(run.g, b, 0, h, 0)), beta = at(run.beta, b, 0, h, 0);
       std::fill(sk.begin(), sk.end(), 0.0f);
       std::fill(sq.begin(), sq.end(), 0.0f);
-      float kq = 0.0f;
-      for (std::int64_t d = 0; d < Dk; ++d) kq += k[static_cast<std::size_t>(d)] * q[static_cast<std::size_t>(d)];
       const float* s0 = init ? static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1] : nullptr;
       if (init && is.strides[3] == 1)
         kern.state_dots(s0, Dk, Dv, is.strides[2], k.data(), q.data(), sk.data(), sq.data());
-      else if (init)
+      else if (init)  // (a strided state's rows)
         for (std::int64_t d = 0; d < Dk; ++d) {
-          const float* __restrict row = s0 + d * is.strides[2];
+          const float* row = s0 + d * is.strides[2];
           const float kd = k[static_cast<std::size_t>(d)], qd = q[static_cast<std::size_t>(d)];
-          float* __restrict a = sk.data();
-          float* __restrict c = sq.data();
-          if (is.strides[3] == 1) {
-            for (std::int64_t j = 0; j < Dv; ++j) a[j] += row[j] * kd, c[j] += row[j] * qd;
-          } else {
-            for (std::int64_t j = 0; j < Dv; ++j) {
-              const float x = row[j * is.strides[3]];
-              a[j] += x * kd, c[j] += x * qd;
-            }
+          for (std::int64_t j = 0; j < Dv; ++j) {
+            const float x = row[j * is.strides[3]];
+            sk[static_cast<std::size_t>(j)] += x * kd, sq[static_cast<std::size_t>(j)] += x * qd;
           }
         }
+      HeadRun::one_token(Dk, Dv, k.data(), q.data(), v.data(), decay, beta, sk.data(), sq.data(), u.data(), sq.data());
       for (std::int64_t j = 0; j < Dv; ++j) {
-        u[static_cast<std::size_t>(j)] = beta * (v[static_cast<std::size_t>(j)] - decay * sk[static_cast<std::size_t>(j)]);
-        const float oj = decay * sq[static_cast<std::size_t>(j)] + kq * u[static_cast<std::size_t>(j)];
+        const float oj = sq[static_cast<std::size_t>(j)];
         const std::int64_t at0 = b * out.strides[0] + h * out.strides[2] + j * out.strides[3];
         if (out.dtype == DType::f32) static_cast<float*>(out.data)[at0] = oj;
         else detail::store_at(out.data, out.dtype, at0, static_cast<double>(oj));
@@ -414,16 +413,11 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
         kern.state_update(s0, is.strides[2], s1, f.strides[2], Dk, Dv, decay, k.data(), uu);
         continue;
       }
-      for (std::int64_t d = 0; d < Dk; ++d) {
+      for (std::int64_t d = 0; d < Dk; ++d) {  // (strided, or no initial state; in place element by element)
         const float kd = k[static_cast<std::size_t>(d)];
         float* dst = s1 + d * f.strides[2];
         const float* src = init ? s0 + d * is.strides[2] : nullptr;
-        if (init && f.strides[3] == 1 && is.strides[3] == 1) {  // (dst may be src: in place, element by element)
-          for (std::int64_t j = 0; j < Dv; ++j) dst[j] = decay * src[j] + kd * uu[j];
-        } else {
-          for (std::int64_t j = 0; j < Dv; ++j)
-            dst[j * f.strides[3]] = (init ? decay * src[j * is.strides[3]] : 0.0f) + kd * uu[j];
-        }
+        for (std::int64_t j = 0; j < Dv; ++j) dst[j * f.strides[3]] = (init ? decay * src[j * is.strides[3]] : 0.0f) + kd * uu[j];
       }
     }
   });
