@@ -107,7 +107,7 @@ TEST_CASE("short key rows: NaN in Q poisons exactly its own row" * doctest::test
   for (float x : out.data) CHECK(!std::isinf(x));
 }
 
-TEST_CASE("NaN in Q poisons exactly its own row; masked poison in V never leaks") {
+TEST_CASE("NaN in Q poisons exactly its own row, masked poison in V never leaks") {
   std::mt19937_64 rng(test::base_seed() + 13);
   const std::int64_t B = 1, H = 2, Sq = 6, Sk = 7, D = 5;
   auto [q, k, v] = test::random_qkv<float>(rng, B, H, H, Sq, Sk, D);

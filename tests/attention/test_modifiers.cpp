@@ -226,7 +226,7 @@ TEST_CASE("lse: attention over two halves of the keys merges into the whole (nat
   }
 }
 
-TEST_CASE("a fully masked row with a sink outputs zeros and lse = sink; without one lse = -inf") {
+TEST_CASE("a fully masked row with a sink outputs zeros and lse = sink, without one lse = -inf") {
   std::mt19937_64 rng(test::base_seed() + 93);
   test::Qkv<float> t = test::random_qkv<float>(rng, 1, 2, 2, 4, 6, 8);
   const std::vector<std::int64_t> lengths{0};
@@ -312,7 +312,7 @@ TEST_CASE("score modifier arguments are validated and named, nothing written") {
 }
 
 TEST_CASE("the scores output at every stage: scaled, capped, biased (hidden keys -inf), softmax (weights that give "
-          "the output); the output unchanged, every backend") {
+          "the output), the output unchanged, every backend") {
   std::mt19937_64 rng(test::base_seed() + 95);
   const std::int64_t B = 2, H = 2, Sq = 5, Sk = 7, D = 8;
   test::Qkv<double> t = test::random_qkv<double>(rng, B, H, 1, Sq, Sk, D);

@@ -49,7 +49,7 @@ std::uint16_t nearest_by_search(double d, std::uint16_t max_finite) {
 
 }  // namespace
 
-TEST_CASE("bfloat16 and float16: every pattern converts to f32 and back unchanged; NaN stays NaN") {
+TEST_CASE("bfloat16 and float16: every pattern converts to f32 and back unchanged, NaN stays NaN") {
   for (std::uint32_t b = 0; b < 0x10000; ++b) {
     const float fb = simdattn::to_float(from_bits<bfloat16>(b));
     const float fh = simdattn::to_float(from_bits<float16>(b));

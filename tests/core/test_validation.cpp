@@ -176,7 +176,7 @@ TEST_CASE("empty problems are valid and write nothing") {
 }
 
 // A regression: issue 23's mutation run planted the bug this title names and the rest of the suite passed.
-TEST_CASE("regression: out may touch q (adjacent in one buffer); sharing one element is an overlap") {
+TEST_CASE("regression: out may touch q (adjacent in one buffer), sharing one element is an overlap") {
   const std::int64_t H = 2, S = 3, D = 4;
   const std::int64_t n = H * S * D;
   std::mt19937_64 rng(test::base_seed() + 72);

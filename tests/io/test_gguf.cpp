@@ -117,7 +117,7 @@ TEST_CASE("gguf: metadata, tensor table and elements read back") {
   for (int i = 0; i < 32; ++i) CHECK(q[static_cast<std::size_t>(i)] == 0.5f * static_cast<float>(i - 16));
 }
 
-TEST_CASE("gguf: F16 and BF16 elements kept exactly; an unknown type is listed but not read") {
+TEST_CASE("gguf: F16 and BF16 elements kept exactly, an unknown type is listed but not read") {
   Bytes h = header(3, 0, 2);
   tensor_info(h, "h", {2}, 1, 0);
   tensor_info(h, "b", {2}, 30, 32);

@@ -53,7 +53,7 @@ std::vector<float> run(const GatedDeltaNet& g, const std::vector<float>& x, std:
 
 }  // namespace
 
-TEST_CASE("GatedDeltaNet: whole equals pieces with the state carried; bytes, reset, threads bitwise") {
+TEST_CASE("GatedDeltaNet: whole equals pieces with the state carried, bytes, reset, threads bitwise") {
   const GatedDeltaNet g(config(), weights(1));
   const std::int64_t B = 2, S = 75;
   std::mt19937 rng(2);

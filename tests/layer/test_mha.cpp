@@ -224,7 +224,7 @@ TEST_CASE("bf16/f16 layers load from BF16 safetensors as they are, and from F32 
 }
 
 TEST_CASE("the layer's attention weights: per head (rows sum to 1, zeros above the causal diagonal and past the cache), "
-          "averaged over heads, the output unchanged; validation") {
+          "averaged over heads, the output unchanged, validation") {
   std::mt19937_64 rng(test::base_seed() + 101);
   const std::int64_t B = 2, S = 6, d = 16, H = 4;
   MhaWeights<double> w{randn(rng, 256, 0.3), randn(rng, 256, 0.3), randn(rng, 256, 0.3), randn(rng, 256, 0.3),

@@ -76,7 +76,7 @@ std::vector<double> run(const MultiHeadAttention& layer, const std::vector<doubl
 
 }  // namespace
 
-TEST_CASE("MLA layer: f32, bf16 and f16 forwards agree with f64's; bitwise at any thread count") {
+TEST_CASE("MLA layer: f32, bf16 and f16 forwards agree with f64's, bitwise at any thread count") {
   for (const std::int64_t q_lora : {0, 8}) {
     INFO("q_lora_rank ", q_lora);
     const MhaConfig c = mla_config(q_lora);
@@ -110,7 +110,7 @@ TEST_CASE("MLA layer: f32, bf16 and f16 forwards agree with f64's; bitwise at an
   }
 }
 
-TEST_CASE("MLA layer: bad weights and configurations are named; the latent cache's size and views; other kinds refused") {
+TEST_CASE("MLA layer: bad weights and configurations are named, the latent cache's size and views, other kinds refused") {
   const MhaConfig c = mla_config(8);
   using test::check_error;
   auto with = [&](auto edit) {
@@ -276,7 +276,7 @@ TEST_CASE("MLA layer: a pool of latent rows (batched steps, a fork, accepted dra
   }
 }
 
-TEST_CASE("MLA layer: chunks of kMlaExpandedMinTokens or more run the expanded form over the cache; mixed with decode steps in one batch") {
+TEST_CASE("MLA layer: chunks of kMlaExpandedMinTokens or more run the expanded form over the cache, mixed with decode steps in one batch") {
   for (const DType dtype : {DType::f32, DType::int8}) {
     INFO("store ", dtype_name(dtype));
     const MhaConfig c = mla_config(8);

@@ -78,7 +78,7 @@ std::vector<double> recurrence(const Inputs& in, std::vector<double>& S) {
 
 }  // namespace
 
-TEST_CASE("gated_delta_rule: the chunked form and the steps equal the recurrence; threads bitwise") {
+TEST_CASE("gated_delta_rule: the chunked form and the steps equal the recurrence, threads bitwise") {
   for (const std::int64_t T : {1, 7, 64, 130}) {
     INFO("T ", T);
     const Inputs in(T, static_cast<std::uint64_t>(T));

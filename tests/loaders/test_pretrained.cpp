@@ -180,7 +180,7 @@ TEST_CASE("every decoder family: decoding with a KV cache (one token, chunks of 
   }
 }
 
-TEST_CASE("from_pretrained: encoders are not causal; the checkpoint's dtype unless one is asked for") {
+TEST_CASE("from_pretrained: encoders are not causal, the checkpoint's dtype unless one is asked for") {
   std::mt19937_64 rng(test::base_seed() + 92);
   const ModelDir dir("enc_bert");
   write_family(dir, "bert", rng);

@@ -136,7 +136,7 @@ TEST_CASE("team: parallel_shares hands out every item exactly once, also with st
   }
 }
 
-TEST_CASE("team: concurrent calls share the thread budget; a lone call gets all it asks for") {
+TEST_CASE("team: concurrent calls share the thread budget, a lone call gets all it asks for") {
   const int saved = simdattn::thread_budget();
   simdattn::set_thread_budget(4);
   {  // alone: every thread asked for
@@ -173,7 +173,7 @@ TEST_CASE("team: concurrent calls share the thread budget; a lone call gets all 
   simdattn::set_thread_budget(saved);
 }
 
-TEST_CASE("team: soon after two calls overlap, a call takes no workers; later a lone call gets all again") {
+TEST_CASE("team: soon after two calls overlap, a call takes no workers, later a lone call gets all again") {
   using simdattn::detail::CallScope;
   using simdattn::detail::ThreadClaim;
   using Clock = std::chrono::steady_clock;

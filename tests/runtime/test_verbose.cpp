@@ -162,7 +162,7 @@ TEST_CASE("verbose mode: one whole line per call from concurrent threads, path= 
   CHECK(per_path["decode16"] == kThreads * kCallsEach / 3);
 }
 
-TEST_CASE("verbose mode: off, nothing is written; set_verbose and verbose() agree") {
+TEST_CASE("verbose mode: off, nothing is written, set_verbose and verbose() agree") {
   std::mt19937_64 rng(test::base_seed() + 72);
   const auto t = test::random_qkv<float>(rng, 1, 2, 2, 16, 16, 8);
   set_verbose(false);
@@ -238,7 +238,7 @@ TEST_CASE("verbose mode: linear_attention and attention_paged have lines of thei
   CHECK(lines[1].at("kv_cache") == "1x16x2x8");
 }
 
-TEST_CASE("verbose mode: one sequence's decode step splits its keys over the threads; a paged batch names each part's path") {
+TEST_CASE("verbose mode: one sequence's decode step splits its keys over the threads, a paged batch names each part's path") {
   std::mt19937_64 rng(test::base_seed() + 75);
   // multi-query: one (sequence, kv head) unit, so only a split of its keys gives a second thread work
   const auto t = test::random_qkv<float>(rng, 1, 32, 1, 1, 8192, 64);

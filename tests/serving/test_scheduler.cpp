@@ -176,7 +176,7 @@ TEST_CASE("DecodeScheduler: concurrent streams joining and leaving get their own
   MESSAGE(scheduler.steps_run(), " steps in ", scheduler.batches(), " batches");
 }
 
-TEST_CASE("DecodeScheduler: a bad request fails alone; cancellation leaves the cache as it was") {
+TEST_CASE("DecodeScheduler: a bad request fails alone, cancellation leaves the cache as it was") {
   std::mt19937_64 rng(test::base_seed() + 64);
   const MultiHeadAttention layer = random_layer(rng);
   DecodeScheduler scheduler(layer);

@@ -17,7 +17,7 @@ using namespace simdattn::simd;
 using simdattn::detail::float_bits;
 using simdattn::test::kernel_tables;
 
-TEST_CASE("states kernel on every ISA: merge_rows to nearest and to odd, tails, specials, in place; a bf16 / f16 rounding after it is the double's") {
+TEST_CASE("states kernel on every ISA: merge_rows to nearest and to odd, tails, specials, in place, a bf16 / f16 rounding after it is the double's") {
   std::mt19937 rng(5);
   std::normal_distribution<float> n(0.f, 1.f);
   std::uniform_real_distribution<double> w(0.0, 1.0);

@@ -114,7 +114,7 @@ TEST_CASE("standard workloads take their native paths (bf16, f16)" * doctest::te
   }
 }
 
-TEST_CASE("score modifiers take a fused path; sinks and lse the decode paths too" * doctest::test_suite(test::every_isa)) {
+TEST_CASE("score modifiers take a fused path, sinks and lse the decode paths too" * doctest::test_suite(test::every_isa)) {
   const Operands decode(workload("decode"), DType::f32);
   std::vector<float> lse(32), sinks(32, 0.5f);
   AttentionOptions opt;

@@ -236,7 +236,7 @@ TEST_CASE("attention_paged: a block shared by two sequences is read, never chang
   CHECK(max_abs_diff(out, c.dense({}, Backend::reference)) <= tolerance<float>(max_abs(c.v)));
 }
 
-TEST_CASE("attention_paged: decode steps without query_start; a one-key window with sinks") {
+TEST_CASE("attention_paged: decode steps without query_start, a one-key window with sinks") {
   std::mt19937_64 rng(base_seed() + 4);
   PagedShape s;
   s.seq_lens = {33, 1, 700};

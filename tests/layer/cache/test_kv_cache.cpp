@@ -143,7 +143,7 @@ TEST_CASE("KV cache in bf16/f16, and caches of a dtype of their own: decode step
   CHECK_THROWS_WITH_AS(KvCache(f32, 1, 4, DType::u8), doctest::Contains("dtype: expected f32, f64, bf16, f16, int8, fp8_e4m3 or fp8_e5m2, got u8"), Error);
 }
 
-TEST_CASE("regression: KV cache: a step that exactly fills the capacity succeeds; one token more is refused") {
+TEST_CASE("regression: KV cache: a step that exactly fills the capacity succeeds, one token more is refused") {
   std::mt19937_64 rng(test::base_seed() + 74);
   const std::int64_t d = 8;
   MhaWeights<float> w;

@@ -110,7 +110,7 @@ TEST_CASE("KvCache int8: a NaN row is refused naming the sequence and token, the
   CHECK(KvCache(layer, 1, 4).key_scales().empty());
 }
 
-TEST_CASE("KvPool int8 / fp8: forward_pool equals an 8-bit KvCache step by step; forks copy the scales; a NaN row changes nothing") {
+TEST_CASE("KvPool int8 / fp8: forward_pool equals an 8-bit KvCache step by step, forks copy the scales, a NaN row changes nothing") {
   std::mt19937_64 rng(test::base_seed() + 382);
   const MultiHeadAttention layer = test::serving_layer(rng);
   constexpr std::int64_t d = test::kServingD;

@@ -173,7 +173,7 @@ TEST_CASE("KvPool: a batch that needs more blocks than are free is Error(\"pool\
   check_error([&] { layer.forward_pool({&grow[0], 1}, other); }, "pool");
 }
 
-TEST_CASE("forward_pool equals the KvCache path step by step (f32; block sizes 1, 4, 32)") {
+TEST_CASE("forward_pool equals the KvCache path step by step (f32, block sizes 1, 4, 32)") {
   for (std::int64_t bs : {1, 4, 32}) {
     CAPTURE(bs);
     pool_equals_cache<float>(DType::f32, bs, 2e-5, test::base_seed() + 62);

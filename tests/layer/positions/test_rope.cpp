@@ -193,8 +193,8 @@ TEST_CASE("apply_rope: positions default to 0..S-1, strided views, and arguments
   CHECK(e == b);
 }
 
-TEST_CASE("apply_rope: per-frequency factors (GGUF's rope_freqs) divide each frequency; 1 and the linear factor "
-          "give none and linear scaling exactly; a wrong count or a factor <= 0 is refused") {
+TEST_CASE("apply_rope: per-frequency factors (GGUF's rope_freqs) divide each frequency, 1 and the linear factor "
+          "give none and linear scaling exactly, a wrong count or a factor <= 0 is refused") {
   std::mt19937 rng(11);
   std::normal_distribution<float> nd;
   std::vector<float> x(2 * 3 * 5 * 8);
@@ -404,7 +404,7 @@ TEST_CASE("incremental decoding with RoPE (one token at a time and in chunks of 
 }
 
 TEST_CASE("the MHA layer's score options (scale, softcap, window, ALiBi, sinks, T5's bias) equal attention() given "
-          "them on the layer's projections; the configuration is validated") {
+          "them on the layer's projections, the configuration is validated") {
   std::mt19937_64 rng(test::base_seed() + 102);
   RopeLayer L = rope_layer(rng, RopeStyle::half, false);
   L.cfg.rope.reset();
