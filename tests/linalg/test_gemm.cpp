@@ -366,3 +366,81 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
     CHECK_THROWS_AS(detail::gemm(g, 1, kt), std::logic_error);
   }
 }
+
+TEST_CASE("gemm with a B pre-packed for the in-place-A kernel: any width, column ranges, depth blocks, M = 1, a C written panel by panel, every ISA") {
+  std::mt19937_64 rng(test::base_seed() + 93);
+  for (const simd::KernelTable* kt : test::kernel_tables()) {
+    const std::int64_t nr = kt->gemm_f32.blocking_a_in_place.nr, kc = kt->gemm_f32.blocking_a_in_place.kc;
+    CAPTURE(simd::isa_name(kt->isa));
+    // wider than the in-place kernel's usual 128 columns, narrower than a vector, past a depth block
+    for (auto [M, Ntot, K] : {std::tuple<std::int64_t, std::int64_t, std::int64_t>{1, 70, 33}, {2, nr, 1}, {7, 3, 9},
+                              {13, 2 * nr + 1, kc + 5}, {29, 5 * nr - 3, 40}, {64, 300, 128}})
+      for (std::int64_t col : {std::int64_t{0}, nr}) {
+        if (col >= Ntot) continue;
+        const std::int64_t N = Ntot - col;
+        for (int threads : {1, 2})
+          for (float beta : {0.f, 1.f}) {
+            Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, Ntot, K, 3, 1.f, beta);
+            const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, Ntot, kt, true);
+            CHECK(pb.a_in_place);
+            Problem<float> q = p;
+            q.g.N = N;
+            q.g.B = p.b.data() + col;
+            q.g.A = p.a.data(), q.g.C = q.c.data();
+            const std::vector<float> want = naive(q);
+            GemmArgs<float> g = q.g;
+            g.B = nullptr;
+            g.packed_b = &pb, g.b_col = col;
+            std::vector<float> c = q.c;
+            g.C = c.data();
+            detail::gemm(g, threads, kt);
+            bool same = true;
+            for (std::int64_t i = 0; i < M; ++i)
+              for (std::int64_t j = 0; j < N; ++j)
+                if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)])) same = false;
+            CAPTURE_VALUE(M);
+            CAPTURE_VALUE(N);
+            CAPTURE_VALUE(K);
+            CAPTURE(col);
+            CAPTURE(threads);
+            CAPTURE(beta);
+            CHECK(same);
+          }
+      }
+    // a packed B written as the C of products, a panel (ldc = nr) at a time, then read as B: the
+    // same as packing the product's result
+    {
+      const std::int64_t K = 40, N = 2 * nr + 3, M = 9;
+      Problem<float> p = make<float>(rng, Trans::N, Trans::N, K, N, M, 3, 1.f, 0.f);  // C = A B: K x N
+      detail::PackedB<float> pb = detail::packed_b_zeros<float>(K, N, kt, true);
+      for (std::int64_t j = 0; j < N; j += nr) {
+        GemmArgs<float> g = p.g;
+        g.N = std::min(nr, N - j), g.B = p.b.data() + j, g.C = const_cast<float*>(pb.panel(j, 0)), g.ldc = nr;
+        detail::gemm(g, 1, kt);
+      }
+      const std::vector<float> want = naive(p);
+      std::vector<float> got = detail::unpack_matrix_b(pb);
+      bool same = true;
+      for (std::int64_t i = 0; i < K; ++i)
+        for (std::int64_t j = 0; j < N; ++j)
+          if (!(got[static_cast<std::size_t>(i * N + j)] == want[static_cast<std::size_t>(i * p.g.ldc + j)])) same = false;
+      CHECK(same);
+      for (std::int64_t i = 0; i < K; ++i)  // zeros past N in the last panel
+        for (std::int64_t j = N; j < pb.Np; ++j) CHECK(pb.panel(pb.Np - nr, 0)[i * nr + j % nr] == 0.f);
+    }
+    // an in-place-A pack with A transposed, or against the other blocking, is refused
+    const std::vector<float> b(64 * 64, 1.f);
+    const detail::PackedB<float> pb = detail::pack_matrix_b(b.data(), 64, 64, 64, kt, true);
+    std::vector<float> a(64 * 64, 1.f), c(64 * 64, 0.f);
+    GemmArgs<float> g;
+    g.M = 4, g.N = 64, g.K = 64, g.A = a.data(), g.lda = 64, g.C = c.data(), g.ldc = 64, g.packed_b = &pb;
+    detail::gemm(g, 1, kt);
+    CHECK(c[0] == 64.f);
+    g.trans_a = Trans::T;
+    CHECK_THROWS_AS(detail::gemm(g, 1, kt), std::logic_error);
+    detail::PackedB<float> other = pb;
+    other.a_in_place = false;
+    g.trans_a = Trans::N, g.packed_b = &other;
+    if (other.nr != kt->gemm_f32.blocking.nr || other.kc != kt->gemm_f32.blocking.kc) CHECK_THROWS_AS(detail::gemm(g, 1, kt), std::logic_error);
+  }
+}

@@ -15,7 +15,7 @@
 using namespace simdattn::simd;
 using simdattn::test::kernel_tables;
 
-TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), axpy, forward_substitute, all_finite; tails and strides") {
+TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), axpy, forward_substitute, all_finite, tails and strides") {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> small(-4, 4);
   for (const KernelTable* kt : kernel_tables()) {
@@ -83,6 +83,84 @@ TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), 
           CHECK_FALSE(d.all_finite(x.data(), n));
           x[static_cast<std::size_t>(i)] = -3.f;
         }
+    }
+  }
+}
+
+TEST_CASE("delta kernels on every ISA: chunk_weights against VectorKernels::exp, scale_rows, right_sides, tails, strides, nothing past the rows") {
+  std::mt19937 rng(12);
+  std::uniform_int_distribution<int> small(-4, 4);
+  std::uniform_real_distribution<float> decay(-0.7f, 0.0f);
+  for (const KernelTable* kt : kernel_tables()) {
+    CAPTURE(isa_name(kt->isa));
+    const DeltaKernels& d = kt->delta;
+    for (std::int64_t n : {1, 2, 5, 16, 17, 32, 40}) {
+      CAPTURE(n);
+      const std::int64_t ld = n + 3;
+      std::vector<float> gam(static_cast<std::size_t>(n)), beta(gam.size());
+      float acc = 0.0f;
+      for (std::int64_t i = 0; i < n; ++i) acc += decay(rng), gam[i] = acc, beta[i] = float(small(rng)) / 4.0f;
+      std::vector<float> KK(static_cast<std::size_t>(n * ld)), QK(KK.size());
+      for (float& x : KK) x = float(small(rng));
+      for (float& x : QK) x = float(small(rng));
+      const float sentinel = -99.0f;
+      std::vector<float> A(KK.size(), sentinel), QKm(KK.size(), sentinel), eg(gam.size() + 1, sentinel), last(eg);
+      d.chunk_weights(n, gam.data(), beta.data(), KK.data(), ld, QK.data(), ld, A.data(), ld, QKm.data(), ld, eg.data(), last.data());
+      std::vector<float> want_eg(gam.size()), diff(gam.size()), e(gam.size());
+      kt->vec_f32.exp(gam.data(), want_eg.data(), n);
+      bool same = true;
+      for (std::int64_t i = 0; i < n; ++i) {
+        same &= eg[i] == want_eg[i];
+        for (std::int64_t s = 0; s < n; ++s) diff[s] = gam[i] - gam[s];
+        kt->vec_f32.exp(diff.data(), e.data(), i + 1);
+        for (std::int64_t s = 0; s < n; ++s) {
+          const std::size_t at = static_cast<std::size_t>(i * ld + s);
+          same &= A[at] == (s < i ? (beta[i] * e[s]) * KK[at] : sentinel);
+          same &= QKm[at] == (s <= i ? QK[at] * e[s] : 0.0f);
+          if (i == n - 1) same &= last[s] == e[s];
+        }
+        for (std::int64_t s = n; s < ld; ++s) same &= A[i * ld + s] == sentinel && QKm[i * ld + s] == sentinel;
+      }
+      CHECK(same);
+      CHECK(eg[n] == sentinel);
+      CHECK(last[n] == sentinel);
+      std::vector<float> inplace = QK;  // QKm may be QK
+      d.chunk_weights(n, gam.data(), beta.data(), KK.data(), ld, inplace.data(), ld, A.data(), ld, inplace.data(), ld, eg.data(), last.data());
+      bool same_inplace = true;
+      for (std::int64_t i = 0; i < n; ++i)
+        for (std::int64_t s = 0; s < ld; ++s) {
+          const std::size_t at = static_cast<std::size_t>(i * ld + s);
+          same_inplace &= inplace[at] == (s < n ? QKm[at] : QK[at]);
+        }
+      CHECK(same_inplace);
+    }
+    for (std::int64_t cols : {1, 7, 16, 17, 64, 65}) {
+      CAPTURE(cols);
+      const std::int64_t rows = 5, ld = cols + 5, width = cols + 2;
+      std::vector<float> x(static_cast<std::size_t>(rows * ld)), y(x.size(), -7.f), f(static_cast<std::size_t>(rows)), b(f.size()),
+          g(f.size()), ks(x.size());
+      for (float& t : x) t = float(small(rng));
+      for (float& t : ks) t = float(small(rng));
+      for (std::size_t r = 0; r < f.size(); ++r) f[r] = float(small(rng)) / 2, b[r] = float(small(rng)) / 4, g[r] = float(small(rng)) / 2;
+      d.scale_rows(x.data(), ld, rows, cols, f.data(), y.data(), ld);
+      bool same = true;
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < cols; ++j) same &= y[r * ld + j] == x[r * ld + j] * f[r];
+        for (std::int64_t j = cols; j < ld; ++j) same &= y[r * ld + j] == -7.f;
+      }
+      std::vector<float> z = x;
+      d.scale_rows(z.data(), ld, rows, cols, f.data(), z.data(), ld);  // in place
+      for (std::int64_t r = 0; r < rows; ++r)
+        for (std::int64_t j = 0; j < cols; ++j) same &= z[r * ld + j] == y[r * ld + j];
+      std::fill(y.begin(), y.end(), -7.f);
+      d.right_sides(rows, cols, width, x.data(), ld, ks.data(), ld, b.data(), g.data(), y.data(), ld);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        for (std::int64_t j = 0; j < cols; ++j)
+          same &= y[r * ld + j] == std::fma(-(b[r] * g[r]), ks[r * ld + j], b[r] * x[r * ld + j]);
+        for (std::int64_t j = cols; j < width; ++j) same &= y[r * ld + j] == 0.f;
+        for (std::int64_t j = width; j < ld; ++j) same &= y[r * ld + j] == -7.f;
+      }
+      CHECK(same);
     }
   }
 }

@@ -38,8 +38,9 @@ void gemm(const GemmArgs<T>& args, int threads, const simd::KernelTable* kt) {
   const simd::GemmKernels<T>& gk = table.template gemm<T>();
   const simd::VectorKernels<T>& vk = table.template vec<T>();
   if (const PackedB<T>* pb = g.packed_b) {  // an internal contract: a misuse is a bug here
-    if (pb->nr != gk.blocking.nr || pb->kc != gk.blocking.kc || pb->K != g.K || g.b_col % pb->nr != 0 ||
-        g.b_col < 0 || g.b_col + g.N > pb->N)
+    const simd::GemmBlocking& bs = pb->a_in_place ? gk.blocking_a_in_place : gk.blocking;
+    if (pb->nr != bs.nr || pb->kc != bs.kc || pb->K != g.K || g.b_col % pb->nr != 0 || g.b_col < 0 ||
+        g.b_col + g.N > pb->N || (pb->a_in_place && g.trans_a != Trans::N))
       throw std::logic_error("gemm: the pre-packed B does not match this call or ISA");
   }
   if (g.M == 1) {
@@ -48,10 +49,12 @@ void gemm(const GemmArgs<T>& args, int threads, const simd::KernelTable* kt) {
     return;
   }
   const double flops = 2.0 * double(g.M) * double(g.N) * double(g.K);
-  const int nt = static_cast<int>(std::clamp<double>(std::min<double>(resolve_threads(threads),
-                                                                      flops / kMinFlopsPerThread),
-                                                     1.0, 1e6));
+  const int nt = threads == 1 ? 1
+                              : static_cast<int>(std::clamp<double>(
+                                    std::min<double>(resolve_threads(threads), flops / kMinFlopsPerThread), 1.0, 1e6));
   const Mode<T> mode(g, gk, nt);
+  if (nt == 1 && mode.a_in_place && g.packed_b != nullptr && g.c_row == nullptr) return gemm_prepacked_in_place(g, gk, mode);
+  if (nt > 1) g.next = nullptr;  // (one thread's lines)
   if (g.c_row != nullptr && !mode.deep) fill_c_rows(g);  // (deep mode fills them tile row by tile row)
   // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5); columns
   // split evenly (guarded by gemm/native/128x768x768/t2 and mha/native/bert-layer/t2).
@@ -85,18 +88,27 @@ void gemm_reserve(const GemmArgs<T>& g, const simd::KernelTable* kt) {
 }
 
 template <class T>
-PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N, const simd::KernelTable* kt) {
-  const simd::KernelTable& table = kt ? *kt : simd::kernels();
-  const simd::GemmBlocking& bs = table.template gemm<T>().blocking;
+PackedB<T> packed_b_zeros(std::int64_t K, std::int64_t N, const simd::KernelTable* kt, bool a_in_place) {
+  const simd::GemmKernels<T>& gk = (kt ? *kt : simd::kernels()).template gemm<T>();
+  const simd::GemmBlocking& bs = a_in_place ? gk.blocking_a_in_place : gk.blocking;
   PackedB<T> pb;
-  pb.K = K, pb.N = N, pb.nr = bs.nr, pb.kc = bs.kc;
+  pb.K = K, pb.N = N, pb.nr = bs.nr, pb.kc = bs.kc, pb.a_in_place = a_in_place;
   pb.Np = (N + bs.nr - 1) / bs.nr * bs.nr;
-  pb.data.resize(static_cast<std::size_t>(std::max<std::int64_t>(1, K * pb.Np)));
+  pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, K * pb.Np)), T(0));
+  return pb;
+}
+
+template <class T>
+PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N, const simd::KernelTable* kt,
+                         bool a_in_place) {
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  PackedB<T> pb = packed_b_zeros<T>(K, N, &table, a_in_place);
+  const std::int64_t nr = pb.nr, kc = pb.kc;
   GemmArgs<T> g;  // B as the driver packs it: each depth block's panels back to back
   g.B = B, g.ldb = ldb;
-  for (std::int64_t p = 0; p < K; p += bs.kc)
-    pack_b(g, table.template vec<T>(), p, std::min<std::int64_t>(bs.kc, K - p), 0, N, bs.nr,
-           const_cast<T*>(pb.panel(0, p)), 0, pb.Np / bs.nr);
+  for (std::int64_t p = 0; p < K; p += kc)
+    pack_b(g, table.template vec<T>(), p, std::min<std::int64_t>(kc, K - p), 0, N, static_cast<int>(nr),
+           const_cast<T*>(pb.panel(0, p)), 0, pb.Np / nr);
   return pb;
 }
 
@@ -119,8 +131,10 @@ template void gemm<double>(const GemmArgs<double>&, int, const simd::KernelTable
 template void gemm_reserve<float>(const GemmArgs<float>&, const simd::KernelTable*);
 template void gemm_reserve<double>(const GemmArgs<double>&, const simd::KernelTable*);
 template PackedB<float> pack_matrix_b<float>(const float*, std::int64_t, std::int64_t, std::int64_t,
-                                             const simd::KernelTable*);
+                                             const simd::KernelTable*, bool);
 template PackedB<double> pack_matrix_b<double>(const double*, std::int64_t, std::int64_t, std::int64_t,
-                                               const simd::KernelTable*);
+                                               const simd::KernelTable*, bool);
+template PackedB<float> packed_b_zeros<float>(std::int64_t, std::int64_t, const simd::KernelTable*, bool);
+template PackedB<double> packed_b_zeros<double>(std::int64_t, std::int64_t, const simd::KernelTable*, bool);
 
 }  // namespace simdattn::detail

@@ -15,6 +15,7 @@
 #include <new>
 #include <vector>
 
+#include "runtime/prefetch.hpp"
 #include "runtime/workspace.hpp"
 #include "simdattn/simd/kernels.hpp"
 
@@ -51,21 +52,31 @@ struct AlignedAllocator {
 // spends ~14% of its time there otherwise: mha/native/bert-layer). The panel of columns [j, j + nr) (j a multiple of nr) in the
 // depth block [p, p + kc) (p a multiple of kc) holds min(kc, K - p) rows nr apart at
 // data + p * Np + (j / nr) * nr * min(kc, K - p), Np = N rounded up to nr; zero past N.
+// Packed for the in-place-A micro-kernel (a_in_place: its nr and kc), the calls that take it read
+// A in place whatever their width: a B the caller keeps in this layout and also writes (as the C
+// of another product, a panel of nr columns at a time with ldc = nr) is never packed at all (the
+// gated delta rule's state and its chunk's U: linear_attention/gated_delta.cpp).
 template <class T>
 struct PackedB {
   std::int64_t K = 0, N = 0, Np = 0;
   int nr = 0, kc = 0;  // the blocking it was packed for
+  bool a_in_place = false;  // ... the in-place-A kernel's (else the packed-A kernels')
   std::vector<T, AlignedAllocator<T>> data;
-  const T* panel(std::int64_t j, std::int64_t p) const {
-    return data.data() + p * Np + (j / nr) * nr * std::min<std::int64_t>(kc, K - p);
+  const T* panel(std::int64_t j, std::int64_t p) const {  // (j a multiple of nr)
+    return data.data() + p * Np + j * std::min<std::int64_t>(kc, K - p);
   }
 };
 
 // Packs B (K x N, row-major, leading dimension ldb) for `kt`'s packed micro-kernel (by default
-// the dispatched ISA's). Throws std::bad_alloc.
+// the dispatched ISA's), or its in-place-A kernel. Throws std::bad_alloc.
 template <class T>
 PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int64_t N,
-                         const simd::KernelTable* kt = nullptr);
+                         const simd::KernelTable* kt = nullptr, bool a_in_place = false);
+
+// An empty (zero) K x N B in `kt`'s layout (as pack_matrix_b's), for a caller that writes it.
+// Throws std::bad_alloc.
+template <class T>
+PackedB<T> packed_b_zeros(std::int64_t K, std::int64_t N, const simd::KernelTable* kt = nullptr, bool a_in_place = false);
 
 // The K x N matrix `pb` holds, row-major (leading dimension N): its panels unpacked (for a
 // caller that hands the same weights to another library).
@@ -88,9 +99,13 @@ struct GemmArgs {
   // mode writes each row's c_row just before its tiles add to it, not all of C up front.
   const T* c_row = nullptr;
   // Pre-packed B (B, ldb and trans_b unused): op(B) is columns [b_col, b_col + N) of it, b_col a
-  // multiple of its nr; it must have been packed for the ISA the call runs on.
+  // multiple of its nr; it must have been packed for the ISA the call runs on (and, packed for
+  // the in-place-A kernel, trans_a N).
   const PackedB<T>* packed_b = nullptr;
   std::int64_t b_col = 0;
+  // If set (a call on one thread, A read in place): lines the caller reads next, prefetched into
+  // L2 a few per tile, spread over the call's arithmetic (runtime/prefetch.hpp).
+  NextRows* next = nullptr;
 };
 
 // threads: 0 = OpenMP's default, 1 = the calling thread only. `kt` picks the ISA (tests run

@@ -29,19 +29,24 @@ void store_edge_tile(const T* tile, int nr, std::int64_t m, std::int64_t n, T al
 }
 
 // One micro-tile of C at rows i, columns j (m x n valid). Short tiles (m < mr) run the m-row
-// kernel; narrow ones (n < nr) go through `tile`. B's rows are ldb apart.
+// kernel; narrow ones (n < nr) go through `tile`, except with A in place, whose kernels compute
+// the panel's first vectors only: those as wide as n write C directly (a 32-wide C on AVX-512
+// costs two vectors of the four).
 template <class T>
 inline void run_tile(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode,
                      std::int64_t kc, const T* a, std::int64_t lda, const T* bp, std::int64_t ldb,
                      bool b_packed, std::int64_t i, std::int64_t j, std::int64_t m, std::int64_t n, T beta,
                      T* tile, NextRows::Run pf = {}) {
-  const int nr = mode.bs.nr;
+  const int nr = mode.bs.nr, lanes = mode.bs.lanes;
+  const int nv = !mode.a_in_place || n == nr ? mode.nv : static_cast<int>((n + lanes - 1) / lanes);
   T* c = g.C + i * g.ldc + j;
-  const bool full = n == nr;
+  const bool full = n == nv * lanes;
   T* out = full ? c : tile;
   const std::int64_t ldo = full ? g.ldc : nr;
   const T alpha = full ? g.alpha : T(1), b = full ? beta : T(0);
-  if (mode.a_in_place) gk.ukernel_a_in_place[nr / mode.bs.lanes][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
+  if (mode.a_in_place && pf.lines > 0)
+    gk.ukernel_a_in_place_pf[nv][m](kc, a, lda, bp, ldb, out, ldo, alpha, b, pf.at, pf.lines);
+  else if (mode.a_in_place) gk.ukernel_a_in_place[nv][m](kc, a, lda, bp, ldb, out, ldo, alpha, b);
   else if (b_packed && pf.lines > 0) gk.ukernel_pf[m](kc, a, bp, ldb, out, ldo, alpha, b, pf.at, pf.lines);
   else if (b_packed) gk.ukernel[m](kc, a, bp, ldb, out, ldo, alpha, b);
   else gk.ukernel_b_in_place[m](kc, a, bp, ldb, out, ldo, alpha, b);
@@ -60,10 +65,10 @@ struct BPass {
   T beta;                     // g.beta for the first pass over K, then 1
   const T* panel(std::int64_t jr) const {
     if (g.packed_b != nullptr) return g.packed_b->panel(g.b_col + jc + jr, pc);
-    return jr / nr < first_packed ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
+    return jr < first_packed * nr ? g.B + pc * g.ldb + jc + jr : Bp + jr * kc;
   }
-  std::int64_t ld(std::int64_t jr) const { return jr / nr < first_packed ? g.ldb : std::int64_t{nr}; }
-  bool packed(std::int64_t jr) const { return jr / nr >= first_packed; }
+  std::int64_t ld(std::int64_t jr) const { return jr < first_packed * nr ? g.ldb : std::int64_t{nr}; }
+  bool packed(std::int64_t jr) const { return jr >= first_packed * nr; }
   std::int64_t width(std::int64_t jr) const { return std::min<std::int64_t>(nr, nc - jr); }
 };
 
@@ -77,7 +82,7 @@ void pass_a_in_place(const BPass<T>& bp, const simd::GemmKernels<T>& gk, const M
     const std::int64_t m = std::min<std::int64_t>(mr, i_end - i);
     for (std::int64_t jr = 0; jr < bp.nc; jr += bp.nr)
       run_tile(g, gk, mode, bp.kc, g.A + i * g.lda + bp.pc, g.lda, bp.panel(jr), bp.ld(jr), bp.packed(jr), i,
-               bp.jc + jr, m, bp.width(jr), bp.beta, tile);
+               bp.jc + jr, m, bp.width(jr), bp.beta, tile, g.next != nullptr ? g.next->take(bp.kc) : NextRows::Run{});
   }
 }
 
@@ -166,6 +171,21 @@ void pass_deep(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const simd:
         }
       }
     }
+  }
+}
+
+// One thread, B pre-packed for the in-place-A kernel: nothing to plan or pack, the tiles run
+// straight over its panels (a narrow edge through a tile on the stack). The arithmetic of
+// gemm_rows in that mode: the same bits. For callers that make many small products (the gated
+// delta rule's ~5 a chunk and value head: the planning and the per-thread buffers' lookups cost
+// ~5% of its run).
+template <class T>
+void gemm_prepacked_in_place(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, const Mode<T>& mode) {
+  alignas(64) T tile[simd::kMaxMr * simd::kMaxNv * 64 / sizeof(T)];  // mr x nr: nr is at most kMaxNv 64-byte vectors
+  const PackedB<T>& pb = *g.packed_b;
+  for (std::int64_t pc = 0; pc < g.K; pc += pb.kc) {
+    const BPass<T> pass{g, 0, g.N, pc, std::min<std::int64_t>(pb.kc, g.K - pc), mode.bs.nr, 0, nullptr, pc == 0 ? g.beta : T(1)};
+    pass_a_in_place(pass, gk, mode, 0, g.M, tile);
   }
 }
 

@@ -140,6 +140,12 @@ constexpr std::int64_t kDeepMinRows = 384;
 // are read again for every such chunk.
 constexpr std::int64_t kDeepMaxABytes = std::int64_t{8} << 20;
 
+// A read in place: a narrow C, or a B pre-packed for that kernel.
+template <class T>
+bool in_place_a(const GemmArgs<T>& g) {
+  return g.trans_a == Trans::N && (g.packed_b != nullptr ? g.packed_b->a_in_place : g.N <= kAInPlaceMaxCols);
+}
+
 // Which micro-kernel the driver runs, its blocking and loop order, whether A or B is read in
 // place. nt: the threads that will split the rows.
 template <class T>
@@ -147,19 +153,20 @@ struct Mode {
   simd::GemmBlocking bs;
   bool a_in_place, b_in_place, rows_outer;
   bool deep = false;
+  int nv;  // vectors of a full tile's width (nr / lanes)
   Mode(const GemmArgs<T>& g, const simd::GemmKernels<T>& gk, int nt)
-      : bs(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kAInPlaceMaxCols ? gk.blocking_a_in_place
-                                                                                      : gk.blocking),
-        a_in_place(g.packed_b == nullptr && g.trans_a == Trans::N && g.N <= kAInPlaceMaxCols),
+      : bs(in_place_a(g) ? gk.blocking_a_in_place : gk.blocking),
+        a_in_place(in_place_a(g)),
         b_in_place(g.packed_b == nullptr && !a_in_place && g.trans_b == Trans::N && g.M <= kBInPlaceMaxRows &&
                  (g.ldb * static_cast<std::int64_t>(sizeof(T))) % 4096 != 0 &&
                  g.ldb * static_cast<std::int64_t>(sizeof(T)) <= kBInPlaceMaxRowBytes),
         rows_outer(!a_in_place && !b_in_place && (g.packed_b == nullptr || g.M / nt >= kPrepackedRowsOuterMin)) {
+    nv = bs.nr / bs.lanes;
     if (rows_outer) bs.nc = fit_nc<T>(bs, g.K);
     if (b_in_place) bs.kc = bs.kc_b_in_place;
     // (not on nt: which mode runs decides the order of the sums, and every thread count must give
     // the same bits)
-    deep = g.packed_b != nullptr && g.M >= kDeepMinRows && g.K % bs.kc == 0 && g.K >= kDeepMinBlocks * bs.kc;
+    deep = g.packed_b != nullptr && !a_in_place && g.M >= kDeepMinRows && g.K % bs.kc == 0 && g.K >= kDeepMinBlocks * bs.kc;
   }
 };
 

@@ -171,6 +171,17 @@ Sizes check(const ConstTensorView& q, const ConstTensorView& k, const ConstTenso
   return z;
 }
 
+// C = A B + accumulate C (A M x Kd, row-major, rows lda apart; B columns b_col .. b_col + N - 1 of
+// a pre-packed B) on the calling thread: a (batch, value head)'s products are one thread's work.
+// The product prefetches `next`'s lines as it goes.
+void product(std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, std::int64_t lda, const detail::PackedB<float>* B,
+             std::int64_t b_col, float* C, std::int64_t ldc, float accumulate, detail::NextRows* next) {
+  detail::GemmArgs<float> args;
+  args.M = M, args.N = N, args.K = Kd, args.A = A, args.lda = lda, args.packed_b = B, args.b_col = b_col;
+  args.beta = accumulate, args.C = C, args.ldc = ldc, args.next = next;
+  detail::gemm(args, 1);
+}
+
 // One (batch, value head): its query and key rows (normalized, q scaled), values, decays and betas
 // read into f32 rows, then the recurrence or the chunks over S [Dk, Dv].
 struct HeadRun {
@@ -211,90 +222,117 @@ struct HeadRun {
   }
 
   // One chunk of n >= 2 steps from state S (updated in place; its queries follow K's n rows): the
-  // products on the GEMM (KS = K S, QS = Q S, KK = K K^T, QK = Q K^T, O += A U, S = e^gamma_last S
-  // + (w K)^T U), the decays e^(gamma_i - gamma_s) as one exp over each row, the forward
-  // substitution row by row (each row's sums in registers). KKQK: [K; Q] K^T. V's rows ldv apart,
-  // O's ldo apart (the call's own arrays where they are f32 rows). work: 2 n Dv + 2 n^2 + n Dk +
-  // max(n^2, n Dk) + n floats.
-  void chunk(std::int64_t n, const float* K, const float* KKQK, const float* V, std::int64_t ldv, const float* gam,
-             const float* bet, float* S, float* U, float* O, std::int64_t ldo, float* work) const {
-    const std::int64_t Dk = z.Dk, Dv = z.Dv;
-    const simd::KernelTable& kt = simd::kernels();
-    const simd::VectorKernels<float>& vec = kt.vec_f32;
-    const simd::DeltaKernels& del = kt.delta;
-    float* KS = work;
+  // products on the GEMM (KS = K S, QS = Q S, O += (masked, weighted QK) U, S = e^gamma_last S + K^T
+  // (w U)), the weights e^(gamma_i - gamma_s) in one vector kernel, the forward substitution row by
+  // row (each row's sums in registers). S and U live in the GEMM's packed layout for A read in
+  // place (neither is ever packed: U is built there, S updated there a panel at a time). KKQK: [K;
+  // Q] K^T, Kt: K^T (row-major, rows ldkt apart), both given (once for the value heads that share
+  // the keys). V's rows ldv apart, O's ldo apart (the call's own arrays where they are f32 rows).
+  // work: 2 n Dv + 2 n^2 + 2 n floats. The products prefetch `next`'s lines as they go.
+  void chunk(std::int64_t n, const float* K, const float* KKQK, const float* Kt, std::int64_t ldkt, const float* V,
+             std::int64_t ldv, const float* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
+             float* O, std::int64_t ldo, float* work, detail::NextRows* next) const {
+    const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = U.nr;
+    const simd::DeltaKernels& del = simd::kernels().delta;
+    float* KS = work;  // then QS
     float* QS = KS + n * Dv;
-    float* QK = QS + n * Dv;
-    float* E = QK + n * n;  // E[i, s] = e^(gamma_i - gamma_s), s <= i
-    float* Kw = E + n * n;
-    float* Ks = Kw + n * Dk;  // the substitution's A [n, n], then the keys scaled by e^(gamma_last - gamma_s) [n, Dk]
-    float* eg = Ks + std::max(n * n, n * Dk);  // e^gamma_i
-    auto mm = [](std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, std::int64_t lda, detail::Trans ta,
-                 const float* B, std::int64_t ldb, detail::Trans tb, float* C, std::int64_t ldc, float accumulate) {
-      detail::GemmArgs<float> args;
-      args.trans_a = ta, args.trans_b = tb, args.M = M, args.N = N, args.K = Kd;
-      args.A = A, args.lda = lda, args.B = B, args.ldb = ldb, args.beta = accumulate, args.C = C, args.ldc = ldc;
-      detail::gemm(args, 1);  // one thread: this (batch, value head) is one thread's work
-    };
-    using detail::Trans;
-    // [K; Q] (Q right after K's n rows) times S: KS then QS; KK then QK given (one product for the
-    // value heads that share the keys), QK copied to be masked
-    mm(2 * n, Dv, Dk, K, Dk, Trans::N, S, Dv, Trans::N, KS, Dv, 0.0f);
-    const float* KK = KKQK;
-    std::copy_n(KKQK + n * n, n * n, QK);
-    vec.exp(gam, eg, n);
-    for (std::int64_t i = 0; i < n; ++i) {
-      float* e = E + i * n;
-      for (std::int64_t s = 0; s <= i; ++s) e[s] = gam[i] - gam[s];
-      vec.exp(e, e, i + 1);
-    }
+    float* QK = QS + n * Dv;  // masked and weighted
+    float* A = QK + n * n;    // the substitution's
+    float* eg = A + n * n;    // e^gamma_i
+    float* last = eg + n;     // e^(gamma_last - gamma_s)
+    U.K = n;  // (its panels n rows deep)
+    // [K; Q] (Q right after K's n rows) times S: KS then QS
+    product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
     // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - sum_{s < i} A[i, s] u_s with A[i, s] = beta_i e^(gamma_i -
-    // gamma_s) (k_i . k_s): the right sides, then the forward substitution (each row's sums in registers)
-    float* A = Ks;  // (n x n, before the scaled keys take its room)
-    for (std::int64_t i = 0; i < n; ++i) {
-      float* u = U + i * Dv;
-      const float bi = bet[i];
-      vec.scale_to(V + i * ldv, u, Dv, bi);
-      del.axpy(-bi * eg[i], KS + i * Dv, u, Dv);
-      for (std::int64_t s = 0; s < i; ++s) A[i * n + s] = bi * E[i * n + s] * KK[i * n + s];
+    // gamma_s) (k_i . k_s): the right sides (U's panels nr wide, zeros past Dv), then the forward
+    // substitution panel by panel (each row's sums in registers)
+    del.chunk_weights(n, gam, bet, KKQK, n, KKQK + n * n, n, A, n, QK, n, eg, last);
+    for (std::int64_t j = 0; j < Dv; j += nr) {
+      float* Uj = U.data.data() + j * n;
+      del.right_sides(n, std::min(nr, Dv - j), nr, V + j, ldv, KS + j, Dv, bet, eg, Uj, nr);
+      del.forward_substitute(Uj, nr, n, nr, A, n);
     }
-    del.forward_substitute(U, Dv, n, Dv, A, n);
     // O = diag(e^gamma) QS + (QK .* e^(gamma_i - gamma_s) on s <= i) U
-    for (std::int64_t i = 0; i < n; ++i) {
-      vec.scale_to(QS + i * Dv, O + i * ldo, Dv, eg[i]);
-      float* qk = QK + i * n;
-      const float* e = E + i * n;
-      for (std::int64_t s = 0; s <= i; ++s) qk[s] *= e[s];
-      for (std::int64_t s = i + 1; s < n; ++s) qk[s] = 0.0f;
-    }
-    mm(n, Dv, n, QK, n, Trans::N, U, Dv, Trans::N, O, ldo, 1.0f);
-    // S = e^gamma_last S + (e^(gamma_last - gamma_s) k_s)^T U, the weighted keys written transposed
-    // ([Dk, n]: the product reads them in place)
-    const float* last = E + (n - 1) * n;
-    for (std::int64_t s = 0; s < n; ++s) vec.scale_to(K + s * Dk, Ks + s * Dk, Dk, last[s]);
-    vec.pack_transpose(Ks, Dk, n, Dk, Kw, n, n);
-    mm(Dk, Dv, n, Kw, n, Trans::N, U, Dv, Trans::N, S, Dv, eg[n - 1]);
+    del.scale_rows(QS, Dv, n, Dv, eg, O, ldo);
+    product(n, Dv, n, QK, n, &U, 0, O, ldo, 1.0f, next);
+    // S = e^gamma_last S + K^T (e^(gamma_last - gamma_s) u_s), U's rows weighted in place, S's
+    // panels one product each
+    for (std::int64_t j = 0; j < Dv; j += nr) del.scale_rows(U.data.data() + j * n, nr, n, nr, last, U.data.data() + j * n, nr);
+    for (std::int64_t p = 0; p < Dk; p += S.kc)
+      for (std::int64_t j = 0; j < Dv; j += nr)
+        product(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, Kt + p * ldkt, ldkt, &U, j,
+                const_cast<float*>(S.panel(j, p)), nr, eg[n - 1], next);
+  }
+
+  // One token from state S (packed as chunk()'s): the recurrence in two passes over S, S^T k and
+  // S^T q first; then u = beta (v - e^g S^T k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T
+  // written in the second. sk, sq, u: Dv floats each, and 2 nr of scratch.
+  void token(const float* kr, const float* qr, const float* vr, float gt, float bt, detail::PackedB<float>& S, float* o,
+             float* sk, float* u, float* part) const {
+    const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = S.nr;
+    const simd::DeltaKernels& del = simd::kernels().delta;
+    float* sq = o;
+    for (std::int64_t p = 0; p < Dk; p += S.kc)
+      for (std::int64_t j = 0; j < Dv; j += nr) {
+        const std::int64_t rows = std::min<std::int64_t>(S.kc, Dk - p), w = std::min(nr, Dv - j);
+        if (p == 0) {
+          del.state_dots(S.panel(j, p), rows, w, nr, kr + p, qr + p, sk + j, sq + j);
+          continue;
+        }
+        del.state_dots(S.panel(j, p), rows, w, nr, kr + p, qr + p, part, part + nr);
+        for (std::int64_t e = 0; e < w; ++e) sk[j + e] += part[e], sq[j + e] += part[nr + e];
+      }
+    const float decay = std::exp(gt);
+    one_token(Dk, Dv, kr, qr, vr, decay, bt, sk, sq, u, o);
+    for (std::int64_t p = 0; p < Dk; p += S.kc)
+      for (std::int64_t j = 0; j < Dv; j += nr) {
+        float* P = const_cast<float*>(S.panel(j, p));
+        del.state_update(P, nr, P, nr, std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), decay, kr + p, u + j);
+      }
   }
 
   // A thread's buffers for run(), sized once for its whole range of (batch, key head) groups.
   struct Buffers {
-    std::vector<float> K, KKQK, V, U, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
+    std::vector<float> K, KKQK, V, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
+    std::vector<float> Kw;      // K^T row-major, where Kt's panels are not (run())
+    detail::PackedB<float> U;   // a chunk's U (chunk())
+    detail::PackedB<float> Kt;  // K^T, the B of [K; Q] K^T
     explicit Buffers(const Sizes& z)
         : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), KKQK(static_cast<std::size_t>(2 * kChunk * kChunk)),
-          V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), U(static_cast<std::size_t>(kChunk * z.Dv)),
-          O(U.size()), gam(static_cast<std::size_t>(z.Hv / z.H * kChunk)), bet(gam.size()),
-          tmp(static_cast<std::size_t>(z.Dv)),
-          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + kChunk * z.Dk +
-                                        std::max(kChunk * kChunk, kChunk * z.Dk) + kChunk)) {}
+          V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), O(static_cast<std::size_t>(kChunk * z.Dv)),
+          gam(static_cast<std::size_t>(z.Hv / z.H * kChunk)), bet(gam.size()),
+          work(static_cast<std::size_t>(2 * kChunk * z.Dv + 2 * kChunk * kChunk + 2 * kChunk)),
+          U(detail::packed_b_zeros<float>(kChunk, z.Dv, nullptr, true)),
+          Kt(detail::packed_b_zeros<float>(z.Dk, kChunk, nullptr, true)) {
+      tmp.resize(static_cast<std::size_t>(2 * z.Dv + 2 * U.nr));
+      if (kChunk > Kt.nr || z.Dk > Kt.kc) Kw.resize(static_cast<std::size_t>(kChunk * z.Dk));
+    }
   };
 
+  // The rows of q, k, v and out that run(b, hk, j0, jn, .., c0, ..) reads and writes, to prefetch.
+  void rows_of(detail::NextRows& nx, std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, std::int64_t c0,
+               const TensorView& out) const {
+    const std::int64_t n = std::min(kChunk, z.T - c0), r = z.Hv / z.H;
+    auto add = [&](const void* data, DType t, const std::int64_t* st, std::int64_t h, std::int64_t cols) {
+      const std::int64_t at0 = b * st[0] + c0 * st[1] + h * st[2];
+      if (t == DType::f32) nx.add(static_cast<const float*>(data) + at0, st[1], st[3], n, cols);
+      else nx.add(static_cast<const std::uint16_t*>(data) + at0, st[1], st[3], n, cols);
+    };
+    add(q.data, q.dtype, q.strides.data(), hk, z.Dk);
+    add(k.data, k.dtype, k.strides.data(), hk, z.Dk);
+    for (std::int64_t j = 0; j < jn; ++j) {
+      add(v.data, v.dtype, v.strides.data(), hk * r + j0 + j, z.Dv);
+      add(out.data, out.dtype, out.strides.data(), hk * r + j0 + j, z.Dv);
+    }
+  }
+
   // The chunk from token c0 of value heads hk r + j0 .. + jn - 1 of one (batch, key head) group (r =
-  // Hv / H), states S (jn of [Dk, Dv], one after the other). The chunk's query and key rows are
-  // read, normalized and multiplied ([K; Q] K^T) once for the jn heads.
-  void run(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, float* S, std::int64_t c0,
-           const TensorView& out, Buffers& buf) const {
+  // Hv / H), states S (jn of them, packed as chunk()'s). The chunk's query and key rows are read,
+  // normalized and multiplied ([K; Q] K^T) once for the jn heads. The products prefetch `next`'s
+  // lines (the next chunk's rows) as they go.
+  void run(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, detail::PackedB<float>* S, std::int64_t c0,
+           const TensorView& out, Buffers& buf, detail::NextRows* next) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, r = z.Hv / z.H;
-    float* const U = buf.U.data();
     float* const O = buf.O.data();
     const std::int64_t n = std::min(kChunk, z.T - c0);
     float* Kp = buf.K.data();  // the chunk's keys, then its queries (one operand for the products with S and K^T)
@@ -318,15 +356,25 @@ struct HeadRun {
         buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
       }
     }
+    // K^T, as [K; Q] K^T's packed B (KK then QK) and, where that is one panel and one depth block
+    // (n <= nr, Dk <= kc), row-major (rows nr apart) for the state's update
+    const float* Kt = buf.Kw.data();
+    std::int64_t ldkt = n;
     if (n > 1) {
-      detail::GemmArgs<float> args;  // [K; Q] K^T: KK then QK
-      args.trans_b = detail::Trans::T, args.M = 2 * n, args.N = n, args.K = Dk;
-      args.A = Kp, args.lda = Dk, args.B = Kp, args.ldb = Dk, args.C = buf.KKQK.data(), args.ldc = n;
-      detail::gemm(args, 1);
+      detail::PackedB<float>& P = buf.Kt;
+      P.N = n, P.Np = (n + P.nr - 1) / P.nr * P.nr;
+      const simd::VectorKernels<float>& vec = simd::kernels().vec_f32;
+      for (std::int64_t p = 0; p < Dk; p += P.kc)
+        for (std::int64_t j = 0; j < n; j += P.nr)
+          vec.pack_transpose(Kp + j * Dk + p, Dk, std::min<std::int64_t>(P.nr, n - j), std::min<std::int64_t>(P.kc, Dk - p),
+                             const_cast<float*>(P.panel(j, p)), P.nr, P.nr);
+      product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
+      if (buf.Kw.empty()) Kt = P.data.data(), ldkt = P.nr;
+      else vec.pack_transpose(Kp, Dk, n, Dk, buf.Kw.data(), n, n);
     }
     for (std::int64_t j = 0; j < jn; ++j) {
       const std::int64_t h = hk * r + j0 + j;
-      float* Sj = S + j * Dk * Dv;
+      detail::PackedB<float>& Sj = S[j];
       const std::int64_t ldv = v_rows ? v.strides[1] : Dv, ldo = out_rows ? out.strides[1] : Dv;
       const float* V = v_rows ? static_cast<const float*>(v.data) + b * v.strides[0] + c0 * v.strides[1] + h * v.strides[2]
                               : buf.V.data() + j * kChunk * Dv;
@@ -334,17 +382,10 @@ struct HeadRun {
       const float* gam = buf.gam.data() + j * kChunk;
       const float* bet = buf.bet.data() + j * kChunk;
       if (n == 1) {
-        // the recurrence in two passes over S: S^T k and S^T q first; then u = beta (v - e^g S^T
-        // k), o = e^g S^T q + (k . q) u, and S = e^g S + k u^T written in the second
-        const float decay = std::exp(gam[0]);
-        float* sk = buf.tmp.data();
-        float* sq = O + Dv;  // (O's second row, free when n == 1)
-        const simd::DeltaKernels& del = simd::kernels().delta;
-        del.state_dots(Sj, Dk, Dv, Dv, Kp, Qp, sk, sq);
-        one_token(Dk, Dv, Kp, Qp, V, decay, bet[0], sk, sq, U, O);
-        del.state_update(Sj, Dv, Sj, Dv, Dk, Dv, decay, Kp, U);
+        float* t = buf.tmp.data();
+        token(Kp, Qp, V, gam[0], bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
       } else {
-        chunk(n, Kp, buf.KKQK.data(), V, ldv, gam, bet, Sj, U, Oh, ldo, buf.work.data());
+        chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next);
       }
       for (std::int64_t i = 0; i < n && !out_rows; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
@@ -436,7 +477,7 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
   // A work item: the value heads of one (batch, key head) group, which share the chunks' keys and
   // queries; or, with too few groups to keep the threads busy (two items a thread), a part of one
   // (the same arithmetic either way: the same result at any thread count).
-  const std::int64_t r = z.Hv / z.H, DD = z.Dk * z.Dv;
+  const std::int64_t r = z.Hv / z.H;
   const std::int64_t want = 2 * detail::resolve_threads(options.threads);
   std::int64_t parts = 1;
   while (parts < r && z.B * z.H * parts < want) {
@@ -451,38 +492,44 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
     // strong decays make e^(gamma_i - gamma_s) and the state denormal, each a microcode assist
     // (Qwen3-Next's layer at 4096 tokens: the rule took 8x its time with random weights' g ~ -2)
     const detail::FlushDenormals ftz;
-    std::vector<float> S(static_cast<std::size_t>((i1 - i0) * per * DD));
+    std::vector<detail::PackedB<float>> S;  // the items' states, in the layout of chunk()
+    S.reserve(static_cast<std::size_t>((i1 - i0) * per));
+    for (std::int64_t i = 0; i < (i1 - i0) * per; ++i) S.push_back(detail::packed_b_zeros<float>(z.Dk, z.Dv, nullptr, true));
     HeadRun::Buffers buf(z);
     const ConstTensorView& is = options.initial_state;
     const TensorView& f = options.final_state;
     auto item = [&](std::int64_t i) {
-      return std::tuple{i / (z.H * parts), i / parts % z.H, i % parts * per, S.data() + (i - i0) * per * DD};
+      return std::tuple{i / (z.H * parts), i / parts % z.H, i % parts * per, S.data() + (i - i0) * per};
     };
-    for (std::int64_t i = i0; i < i1; ++i) {
+    // element (d, e) of a packed state
+    auto at_de = [](detail::PackedB<float>& P, std::int64_t d, std::int64_t e) -> float& {
+      return const_cast<float*>(P.panel(e - e % P.nr, d - d % P.kc))[d % P.kc * P.nr + e % P.nr];
+    };
+    for (std::int64_t i = i0; i < i1 && init; ++i) {
       const auto [b, hk, j0, Si] = item(i);
-      for (std::int64_t j = 0; j < per; ++j) {
-        float* Sj = Si + j * DD;
-        if (init) {  // (f32, checked)
-          const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + (hk * r + j0 + j) * is.strides[1];
-          for (std::int64_t d = 0; d < z.Dk; ++d)
-            for (std::int64_t e = 0; e < z.Dv; ++e) Sj[d * z.Dv + e] = p[d * is.strides[2] + e * is.strides[3]];
-        } else {
-          std::fill(Sj, Sj + DD, 0.0f);
-        }
+      for (std::int64_t j = 0; j < per; ++j) {  // (f32, checked)
+        const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + (hk * r + j0 + j) * is.strides[1];
+        for (std::int64_t d = 0; d < z.Dk; ++d)
+          for (std::int64_t e = 0; e < z.Dv; ++e) at_de(Si[j], d, e) = p[d * is.strides[2] + e * is.strides[3]];
       }
     }
+    detail::NextRows next;  // the rows of the item after the one running
     for (std::int64_t c0 = 0; c0 < z.T; c0 += kChunk)
       for (std::int64_t i = i0; i < i1; ++i) {
+        next.clear();
+        if (const std::int64_t c1 = i + 1 < i1 ? c0 : c0 + kChunk; c1 < z.T) {
+          const auto [b1, hk1, j1, S1] = item(i + 1 < i1 ? i + 1 : i0);
+          run.rows_of(next, b1, hk1, j1, per, c1, out);
+        }
         const auto [b, hk, j0, Si] = item(i);
-        run.run(b, hk, j0, per, Si, c0, out, buf);
+        run.run(b, hk, j0, per, Si, c0, out, buf, &next);
       }
     for (std::int64_t i = i0; i < i1 && fin; ++i) {
       const auto [b, hk, j0, Si] = item(i);
       for (std::int64_t j = 0; j < per; ++j) {
-        const float* Sj = Si + j * DD;
         float* p = static_cast<float*>(f.data) + b * f.strides[0] + (hk * r + j0 + j) * f.strides[1];
         for (std::int64_t d = 0; d < z.Dk; ++d)
-          for (std::int64_t e = 0; e < z.Dv; ++e) p[d * f.strides[2] + e * f.strides[3]] = Sj[d * z.Dv + e];
+          for (std::int64_t e = 0; e < z.Dv; ++e) p[d * f.strides[2] + e * f.strides[3]] = at_de(Si[j], d, e);
       }
     }
   });

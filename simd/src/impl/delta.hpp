@@ -2,11 +2,13 @@
 // over a state, the chunk form's axpy, a finiteness test.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 
 #include "impl/batch.hpp"
+#include "impl/softmax/exp.hpp"
 
 namespace simdattn::simd::impl {
 
@@ -75,9 +77,46 @@ void delta_state_update(const float* src, std::int64_t lds, float* dst, std::int
   }
 }
 
+// Columns [j, j + V W) of delta_forward_substitute (the first w of them when Tail, V == 1), rows in
+// pairs: row i's sums and row i + 1's share each load of a row s < i, row i + 1 then adds row i's
+// result last (the order of the single-row loop: the same bits). 2 V FMA chains.
+template <class Arch, int V, bool Tail>
+void delta_forward_pairs(float* U, std::int64_t ldu, std::int64_t n, std::int64_t j, std::int64_t w, const float* A,
+                         std::int64_t lda) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  auto load = [&](const float* p, int v) { return Tail ? load_tail<Arch, float>(p, w, 0.0f) : B::load_unaligned(p + v * W); };
+  auto store = [&](float* p, int v, const B& x) {
+    if constexpr (Tail) store_tail<Arch, float>(p, w, x);
+    else x.store_unaligned(p + v * W);
+  };
+  for (std::int64_t i = 1; i < n; i += 2) {
+    const bool pair = i + 1 < n;
+    float* ui = U + i * ldu + j;
+    float* u2 = ui + ldu;
+    const float* ai = A + i * lda;
+    const float* a2 = ai + lda;
+    B a[V], b[V];
+    for (int v = 0; v < V; ++v) a[v] = load(ui, v), b[v] = pair ? load(u2, v) : B(0.0f);
+    for (std::int64_t s = 0; s < i; ++s) {
+      const B c(-ai[s]), c2(pair ? -a2[s] : 0.0f);
+      const float* us = U + s * ldu + j;
+      for (int v = 0; v < V; ++v) {
+        const B x = load(us, v);
+        a[v] = xsimd::fma(c, x, a[v]);
+        b[v] = xsimd::fma(c2, x, b[v]);
+      }
+    }
+    for (int v = 0; v < V; ++v) store(ui, v, a[v]);
+    if (!pair) break;
+    const B c(-a2[i]);
+    for (int v = 0; v < V; ++v) store(u2, v, xsimd::fma(c, a[v], b[v]));
+  }
+}
+
 // U[i, :cols] -= sum_{s < i} A[i, s] U[s, :cols], rows in order: 8 vectors of columns at a time,
-// row i's 8 sums in registers across the rows before it (8 FMA chains: both FMA pipes busy), the
-// rest 1 vector at a time, the tail with masked lanes.
+// row i's 8 sums in registers across the rows before it (8 FMA chains: both FMA pipes busy); then
+// 4 vectors and 1 (the tail with masked lanes) with two rows at a time (delta_forward_pairs).
 template <class Arch>
 void delta_forward_substitute(float* U, std::int64_t ldu, std::int64_t n, std::int64_t cols, const float* A,
                               std::int64_t lda) {
@@ -97,15 +136,75 @@ void delta_forward_substitute(float* U, std::int64_t ldu, std::int64_t n, std::i
       }
       for (int v = 0; v < 8; ++v) a[v].store_unaligned(ui + v * W);
     }
-  for (; j < cols; j += W) {
-    const std::int64_t w = cols - j < W ? cols - j : W;
-    for (std::int64_t i = 1; i < n; ++i) {
-      float* ui = U + i * ldu + j;
-      B a = load_tail<Arch, float>(ui, w, 0.0f);
-      const float* ai = A + i * lda;
-      for (std::int64_t s = 0; s < i; ++s) a = xsimd::fma(B(-ai[s]), load_tail<Arch, float>(U + s * ldu + j, w, 0.0f), a);
-      store_tail<Arch, float>(ui, w, a);
+  for (; j + 4 * W <= cols; j += 4 * W) delta_forward_pairs<Arch, 4, false>(U, ldu, n, j, 4 * W, A, lda);
+  for (; j < cols; j += W) delta_forward_pairs<Arch, 1, true>(U, ldu, n, j, std::min<std::int64_t>(W, cols - j), A, lda);
+}
+
+// The chunk form's weights from its cumulative log decays (DeltaKernels::chunk_weights): row i's
+// e^(gamma_i - gamma_s) a vector of s at a time (lanes s > i computed, then dropped).
+template <class Arch>
+void delta_chunk_weights(std::int64_t n, const float* gam, const float* beta, const float* KK, std::int64_t ldk,
+                         const float* QK, std::int64_t ldq, float* A, std::int64_t lda, float* QKm, std::int64_t ldm,
+                         float* eg, float* last) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  for (std::int64_t s0 = 0; s0 < n; s0 += W) {
+    const std::int64_t w = std::min(W, n - s0);
+    store_tail<Arch, float>(eg + s0, w, exp_batch<Arch, float>(load_tail<Arch, float>(gam + s0, w, 0.0f)));
+  }
+  for (std::int64_t i = 0; i < n; ++i) {
+    const B gi(gam[i]), bi(beta[i]);
+    for (std::int64_t s0 = 0; s0 < n; s0 += W) {
+      const std::int64_t w = std::min(W, n - s0);
+      float* qm = QKm + i * ldm + s0;
+      if (s0 > i) {
+        store_tail<Arch, float>(qm, w, B(0.0f));
+        continue;
+      }
+      const B e = exp_batch<Arch, float>(gi - load_tail<Arch, float>(gam + s0, w, 0.0f));
+      if (const std::int64_t na = std::min(w, i - s0); na > 0)
+        store_tail<Arch, float>(A + i * lda + s0, na, (bi * e) * load_tail<Arch, float>(KK + i * ldk + s0, na, 0.0f));
+      store_tail<Arch, float>(qm, w, blend_tail<Arch, float>(load_tail<Arch, float>(QK + i * ldq + s0, w, 0.0f) * e, std::min(w, i - s0 + 1), 0.0f));
+      if (i == n - 1) store_tail<Arch, float>(last + s0, w, e);
     }
+  }
+}
+
+// y[r, :cols] = f[r] x[r, :cols] for r < rows (DeltaKernels::scale_rows).
+template <class Arch>
+void delta_scale_rows(const float* x, std::int64_t ldx, std::int64_t rows, std::int64_t cols, const float* f, float* y,
+                      std::int64_t ldy) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * ldx;
+    float* yr = y + r * ldy;
+    const B a(f[r]);
+    std::int64_t j = 0;
+    for (; j + W <= cols; j += W) (B::load_unaligned(xr + j) * a).store_unaligned(yr + j);
+    if (j < cols) store_tail<Arch, float>(yr + j, cols - j, load_tail<Arch, float>(xr + j, cols - j, 0.0f) * a);
+  }
+}
+
+// The chunk form's right sides (DeltaKernels::right_sides).
+template <class Arch>
+void delta_right_sides(std::int64_t n, std::int64_t cols, std::int64_t width, const float* V, std::int64_t ldv,
+                       const float* KS, std::int64_t ldks, const float* beta, const float* eg, float* U, std::int64_t ldu) {
+  using B = batch<float, Arch>;
+  constexpr std::int64_t W = B::size;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const float* v = V + i * ldv;
+    const float* ks = KS + i * ldks;
+    float* u = U + i * ldu;
+    const B b(beta[i]), c(-beta[i] * eg[i]);
+    std::int64_t j = 0;
+    for (; j + W <= cols; j += W)
+      xsimd::fma(c, B::load_unaligned(ks + j), B::load_unaligned(v + j) * b).store_unaligned(u + j);
+    if (j < cols) {
+      const std::int64_t w = cols - j;
+      store_tail<Arch, float>(u + j, w, xsimd::fma(c, load_tail<Arch, float>(ks + j, w, 0.0f), load_tail<Arch, float>(v + j, w, 0.0f) * b));
+    }
+    for (std::int64_t e = cols; e < width; ++e) u[e] = 0.0f;
   }
 }
 

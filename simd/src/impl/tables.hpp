@@ -186,7 +186,10 @@ KernelTable make_kernel_table(Isa isa) {
                     .state_update = &delta_state_update<Arch>,
                     .all_finite = &delta_all_finite<Arch>,
                     .forward_substitute = &delta_forward_substitute<Arch>,
-                    .scale_row = &delta_scale_row<Arch>},
+                    .scale_row = &delta_scale_row<Arch>,
+                    .chunk_weights = &delta_chunk_weights<Arch>,
+                    .scale_rows = &delta_scale_rows<Arch>,
+                    .right_sides = &delta_right_sides<Arch>},
           .states = {.merge_rows = &merge_pair_rows<Arch>}};
 }
 
