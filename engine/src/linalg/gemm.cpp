@@ -28,21 +28,25 @@ void fill_c_rows(GemmArgs<T>& g) {
 template <class T>
 void gemm(const GemmArgs<T>& args, int threads, const simd::KernelTable* kt) {
   if (args.M <= 0 || args.N <= 0) return;
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  const simd::GemmKernels<T>& gk = table.template gemm<T>();
+  if (const PackedB<T>* pb = args.packed_b) {  // an internal contract: a misuse is a bug here
+    const simd::GemmBlocking& bs = pb->a_in_place ? gk.blocking_a_in_place : gk.blocking;
+    if (pb->nr != bs.nr || pb->kc != bs.kc || pb->K != args.K || args.b_col % pb->nr != 0 || args.b_col < 0 ||
+        args.b_col + args.N > pb->N || (pb->a_in_place && args.trans_a != Trans::N))
+      throw std::logic_error("gemm: the pre-packed B does not match this call or ISA");
+    // one thread over a B pre-packed for the in-place-A kernel: straight to its tiles, the
+    // arguments read where they are (a copy of them, just written, stalls on store forwarding)
+    if (threads == 1 && pb->a_in_place && args.M > 1 && args.K > 0 && args.alpha != T(0) && args.c_row == nullptr)
+      return gemm_prepacked_in_place(args, gk, Mode<T>(args, gk, 1));
+  }
   GemmArgs<T> g = args;
   if (g.K <= 0 || g.alpha == T(0)) {
     if (g.c_row != nullptr) fill_c_rows(g);
     else scale_c(g);
     return;
   }
-  const simd::KernelTable& table = kt ? *kt : simd::kernels();
-  const simd::GemmKernels<T>& gk = table.template gemm<T>();
   const simd::VectorKernels<T>& vk = table.template vec<T>();
-  if (const PackedB<T>* pb = g.packed_b) {  // an internal contract: a misuse is a bug here
-    const simd::GemmBlocking& bs = pb->a_in_place ? gk.blocking_a_in_place : gk.blocking;
-    if (pb->nr != bs.nr || pb->kc != bs.kc || pb->K != g.K || g.b_col % pb->nr != 0 || g.b_col < 0 ||
-        g.b_col + g.N > pb->N || (pb->a_in_place && g.trans_a != Trans::N))
-      throw std::logic_error("gemm: the pre-packed B does not match this call or ISA");
-  }
   if (g.M == 1) {
     if (g.c_row != nullptr) fill_c_rows(g);
     gemv(g, gk, threads);
@@ -53,7 +57,6 @@ void gemm(const GemmArgs<T>& args, int threads, const simd::KernelTable* kt) {
                               : static_cast<int>(std::clamp<double>(
                                     std::min<double>(resolve_threads(threads), flops / kMinFlopsPerThread), 1.0, 1e6));
   const Mode<T> mode(g, gk, nt);
-  if (nt == 1 && mode.a_in_place && g.packed_b != nullptr && g.c_row == nullptr) return gemm_prepacked_in_place(g, gk, mode);
   if (nt > 1) g.next = nullptr;  // (one thread's lines)
   if (g.c_row != nullptr && !mode.deep) fill_c_rows(g);  // (deep mode fills them tile row by tile row)
   // Below 8 row tiles per thread a row split is lumpy (128 rows = 11 tiles: 6 + 5); columns
