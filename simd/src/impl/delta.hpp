@@ -1,5 +1,6 @@
 // The gated delta rule's vector kernels (DeltaKernels, kernels.hpp): a decode step's two passes
-// over a state, the chunk form's axpy, a finiteness test.
+// over a state, the chunk form's weights, right sides, substitution and row scalings, a finiteness
+// test.
 #pragma once
 
 #include <algorithm>
@@ -11,17 +12,6 @@
 #include "impl/softmax/exp.hpp"
 
 namespace simdattn::simd::impl {
-
-// y[j] += a x[j].
-template <class Arch>
-void delta_axpy(float a, const float* x, float* y, std::int64_t n) {
-  using B = batch<float, Arch>;
-  constexpr std::int64_t W = B::size;
-  const B va(a);
-  std::int64_t j = 0;
-  for (; j + W <= n; j += W) xsimd::fma(va, B::load_unaligned(x + j), B::load_unaligned(y + j)).store_unaligned(y + j);
-  for (; j < n; ++j) y[j] += a * x[j];
-}
 
 // sk = S^T k and sq = S^T q of S [rows, cols] (row stride ld), in one pass: 4 vectors of columns
 // at a time, their 8 sums in registers down the rows.

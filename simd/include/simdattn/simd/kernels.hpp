@@ -201,8 +201,6 @@ struct VectorKernels {
 
 // The gated delta rule's f32 kernels (engine/src/linear_attention/gated_delta.cpp).
 struct DeltaKernels {
-  // y[j] += a x[j], j < n (the chunk form's forward substitution).
-  void (*axpy)(float a, const float* x, float* y, std::int64_t n);
   // A decode step's first pass over a state S [rows, cols] (row stride ld): sk = S^T k, sq = S^T q.
   void (*state_dots)(const float* S, std::int64_t rows, std::int64_t cols, std::int64_t ld, const float* k,
                      const float* q, float* sk, float* sq);
