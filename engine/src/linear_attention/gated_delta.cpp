@@ -38,7 +38,7 @@ using detail::shape_str;
 
 // Tokens a chunk. The state's products cost the same at any chunk size while the within-chunk ones
 // (the forward substitution, the masked (Q K^T) U, [K; Q] K^T) grow with it: 32 measured faster
-// than 64 (flash-linear-attention's and SGLang's choice) on gdr-prefill8k, 16 no faster
+// than 48 and 64 (flash-linear-attention's and SGLang's choice) on gdr-prefill8k, 16 no faster
 // (docs/linear-attention.md).
 constexpr std::int64_t kChunk = 32;
 
