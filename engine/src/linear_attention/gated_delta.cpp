@@ -1,5 +1,5 @@
-// The gated delta rule (simdattn/linear.hpp): checks, the recurrence (T = 1) and the chunked WY /
-// UT form, each (batch, value head) on one thread.
+// The gated delta rule (simdattn/linear.hpp): the recurrence (T = 1) and the chunked WY / UT form,
+// each (batch, value head) on one thread (its checks: gated_delta_checks.cpp).
 //
 // Chunk form. Within a chunk of n steps from state S0, with gamma_t = g_0 + .. + g_t (the chunk's
 // cumulative log decay), the recurrence unrolls to
@@ -10,20 +10,18 @@
 // UT transform of the WY representation), and the chunk's end state is e^gamma_last S0 +
 // sum_s e^(gamma_last - gamma_s) k_s u_s^T. Every exponent is <= 0 (g <= 0).
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
-#include <string>
 #include <tuple>
 #include <vector>
 
 #include "core/element.hpp"
 #include "core/fp_env.hpp"
-#include "core/text.hpp"
 #include "core/problem.hpp"
 #include "core/validate/validate.hpp"
 #include "linalg/gemm.hpp"
+#include "linear_attention/gated_delta.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
 #include "simdattn/simd/kernels.hpp"
@@ -33,8 +31,7 @@
 namespace simdattn {
 namespace {
 
-using detail::num;
-using detail::shape_str;
+using Sizes = detail::GdrSizes;
 
 // Tokens a chunk. The state's products cost the same at any chunk size while the within-chunk ones
 // (the forward substitution, the masked (Q K^T) U, [K; Q] K^T) grow with it: 32 measured faster
@@ -42,134 +39,6 @@ using detail::shape_str;
 // (docs/linear-attention.md).
 constexpr std::int64_t kChunk = 32;
 
-bool float_dtype(DType t) { return t == DType::f32 || t == DType::bf16 || t == DType::f16; }
-
-// Element (i0, i1, i2, i3) of a view, widened to float.
-float at(const ConstTensorView& v, std::int64_t i0, std::int64_t i1, std::int64_t i2, std::int64_t i3) {
-  return static_cast<float>(
-      detail::widen_at(v.data, v.dtype, i0 * v.strides[0] + i1 * v.strides[1] + i2 * v.strides[2] + i3 * v.strides[3]));
-}
-
-// Every element of v finite, else Error(name) naming the first that is not: a vectorized test of
-// each contiguous f32 row (of each whole [c, d] block when it is contiguous) over the threads,
-// then, only when one failed, a scan for the first.
-void check_finite(const ConstTensorView& v, const char* name, int threads) {
-  const Shape4& s = v.shape;
-  const std::int64_t n01 = s[0] * s[1];
-  if (n01 == 0 || s[2] == 0 || s[3] == 0) return;
-  const simd::DeltaKernels& kern = simd::kernels().delta;
-  auto block_ok = [&](std::int64_t a, std::int64_t b) {
-    if ((v.dtype == DType::bf16 || v.dtype == DType::f16) && v.strides[3] == 1) {  // all-ones exponents
-      const std::uint16_t mask = v.dtype == DType::bf16 ? 0x7f80 : 0x7c00;
-      const auto* base = static_cast<const std::uint16_t*>(v.data) + a * v.strides[0] + b * v.strides[1];
-      unsigned bad = 0;
-      for (std::int64_t c = 0; c < s[2]; ++c) {
-        const std::uint16_t* row = base + c * v.strides[2];
-        for (std::int64_t d = 0; d < s[3]; ++d) bad |= static_cast<unsigned>((row[d] & mask) == mask);
-      }
-      return bad == 0;
-    }
-    const bool f32_rows = v.dtype == DType::f32 && v.strides[3] == 1;
-    if (f32_rows) {
-      const float* base = static_cast<const float*>(v.data) + a * v.strides[0] + b * v.strides[1];
-      if (v.strides[2] == s[3]) return kern.all_finite(base, s[2] * s[3]);
-      for (std::int64_t c = 0; c < s[2]; ++c)
-        if (!kern.all_finite(base + c * v.strides[2], s[3])) return false;
-      return true;
-    }
-    for (std::int64_t c = 0; c < s[2]; ++c)
-      for (std::int64_t d = 0; d < s[3]; ++d)
-        if (!std::isfinite(at(v, a, b, c, d))) return false;
-    return true;
-  };
-  std::atomic<bool> bad{false};
-  detail::parallel_for(n01, threads, std::max<std::int64_t>(1, 32768 / (s[2] * s[3])), [&](std::int64_t i0, std::int64_t i1) {
-    for (std::int64_t i = i0; i < i1 && !bad.load(std::memory_order_relaxed); ++i)
-      if (!block_ok(i / s[1], i % s[1])) bad.store(true, std::memory_order_relaxed);
-  });
-  if (!bad.load()) return;
-  for (std::int64_t a = 0; a < s[0]; ++a)
-    for (std::int64_t b = 0; b < s[1]; ++b)
-      for (std::int64_t c = 0; c < s[2]; ++c)
-        for (std::int64_t d = 0; d < s[3]; ++d)
-          if (!std::isfinite(at(v, a, b, c, d)))
-            throw Error(name, "holds a NaN or an infinity at [" + num(a) + ", " + num(b) + ", " + num(c) + ", " + num(d) + "]");
-}
-
-struct Sizes {
-  std::int64_t B, T, H, Hv, Dk, Dv;
-};
-
-Sizes check(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
-            const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& o) {
-  detail::check_isa();
-  for (const auto& [view, name] : {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}})
-    if (!float_dtype(view->dtype))
-      throw Error(name, "dtype must be f32, bf16 or f16, got " + std::string(dtype_name(view->dtype)));
-  if (k.dtype != q.dtype || v.dtype != q.dtype)
-    throw Error(k.dtype != q.dtype ? "k" : "v", "dtype differs from q's " + std::string(dtype_name(q.dtype)));
-  const Shape4& qs = q.shape;
-  const Sizes z{qs[0], qs[1], qs[2], v.shape[2], qs[3], v.shape[3]};
-  if (z.B < 1 || z.T < 0 || z.H < 1 || z.Dk < 1) throw Error("q", "expected [B >= 1, T, H >= 1, Dk >= 1], got " + shape_str(qs));
-  if (k.shape != qs) throw Error("k", "expected q's shape " + shape_str(qs) + ", got " + shape_str(k.shape));
-  if (v.shape[0] != z.B || v.shape[1] != z.T || z.Hv < 1 || z.Hv % z.H != 0 || z.Dv < 1)
-    throw Error("v", "expected [B, T, Hv, Dv] with B = " + num(z.B) + ", T = " + num(z.T) + ", Hv a multiple of H = " +
-                         num(z.H) + ", got " + shape_str(v.shape));
-  const Shape4 gs{z.B, z.T, z.Hv, 1};
-  for (const auto& [view, name] : {std::pair{&g, "g"}, std::pair{&beta, "beta"}}) {
-    if (!float_dtype(view->dtype))
-      throw Error(name, "dtype must be f32, bf16 or f16, got " + std::string(dtype_name(view->dtype)));
-    if (view->shape != gs) throw Error(name, "expected [B, T, Hv, 1] = " + shape_str(gs) + ", got " + shape_str(view->shape));
-  }
-  const Shape4 os{z.B, z.T, z.Hv, z.Dv};
-  if (out.dtype != q.dtype) throw Error("out", "dtype must be q's " + std::string(dtype_name(q.dtype)));
-  if (out.shape != os) throw Error("out", "expected [B, T, Hv, Dv] = " + shape_str(os) + ", got " + shape_str(out.shape));
-  if (o.scale && !(std::isfinite(*o.scale) && *o.scale > 0.0))
-    throw Error("options.scale", "must be finite and > 0, got " + std::to_string(*o.scale));
-  const Shape4 ss{z.B, z.Hv, z.Dk, z.Dv};
-  if (detail::view_given(o.initial_state)) {
-    if (o.initial_state.dtype != DType::f32)
-      throw Error("options.initial_state", "dtype must be f32, got " + std::string(dtype_name(o.initial_state.dtype)));
-    if (o.initial_state.shape != ss)
-      throw Error("options.initial_state", "expected [B, Hv, Dk, Dv] = " + shape_str(ss) + ", got " + shape_str(o.initial_state.shape));
-  }
-  if (detail::view_given(o.final_state)) {
-    if (o.final_state.dtype != DType::f32)
-      throw Error("options.final_state", "dtype must be f32, got " + std::string(dtype_name(o.final_state.dtype)));
-    if (o.final_state.shape != ss)
-      throw Error("options.final_state", "expected [B, Hv, Dk, Dv] = " + shape_str(ss) + ", got " + shape_str(o.final_state.shape));
-  }
-  // every input's bytes countable; the outputs clear of every input and of each other
-  const detail::Span so = detail::byte_span("out", out.data, out.dtype, out.shape, out.strides);
-  detail::check_no_self_overlap("out", out.shape, out.strides);
-  std::vector<std::pair<const char*, detail::Span>> inputs = {{"q", detail::byte_span("q", q)}, {"k", detail::byte_span("k", k)},
-                                                              {"v", detail::byte_span("v", v)}, {"g", detail::byte_span("g", g)},
-                                                              {"beta", detail::byte_span("beta", beta)}};
-  if (detail::view_given(o.initial_state)) inputs.push_back({"options.initial_state", detail::byte_span("options.initial_state", o.initial_state)});
-  for (const auto& [name, span] : inputs)
-    if (detail::overlaps(so, span)) throw Error("out", std::string("memory overlaps ") + name);
-  if (detail::view_given(o.final_state)) {
-    const TensorView& f = o.final_state;
-    const detail::Span sf = detail::byte_span("options.final_state", f.data, f.dtype, f.shape, f.strides);
-    detail::check_no_self_overlap("options.final_state", f.shape, f.strides);
-    if (detail::overlaps(sf, so)) throw Error("options.final_state", "memory overlaps out");
-    for (const auto& [name, span] : inputs)
-      if (std::string(name) != "options.initial_state" && detail::overlaps(sf, span))
-        throw Error("options.final_state", std::string("memory overlaps ") + name);
-  }
-  // values: finite inputs, g <= 0
-  const int th = o.threads;
-  check_finite(q, "q", th), check_finite(k, "k", th), check_finite(v, "v", th), check_finite(beta, "beta", th);
-  check_finite(g, "g", th);
-  for (std::int64_t b = 0; b < z.B; ++b)
-    for (std::int64_t t = 0; t < z.T; ++t)
-      for (std::int64_t h = 0; h < z.Hv; ++h)
-        if (at(g, b, t, h, 0) > 0.0f)
-          throw Error("g", "must be <= 0 (the log of a decay), got " + std::to_string(at(g, b, t, h, 0)) + " at [" + num(b) + ", " +
-                               num(t) + ", " + num(h) + "]");
-  if (detail::view_given(o.initial_state)) check_finite(o.initial_state, "options.initial_state", th);
-  return z;
-}
 
 // C = A B + accumulate C (A M x Kd, row-major, rows lda apart; B columns b_col .. b_col + N - 1 of
 // a pre-packed B) on the calling thread: a (batch, value head)'s products are one thread's work.
@@ -203,7 +72,7 @@ struct HeadRun {
     } else if (x.strides[3] == 1) {  // bf16, f16: a row widened by the SIMD kernel
       (x.dtype == DType::bf16 ? kt.convert_bf16 : kt.convert_f16).widen(static_cast<const std::uint16_t*>(x.data) + at0, dst, n);
     } else {
-      for (std::int64_t d = 0; d < n; ++d) dst[d] = at(x, b, t, h, d);
+      for (std::int64_t d = 0; d < n; ++d) dst[d] = detail::gdr_at(x, b, t, h, d);
     }
     if (norm || mult != 1.0f) kt.delta.scale_row(src, dst, n, mult, 1e-6f, norm);
     else if (src != dst) std::copy_n(src, n, dst);
@@ -351,9 +220,9 @@ struct HeadRun {
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
         if (!v_rows) row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
-        acc += at(g, b, t, h, 0);
+        acc += detail::gdr_at(g, b, t, h, 0);
         buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
-        buf.bet[static_cast<std::size_t>(j * kChunk + i)] = at(beta, b, t, h, 0);
+        buf.bet[static_cast<std::size_t>(j * kChunk + i)] = detail::gdr_at(beta, b, t, h, 0);
       }
     }
     // K^T, as [K; Q] K^T's packed B (KK then QK) and, where that is one panel and one depth block
@@ -425,7 +294,7 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
       run.row(run.q, b, 0, hq, Dk, q.data(), run.l2, run.scale);
       run.row(run.k, b, 0, hq, Dk, k.data(), run.l2, 1.0f);
       run.row(run.v, b, 0, h, Dv, v.data(), false, 1.0f);
-      const float decay = std::exp(at(run.g, b, 0, h, 0)), beta = at(run.beta, b, 0, h, 0);
+      const float decay = std::exp(detail::gdr_at(run.g, b, 0, h, 0)), beta = detail::gdr_at(run.beta, b, 0, h, 0);
       std::fill(sk.begin(), sk.end(), 0.0f);
       std::fill(sq.begin(), sq.end(), 0.0f);
       const float* s0 = init ? static_cast<const float*>(is.data) + b * is.strides[0] + h * is.strides[1] : nullptr;
@@ -469,7 +338,7 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
 void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
                       const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& options) {
   const detail::CallScope in_use;
-  const Sizes z = check(q, k, v, g, beta, out, options);
+  const Sizes z = detail::check_gated_delta(q, k, v, g, beta, out, options);
   const float scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(z.Dk)));
   const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
