@@ -299,6 +299,34 @@ TEST_CASE("gemm: c_row starts every row of C as the given row, in every mode, ev
   }
 }
 
+namespace {
+
+// gemm over the columns [col, Ntot) of a B pre-packed (for the packed kernels, or for the
+// in-place-A kernel) equals the naive product of those columns, bit for bit.
+bool prepacked_matches_naive(std::mt19937_64& rng, const simd::KernelTable* kt, std::int64_t M, std::int64_t Ntot,
+                             std::int64_t K, std::int64_t col, int threads, float beta, bool a_in_place) {
+  Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, Ntot, K, 3, 1.f, beta);
+  const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, Ntot, kt, a_in_place);
+  if (a_in_place) CHECK(pb.a_in_place);
+  Problem<float> q = p;  // the naive product of the columns [col, Ntot) of B
+  q.g.N = Ntot - col;
+  q.g.B = p.b.data() + col;
+  q.g.A = p.a.data(), q.g.C = q.c.data();
+  const std::vector<float> want = naive(q);
+  GemmArgs<float> g = q.g;
+  g.B = nullptr;
+  g.packed_b = &pb, g.b_col = col;
+  std::vector<float> c = q.c;
+  g.C = c.data();
+  detail::gemm(g, threads, kt);
+  for (std::int64_t i = 0; i < M; ++i)
+    for (std::int64_t j = 0; j < g.N; ++j)
+      if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)])) return false;
+  return true;
+}
+
+}  // namespace
+
 TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every ISA, 1 and 2 threads") {
   std::mt19937_64 rng(test::base_seed() + 91);
   for (const simd::KernelTable* kt : test::kernel_tables()) {
@@ -315,28 +343,10 @@ TEST_CASE("gemm with a pre-packed B: column ranges, depth blocks, M = 1, every I
       // the whole matrix and a range of panels starting at panel 1
       for (std::int64_t col : {std::int64_t{0}, nr}) {
         if (col >= Ntot) continue;
-        const std::int64_t N = col == 0 ? Ntot : Ntot - col;
+        const std::int64_t N = Ntot - col;
         for (int threads : {1, 2})
           for (float beta : {0.f, 1.f}) {
-            Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, Ntot, K, 3, 1.f, beta);
-            const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, Ntot, kt);
-            // the naive product of the columns [col, col + N) of B
-            Problem<float> q = p;
-            q.g.N = N;
-            q.g.B = p.b.data() + col;
-            q.g.A = p.a.data(), q.g.C = q.c.data();
-            const std::vector<float> want = naive(q);
-            GemmArgs<float> g = q.g;
-            g.B = nullptr;
-            g.packed_b = &pb, g.b_col = col;
-            std::vector<float> c = q.c;
-            g.C = c.data();
-            detail::gemm(g, threads, kt);
-            bool same = true;
-            for (std::int64_t i = 0; i < M; ++i)
-              for (std::int64_t j = 0; j < N; ++j)
-                if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)]))
-                  same = false;
+            const bool same = prepacked_matches_naive(rng, kt, M, Ntot, K, col, threads, beta, false);
             CAPTURE(simd::isa_name(kt->isa));
             CAPTURE_VALUE(M);
             CAPTURE_VALUE(N);
@@ -380,24 +390,7 @@ TEST_CASE("gemm with a B pre-packed for the in-place-A kernel: any width, column
         const std::int64_t N = Ntot - col;
         for (int threads : {1, 2})
           for (float beta : {0.f, 1.f}) {
-            Problem<float> p = make<float>(rng, Trans::N, Trans::N, M, Ntot, K, 3, 1.f, beta);
-            const detail::PackedB<float> pb = detail::pack_matrix_b(p.b.data(), p.g.ldb, K, Ntot, kt, true);
-            CHECK(pb.a_in_place);
-            Problem<float> q = p;
-            q.g.N = N;
-            q.g.B = p.b.data() + col;
-            q.g.A = p.a.data(), q.g.C = q.c.data();
-            const std::vector<float> want = naive(q);
-            GemmArgs<float> g = q.g;
-            g.B = nullptr;
-            g.packed_b = &pb, g.b_col = col;
-            std::vector<float> c = q.c;
-            g.C = c.data();
-            detail::gemm(g, threads, kt);
-            bool same = true;
-            for (std::int64_t i = 0; i < M; ++i)
-              for (std::int64_t j = 0; j < N; ++j)
-                if (!(c[static_cast<std::size_t>(i * g.ldc + j)] == want[static_cast<std::size_t>(i * g.ldc + j)])) same = false;
+            const bool same = prepacked_matches_naive(rng, kt, M, Ntot, K, col, threads, beta, true);
             CAPTURE_VALUE(M);
             CAPTURE_VALUE(N);
             CAPTURE_VALUE(K);

@@ -106,12 +106,11 @@ PackedB<T> pack_matrix_b(const T* B, std::int64_t ldb, std::int64_t K, std::int6
                          bool a_in_place) {
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
   PackedB<T> pb = packed_b_zeros<T>(K, N, &table, a_in_place);
-  const std::int64_t nr = pb.nr, kc = pb.kc;
   GemmArgs<T> g;  // B as the driver packs it: each depth block's panels back to back
   g.B = B, g.ldb = ldb;
-  for (std::int64_t p = 0; p < K; p += kc)
-    pack_b(g, table.template vec<T>(), p, std::min<std::int64_t>(kc, K - p), 0, N, static_cast<int>(nr),
-           const_cast<T*>(pb.panel(0, p)), 0, pb.Np / nr);
+  for (std::int64_t p = 0; p < K; p += pb.kc)
+    pack_b(g, table.template vec<T>(), p, std::min<std::int64_t>(pb.kc, K - p), 0, N, pb.nr, const_cast<T*>(pb.panel(0, p)),
+           0, pb.Np / pb.nr);
   return pb;
 }
 

@@ -39,7 +39,6 @@ using Sizes = detail::GdrSizes;
 // (docs/linear-attention.md).
 constexpr std::int64_t kChunk = 32;
 
-
 // C = A B + accumulate C (A M x Kd, row-major, rows lda apart; B columns b_col .. b_col + N - 1 of
 // a pre-packed B) on the calling thread: a (batch, value head)'s products are one thread's work.
 // The product prefetches `next`'s lines as it goes.
