@@ -11,6 +11,9 @@
 //     rule's chunk form
 //   linear/native/gdn-core4k(.bf16)/t2: the layer's gated delta rule alone at those shapes (the
 //     conv's output as q, k, v): its time over gdn-layer4k's is the core's share of the layer
+//   linear/native/gdn-core4k.bf16-widened/t2: the same bf16 inputs with the chunks' products on
+//     the f32 kernels (widened), where gdn-core4k.bf16 takes the bf16 pair kernels (on the CPUs
+//     that prefer them: simd::bf16_pairs_preferred): the two are the choice's measure
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
@@ -20,6 +23,7 @@
 #include <vector>
 
 #include "core/element.hpp"
+#include "linear_attention/gated_delta.hpp"
 #include "perf_util.hpp"
 #include "simdattn/simdattn.hpp"
 
@@ -122,7 +126,7 @@ void bench_layer(benchmark::State& state, int threads) {
 }
 
 template <class T>
-void bench_core(benchmark::State& state, int threads) {
+void bench_core(benchmark::State& state, int threads, simdattn::detail::GdrProducts products) {
   // q, k, v read from one row of the conv's output a token, as the layer passes them
   static std::vector<T> qkv = [] {
     std::mt19937 rng(4);
@@ -143,8 +147,8 @@ void bench_core(benchmark::State& state, int threads) {
   o.use_qk_l2norm = true;
   o.threads = threads;
   simdattn::perf::timed_loop(state, kRuleFlopsPerToken * kPrompt, "GFLOP/s", [&] {
-    simdattn::gated_delta_rule(
-        simdattn::ConstTensorView(qkv.data(), dt, {1, kPrompt, kH, kD}, {0, cd, kD, 1}),
+    simdattn::detail::gated_delta_rule_on(
+        products, simdattn::ConstTensorView(qkv.data(), dt, {1, kPrompt, kH, kD}, {0, cd, kD, 1}),
         simdattn::ConstTensorView(qkv.data() + kH * kD, dt, {1, kPrompt, kH, kD}, {0, cd, kD, 1}),
         simdattn::ConstTensorView(qkv.data() + 2 * kH * kD, dt, {1, kPrompt, kHv, kD}, {0, cd, kD, 1}),
         simdattn::ConstTensorView(gb.data(), simdattn::DType::f32, {1, kPrompt, kHv, 1}, {0, 2 * kHv, 1, 1}),
@@ -167,9 +171,13 @@ int register_all() {
     const std::string sfx = std::string(suffix) + "/t2";
     benchmark::RegisterBenchmark(("linear/native/gdn-layer4k" + sfx).c_str(), bf16 ? bench_layer<simdattn::bfloat16> : bench_layer<float>, 2)
         ->Unit(benchmark::kMillisecond);
-    benchmark::RegisterBenchmark(("linear/native/gdn-core4k" + sfx).c_str(), bf16 ? bench_core<simdattn::bfloat16> : bench_core<float>, 2)
+    benchmark::RegisterBenchmark(("linear/native/gdn-core4k" + sfx).c_str(), bf16 ? bench_core<simdattn::bfloat16> : bench_core<float>, 2,
+                                 simdattn::detail::GdrProducts::automatic)
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("linear/native/gdn-core4k.bf16-widened/t2", bench_core<simdattn::bfloat16>, 2,
+                               simdattn::detail::GdrProducts::f32)
+      ->Unit(benchmark::kMillisecond);
   return 0;
 }
 const int registered = register_all();

@@ -1,5 +1,5 @@
 // The SIMD layer's 16-bit row conversions on every ISA this CPU supports, bf16 and f16 (widen,
-// narrow, the widening transpose, every length to 40) bit for bit against the scalar ones of
+// narrow, the widening transpose, narrowing into bf16 pairs, every length to 40) bit for bit against the scalar ones of
 // simdattn/half.hpp. (The products over 16-bit rows: test_simd_rows.cpp.)
 #include <doctest/doctest.h>
 
@@ -64,6 +64,27 @@ TEST_CASE("16-bit row conversions on every ISA equal the scalar ones bit for bit
         std::size_t bad = 0;
         for (std::size_t i = 0; i < got.size(); ++i)
           bad += !(detail::float_bits(got[i]) == detail::float_bits(want[i]) || (std::isnan(got[i]) && std::isnan(want[i])));
+        CAPTURE_VALUE(rows);
+        CAPTURE_VALUE(cols);
+        CHECK(bad == 0);
+      }
+      // Narrowed into the pair layout: word c of pair row s is rows 2s and 2s + 1's values at c
+      // (low, high), each as narrow's; an odd last row pairs with zero; nothing past cols or the
+      // last pair row written.
+      for (auto [rows, cols] : {std::tuple{1, 1}, {2, 16}, {5, 37}, {8, 64}, {7, 3}, {3, 0}, {0, 5}}) {
+        const std::int64_t ld = cols + 3, dst_ld = cols + 2, pair_rows = (rows + 1) / 2;
+        const float* src = f.data() + 11;
+        std::vector<std::uint32_t> got(static_cast<std::size_t>((pair_rows + 1) * dst_ld), 0xdeadbeefu);
+        c.narrow_pairs(src, ld, rows, cols, got.data(), dst_ld);
+        auto one = [&](float x) -> std::uint32_t { return bf16 ? to_bfloat16(x).bits : to_float16(x).bits; };
+        std::size_t bad = 0;
+        for (std::int64_t s = 0; s <= pair_rows; ++s)
+          for (std::int64_t j = 0; j < dst_ld; ++j) {
+            std::uint32_t want = 0xdeadbeefu;
+            if (s < pair_rows && j < cols)
+              want = one(src[2 * s * ld + j]) | (2 * s + 1 < rows ? one(src[(2 * s + 1) * ld + j]) << 16 : 0u);
+            bad += got[static_cast<std::size_t>(s * dst_ld + j)] != want;
+          }
         CAPTURE_VALUE(rows);
         CAPTURE_VALUE(cols);
         CHECK(bad == 0);

@@ -73,7 +73,9 @@ void gemm_block(const Gemm16Args& g, const simd::KernelTable& kt, const simd::Ge
     for (std::int64_t pc = 0; pc < g.K; pc += hk.kc) {
       const std::int64_t kc = std::min<std::int64_t>(hk.kc, g.K - pc);
       const std::int64_t panel_words = mr * (hk.pairs ? (kc + 1) / 2 : kc);
-      pack_a(g, kt, hk, b.bf16, ic, mc, pc, kc, Ap);
+      // a packed A is one depth block (gemm16 checked): its tiles from row ic
+      const float* ap = g.packed_a != nullptr ? static_cast<const float*>(g.packed_a) + (ic / mr) * panel_words : Ap;
+      if (g.packed_a == nullptr) pack_a(g, kt, hk, b.bf16, ic, mc, pc, kc, Ap);
       const float beta = pc == 0 ? g.beta : 1.0f;
       for (std::int64_t q = q_begin; q < q_end; ++q) {
         const std::int64_t j = q * nr, n = std::min<std::int64_t>(nr, g.N - j);
@@ -85,7 +87,7 @@ void gemm_block(const Gemm16Args& g, const simd::KernelTable& kt, const simd::Ge
         };
         for (std::int64_t ir = 0; ir < mc; ir += mr) {
           const std::int64_t m = std::min<std::int64_t>(mr, mc - ir);
-          const void* a = Ap + (ir / mr) * panel_words;
+          const void* a = ap + (ir / mr) * panel_words;
           float* c = g.C + (ic + ir) * g.ldc + j;
           if (n == nr) {
             run(m, a, c, g.ldc, beta);
@@ -161,8 +163,7 @@ void gemm_amx(const Gemm16Args& g, const simd::Gemm16Kernels& hk, int threads) {
 
 }  // namespace
 
-Packed16 pack16_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
-                       const simd::KernelTable* kt, bool pairs) {
+Packed16 packed16_zeros(std::int64_t K, std::int64_t N, bool bf16, const simd::KernelTable* kt, bool pairs) {
   const simd::Gemm16Kernels& hk = gemm16_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
   if (hk.mr == 0 || (pairs && !bf16)) throw std::logic_error("pack16_b: this table has no such kernels");
   Packed16 pb;
@@ -172,6 +173,13 @@ Packed16 pack16_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std:
   pb.Np = (N + hk.nr - 1) / hk.nr * hk.nr;
   const std::int64_t depth = K <= 0 ? 0 : (K - 1) / hk.kc * hk.kc + pb.rows((K - 1) / hk.kc * hk.kc);
   pb.data.assign(static_cast<std::size_t>(std::max<std::int64_t>(1, depth * pb.Np)), 0);
+  return pb;
+}
+
+Packed16 pack16_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
+                       const simd::KernelTable* kt, bool pairs) {
+  const simd::Gemm16Kernels& hk = gemm16_kernels(kt ? *kt : simd::kernels(), bf16, pairs);
+  Packed16 pb = packed16_zeros(K, N, bf16, kt, pairs);
   for (std::int64_t p = 0; p < K; p += hk.kc) {
     const std::int64_t kc = std::min<std::int64_t>(hk.kc, K - p);
     for (std::int64_t j = 0; j < pb.Np; j += hk.nr) {
@@ -200,6 +208,25 @@ std::vector<std::uint16_t> unpack16_b(const Packed16& pb) {
   return out;
 }
 
+bool pack16_a_fits(std::int64_t M, std::int64_t K, const Packed16& B, const simd::KernelTable* kt) {
+  const simd::Gemm16Kernels& hk = gemm16_kernels(kt ? *kt : simd::kernels(), B.bf16, B.pair_kernels);
+  return hk.amx_block == nullptr && M >= 1 && M <= hk.mc && K >= 1 && K <= hk.kc;
+}
+
+std::int64_t pack16_a_words(std::int64_t M, std::int64_t K, const Packed16& B, const simd::KernelTable* kt) {
+  const simd::Gemm16Kernels& hk = gemm16_kernels(kt ? *kt : simd::kernels(), B.bf16, B.pair_kernels);
+  return (M + hk.mr - 1) / hk.mr * hk.mr * (hk.pairs ? (K + 1) / 2 : K);
+}
+
+void pack16_a(const std::uint16_t* A, std::int64_t lda, std::int64_t M, std::int64_t K, const Packed16& B, void* dst,
+              const simd::KernelTable* kt) {
+  const simd::KernelTable& table = kt ? *kt : simd::kernels();
+  if (!pack16_a_fits(M, K, B, &table)) throw std::logic_error("pack16_a: A is not one block of these kernels");
+  Gemm16Args g;
+  g.M = M, g.K = K, g.A = A, g.lda = lda;
+  pack_a(g, table, gemm16_kernels(table, B.bf16, B.pair_kernels), B.bf16, 0, M, 0, K, dst);
+}
+
 void gemm16(const Gemm16Args& g, int threads, const simd::KernelTable* kt) {
   if (g.M <= 0 || g.N <= 0) return;
   const simd::KernelTable& table = kt ? *kt : simd::kernels();
@@ -208,6 +235,8 @@ void gemm16(const Gemm16Args& g, int threads, const simd::KernelTable* kt) {
   if (b.nr != hk.nr || b.kc != hk.kc || b.pairs != hk.pairs || b.k_align != hk.k_align ||
       b.K != g.K || g.b_col % b.nr != 0 || g.b_col < 0 || g.b_col + g.N > b.N)
     throw std::logic_error("gemm16: the packed B does not match this call or ISA");
+  if (g.packed_a != nullptr && !pack16_a_fits(g.M, g.K, b, &table))
+    throw std::logic_error("gemm16: a packed A is one block of these kernels");
   if (g.K <= 0) {  // C = beta * C
     for (std::int64_t i = 0; i < g.M; ++i)
       for (std::int64_t j = 0; j < g.N; ++j) {

@@ -53,6 +53,11 @@ inline const simd::Gemm16Kernels& gemm16_kernels(const simd::KernelTable& t, boo
 Packed16 pack16_b(const std::uint16_t* B, std::int64_t ldb, std::int64_t K, std::int64_t N, bool bf16,
                        const simd::KernelTable* kt = nullptr, bool pairs = false);
 
+// pack16_b's layout for a K x N matrix, every value zero (to be filled in place: the gated delta
+// rule's bf16 states and chunk values, narrowed into its pair panels). Throws as pack16_b.
+Packed16 packed16_zeros(std::int64_t K, std::int64_t N, bool bf16, const simd::KernelTable* kt = nullptr,
+                        bool pairs = false);
+
 // The K x N matrix (bf16 or f16 bits) `pb` holds, row-major (leading dimension N): its panels
 // unpacked.
 std::vector<std::uint16_t> unpack16_b(const Packed16& pb);
@@ -66,7 +71,16 @@ struct Gemm16Args {
   float* C = nullptr;                // M x N f32, leading dimension ldc
   std::int64_t ldc = 0;
   float beta = 0.0f;                 // beta == 0 never reads C
+  const void* packed_a = nullptr;    // A already packed by pack16_a (then A is not read)
 };
+
+// A (M x K, row-major, leading dimension lda; B's format) packed as gemm16 packs it for B's
+// kernels (not AMX), for a caller that multiplies it by several B (Gemm16Args::packed_a): one
+// block, M <= mc and K <= kc of the kernels (pack16_a_fits); dst holds pack16_a_words(..) words.
+bool pack16_a_fits(std::int64_t M, std::int64_t K, const Packed16& B, const simd::KernelTable* kt = nullptr);
+std::int64_t pack16_a_words(std::int64_t M, std::int64_t K, const Packed16& B, const simd::KernelTable* kt = nullptr);
+void pack16_a(const std::uint16_t* A, std::int64_t lda, std::int64_t M, std::int64_t K, const Packed16& B, void* dst,
+              const simd::KernelTable* kt = nullptr);
 
 // threads as gemm(); `kt` must be the table B was packed for (by default the dispatched one);
 // the kernels are the ones B was packed for.

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <stdexcept>
 #include <tuple>
 #include <vector>
 
@@ -21,9 +22,11 @@
 #include "core/problem.hpp"
 #include "core/validate/validate.hpp"
 #include "linalg/gemm.hpp"
+#include "linalg/gemm16.hpp"
 #include "linear_attention/gated_delta.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
+#include "simdattn/simd/isa.hpp"
 #include "simdattn/simd/kernels.hpp"
 #include "simdattn/error.hpp"
 #include "simdattn/linear.hpp"
@@ -50,6 +53,64 @@ void product(std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, st
   detail::gemm(args, 1);
 }
 
+// The same on the bf16 pair kernels: A bf16 rows (or packed_a: A packed once for several
+// products), B packed for gemm_bf16_pairs.
+void product16(std::int64_t M, std::int64_t N, std::int64_t Kd, const std::uint16_t* A, std::int64_t lda,
+               const void* packed_a, const detail::Packed16* B, std::int64_t b_col, float* C, std::int64_t ldc,
+               float accumulate) {
+  detail::Gemm16Args args;
+  args.M = M, args.N = N, args.K = Kd, args.A = A, args.lda = lda, args.B = B, args.b_col = b_col;
+  args.C = C, args.ldc = ldc, args.beta = accumulate, args.packed_a = packed_a;
+  detail::gemm16(args, 1);
+}
+
+// The K x N f32 values of P (packed as chunk()'s S and U) narrowed into the bf16 pair panels of Pb
+// (Pb's depth blocks within P's and its panels within P's: pairs_fit()).
+void narrow_to_pairs(const detail::PackedB<float>& P, detail::Packed16& Pb, std::int64_t K, std::int64_t N) {
+  const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
+  for (std::int64_t p = 0; p < K; p += Pb.kc)
+    for (std::int64_t j = 0; j < N; j += Pb.nr) {
+      const std::int64_t p0 = p - p % P.kc;
+      cv.narrow_pairs(P.panel(j - j % P.nr, p0) + (p - p0) * P.nr + j % P.nr, P.nr, std::min<std::int64_t>(Pb.kc, K - p),
+                      std::min<std::int64_t>(Pb.nr, N - j),
+                      reinterpret_cast<std::uint32_t*>(const_cast<std::uint16_t*>(Pb.panel(j, p))), Pb.nr);
+    }
+}
+
+// Whether the pair layout's panels and depth blocks nest in the f32 state's (narrow_to_pairs).
+bool pairs_fit(const Sizes& z) {
+  const simd::KernelTable& kt = simd::kernels();
+  const simd::Gemm16Kernels& pk = kt.gemm_bf16_pairs;
+  const simd::GemmBlocking& fb = kt.gemm_f32.blocking_a_in_place;
+  return pk.mr != 0 && fb.nr % pk.nr == 0 && (fb.kc % pk.kc == 0 || z.Dk <= std::min(fb.kc, pk.kc));
+}
+
+// A chunk's operands on the bf16 pair kernels (GdrProducts::bf16_pairs): [K; Q] and K^T rounded
+// to bf16 (row-major, K^T's rows ldkt apart) and, where each is one block of the kernels, packed
+// once for the value heads that share them (KQp, Ktp: else null); the state and U narrowed into
+// pair panels.
+struct Pairs {
+  std::vector<std::uint16_t, detail::AlignedAllocator<std::uint16_t>> KQ, Kt;
+  detail::Packed16 S, U;
+  std::vector<std::uint32_t, detail::AlignedAllocator<std::uint32_t>> KQ_packed, Kt_packed;
+  const void *KQp = nullptr, *Ktp = nullptr;
+  Pairs(const Sizes& z, std::int64_t chunk, std::int64_t ldkt)
+      : KQ(static_cast<std::size_t>(2 * chunk * z.Dk)), Kt(static_cast<std::size_t>(z.Dk * ldkt)),
+        S(detail::packed16_zeros(z.Dk, z.Dv, true, nullptr, true)), U(detail::packed16_zeros(chunk, z.Dv, true, nullptr, true)),
+        KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, S))),
+        Kt_packed(static_cast<std::size_t>(detail::pack16_a_words(z.Dk, chunk, U))) {}
+  // [K; Q] (2 n x Dk) and K^T (Dk x n, rows ldkt apart) of a chunk, f32, rounded (and packed)
+  void set(const float* K, const float* Kt_f32, std::int64_t n, std::int64_t Dk, std::int64_t ldkt, int f32_kc) {
+    const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
+    cv.narrow(K, KQ.data(), 2 * n * Dk);
+    cv.narrow(Kt_f32, Kt.data(), Dk * ldkt);
+    KQp = detail::pack16_a_fits(2 * n, Dk, S) ? KQ_packed.data() : nullptr;
+    if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, S, KQ_packed.data());
+    Ktp = Dk <= f32_kc && detail::pack16_a_fits(Dk, n, U) ? Kt_packed.data() : nullptr;  // (one depth block of S)
+    if (Ktp != nullptr) detail::pack16_a(Kt.data(), ldkt, Dk, n, U, Kt_packed.data());
+  }
+};
+
 // One (batch, value head): its query and key rows (normalized, q scaled), values, decays and betas
 // read into f32 rows, then the recurrence or the chunks over S [Dk, Dv].
 struct HeadRun {
@@ -57,6 +118,7 @@ struct HeadRun {
   const Sizes& z;
   bool l2;
   float scale;
+  bool pairs;  // the chunks' products on the bf16 pair kernels (GdrProducts)
 
   void row(const ConstTensorView& x, std::int64_t b, std::int64_t t, std::int64_t h, std::int64_t n, float* dst, bool norm,
            float mult) const {
@@ -99,7 +161,7 @@ struct HeadRun {
   // work: 2 n Dv + 2 n^2 + 2 n floats. The products prefetch `next`'s lines as they go.
   void chunk(std::int64_t n, const float* K, const float* KKQK, const float* Kt, std::int64_t ldkt, const float* V,
              std::int64_t ldv, const float* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
-             float* O, std::int64_t ldo, float* work, detail::NextRows* next) const {
+             float* O, std::int64_t ldo, float* work, detail::NextRows* next, Pairs* b16) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = U.nr;
     const simd::DeltaKernels& del = simd::kernels().delta;
     float* KS = work;  // then QS
@@ -110,7 +172,12 @@ struct HeadRun {
     float* last = eg + n;     // e^(gamma_last - gamma_s)
     U.K = n;  // (its panels n rows deep)
     // [K; Q] (Q right after K's n rows) times S: KS then QS
-    product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
+    if (b16 != nullptr) {
+      narrow_to_pairs(S, b16->S, Dk, Dv);
+      product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, &b16->S, 0, KS, Dv, 0.0f);
+    } else {
+      product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
+    }
     // u_i = beta_i (v_i - e^gamma_i (S^T k_i)) - sum_{s < i} A[i, s] u_s with A[i, s] = beta_i e^(gamma_i -
     // gamma_s) (k_i . k_s): the right sides (U's panels nr wide, zeros past Dv), then the forward
     // substitution panel by panel (each row's sums in registers)
@@ -126,6 +193,15 @@ struct HeadRun {
     // S = e^gamma_last S + K^T (e^(gamma_last - gamma_s) u_s), U's rows weighted in place, S's
     // panels one product each
     for (std::int64_t j = 0; j < Dv; j += nr) del.scale_rows(U.data.data() + j * n, nr, n, nr, last, U.data.data() + j * n, nr);
+    if (b16 != nullptr) {
+      b16->U.K = n;
+      narrow_to_pairs(U, b16->U, n, Dv);
+      for (std::int64_t p = 0; p < Dk; p += S.kc)
+        for (std::int64_t j = 0; j < Dv; j += nr)
+          product16(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, b16->Kt.data() + p * ldkt, ldkt, b16->Ktp,
+                    &b16->U, j, const_cast<float*>(S.panel(j, p)), nr, eg[n - 1]);
+      return;
+    }
     for (std::int64_t p = 0; p < Dk; p += S.kc)
       for (std::int64_t j = 0; j < Dv; j += nr)
         product(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, Kt + p * ldkt, ldkt, &U, j,
@@ -165,7 +241,8 @@ struct HeadRun {
     std::vector<float> Kw;      // K^T row-major, where Kt's panels are not (run())
     detail::PackedB<float> U;   // a chunk's U (chunk())
     detail::PackedB<float> Kt;  // K^T, the B of [K; Q] K^T
-    explicit Buffers(const Sizes& z)
+    std::vector<Pairs> b16;     // one, on the bf16 pair kernels
+    Buffers(const Sizes& z, bool pairs)
         : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), KKQK(static_cast<std::size_t>(2 * kChunk * kChunk)),
           V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), O(static_cast<std::size_t>(kChunk * z.Dv)),
           gam(static_cast<std::size_t>(z.Hv / z.H * kChunk)), bet(gam.size()),
@@ -174,6 +251,7 @@ struct HeadRun {
           Kt(detail::packed_b_zeros<float>(z.Dk, kChunk, nullptr, true)) {
       tmp.resize(static_cast<std::size_t>(2 * z.Dv + 2 * U.nr));
       if (kChunk > Kt.nr || z.Dk > Kt.kc) Kw.resize(static_cast<std::size_t>(kChunk * z.Dk));
+      if (pairs) b16.emplace_back(z, kChunk, Kw.empty() ? std::int64_t{Kt.nr} : kChunk);
     }
   };
 
@@ -239,6 +317,7 @@ struct HeadRun {
       product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
       if (buf.Kw.empty()) Kt = P.data.data(), ldkt = P.nr;
       else vec.pack_transpose(Kp, Dk, n, Dk, buf.Kw.data(), n, n);
+      if (pairs) buf.b16[0].set(Kp, Kt, n, Dk, ldkt, buf.U.kc);  // (K^T's rows contiguous: one panel and depth block of P, or Kw)
     }
     for (std::int64_t j = 0; j < jn; ++j) {
       const std::int64_t h = hk * r + j0 + j;
@@ -253,7 +332,8 @@ struct HeadRun {
         float* t = buf.tmp.data();
         token(Kp, Qp, V, gam[0], bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
       } else {
-        chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next);
+        chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next,
+              pairs ? buf.b16.data() : nullptr);
       }
       for (std::int64_t i = 0; i < n && !out_rows; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
@@ -336,10 +416,21 @@ void decode_step(const HeadRun& run, const Sizes& z, const GatedDeltaRuleOptions
 
 void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const ConstTensorView& v, const ConstTensorView& g,
                       const ConstTensorView& beta, const TensorView& out, const GatedDeltaRuleOptions& options) {
+  detail::gated_delta_rule_on(detail::GdrProducts::automatic, q, k, v, g, beta, out, options);
+}
+
+void detail::gated_delta_rule_on(GdrProducts products, const ConstTensorView& q, const ConstTensorView& k,
+                                 const ConstTensorView& v, const ConstTensorView& g, const ConstTensorView& beta,
+                                 const TensorView& out, const GatedDeltaRuleOptions& options) {
   const detail::CallScope in_use;
   const Sizes z = detail::check_gated_delta(q, k, v, g, beta, out, options);
   const float scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(z.Dk)));
-  const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale};
+  if (products == GdrProducts::bf16_pairs && !pairs_fit(z))
+    throw std::logic_error("gated_delta_rule: no bf16 pair kernels fit this CPU and shape");
+  const bool bf16_in = q.dtype == DType::bf16 && k.dtype == DType::bf16 && v.dtype == DType::bf16;
+  const bool pairs = products == GdrProducts::bf16_pairs ||
+                     (products == GdrProducts::automatic && bf16_in && simd::bf16_pairs_preferred() && pairs_fit(z));
+  const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale, pairs};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
   if (z.T == 1) return decode_step(run, z, options, out);
   // A work item: the value heads of one (batch, key head) group, which share the chunks' keys and
@@ -363,7 +454,7 @@ void gated_delta_rule(const ConstTensorView& q, const ConstTensorView& k, const 
     std::vector<detail::PackedB<float>> S;  // the items' states, in the layout of chunk()
     S.reserve(static_cast<std::size_t>((i1 - i0) * per));
     for (std::int64_t i = 0; i < (i1 - i0) * per; ++i) S.push_back(detail::packed_b_zeros<float>(z.Dk, z.Dv, nullptr, true));
-    HeadRun::Buffers buf(z);
+    HeadRun::Buffers buf(z, pairs);
     const ConstTensorView& is = options.initial_state;
     const TensorView& f = options.final_state;
     auto item = [&](std::int64_t i) {

@@ -24,4 +24,17 @@ GdrSizes check_gated_delta(const ConstTensorView& q, const ConstTensorView& k, c
                            const ConstTensorView& g, const ConstTensorView& beta, const TensorView& out,
                            const GatedDeltaRuleOptions& o);
 
+// What a chunk's products run on: f32 (the GEMM's in-place-A kernels; bf16 and f16 rows widened),
+// or bf16 pairs (AVX512-BF16's vdpbf16ps: the normalized keys and queries, the state and the
+// chunk's U rounded to bf16 for [K; Q] S and K^T U, every sum in f32, as flash-linear-attention's
+// kernels round the state to the inputs' dtype). gated_delta_rule chooses (automatic): bf16
+// pairs for bf16 q, k and v where the CPU prefers them (simd::bf16_pairs_preferred), else f32;
+// tests and perf name one. bf16_pairs where the dispatched table has no such kernels: a
+// std::logic_error.
+enum class GdrProducts { automatic, f32, bf16_pairs };
+
+void gated_delta_rule_on(GdrProducts products, const ConstTensorView& q, const ConstTensorView& k,
+                         const ConstTensorView& v, const ConstTensorView& g, const ConstTensorView& beta,
+                         const TensorView& out, const GatedDeltaRuleOptions& options);
+
 }  // namespace simdattn::detail

@@ -303,6 +303,11 @@ struct Gemm16Kernels {
 struct Convert16Kernels {
   void (*widen)(const std::uint16_t* src, float* dst, std::int64_t n);
   void (*narrow)(const float* src, std::uint16_t* dst, std::int64_t n);
+  // rows x cols f32 values (rows ld apart) into the pair layout of Gemm16Kernels::pairs, rounded
+  // as narrow: dst[s * dst_ld + c] holds src[2s, c] in its low half and src[2s + 1, c] in its high
+  // half (zero past an odd rows' last row).
+  void (*narrow_pairs)(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint32_t* dst,
+                       std::int64_t dst_ld);
   // VectorKernels<float>::pack_transpose from 16-bit rows, each value widened.
   void (*pack_transpose)(const std::uint16_t* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, float* dst,
                          std::int64_t dst_ld, std::int64_t width);

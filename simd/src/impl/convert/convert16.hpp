@@ -139,6 +139,33 @@ void narrow16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
   for (; i < n; ++i) dst[i] = narrow16<Arch, kBf16>(src[i]);
 }
 
+// Rows of f32 values into the pair layout (Convert16Kernels::narrow_pairs): word c of pair row s
+// holds row 2s's value in its low half and row 2s + 1's in its high half, each rounded as
+// narrow16_row; an odd last row pairs with zero. bf16: a vector of words at a time (bf16_bits
+// of both rows, one shifted up); f16 value by value.
+template <class Arch, bool kBf16>
+void narrow16_pairs(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint32_t* dst,
+                    std::int64_t dst_ld) {
+  using U = batch<std::uint32_t, Arch>;
+  constexpr std::int64_t W = static_cast<std::int64_t>(U::size);
+  for (std::int64_t s = 0; 2 * s < rows; ++s) {
+    const float* r0 = src + 2 * s * ld;
+    const float* r1 = 2 * s + 1 < rows ? r0 + ld : nullptr;
+    std::uint32_t* d = dst + s * dst_ld;
+    std::int64_t c = 0;
+    if constexpr (kBf16) {
+      for (; c + W <= cols; c += W) {
+        U w = bf16_bits<Arch>(batch<float, Arch>::load_unaligned(r0 + c));
+        if (r1 != nullptr) w = w | (bf16_bits<Arch>(batch<float, Arch>::load_unaligned(r1 + c)) << 16);
+        w.store_unaligned(d + c);
+      }
+    }
+    for (; c < cols; ++c)
+      d[c] = std::uint32_t{narrow16<Arch, kBf16>(r0[c])} |
+             (r1 != nullptr ? std::uint32_t{narrow16<Arch, kBf16>(r1[c])} << 16 : 0u);
+  }
+}
+
 // pack_transpose (pack.hpp) from 16-bit rows: dst[c * dst_ld + r] = src[r * ld + c] widened, rows
 // past `rows` up to `width` zero. AVX-512: each 16 x 16 block's rows widened as they are loaded,
 // then the f32 register transpose (one pass over a bf16 K panel instead of widening it to a copy
