@@ -51,6 +51,7 @@ INTERNAL_FOR_TESTS = {
     "layer/cache/pool_core.hpp",    # the cascade's mode, rule and count (its tests, the soak)
     "linalg/gemm.hpp",
     "linalg/gemm16.hpp",
+    "linear_attention/gated_delta.hpp",  # the rule's product choice (its tests, the perf rows)
     "runtime/team.hpp",
     "runtime/threading.hpp",
 }
