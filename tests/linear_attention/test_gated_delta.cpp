@@ -186,4 +186,18 @@ TEST_CASE("gated_delta_rule: bad arguments are named and nothing is written") {
   o.final_state = TensorView(out.data(), {B, Hv, Dk, Dv});
   check_error([&] { gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o); }, "options.final_state");
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.f; }));
+  // bf16 rows: an Inf or a NaN named, in contiguous heads and in heads 3 values apart
+  std::vector<bfloat16> q16, k16, v16;
+  for (auto [x, x16] : {std::pair{&in.q, &q16}, {&in.k, &k16}, {&in.v, &v16}})
+    for (float e : *x) x16->push_back(to_bfloat16(e));
+  std::vector<bfloat16> out16(out.size());
+  const TensorView ov16(out16.data(), DType::bf16, {B, 5, Hv, Dv});
+  const ConstTensorView qv(q16.data(), DType::bf16, {B, 5, H, Dk}), vv(v16.data(), DType::bf16, {B, 5, Hv, Dv});
+  k16[37] = bfloat16{0xff80};  // -Inf
+  check_error([&] { gated_delta_rule(qv, ConstTensorView(k16.data(), DType::bf16, {B, 5, H, Dk}), vv, in.gv(), in.bv(), ov16); }, "k");
+  std::vector<bfloat16> spread(static_cast<std::size_t>(B * 5 * H * (Dk + 3)), to_bfloat16(1.0f));
+  spread[static_cast<std::size_t>(2 * (Dk + 3) + 4)] = bfloat16{0x7fc1};  // NaN in head 0 of token 1
+  const ConstTensorView kv_spread(spread.data(), DType::bf16, {B, 5, H, Dk}, {5 * H * (Dk + 3), H * (Dk + 3), Dk + 3, 1});
+  check_error([&] { gated_delta_rule(qv, kv_spread, vv, in.gv(), in.bv(), ov16); }, "k");
+  CHECK(std::all_of(out16.begin(), out16.end(), [](bfloat16 x) { return x.bits == 0; }));
 }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "support/simd_test_util.hpp"
@@ -15,7 +16,7 @@
 using namespace simdattn::simd;
 using simdattn::test::kernel_tables;
 
-TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), forward_substitute, all_finite, tails and strides") {
+TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), forward_substitute, all_finite (f32, bf16, f16), tails and strides") {
   std::mt19937 rng(11);
   std::uniform_int_distribution<int> small(-4, 4);
   for (const KernelTable* kt : kernel_tables()) {
@@ -80,6 +81,20 @@ TEST_CASE("delta kernels on every ISA: state_dots, state_update (in place too), 
           CHECK_FALSE(d.all_finite(x.data(), n));
           x[static_cast<std::size_t>(i)] = -3.f;
         }
+      // bf16 and f16 bits: the largest finite values pass, each Inf and NaN pattern fails
+      for (auto [exponent, largest] : {std::pair<std::uint16_t, std::uint16_t>{0x7f80, 0x7f7f}, {0x7c00, 0x7bff}}) {
+        std::vector<std::uint16_t> h(static_cast<std::size_t>(n), largest);
+        for (std::size_t i = 1; i < h.size(); i += 2) h[i] = static_cast<std::uint16_t>(largest | 0x8000);
+        CHECK(d.all_finite16(h.data(), n, exponent));
+        for (std::int64_t i = 0; i < n; ++i)
+          for (std::uint16_t bad : {exponent, static_cast<std::uint16_t>(exponent | 0x8000), static_cast<std::uint16_t>(exponent | 1),
+                                    static_cast<std::uint16_t>(exponent | 0x8040)}) {
+            const std::uint16_t keep = h[static_cast<std::size_t>(i)];
+            h[static_cast<std::size_t>(i)] = bad;
+            CHECK_FALSE(d.all_finite16(h.data(), n, exponent));
+            h[static_cast<std::size_t>(i)] = keep;
+          }
+      }
     }
   }
 }

@@ -198,6 +198,22 @@ void delta_right_sides(std::int64_t n, std::int64_t cols, std::int64_t width, co
   }
 }
 
+// Whether no x[i] (16-bit float bits) has every bit of `exponent` set (Inf and NaN): a vector's
+// lanes tested at a time, the tail one by one.
+template <class Arch>
+bool delta_all_finite16(const std::uint16_t* x, std::int64_t n, std::uint16_t exponent) {
+  using B = batch<std::uint16_t, Arch>;
+  constexpr std::int64_t W = B::size;
+  const B m(exponent);
+  auto bad = B(0) != B(0);
+  std::int64_t i = 0;
+  for (; i + W <= n; i += W) bad = bad | ((B::load_unaligned(x + i) & m) == m);
+  if (xsimd::any(bad)) return false;
+  for (; i < n; ++i)
+    if ((x[i] & exponent) == exponent) return false;
+  return true;
+}
+
 // Whether every x[i] is finite: the exponent bits of each element, all ones for Inf and NaN.
 template <class Arch>
 bool delta_all_finite(const float* x, std::int64_t n) {

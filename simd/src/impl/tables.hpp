@@ -186,6 +186,7 @@ KernelTable make_kernel_table(Isa isa) {
           .delta = {.state_dots = &delta_state_dots<Arch>,
                     .state_update = &delta_state_update<Arch>,
                     .all_finite = &delta_all_finite<Arch>,
+                    .all_finite16 = &delta_all_finite16<Arch>,
                     .forward_substitute = &delta_forward_substitute<Arch>,
                     .scale_row = &delta_scale_row<Arch>,
                     .chunk_weights = &delta_chunk_weights<Arch>,

@@ -209,6 +209,9 @@ struct DeltaKernels {
                        std::int64_t cols, float decay, const float* k, const float* u);
   // Whether every x[i], i < n, is finite.
   bool (*all_finite)(const float* x, std::int64_t n);
+  // Whether no x[i], i < n (bf16 or f16 bits), has every bit of `exponent` set (0x7f80 bf16,
+  // 0x7c00 f16: Inf and NaN).
+  bool (*all_finite16)(const std::uint16_t* x, std::int64_t n, std::uint16_t exponent);
   // The chunk form's forward substitution, rows in order: U[i, :cols] -= sum_{s < i} A[i, s] U[s, :cols]
   // for i < n (U row stride ldu, A row stride lda; each row's sums held in registers).
   void (*forward_substitute)(float* U, std::int64_t ldu, std::int64_t n, std::int64_t cols, const float* A,
