@@ -91,12 +91,13 @@ bool pairs_fit(const Sizes& z) {
 // pair panels.
 struct Pairs {
   std::vector<std::uint16_t, detail::AlignedAllocator<std::uint16_t>> KQ, Kt;
-  detail::Packed16 S, U;
+  detail::Packed16 S, U, KtB;  // KtB: K^T as [K; Q] K^T's B
   std::vector<std::uint32_t, detail::AlignedAllocator<std::uint32_t>> KQ_packed, Kt_packed;
   const void *KQp = nullptr, *Ktp = nullptr;
   Pairs(const Sizes& z, std::int64_t chunk, std::int64_t ldkt)
       : KQ(static_cast<std::size_t>(2 * chunk * z.Dk)), Kt(static_cast<std::size_t>(z.Dk * ldkt)),
         S(detail::packed16_zeros(z.Dk, z.Dv, true, nullptr, true)), U(detail::packed16_zeros(chunk, z.Dv, true, nullptr, true)),
+        KtB(detail::packed16_zeros(z.Dk, chunk, true, nullptr, true)),
         KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, S))),
         Kt_packed(static_cast<std::size_t>(detail::pack16_a_words(z.Dk, chunk, U))) {}
   // [K; Q] (2 n x Dk) and K^T (Dk x n, rows ldkt apart) of a chunk, f32, rounded (and packed)
@@ -108,6 +109,17 @@ struct Pairs {
     if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, S, KQ_packed.data());
     Ktp = Dk <= f32_kc && detail::pack16_a_fits(Dk, n, U) ? Kt_packed.data() : nullptr;  // (one depth block of S)
     if (Ktp != nullptr) detail::pack16_a(Kt.data(), ldkt, Dk, n, U, Kt_packed.data());
+  }
+  // KKQK = [K; Q] K^T (2 n x n, rows n apart) from set()'s rows, where Dk is even: K^T's pair
+  // panels are K's bf16 rows read as 32-bit words, transposed (else false: the f32 product's).
+  bool keys_product(std::int64_t n, std::int64_t Dk, float* KKQK) {
+    if (Dk % 2 != 0) return false;
+    const simd::VectorKernels<float>& vec = simd::kernels().vec_f32;
+    for (std::int64_t p = 0; p < Dk; p += KtB.kc)
+      vec.pack_transpose(reinterpret_cast<const float*>(KQ.data() + p), Dk / 2, n, std::min<std::int64_t>(KtB.kc, Dk - p) / 2,
+                         reinterpret_cast<float*>(const_cast<std::uint16_t*>(KtB.panel(0, p))), KtB.nr, KtB.nr);
+    product16(2 * n, n, Dk, KQ.data(), Dk, KQp, &KtB, 0, KKQK, n, 0.0f);
+    return true;
   }
 };
 
@@ -314,10 +326,10 @@ struct HeadRun {
         for (std::int64_t j = 0; j < n; j += P.nr)
           vec.pack_transpose(Kp + j * Dk + p, Dk, std::min<std::int64_t>(P.nr, n - j), std::min<std::int64_t>(P.kc, Dk - p),
                              const_cast<float*>(P.panel(j, p)), P.nr, P.nr);
-      product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
       if (buf.Kw.empty()) Kt = P.data.data(), ldkt = P.nr;
       else vec.pack_transpose(Kp, Dk, n, Dk, buf.Kw.data(), n, n);
       if (pairs) buf.b16[0].set(Kp, Kt, n, Dk, ldkt, buf.U.kc);  // (K^T's rows contiguous: one panel and depth block of P, or Kw)
+      if (!pairs || !buf.b16[0].keys_product(n, Dk, buf.KKQK.data())) product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
     }
     for (std::int64_t j = 0; j < jn; ++j) {
       const std::int64_t h = hk * r + j0 + j;
