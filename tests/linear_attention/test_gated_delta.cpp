@@ -123,10 +123,15 @@ TEST_CASE("gated_delta_rule: bf16 inputs on the bf16 pair kernels within 1e-2 of
     return;
   }
   // Dk 72, Dv 80: pair panels of 32 columns, the last partial; T: one partial chunk, a whole
-  // one and an odd tail, several chunks with a step of one token at the end
-  const Dims dims{2, 2, 4, 72, 80};
-  for (const std::int64_t T : {7, 32, 97, 129}) {
-    INFO("T ", T);
+  // one and an odd tail, several chunks with a step of one token at the end. Dk 33: an odd depth
+  // (K^T rounded from its f32 transpose, [K; Q] K^T on the f32 kernels).
+  struct Case {
+    Dims dims;
+    std::int64_t T;
+  };
+  for (const auto& [dims, T] : {Case{{2, 2, 4, 72, 80}, 7}, Case{{2, 2, 4, 72, 80}, 32}, Case{{2, 2, 4, 72, 80}, 97},
+                                Case{{2, 2, 4, 72, 80}, 129}, Case{{1, 2, 2, 33, 40}, 70}}) {
+    INFO("T ", T, ", Dk ", dims.Dk);
     Inputs in(T, static_cast<std::uint64_t>(T) + 40, dims);
     std::vector<bfloat16> q16, k16, v16;
     for (auto [x, x16] : {std::pair{&in.q, &q16}, {&in.k, &k16}, {&in.v, &v16}})

@@ -100,13 +100,29 @@ struct Pairs {
         KtB(detail::packed16_zeros(z.Dk, chunk, true, nullptr, true)),
         KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, S))),
         Kt_packed(static_cast<std::size_t>(detail::pack16_a_words(z.Dk, chunk, U))) {}
-  // [K; Q] (2 n x Dk) and K^T (Dk x n, rows ldkt apart) of a chunk, f32, rounded (and packed)
+  // Whether set() takes every key operand of a chunk from its f32 rows alone: Dk even (for
+  // keys_product), each A one block of the kernels, S one depth block (f32_kc deep). Else set()
+  // needs K^T in f32 too.
+  bool direct(std::int64_t n, std::int64_t Dk, int f32_kc) const {
+    return Dk % 2 == 0 && Dk <= f32_kc && detail::pack16_a_fits(2 * n, Dk, S) && detail::pack16_a_fits(Dk, n, U);
+  }
+  // [K; Q] (2 n x Dk, f32 rows, Q after K's n rows) rounded and packed, and K^T as the state
+  // update's A: where direct(), packed straight from K's rows (a pair of K^T[d, 2s], K^T[d, 2s +
+  // 1] is rows 2s and 2s + 1 of K at column d: narrow_pairs, a tile's mr columns at a time; Kt_f32
+  // null), else rounded from Kt_f32 (Dk x n, rows ldkt apart) and packed where it fits.
   void set(const float* K, const float* Kt_f32, std::int64_t n, std::int64_t Dk, std::int64_t ldkt, int f32_kc) {
     const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
     cv.narrow(K, KQ.data(), 2 * n * Dk);
-    cv.narrow(Kt_f32, Kt.data(), Dk * ldkt);
     KQp = detail::pack16_a_fits(2 * n, Dk, S) ? KQ_packed.data() : nullptr;
     if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, S, KQ_packed.data());
+    if (Kt_f32 == nullptr) {
+      const std::int64_t mr = simd::kernels().gemm_bf16_pairs.mr, steps = (n + 1) / 2;
+      for (std::int64_t ir = 0; ir < Dk; ir += mr)
+        cv.narrow_pairs(K + ir, Dk, n, std::min(mr, Dk - ir), Kt_packed.data() + ir * steps, mr);
+      Ktp = Kt_packed.data();
+      return;
+    }
+    cv.narrow(Kt_f32, Kt.data(), Dk * ldkt);
     Ktp = Dk <= f32_kc && detail::pack16_a_fits(Dk, n, U) ? Kt_packed.data() : nullptr;  // (one depth block of S)
     if (Ktp != nullptr) detail::pack16_a(Kt.data(), ldkt, Dk, n, U, Kt_packed.data());
   }
@@ -318,7 +334,10 @@ struct HeadRun {
     // (n <= nr, Dk <= kc), row-major (rows nr apart) for the state's update
     const float* Kt = buf.Kw.data();
     std::int64_t ldkt = n;
-    if (n > 1) {
+    if (pairs && n > 1 && buf.b16[0].direct(n, Dk, buf.U.kc)) {  // (no f32 K^T)
+      buf.b16[0].set(Kp, nullptr, n, Dk, 0, buf.U.kc);
+      buf.b16[0].keys_product(n, Dk, buf.KKQK.data());
+    } else if (n > 1) {
       detail::PackedB<float>& P = buf.Kt;
       P.N = n, P.Np = (n + P.nr - 1) / P.nr * P.nr;
       const simd::VectorKernels<float>& vec = simd::kernels().vec_f32;
