@@ -52,11 +52,12 @@ struct Inputs {
   ConstTensorView bv() const { return ConstTensorView(beta.data(), {d.B, T, d.Hv, 1}); }
 };
 
-// The recurrence in double (L2-normalized q and k, scale Dk^-1/2).
-std::vector<double> recurrence(const Inputs& in, std::vector<double>& S) {
+// The recurrence in double (L2-normalized q and k, scale Dk^-1/2) from S0 (zeros if null).
+std::vector<double> recurrence(const Inputs& in, std::vector<double>& S, const std::vector<float>* S0 = nullptr) {
   const Dims& z = in.d;
   std::vector<double> out(static_cast<std::size_t>(z.B * in.T * z.Hv * z.Dv));
   S.assign(static_cast<std::size_t>(z.B * z.Hv * z.Dk * z.Dv), 0.0);
+  if (S0 != nullptr) std::copy(S0->begin(), S0->end(), S.begin());
   for (std::int64_t b = 0; b < z.B; ++b)
     for (std::int64_t h = 0; h < z.Hv; ++h) {
       double* s = S.data() + (b * z.Hv + h) * z.Dk * z.Dv;
@@ -136,8 +137,14 @@ TEST_CASE("gated_delta_rule: bf16 inputs on the bf16 pair kernels within 1e-2 of
     std::vector<bfloat16> q16, k16, v16;
     for (auto [x, x16] : {std::pair{&in.q, &q16}, {&in.k, &k16}, {&in.v, &v16}})
       for (float& e : *x) x16->push_back(to_bfloat16(e)), e = to_float(x16->back());  // the recurrence's inputs: the bf16 values
+    // an initial state on every other case (narrowed into the pair panels before the first chunk)
+    std::vector<float> s0(static_cast<std::size_t>(dims.B * dims.Hv * dims.Dk * dims.Dv));
+    std::mt19937 srng(static_cast<unsigned>(T));
+    std::normal_distribution<float> sn(0.f, 0.3f);
+    for (float& e : s0) e = sn(srng);
+    const bool with_s0 = T % 2 == 1;
     std::vector<double> S;
-    const std::vector<double> want = recurrence(in, S);
+    const std::vector<double> want = recurrence(in, S, with_s0 ? &s0 : nullptr);
     const ConstTensorView qv(q16.data(), DType::bf16, {dims.B, T, dims.H, dims.Dk}),
         kv(k16.data(), DType::bf16, {dims.B, T, dims.H, dims.Dk}), vv(v16.data(), DType::bf16, {dims.B, T, dims.Hv, dims.Dv});
     // the output (bf16, widened back) and the final state
@@ -148,6 +155,7 @@ TEST_CASE("gated_delta_rule: bf16 inputs on the bf16 pair kernels within 1e-2 of
       o.threads = threads;
       std::vector<float> fin(S.size());
       o.final_state = TensorView(fin.data(), {dims.B, dims.Hv, dims.Dk, dims.Dv});
+      if (with_s0) o.initial_state = ConstTensorView(s0.data(), {dims.B, dims.Hv, dims.Dk, dims.Dv});
       detail::gated_delta_rule_on(p, qv, kv, vv, in.gv(), in.bv(), TensorView(out16.data(), DType::bf16, {dims.B, T, dims.Hv, dims.Dv}), o);
       std::vector<float> out;
       for (bfloat16 x : out16) out.push_back(to_float(x));

@@ -64,15 +64,16 @@ void product16(std::int64_t M, std::int64_t N, std::int64_t Kd, const std::uint1
   detail::gemm16(args, 1);
 }
 
-// The K x N f32 values of P (packed as chunk()'s S and U) narrowed into the bf16 pair panels of Pb
-// (Pb's depth blocks within P's and its panels within P's: pairs_fit()).
-void narrow_to_pairs(const detail::PackedB<float>& P, detail::Packed16& Pb, std::int64_t K, std::int64_t N) {
+// Columns [j0, j1) of the K rows of f32 values in P (packed as chunk()'s S and U) narrowed into
+// the bf16 pair panels of Pb (Pb's depth blocks within P's and its panels within P's:
+// pairs_fit(); j0 a multiple of Pb's nr).
+void narrow_to_pairs(const detail::PackedB<float>& P, detail::Packed16& Pb, std::int64_t K, std::int64_t j0, std::int64_t j1) {
   const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
   for (std::int64_t p = 0; p < K; p += Pb.kc)
-    for (std::int64_t j = 0; j < N; j += Pb.nr) {
+    for (std::int64_t j = j0; j < j1; j += Pb.nr) {
       const std::int64_t p0 = p - p % P.kc;
       cv.narrow_pairs(P.panel(j - j % P.nr, p0) + (p - p0) * P.nr + j % P.nr, P.nr, std::min<std::int64_t>(Pb.kc, K - p),
-                      std::min<std::int64_t>(Pb.nr, N - j),
+                      std::min<std::int64_t>(Pb.nr, j1 - j),
                       reinterpret_cast<std::uint32_t*>(const_cast<std::uint16_t*>(Pb.panel(j, p))), Pb.nr);
     }
 }
@@ -87,24 +88,24 @@ bool pairs_fit(const Sizes& z) {
 
 // A chunk's operands on the bf16 pair kernels (GdrProducts::bf16_pairs): [K; Q] and K^T rounded
 // to bf16 (row-major, K^T's rows ldkt apart) and, where each is one block of the kernels, packed
-// once for the value heads that share them (KQp, Ktp: else null); the state and U narrowed into
-// pair panels.
+// once for the value heads that share them (KQp, Ktp: else null); U narrowed into pair panels.
+// (Each state's pair panels are its own: run()'s Sb.)
 struct Pairs {
   std::vector<std::uint16_t, detail::AlignedAllocator<std::uint16_t>> KQ, Kt;
-  detail::Packed16 S, U, KtB;  // KtB: K^T as [K; Q] K^T's B
+  detail::Packed16 U, KtB;  // KtB: K^T as [K; Q] K^T's B
   std::vector<std::uint32_t, detail::AlignedAllocator<std::uint32_t>> KQ_packed, Kt_packed;
   const void *KQp = nullptr, *Ktp = nullptr;
   Pairs(const Sizes& z, std::int64_t chunk, std::int64_t ldkt)
       : KQ(static_cast<std::size_t>(2 * chunk * z.Dk)), Kt(static_cast<std::size_t>(z.Dk * ldkt)),
-        S(detail::packed16_zeros(z.Dk, z.Dv, true, nullptr, true)), U(detail::packed16_zeros(chunk, z.Dv, true, nullptr, true)),
+        U(detail::packed16_zeros(chunk, z.Dv, true, nullptr, true)),
         KtB(detail::packed16_zeros(z.Dk, chunk, true, nullptr, true)),
-        KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, S))),
+        KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, U))),
         Kt_packed(static_cast<std::size_t>(detail::pack16_a_words(z.Dk, chunk, U))) {}
   // Whether set() takes every key operand of a chunk from its f32 rows alone: Dk even (for
   // keys_product), each A one block of the kernels, S one depth block (f32_kc deep). Else set()
   // needs K^T in f32 too.
   bool direct(std::int64_t n, std::int64_t Dk, int f32_kc) const {
-    return Dk % 2 == 0 && Dk <= f32_kc && detail::pack16_a_fits(2 * n, Dk, S) && detail::pack16_a_fits(Dk, n, U);
+    return Dk % 2 == 0 && Dk <= f32_kc && detail::pack16_a_fits(2 * n, Dk, U) && detail::pack16_a_fits(Dk, n, U);
   }
   // [K; Q] (2 n x Dk, f32 rows, Q after K's n rows) rounded and packed, and K^T as the state
   // update's A: where direct(), packed straight from K's rows (a pair of K^T[d, 2s], K^T[d, 2s +
@@ -113,8 +114,8 @@ struct Pairs {
   void set(const float* K, const float* Kt_f32, std::int64_t n, std::int64_t Dk, std::int64_t ldkt, int f32_kc) {
     const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
     cv.narrow(K, KQ.data(), 2 * n * Dk);
-    KQp = detail::pack16_a_fits(2 * n, Dk, S) ? KQ_packed.data() : nullptr;
-    if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, S, KQ_packed.data());
+    KQp = detail::pack16_a_fits(2 * n, Dk, U) ? KQ_packed.data() : nullptr;  // (U: the kernels' identity)
+    if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, U, KQ_packed.data());
     if (Kt_f32 == nullptr) {
       const std::int64_t mr = simd::kernels().gemm_bf16_pairs.mr, steps = (n + 1) / 2;
       for (std::int64_t ir = 0; ir < Dk; ir += mr)
@@ -189,7 +190,7 @@ struct HeadRun {
   // work: 2 n Dv + 2 n^2 + 2 n floats. The products prefetch `next`'s lines as they go.
   void chunk(std::int64_t n, const float* K, const float* KKQK, const float* Kt, std::int64_t ldkt, const float* V,
              std::int64_t ldv, const float* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
-             float* O, std::int64_t ldo, float* work, detail::NextRows* next, Pairs* b16) const {
+             float* O, std::int64_t ldo, float* work, detail::NextRows* next, Pairs* b16, detail::Packed16* Sb) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = U.nr;
     const simd::DeltaKernels& del = simd::kernels().delta;
     float* KS = work;  // then QS
@@ -201,8 +202,7 @@ struct HeadRun {
     U.K = n;  // (its panels n rows deep)
     // [K; Q] (Q right after K's n rows) times S: KS then QS
     if (b16 != nullptr) {
-      narrow_to_pairs(S, b16->S, Dk, Dv);
-      product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, &b16->S, 0, KS, Dv, 0.0f);
+      product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, Sb, 0, KS, Dv, 0.0f);
     } else {
       product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
     }
@@ -223,11 +223,16 @@ struct HeadRun {
     for (std::int64_t j = 0; j < Dv; j += nr) del.scale_rows(U.data.data() + j * n, nr, n, nr, last, U.data.data() + j * n, nr);
     if (b16 != nullptr) {
       b16->U.K = n;
-      narrow_to_pairs(U, b16->U, n, Dv);
+      narrow_to_pairs(U, b16->U, n, 0, Dv);
+      // the new state narrowed into its pair panels (the next chunk's B) a panel at a time as it
+      // is written, from L1 (or whole, after, with several depth blocks)
       for (std::int64_t p = 0; p < Dk; p += S.kc)
-        for (std::int64_t j = 0; j < Dv; j += nr)
+        for (std::int64_t j = 0; j < Dv; j += nr) {
           product16(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, b16->Kt.data() + p * ldkt, ldkt, b16->Ktp,
                     &b16->U, j, const_cast<float*>(S.panel(j, p)), nr, eg[n - 1]);
+          if (Dk <= S.kc) narrow_to_pairs(S, *Sb, Dk, j, std::min(j + nr, Dv));
+        }
+      if (Dk > S.kc) narrow_to_pairs(S, *Sb, Dk, 0, Dv);
       return;
     }
     for (std::int64_t p = 0; p < Dk; p += S.kc)
@@ -301,11 +306,11 @@ struct HeadRun {
   }
 
   // The chunk from token c0 of value heads hk r + j0 .. + jn - 1 of one (batch, key head) group (r =
-  // Hv / H), states S (jn of them, packed as chunk()'s). The chunk's query and key rows are read,
-  // normalized and multiplied ([K; Q] K^T) once for the jn heads. The products prefetch `next`'s
-  // lines (the next chunk's rows) as they go.
-  void run(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, detail::PackedB<float>* S, std::int64_t c0,
-           const TensorView& out, Buffers& buf, detail::NextRows* next) const {
+  // Hv / H), states S (jn of them, packed as chunk()'s; on the pair kernels each also in Sb's pair
+  // panels). The chunk's query and key rows are read, normalized and multiplied ([K; Q] K^T) once
+  // for the jn heads. The products prefetch `next`'s lines (the next chunk's rows) as they go.
+  void run(std::int64_t b, std::int64_t hk, std::int64_t j0, std::int64_t jn, detail::PackedB<float>* S, detail::Packed16* Sb,
+           std::int64_t c0, const TensorView& out, Buffers& buf, detail::NextRows* next) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, r = z.Hv / z.H;
     float* const O = buf.O.data();
     const std::int64_t n = std::min(kChunk, z.T - c0);
@@ -364,7 +369,7 @@ struct HeadRun {
         token(Kp, Qp, V, gam[0], bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
       } else {
         chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next,
-              pairs ? buf.b16.data() : nullptr);
+              pairs ? buf.b16.data() : nullptr, pairs ? Sb + j : nullptr);
       }
       for (std::int64_t i = 0; i < n && !out_rows; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
@@ -485,22 +490,26 @@ void detail::gated_delta_rule_on(GdrProducts products, const ConstTensorView& q,
     std::vector<detail::PackedB<float>> S;  // the items' states, in the layout of chunk()
     S.reserve(static_cast<std::size_t>((i1 - i0) * per));
     for (std::int64_t i = 0; i < (i1 - i0) * per; ++i) S.push_back(detail::packed_b_zeros<float>(z.Dk, z.Dv, nullptr, true));
+    std::vector<detail::Packed16> Sb;  // on the pair kernels: each state's pair panels (the chunks' B)
+    for (std::int64_t i = 0; i < (i1 - i0) * per && pairs; ++i) Sb.push_back(detail::packed16_zeros(z.Dk, z.Dv, true, nullptr, true));
     HeadRun::Buffers buf(z, pairs);
     const ConstTensorView& is = options.initial_state;
     const TensorView& f = options.final_state;
     auto item = [&](std::int64_t i) {
-      return std::tuple{i / (z.H * parts), i / parts % z.H, i % parts * per, S.data() + (i - i0) * per};
+      return std::tuple{i / (z.H * parts), i / parts % z.H, i % parts * per, S.data() + (i - i0) * per,
+                        pairs ? Sb.data() + (i - i0) * per : nullptr};
     };
     // element (d, e) of a packed state
     auto at_de = [](detail::PackedB<float>& P, std::int64_t d, std::int64_t e) -> float& {
       return const_cast<float*>(P.panel(e - e % P.nr, d - d % P.kc))[d % P.kc * P.nr + e % P.nr];
     };
     for (std::int64_t i = i0; i < i1 && init; ++i) {
-      const auto [b, hk, j0, Si] = item(i);
+      const auto [b, hk, j0, Si, Sbi] = item(i);
       for (std::int64_t j = 0; j < per; ++j) {  // (f32, checked)
         const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + (hk * r + j0 + j) * is.strides[1];
         for (std::int64_t d = 0; d < z.Dk; ++d)
           for (std::int64_t e = 0; e < z.Dv; ++e) at_de(Si[j], d, e) = p[d * is.strides[2] + e * is.strides[3]];
+        if (pairs) narrow_to_pairs(Si[j], Sbi[j], z.Dk, 0, z.Dv);
       }
     }
     detail::NextRows next;  // the rows of the item after the one running
@@ -508,14 +517,14 @@ void detail::gated_delta_rule_on(GdrProducts products, const ConstTensorView& q,
       for (std::int64_t i = i0; i < i1; ++i) {
         next.clear();
         if (const std::int64_t c1 = i + 1 < i1 ? c0 : c0 + kChunk; c1 < z.T) {
-          const auto [b1, hk1, j1, S1] = item(i + 1 < i1 ? i + 1 : i0);
+          const auto [b1, hk1, j1, S1, Sb1] = item(i + 1 < i1 ? i + 1 : i0);
           run.rows_of(next, b1, hk1, j1, per, c1, out);
         }
-        const auto [b, hk, j0, Si] = item(i);
-        run.run(b, hk, j0, per, Si, c0, out, buf, &next);
+        const auto [b, hk, j0, Si, Sbi] = item(i);
+        run.run(b, hk, j0, per, Si, Sbi, c0, out, buf, &next);
       }
     for (std::int64_t i = i0; i < i1 && fin; ++i) {
-      const auto [b, hk, j0, Si] = item(i);
+      const auto [b, hk, j0, Si, Sbi] = item(i);
       for (std::int64_t j = 0; j < per; ++j) {
         float* p = static_cast<float*>(f.data) + b * f.strides[0] + (hk * r + j0 + j) * f.strides[1];
         for (std::int64_t d = 0; d < z.Dk; ++d)
