@@ -130,8 +130,10 @@ TEST_CASE("gated_delta_rule: bf16 inputs on the bf16 pair kernels within 1e-2 of
     Dims dims;
     std::int64_t T;
   };
-  for (const auto& [dims, T] : {Case{{2, 2, 4, 72, 80}, 7}, Case{{2, 2, 4, 72, 80}, 32}, Case{{2, 2, 4, 72, 80}, 97},
-                                Case{{2, 2, 4, 72, 80}, 129}, Case{{1, 2, 2, 33, 40}, 70}}) {
+  for (const Case& c : {Case{{2, 2, 4, 72, 80}, 7}, Case{{2, 2, 4, 72, 80}, 32}, Case{{2, 2, 4, 72, 80}, 97},
+                        Case{{2, 2, 4, 72, 80}, 129}, Case{{1, 2, 2, 33, 40}, 70}}) {
+    const Dims dims = c.dims;  // (named copies: a lambda below uses them)
+    const std::int64_t T = c.T;
     INFO("T ", T, ", Dk ", dims.Dk);
     Inputs in(T, static_cast<std::uint64_t>(T) + 40, dims);
     std::vector<bfloat16> q16, k16, v16;
