@@ -1,5 +1,6 @@
 // The gated delta rule (simdattn/linear.hpp): the recurrence (T = 1) and the chunked WY / UT form,
-// each (batch, value head) on one thread (its checks: gated_delta_checks.cpp).
+// each (batch, value head) on one thread (its checks: gated_delta_checks.cpp; its products on the
+// bf16 pair kernels: gated_delta_pairs.cpp).
 //
 // Chunk form. Within a chunk of n steps from state S0, with gamma_t = g_0 + .. + g_t (the chunk's
 // cumulative log decay), the recurrence unrolls to
@@ -24,6 +25,7 @@
 #include "linalg/gemm.hpp"
 #include "linalg/gemm16.hpp"
 #include "linear_attention/gated_delta.hpp"
+#include "linear_attention/gated_delta_pairs.hpp"
 #include "runtime/team.hpp"
 #include "runtime/threading.hpp"
 #include "simdattn/simd/isa.hpp"
@@ -52,93 +54,6 @@ void product(std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, st
   args.beta = accumulate, args.C = C, args.ldc = ldc, args.next = next;
   detail::gemm(args, 1);
 }
-
-// The same on the bf16 pair kernels: A bf16 rows (or packed_a: A packed once for several
-// products), B packed for gemm_bf16_pairs.
-void product16(std::int64_t M, std::int64_t N, std::int64_t Kd, const std::uint16_t* A, std::int64_t lda,
-               const void* packed_a, const detail::Packed16* B, std::int64_t b_col, float* C, std::int64_t ldc,
-               float accumulate) {
-  detail::Gemm16Args args;
-  args.M = M, args.N = N, args.K = Kd, args.A = A, args.lda = lda, args.B = B, args.b_col = b_col;
-  args.C = C, args.ldc = ldc, args.beta = accumulate, args.packed_a = packed_a;
-  detail::gemm16(args, 1);
-}
-
-// Columns [j0, j1) of the K rows of f32 values in P (packed as chunk()'s S and U) narrowed into
-// the bf16 pair panels of Pb (Pb's depth blocks within P's and its panels within P's:
-// pairs_fit(); j0 a multiple of Pb's nr).
-void narrow_to_pairs(const detail::PackedB<float>& P, detail::Packed16& Pb, std::int64_t K, std::int64_t j0, std::int64_t j1) {
-  const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
-  for (std::int64_t p = 0; p < K; p += Pb.kc)
-    for (std::int64_t j = j0; j < j1; j += Pb.nr) {
-      const std::int64_t p0 = p - p % P.kc;
-      cv.narrow_pairs(P.panel(j - j % P.nr, p0) + (p - p0) * P.nr + j % P.nr, P.nr, std::min<std::int64_t>(Pb.kc, K - p),
-                      std::min<std::int64_t>(Pb.nr, j1 - j),
-                      reinterpret_cast<std::uint32_t*>(const_cast<std::uint16_t*>(Pb.panel(j, p))), Pb.nr);
-    }
-}
-
-// Whether the pair layout's panels and depth blocks nest in the f32 state's (narrow_to_pairs).
-bool pairs_fit(const Sizes& z) {
-  const simd::KernelTable& kt = simd::kernels();
-  const simd::Gemm16Kernels& pk = kt.gemm_bf16_pairs;
-  const simd::GemmBlocking& fb = kt.gemm_f32.blocking_a_in_place;
-  return pk.mr != 0 && fb.nr % pk.nr == 0 && (fb.kc % pk.kc == 0 || z.Dk <= std::min(fb.kc, pk.kc));
-}
-
-// A chunk's operands on the bf16 pair kernels (GdrProducts::bf16_pairs): [K; Q] and K^T rounded
-// to bf16 (row-major, K^T's rows ldkt apart) and, where each is one block of the kernels, packed
-// once for the value heads that share them (KQp, Ktp: else null); U narrowed into pair panels.
-// (Each state's pair panels are its own: run()'s Sb.)
-struct Pairs {
-  std::vector<std::uint16_t, detail::AlignedAllocator<std::uint16_t>> KQ, Kt;
-  detail::Packed16 U, KtB;  // KtB: K^T as [K; Q] K^T's B
-  std::vector<std::uint32_t, detail::AlignedAllocator<std::uint32_t>> KQ_packed, Kt_packed;
-  const void *KQp = nullptr, *Ktp = nullptr;
-  Pairs(const Sizes& z, std::int64_t chunk, std::int64_t ldkt)
-      : KQ(static_cast<std::size_t>(2 * chunk * z.Dk)), Kt(static_cast<std::size_t>(z.Dk * ldkt)),
-        U(detail::packed16_zeros(chunk, z.Dv, true, nullptr, true)),
-        KtB(detail::packed16_zeros(z.Dk, chunk, true, nullptr, true)),
-        KQ_packed(static_cast<std::size_t>(detail::pack16_a_words(2 * chunk, z.Dk, U))),
-        Kt_packed(static_cast<std::size_t>(detail::pack16_a_words(z.Dk, chunk, U))) {}
-  // Whether set() takes every key operand of a chunk from its f32 rows alone: Dk even (for
-  // keys_product), each A one block of the kernels, S one depth block (f32_kc deep). Else set()
-  // needs K^T in f32 too.
-  bool direct(std::int64_t n, std::int64_t Dk, int f32_kc) const {
-    return Dk % 2 == 0 && Dk <= f32_kc && detail::pack16_a_fits(2 * n, Dk, U) && detail::pack16_a_fits(Dk, n, U);
-  }
-  // [K; Q] (2 n x Dk, f32 rows, Q after K's n rows) rounded and packed, and K^T as the state
-  // update's A: where direct(), packed straight from K's rows (a pair of K^T[d, 2s], K^T[d, 2s +
-  // 1] is rows 2s and 2s + 1 of K at column d: narrow_pairs, a tile's mr columns at a time; Kt_f32
-  // null), else rounded from Kt_f32 (Dk x n, rows ldkt apart) and packed where it fits.
-  void set(const float* K, const float* Kt_f32, std::int64_t n, std::int64_t Dk, std::int64_t ldkt, int f32_kc) {
-    const simd::Convert16Kernels& cv = simd::kernels().convert_bf16;
-    cv.narrow(K, KQ.data(), 2 * n * Dk);
-    KQp = detail::pack16_a_fits(2 * n, Dk, U) ? KQ_packed.data() : nullptr;  // (U: the kernels' identity)
-    if (KQp != nullptr) detail::pack16_a(KQ.data(), Dk, 2 * n, Dk, U, KQ_packed.data());
-    if (Kt_f32 == nullptr) {
-      const std::int64_t mr = simd::kernels().gemm_bf16_pairs.mr, steps = (n + 1) / 2;
-      for (std::int64_t ir = 0; ir < Dk; ir += mr)
-        cv.narrow_pairs(K + ir, Dk, n, std::min(mr, Dk - ir), Kt_packed.data() + ir * steps, mr);
-      Ktp = Kt_packed.data();
-      return;
-    }
-    cv.narrow(Kt_f32, Kt.data(), Dk * ldkt);
-    Ktp = Dk <= f32_kc && detail::pack16_a_fits(Dk, n, U) ? Kt_packed.data() : nullptr;  // (one depth block of S)
-    if (Ktp != nullptr) detail::pack16_a(Kt.data(), ldkt, Dk, n, U, Kt_packed.data());
-  }
-  // KKQK = [K; Q] K^T (2 n x n, rows n apart) from set()'s rows, where Dk is even: K^T's pair
-  // panels are K's bf16 rows read as 32-bit words, transposed (else false: the f32 product's).
-  bool keys_product(std::int64_t n, std::int64_t Dk, float* KKQK) {
-    if (Dk % 2 != 0) return false;
-    const simd::VectorKernels<float>& vec = simd::kernels().vec_f32;
-    for (std::int64_t p = 0; p < Dk; p += KtB.kc)
-      vec.pack_transpose(reinterpret_cast<const float*>(KQ.data() + p), Dk / 2, n, std::min<std::int64_t>(KtB.kc, Dk - p) / 2,
-                         reinterpret_cast<float*>(const_cast<std::uint16_t*>(KtB.panel(0, p))), KtB.nr, KtB.nr);
-    product16(2 * n, n, Dk, KQ.data(), Dk, KQp, &KtB, 0, KKQK, n, 0.0f);
-    return true;
-  }
-};
 
 // One (batch, value head): its query and key rows (normalized, q scaled), values, decays and betas
 // read into f32 rows, then the recurrence or the chunks over S [Dk, Dv].
@@ -190,7 +105,7 @@ struct HeadRun {
   // work: 2 n Dv + 2 n^2 + 2 n floats. The products prefetch `next`'s lines as they go.
   void chunk(std::int64_t n, const float* K, const float* KKQK, const float* Kt, std::int64_t ldkt, const float* V,
              std::int64_t ldv, const float* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
-             float* O, std::int64_t ldo, float* work, detail::NextRows* next, Pairs* b16, detail::Packed16* Sb) const {
+             float* O, std::int64_t ldo, float* work, detail::NextRows* next, detail::GdrPairs* b16, detail::Packed16* Sb) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = U.nr;
     const simd::DeltaKernels& del = simd::kernels().delta;
     float* KS = work;  // then QS
@@ -202,7 +117,7 @@ struct HeadRun {
     U.K = n;  // (its panels n rows deep)
     // [K; Q] (Q right after K's n rows) times S: KS then QS
     if (b16 != nullptr) {
-      product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, Sb, 0, KS, Dv, 0.0f);
+      detail::gdr_product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, Sb, 0, KS, Dv, 0.0f);
     } else {
       product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
     }
@@ -223,16 +138,16 @@ struct HeadRun {
     for (std::int64_t j = 0; j < Dv; j += nr) del.scale_rows(U.data.data() + j * n, nr, n, nr, last, U.data.data() + j * n, nr);
     if (b16 != nullptr) {
       b16->U.K = n;
-      narrow_to_pairs(U, b16->U, n, 0, Dv);
+      detail::gdr_narrow_to_pairs(U, b16->U, n, 0, Dv);
       // the new state narrowed into its pair panels (the next chunk's B) a panel at a time as it
       // is written, from L1 (or whole, after, with several depth blocks)
       for (std::int64_t p = 0; p < Dk; p += S.kc)
         for (std::int64_t j = 0; j < Dv; j += nr) {
-          product16(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, b16->Kt.data() + p * ldkt, ldkt, b16->Ktp,
+          detail::gdr_product16(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, b16->Kt.data() + p * ldkt, ldkt, b16->Ktp,
                     &b16->U, j, const_cast<float*>(S.panel(j, p)), nr, eg[n - 1]);
-          if (Dk <= S.kc) narrow_to_pairs(S, *Sb, Dk, j, std::min(j + nr, Dv));
+          if (Dk <= S.kc) detail::gdr_narrow_to_pairs(S, *Sb, Dk, j, std::min(j + nr, Dv));
         }
-      if (Dk > S.kc) narrow_to_pairs(S, *Sb, Dk, 0, Dv);
+      if (Dk > S.kc) detail::gdr_narrow_to_pairs(S, *Sb, Dk, 0, Dv);
       return;
     }
     for (std::int64_t p = 0; p < Dk; p += S.kc)
@@ -274,7 +189,7 @@ struct HeadRun {
     std::vector<float> Kw;      // K^T row-major, where Kt's panels are not (run())
     detail::PackedB<float> U;   // a chunk's U (chunk())
     detail::PackedB<float> Kt;  // K^T, the B of [K; Q] K^T
-    std::vector<Pairs> b16;     // one, on the bf16 pair kernels
+    std::vector<detail::GdrPairs> b16;     // one, on the bf16 pair kernels
     Buffers(const Sizes& z, bool pairs)
         : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), KKQK(static_cast<std::size_t>(2 * kChunk * kChunk)),
           V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), O(static_cast<std::size_t>(kChunk * z.Dv)),
@@ -461,11 +376,11 @@ void detail::gated_delta_rule_on(GdrProducts products, const ConstTensorView& q,
   const detail::CallScope in_use;
   const Sizes z = detail::check_gated_delta(q, k, v, g, beta, out, options);
   const float scale = static_cast<float>(options.scale ? *options.scale : 1.0 / std::sqrt(static_cast<double>(z.Dk)));
-  if (products == GdrProducts::bf16_pairs && !pairs_fit(z))
+  if (products == GdrProducts::bf16_pairs && !detail::gdr_pairs_fit(z))
     throw std::logic_error("gated_delta_rule: no bf16 pair kernels fit this CPU and shape");
   const bool bf16_in = q.dtype == DType::bf16 && k.dtype == DType::bf16 && v.dtype == DType::bf16;
   const bool pairs = products == GdrProducts::bf16_pairs ||
-                     (products == GdrProducts::automatic && bf16_in && simd::bf16_pairs_preferred() && pairs_fit(z));
+                     (products == GdrProducts::automatic && bf16_in && simd::bf16_pairs_preferred() && detail::gdr_pairs_fit(z));
   const HeadRun run{q, k, v, g, beta, z, options.use_qk_l2norm, scale, pairs};
   const bool init = detail::view_given(options.initial_state), fin = detail::view_given(options.final_state);
   if (z.T == 1) return decode_step(run, z, options, out);
@@ -509,7 +424,7 @@ void detail::gated_delta_rule_on(GdrProducts products, const ConstTensorView& q,
         const float* p = static_cast<const float*>(is.data) + b * is.strides[0] + (hk * r + j0 + j) * is.strides[1];
         for (std::int64_t d = 0; d < z.Dk; ++d)
           for (std::int64_t e = 0; e < z.Dv; ++e) at_de(Si[j], d, e) = p[d * is.strides[2] + e * is.strides[3]];
-        if (pairs) narrow_to_pairs(Si[j], Sbi[j], z.Dk, 0, z.Dv);
+        if (pairs) detail::gdr_narrow_to_pairs(Si[j], Sbi[j], z.Dk, 0, z.Dv);
       }
     }
     detail::NextRows next;  // the rows of the item after the one running

@@ -1,5 +1,5 @@
-// Part of the gated delta rule (gated_delta.cpp, gated_delta_checks.cpp): a call's sizes, its
-// checks, and an element of a view as f32.
+// Part of the gated delta rule (gated_delta.cpp, gated_delta_checks.cpp, gated_delta_pairs.cpp):
+// a call's sizes, its checks, an element of a view as f32, and the choice of the chunks' products.
 #pragma once
 
 #include <cstdint>
