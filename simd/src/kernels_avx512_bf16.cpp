@@ -117,31 +117,32 @@ void narrow_bf16_row(const float* src, std::uint16_t* dst, std::int64_t n) {
 }
 
 // Convert16Kernels::narrow_pairs on vcvtne2ps2bf16: 16 columns of two rows rounded in one
-// instruction, then interleaved into pair words by one vpermw; a block holding a subnormal goes
-// through the integer rounding (as narrow_bf16_row), as does an odd last row and the columns past
-// the last 16.
+// instruction, then interleaved into pair words by one vpermw; the last columns and an odd last row
+// (its pair's high half from a zero vector) through masked loads and stores; a block holding a
+// subnormal goes through the integer rounding (as narrow_bf16_row). (The rule's K^T is written 12
+// columns at a time: masked blocks only.)
 void narrow_bf16_pairs(const float* src, std::int64_t ld, std::int64_t rows, std::int64_t cols, std::uint32_t* dst,
                        std::int64_t dst_ld) {
   auto subnormal = [](__m512 x) { return _mm512_fpclass_ps_mask(x, 0x20); };
   alignas(64) static constexpr std::uint16_t kInterleave[32] = {0, 16, 1, 17, 2,  18, 3,  19, 4,  20, 5,  21, 6,  22, 7,  23,
                                                                 8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
   const __m512i order = _mm512_load_si512(kInterleave);
-  const std::int64_t whole = rows / 2, vec_cols = cols / 16 * 16;
-  for (std::int64_t s = 0; s < whole; ++s) {
+  for (std::int64_t s = 0; 2 * s < rows; ++s) {
     const float* r0 = src + 2 * s * ld;
-    const float* r1 = r0 + ld;
+    const float* r1 = 2 * s + 1 < rows ? r0 + ld : nullptr;
     std::uint32_t* d = dst + s * dst_ld;
-    for (std::int64_t c = 0; c < vec_cols; c += 16) {
-      const __m512 x0 = _mm512_loadu_ps(r0 + c), x1 = _mm512_loadu_ps(r1 + c);
+    for (std::int64_t c = 0; c < cols; c += 16) {
+      const auto m = static_cast<__mmask16>(cols - c >= 16 ? 0xffffu : (1u << (cols - c)) - 1u);
+      const __m512 x0 = _mm512_maskz_loadu_ps(m, r0 + c);
+      const __m512 x1 = r1 != nullptr ? _mm512_maskz_loadu_ps(m, r1 + c) : _mm512_setzero_ps();
       if ((subnormal(x0) | subnormal(x1)) != 0) {
-        impl::narrow16_pairs<xsimd::avx512bw, true>(r0 + c, ld, 2, 16, d + c, dst_ld);
+        impl::narrow16_pairs<xsimd::avx512bw, true>(r0 + c, ld, r1 != nullptr ? 2 : 1, std::min<std::int64_t>(16, cols - c), d + c,
+                                                    dst_ld);
         continue;
       }
-      _mm512_storeu_si512(d + c, _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(x1, x0)));
+      _mm512_mask_storeu_epi32(d + c, m, _mm512_permutexvar_epi16(order, (__m512i)_mm512_cvtne2ps_pbh(x1, x0)));
     }
-    if (vec_cols < cols) impl::narrow16_pairs<xsimd::avx512bw, true>(r0 + vec_cols, ld, 2, cols - vec_cols, d + vec_cols, dst_ld);
   }
-  if (rows % 2 != 0) impl::narrow16_pairs<xsimd::avx512bw, true>(src + 2 * whole * ld, ld, 1, cols, dst + whole * dst_ld, dst_ld);
 }
 
 }  // namespace
