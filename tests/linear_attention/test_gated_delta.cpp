@@ -91,6 +91,13 @@ std::vector<double> recurrence(const Inputs& in, std::vector<double>& S, const s
   return out;
 }
 
+// x rounded to bf16, and x set to the rounded values
+std::vector<bfloat16> rounded(std::vector<float>& x) {
+  std::vector<bfloat16> r;
+  for (float& e : x) r.push_back(to_bfloat16(e)), e = to_float(r.back());
+  return r;
+}
+
 }  // namespace
 
 TEST_CASE("gated_delta_rule: the chunked form and the steps equal the recurrence, threads bitwise") {
@@ -136,9 +143,7 @@ TEST_CASE("gated_delta_rule: bf16 inputs on the bf16 pair kernels within 1e-2 of
     const std::int64_t T = c.T;
     INFO("T ", T, ", Dk ", dims.Dk);
     Inputs in(T, static_cast<std::uint64_t>(T) + 40, dims);
-    std::vector<bfloat16> q16, k16, v16;
-    for (auto [x, x16] : {std::pair{&in.q, &q16}, {&in.k, &k16}, {&in.v, &v16}})
-      for (float& e : *x) x16->push_back(to_bfloat16(e)), e = to_float(x16->back());  // the recurrence's inputs: the bf16 values
+    const std::vector<bfloat16> q16 = rounded(in.q), k16 = rounded(in.k), v16 = rounded(in.v);  // the recurrence's inputs: the bf16 values
     // an initial state on every other case (narrowed into the pair panels before the first chunk)
     std::vector<float> s0(static_cast<std::size_t>(dims.B * dims.Hv * dims.Dk * dims.Dv));
     std::mt19937 srng(static_cast<unsigned>(T));
@@ -202,9 +207,7 @@ TEST_CASE("gated_delta_rule: bad arguments are named and nothing is written") {
   check_error([&] { gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o); }, "options.final_state");
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.f; }));
   // bf16 rows: an Inf or a NaN named, in contiguous heads and in heads 3 values apart
-  std::vector<bfloat16> q16, k16, v16;
-  for (auto [x, x16] : {std::pair{&in.q, &q16}, {&in.k, &k16}, {&in.v, &v16}})
-    for (float e : *x) x16->push_back(to_bfloat16(e));
+  std::vector<bfloat16> q16 = rounded(in.q), k16 = rounded(in.k), v16 = rounded(in.v);
   std::vector<bfloat16> out16(out.size());
   const TensorView ov16(out16.data(), DType::bf16, {B, 5, Hv, Dv});
   const ConstTensorView qv(q16.data(), DType::bf16, {B, 5, H, Dk}), vv(v16.data(), DType::bf16, {B, 5, Hv, Dv});

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <tuple>
 #include <vector>
@@ -208,7 +209,7 @@ struct HeadRun {
     std::vector<float> Kw;      // K^T row-major, where Kt's panels are not (run())
     detail::PackedB<float> U;   // a chunk's U (chunk())
     detail::PackedB<float> Kt;  // K^T, the B of [K; Q] K^T
-    std::vector<detail::GdrPairs> b16;     // one, on the bf16 pair kernels
+    std::optional<detail::GdrPairs> b16;  // on the bf16 pair kernels
     Buffers(const Sizes& z, bool pairs)
         : K(static_cast<std::size_t>(2 * kChunk * z.Dk)), KKQK(static_cast<std::size_t>(2 * kChunk * kChunk)),
           V(static_cast<std::size_t>(z.Hv / z.H * kChunk * z.Dv)), O(static_cast<std::size_t>(kChunk * z.Dv)),
@@ -218,7 +219,7 @@ struct HeadRun {
           Kt(detail::packed_b_zeros<float>(z.Dk, kChunk, nullptr, true)) {
       tmp.resize(static_cast<std::size_t>(2 * z.Dv + 2 * U.nr));
       if (kChunk > Kt.nr || z.Dk > Kt.kc) Kw.resize(static_cast<std::size_t>(kChunk * z.Dk));
-      if (pairs) b16.emplace_back(z, kChunk, Kw.empty() ? std::int64_t{Kt.nr} : kChunk);
+      if (pairs) b16.emplace(z, kChunk, Kw.empty() ? std::int64_t{Kt.nr} : kChunk);
     }
   };
 
@@ -273,9 +274,9 @@ struct HeadRun {
     // (n <= nr, Dk <= kc), row-major (rows nr apart) for the state's update
     const float* Kt = buf.Kw.data();
     std::int64_t ldkt = n;
-    if (pairs && n > 1 && buf.b16[0].direct(n, Dk, buf.U.kc)) {  // (no f32 K^T)
-      buf.b16[0].set(Kp, nullptr, n, Dk, 0, buf.U.kc);
-      buf.b16[0].keys_product(n, Dk, buf.KKQK.data());
+    if (pairs && n > 1 && buf.b16->direct(n, Dk, buf.U.kc)) {  // (no f32 K^T)
+      buf.b16->set(Kp, nullptr, n, Dk, 0, buf.U.kc);
+      buf.b16->keys_product(n, Dk, buf.KKQK.data());
     } else if (n > 1) {
       detail::PackedB<float>& P = buf.Kt;
       P.N = n, P.Np = (n + P.nr - 1) / P.nr * P.nr;
@@ -286,8 +287,8 @@ struct HeadRun {
                              const_cast<float*>(P.panel(j, p)), P.nr, P.nr);
       if (buf.Kw.empty()) Kt = P.data.data(), ldkt = P.nr;
       else vec.pack_transpose(Kp, Dk, n, Dk, buf.Kw.data(), n, n);
-      if (pairs) buf.b16[0].set(Kp, Kt, n, Dk, ldkt, buf.U.kc);  // (K^T's rows contiguous: one panel and depth block of P, or Kw)
-      if (!pairs || !buf.b16[0].keys_product(n, Dk, buf.KKQK.data())) product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
+      if (pairs) buf.b16->set(Kp, Kt, n, Dk, ldkt, buf.U.kc);  // (K^T's rows contiguous: one panel and depth block of P, or Kw)
+      if (!pairs || !buf.b16->keys_product(n, Dk, buf.KKQK.data())) product(2 * n, n, Dk, Kp, Dk, &P, 0, buf.KKQK.data(), n, 0.0f, nullptr);
     }
     for (std::int64_t j = 0; j < jn; ++j) {
       const std::int64_t h = hk * r + j0 + j;
@@ -303,7 +304,7 @@ struct HeadRun {
         token(Kp, Qp, V, gam[0], bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
       } else {
         chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next,
-              pairs ? buf.b16.data() : nullptr, pairs ? Sb + j : nullptr);
+              pairs ? &*buf.b16 : nullptr, pairs ? Sb + j : nullptr);
       }
       for (std::int64_t i = 0; i < n && !out_rows; ++i) {
         const std::int64_t at0 = b * out.strides[0] + (c0 + i) * out.strides[1] + h * out.strides[2];
