@@ -11,12 +11,8 @@
 // Counter: GB/s of the K and V read.
 #include <benchmark/benchmark.h>
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
-#include <new>
 #include <numeric>
 #include <random>
 #include <string>
@@ -29,30 +25,9 @@
 namespace {
 
 using simdattn::perf::from_float;
+using simdattn::perf::HugeArray;
 
 constexpr std::int64_t kH = 32, kD = 128;
-
-// n elements on transparent huge pages, as a KvPool keeps its blocks.
-template <class T>
-struct HugeArray {
-  T* p = nullptr;
-  std::size_t n = 0;
-  HugeArray() = default;
-  HugeArray(const HugeArray&) = delete;
-  ~HugeArray() { std::free(p); }
-  void resize(std::size_t count) {
-    constexpr std::size_t kPage = std::size_t{2} << 20;
-    n = count;
-    const std::size_t bytes = (n * sizeof(T) + kPage - 1) / kPage * kPage;
-    p = static_cast<T*>(std::aligned_alloc(kPage, bytes));
-    if (p == nullptr) throw std::bad_alloc();
-    (void)madvise(p, bytes, MADV_HUGEPAGE);
-  }
-  std::size_t size() const { return n; }
-  T* data() { return p; }
-  const T* data() const { return p; }
-  T& operator[](std::size_t i) { return p[i]; }
-};
 
 // Decode steps of sequences of these lengths over one pool-layout cache.
 template <class T>

@@ -60,13 +60,14 @@ const Tree& tree() {
 // a shuffled order (a table's).
 template <class T>
 struct Blocks {
-  std::vector<T> k, v, q;
+  simdattn::perf::HugeArray<T> k, v;  // as a KvPool keeps its blocks
+  std::vector<T> q;
   std::vector<std::int32_t> order;
   std::int64_t blocks;
   Blocks(std::int64_t n, std::int64_t queries, unsigned seed) : blocks(n) {
     std::mt19937 rng(seed);
     std::normal_distribution<float> d(0.f, 1.f);
-    const auto fill = [&](std::vector<T>& x, std::int64_t count) {
+    const auto fill = [&](auto& x, std::int64_t count) {
       x.resize(static_cast<std::size_t>(count));
       for (T& e : x) e = from_float<T>(d(rng));
     };

@@ -3,7 +3,12 @@
 
 #include <benchmark/benchmark.h>
 
+#include <sys/mman.h>
+
 #include <chrono>
+#include <cstddef>
+#include <cstdlib>
+#include <new>
 #include <type_traits>
 #include <utility>
 
@@ -12,11 +17,6 @@
 
 namespace simdattn::perf {
 
-// Runs `body` once per benchmark iteration and sets a throughput counter from *wall-clock* time
-// (the Time column is the main thread's CPU time, which undercounts waiting in multi-threaded
-// runs). `per_iter` is FLOPs (counter "GFLOP/s") or bytes (counter "GB/s") per call. Benchmarks
-// keep their plain `<op>/<backend>/<workload>/t<threads>` names (UseRealTime would append
-// "/real_time").
 // x as T: float itself, or rounded to bf16 / f16 (nearest even).
 template <class T>
 T from_float(float x) {
@@ -25,6 +25,39 @@ T from_float(float x) {
   else return x;
 }
 
+// n elements on transparent huge pages, as a KvPool keeps its blocks: a pool-layout cache's rows
+// of one kv head lie Hkv * D elements apart (4 KiB for 8 heads of 128 f32), each on its own 4 KiB
+// page, so on small pages its K and V rows would cost a TLB miss each that a pool does not pay.
+template <class T>
+struct HugeArray {
+  T* p = nullptr;
+  std::size_t n = 0;
+  HugeArray() = default;
+  HugeArray(const HugeArray&) = delete;
+  HugeArray& operator=(const HugeArray&) = delete;
+  ~HugeArray() { std::free(p); }
+  void resize(std::size_t count) {
+    constexpr std::size_t kPage = std::size_t{2} << 20;
+    std::free(p);
+    n = count;
+    const std::size_t bytes = (n * sizeof(T) + kPage - 1) / kPage * kPage;
+    p = static_cast<T*>(std::aligned_alloc(kPage, bytes));
+    if (p == nullptr) throw std::bad_alloc();
+    (void)madvise(p, bytes, MADV_HUGEPAGE);
+  }
+  std::size_t size() const { return n; }
+  T* data() { return p; }
+  const T* data() const { return p; }
+  T* begin() { return p; }
+  T* end() { return p + n; }
+  T& operator[](std::size_t i) { return p[i]; }
+};
+
+// Runs `body` once per benchmark iteration and sets a throughput counter from *wall-clock* time
+// (the Time column is the main thread's CPU time, which undercounts waiting in multi-threaded
+// runs). `per_iter` is FLOPs (counter "GFLOP/s") or bytes (counter "GB/s") per call. Benchmarks
+// keep their plain `<op>/<backend>/<workload>/t<threads>` names (UseRealTime would append
+// "/real_time").
 template <class Body>
 void timed_loop(benchmark::State& state, double per_iter, const char* counter, Body&& body) {
   const auto t0 = std::chrono::steady_clock::now();

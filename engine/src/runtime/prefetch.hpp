@@ -31,25 +31,23 @@ class NextRows {
     std::int64_t lines = 0;
   };
   // The lines a product of depth k prefetches (one per four k steps): up to k / 4 lines from the
-  // cursor within one run, none once every line is handed out.
+  // cursor within one run, none once every line is handed out. Rows apart (a paged block's rows of
+  // one kv head, a [S, H, D] layout's rows of one head: 8 lines each for 128 f32) would give a
+  // product one row: where the run ends a row before k / 4, the lines of the rows after it, up to
+  // k / 2 in all, are prefetched at once (kStridedShare). (Paged f32 K and V of 128-key blocks
+  // were a fifth of attention/native/tree32-verify's time, stalled on loads, at one row a product.)
   Run take(std::int64_t k) {
     const std::int64_t lines = k / 4;
     while (cur_ < n_) {
-      const Stream& st = s_[cur_];
-      const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
-      const std::uintptr_t first = row >> 6, last = (row + static_cast<std::uintptr_t>(st.bytes) - 1) >> 6;
-      const auto avail = static_cast<std::int64_t>(last - first + 1) - line_;
+      const std::int64_t avail = row_lines() - line_;
       if (avail > 0) {
         const std::int64_t n = std::min(avail, lines);
-        const Run r{reinterpret_cast<const void*>((first + static_cast<std::uintptr_t>(line_)) << 6), n};
+        const Run r{line_at(line_), n};
         line_ += n;
+        if (n == avail) prefetch_rows_after(kStridedShare * lines - n);
         return r;
       }
-      line_ = 0;
-      if (++row_ == st.rows) {
-        row_ = 0;
-        ++cur_;
-      }
+      next_row();
     }
     return {};
   }
@@ -59,10 +57,42 @@ class NextRows {
   // K and V rows of a key block: one run each when dense, a run per block of a paged cache
   // (128 keys in blocks of 16: 16 runs; more are not prefetched).
   static constexpr std::size_t kStreams = 16;
+  // A product's lines from rows apart: twice its own share (k / 4), measured against one and four
+  // times on attention/native/tree32-verify and forks32-cascade (paged f32 and bf16).
+  static constexpr std::int64_t kStridedShare = 2;
   struct Stream {
     std::uintptr_t base;
     std::int64_t stride, bytes, rows;
   };
+  // The current row's first line, its lines, line i of it.
+  std::uintptr_t row_first() const {
+    const Stream& st = s_[cur_];
+    return (st.base + static_cast<std::uintptr_t>(row_ * st.stride)) >> 6;
+  }
+  std::int64_t row_lines() const {
+    const Stream& st = s_[cur_];
+    const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
+    return static_cast<std::int64_t>(((row + static_cast<std::uintptr_t>(st.bytes) - 1) >> 6) - (row >> 6) + 1);
+  }
+  const void* line_at(std::int64_t i) const { return reinterpret_cast<const void*>((row_first() + static_cast<std::uintptr_t>(i)) << 6); }
+  void next_row() {
+    line_ = 0;
+    if (++row_ == s_[cur_].rows) {
+      row_ = 0;
+      ++cur_;
+    }
+  }
+  // Up to `budget` lines of the current stream's rows after the current one (whose lines are all
+  // handed out), prefetched now; the cursor moves past them.
+  void prefetch_rows_after(std::int64_t budget) {
+    while (budget > 0 && row_ + 1 < s_[cur_].rows) {
+      next_row();
+      const std::int64_t n = std::min(row_lines(), budget);
+      for (std::int64_t i = 0; i < n; ++i) __builtin_prefetch(line_at(i), 0, 2);
+      line_ = n;
+      budget -= n;
+    }
+  }
   std::array<Stream, kStreams> s_{};
   std::size_t n_ = 0, cur_ = 0;
   std::int64_t row_ = 0, line_ = 0;

@@ -158,6 +158,60 @@ TEST_CASE("decode paths: grouped rows over 8-bit K and V codes (int8, fp8_e4m3, 
   }
 }
 
+// A few tokens (17 to 32) of grouped heads on the fused path, the group's heads stacked into units
+// (work.hpp's add_stacked_units): 4 heads of 17 tokens one unit of 68 rows; 8 of 24 two of 96; 6 of
+// 32 two of 96; MQA's 64 heads of 32 sixteen of 128; 2 of 20 one of 40.
+const Shape kStackedShapes[] = {
+    {32, 8, 17, 400, 64, 64}, {16, 2, 24, 300, 40, 24}, {12, 2, 32, 257, 32, 48}, {64, 1, 32, 200, 32, 32}, {6, 3, 20, 90, 17, 33},
+};
+
+template <class T>
+detail::Problem problem_of(const Inputs<T>& in, AttentionOptions opt = {}) {
+  static thread_local std::vector<T> out;
+  out.assign(static_cast<std::size_t>(2 * in.s.H * in.s.Sq * in.s.Dv), T{});
+  in.add_scales(opt);
+  return detail::make_problem(in.q.cview(), in.kview(), in.vview(), TensorView(out.data(), {2, in.s.H, in.s.Sq, in.s.Dv}), opt);
+}
+
+// The fused path's name for these inputs: bf16 runs on AMX tiles where the CPU has them, one
+// head's rows a block there.
+template <class T>
+std::string fused_name(const Inputs<T>& in) {
+  return std::string(detail::choose_native_path(problem_of(in)).path->name);
+}
+
+TEST_CASE("fused path: a few tokens of grouped heads stacked (17 to 32 tokens), every dtype and 8-bit code") {
+  std::mt19937_64 rng(base_seed() + 308);
+  for (const Shape& s : kStackedShapes) {
+    CAPTURE(s.H); CAPTURE(s.Hkv); CAPTURE(s.Sq); CAPTURE(s.Sk); CAPTURE(s.D);
+    const Inputs<float> f(s, rng);
+    CHECK(detail::fused_stacks_heads(problem_of(f)));
+    check_shape(f, "fused", rng);
+    const Inputs<bfloat16> b(s, rng);
+    CHECK(detail::fused_stacks_heads(problem_of(b)) == (fused_name(b) == "fused"));
+    check_shape(b, fused_name(b), rng);
+    if (s.H == 6) {  // f64 and f16 on the odd sizes
+      check_shape(Inputs<double>(s, rng), "fused", rng);
+      check_shape(Inputs<float16>(s, rng), "fused", rng);
+    }
+    for (DType code : {DType::int8, DType::fp8_e4m3}) {
+      CAPTURE(dtype_name(code));
+      const Inputs<float> c(s, rng, code);
+      CHECK(detail::fused_stacks_heads(problem_of(c)));
+      check_shape(c, "fused", rng);
+    }
+  }
+  // one head's rows a block: 33 tokens, heads that share no kv head, score modifiers
+  const Inputs<float> grouped(Shape{8, 2, 24, 100, 32, 32}, rng), longer(Shape{8, 2, 33, 100, 32, 32}, rng),
+      mha(Shape{8, 8, 24, 100, 32, 32}, rng);
+  AttentionOptions capped;
+  capped.softcap = 30.0;
+  CHECK(detail::fused_stacks_heads(problem_of(grouped)));
+  CHECK_FALSE(detail::fused_stacks_heads(problem_of(grouped, capped)));
+  CHECK_FALSE(detail::fused_stacks_heads(problem_of(longer)));
+  CHECK_FALSE(detail::fused_stacks_heads(problem_of(mha)));
+}
+
 TEST_CASE("split keys: a prompt block of two heads over 3000 keys splits on the fused path, every option, any thread count") {
   // 2 (head, query block) units: fewer than kSplitUnits, so each unit's keys go in parts that
   // merge in key order
@@ -257,7 +311,8 @@ void check_paged_equals_dense(const Shape& s, std::int64_t bs, DType code, std::
 
 TEST_CASE("keys in blocks: attention_paged gives the bits of attention() over the same keys dense, on the same path") {
   std::mt19937_64 rng(base_seed() + 307);
-  const Shape shapes[] = {{8, 2, 1, 700, 64, 64}, {16, 1, 1, 333, 64, 48}, {8, 2, 3, 257, 32, 32}, {4, 2, 40, 300, 32, 40}};
+  const Shape shapes[] = {{8, 2, 1, 700, 64, 64}, {16, 1, 1, 333, 64, 48}, {8, 2, 3, 257, 32, 32}, {8, 2, 24, 257, 32, 32},
+                          {4, 2, 40, 300, 32, 40}};
   for (const Shape& s : shapes)
     for (std::int64_t bs : {1, 7, 16, 64}) {
       CAPTURE(s.H); CAPTURE(s.Hkv); CAPTURE(s.Sq); CAPTURE(bs);

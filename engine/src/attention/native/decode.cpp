@@ -205,19 +205,7 @@ template <class T, class S>
 void decode_units(const Problem& p) {
   const FusedPlan<T, S> plan(p, simd::kernels(), RowLayout::stacked);
   WorkPlan& work = WorkPlan::of_this_thread();
-  const std::int64_t group = p.H / p.Hkv;
-  for (std::int64_t b = 0; b < p.B; ++b) {
-    const std::int64_t tokens = p.query_len(b);
-    if (tokens == 0) continue;
-    // a group's heads: all in one unit where they are a few rows (FewRows), else as many a unit as
-    // kBlockRowsStacked rows hold
-    const std::int64_t heads =
-        group * tokens <= simd::kMaxProductRows ? group : std::max<std::int64_t>(1, plan.q_rows / tokens);
-    const KeyRange keys = unit_keys(p, b, 0, tokens);
-    for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
-      for (std::int64_t c = 0; c < group; c += heads)
-        work.add(RowBlock{b, hk, hk * group + c, 0, std::min(heads, group - c), tokens}, keys);
-  }
+  add_stacked_units(p, plan.q_rows, work);  // a group's heads of up to 8 rows: one unit (FewRows)
   work.cut(work.split_keys(plan.k_keys), p.Dv);
   // One row's scores, for the most keys this problem allows (Sk): a KV cache passes its capacity
   // as Sk, so decode steps whose lengths grow allocate nothing.

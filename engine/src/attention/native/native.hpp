@@ -44,6 +44,12 @@ struct NativeChoice {
 };
 NativeChoice choose_native_path(const Problem& p);
 
+// Whether the fused path takes a group's heads stacked (work.hpp's add_stacked_units) rather than
+// one head's rows a block: a few query tokens a sequence (up to fused/plan.hpp's
+// kStackedMaxTokens, 32) in grouped-query attention, on the vector unit, with no score modifier or
+// sparse pattern (its worker applies those to one head's rows).
+bool fused_stacks_heads(const Problem& p);
+
 // With varlen queries (attention_paged's, the KV pool's) whose sequences have both a few query
 // tokens and more (decode steps beside prompt chunks), attention_native runs each run of
 // neighbouring sequences of one kind as a problem of its own, on its own path: the end of the run

@@ -13,7 +13,8 @@
 //                   problems the short-key path would (their few keys are one tile block)
 //   short_keys      up to 96 keys, no mask: queries on the vector lanes (short_keys.cpp), bf16
 //                   and f16 widened as K and V^T are packed and Q panels transposed
-//   fused           everything else: flash attention on key blocks (fused/), bf16 and f16
+//   fused           everything else: flash attention on key blocks (fused/; a few tokens of
+//                   grouped heads stacked as the decode paths stack them), bf16 and f16
 //                   widened as K/V blocks are packed and Q blocks copied, narrowed as O is written;
 //                   8-bit K/V codes dequantized block by block as they are packed
 #pragma once

@@ -118,6 +118,26 @@ struct WorkPlan {
   }
 };
 
+// A few query tokens a sequence (a decode step, a speculative step's drafts, a cascade's forks over
+// their shared prefix): per (sequence, kv head), the group's heads stacked into units of at most
+// max_rows rows (RowBlock: heads x every token of the sequence), the heads split evenly over as few
+// units as hold them (8 heads of 1 token: one unit of 8 rows; MLA's 128 heads of 1 token: one of
+// 128; 8 heads of 24 drafted tokens: two of 96), so that each unit reads each K and V row once for
+// all its rows. tokens <= max_rows.
+inline void add_stacked_units(const Problem& p, std::int64_t max_rows, WorkPlan& work) {
+  const std::int64_t group = p.H / p.Hkv;
+  for (std::int64_t b = 0; b < p.B; ++b) {
+    const std::int64_t tokens = p.query_len(b);
+    if (tokens == 0) continue;
+    const std::int64_t fit = std::max<std::int64_t>(1, max_rows / tokens);  // heads a unit holds
+    const std::int64_t units = (group + fit - 1) / fit, heads = (group + units - 1) / units;
+    const KeyRange keys = unit_keys(p, b, 0, tokens);
+    for (std::int64_t hk = 0; hk < p.Hkv; ++hk)
+      for (std::int64_t c = 0; c < group; c += heads)
+        work.add(RowBlock{b, hk, hk * group + c, 0, std::min(heads, group - c), tokens}, keys);
+  }
+}
+
 // Runs a plan's items on up to p.threads threads, shared by cost (cost(item): its work in units
 // of flops_per_cost flops), each thread's worker (make_worker()) running its items in order with
 // worker.run(unit, item, parts) and then worker.end(); then each split unit's parts merged by

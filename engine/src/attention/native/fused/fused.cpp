@@ -44,10 +44,12 @@ namespace {
 
 template <class T, class S>
 void fused(const Problem& p) {
-  const FusedPlan<T, S> plan(p, simd::kernels());
+  const bool stacked = fused_stacks_heads(p);
+  const FusedPlan<T, S> plan(p, simd::kernels(), stacked ? RowLayout::stacked : RowLayout::one_head);
   WorkPlan& work = WorkPlan::of_this_thread();
   const std::int64_t group = p.H / p.Hkv;
-  for (std::int64_t b = 0; b < p.B; ++b) {
+  if (stacked) add_stacked_units(p, plan.q_rows, work);
+  for (std::int64_t b = 0; b < p.B && !stacked; ++b) {
     const std::int64_t ql = p.query_len(b);
     for (std::int64_t h = 0; h < p.H; ++h)
       for (std::int64_t i0 = 0; i0 < ql; i0 += plan.q_rows) {
@@ -73,6 +75,10 @@ void fused(const Problem& p) {
 }
 
 }  // namespace
+
+bool fused_stacks_heads(const Problem& p) {
+  return p.H > p.Hkv && p.Sq <= kStackedMaxTokens && !p.scores_modified() && !p.sparse() && !fused_on_tiles(p);
+}
 
 Refusal fused_tiles_why_not(const Problem& p) {
   const simd::KernelTable& table = simd::kernels();
