@@ -7,6 +7,7 @@
 #include <doctest/doctest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -210,6 +211,62 @@ TEST_CASE("fused path: a few tokens of grouped heads stacked (17 to 32 tokens), 
   CHECK_FALSE(detail::fused_stacks_heads(problem_of(grouped, capped)));
   CHECK_FALSE(detail::fused_stacks_heads(problem_of(longer)));
   CHECK_FALSE(detail::fused_stacks_heads(problem_of(mha)));
+}
+
+// The inputs with batch 1's K and V rows (or codes) past key L set to NaN (nan) or zeros.
+template <class T>
+Inputs<T> with_tail(const Inputs<T>& in, std::int64_t L, bool nan) {
+  Inputs<T> out = in;
+  const Shape& s = in.s;
+  for (std::int64_t hk = 0; hk < s.Hkv; ++hk)
+    for (std::int64_t j = L; j < s.Sk; ++j) {
+      for (std::int64_t d = 0; d < s.D; ++d) {
+        out.k.at(1, hk, j, d) = value<T>(nan ? std::nan("") : 0.0);
+        if (is_kv_code(in.code)) out.kc[static_cast<std::size_t>(((s.Hkv + hk) * s.Sk + j) * s.D + d)] = nan ? 0x7F : 0;
+      }
+      for (std::int64_t d = 0; d < s.Dv; ++d) {
+        out.v.at(1, hk, j, d) = value<T>(nan ? std::nan("") : 0.0);
+        if (is_kv_code(in.code)) out.vc[static_cast<std::size_t>(((s.Hkv + hk) * s.Sk + j) * s.Dv + d)] = nan ? 0x7F : 0;
+      }
+    }
+  return out;
+}
+
+// Keys past a batch's key length are never read, on the paths few query tokens take (decode,
+// decode16, decode8; fused with a group's heads stacked, and with one head's rows): K and V NaN
+// there (0x7F: fp8_e4m3's NaN) give the bits of the same call with zeros there, at 1 and 2 threads.
+template <class T>
+void check_tails_unread(const Inputs<T>& in, std::int64_t L) {
+  const Shape& s = in.s;
+  const Inputs<T> poisoned = with_tail(in, L, true), clean = with_tail(in, L, false);
+  const std::vector<std::int64_t> lengths = {s.Sk, L};
+  AttentionOptions opt;  // no causal rule: the key lengths alone end the keys
+  opt.key_lengths = lengths;
+  clean.add_scales(opt);
+  for (int threads : {1, 2}) {
+    opt.threads = threads;
+    Buffer<T> a({2, s.H, s.Sq, s.Dv}), b({2, s.H, s.Sq, s.Dv});
+    attention(poisoned.q.cview(), poisoned.kview(), poisoned.vview(), a.view(), opt);
+    attention(clean.q.cview(), clean.kview(), clean.vview(), b.view(), opt);
+    CHECK(same_bits(a, b));
+  }
+  // the tails poison what reads them: batch 1 at its full length gives NaN
+  const std::vector<std::int64_t> full = {s.Sk, s.Sk};
+  opt.key_lengths = full;
+  Buffer<T> c({2, s.H, s.Sq, s.Dv});
+  attention(poisoned.q.cview(), poisoned.kview(), poisoned.vview(), c.view(), opt);
+  CHECK(std::isnan(as_double(c.at(1, 0, 0, 0))));
+}
+
+TEST_CASE("key lengths: K and V past a batch's length are never read (NaN there), every path of few query tokens") {
+  std::mt19937_64 rng(base_seed() + 309);
+  const Shape shapes[] = {{8, 2, 1, 300, 32, 32}, {8, 2, 3, 300, 32, 40}, {8, 2, 24, 300, 32, 32}, {8, 2, 40, 300, 32, 32}};
+  for (const Shape& s : shapes) {
+    CAPTURE(s.Sq);
+    check_tails_unread(Inputs<float>(s, rng), 170);
+    check_tails_unread(Inputs<bfloat16>(s, rng), 170);
+    check_tails_unread(Inputs<float>(s, rng, DType::fp8_e4m3), 170);
+  }
 }
 
 TEST_CASE("split keys: a prompt block of two heads over 3000 keys splits on the fused path, every option, any thread count") {

@@ -1,6 +1,7 @@
 // The native backend's fused path (flash attention) on the simd/ micro-kernels.
 //
-// For each (batch b, head h, block of up to kBlockQ query rows):
+// For each (batch b, head h, block of up to kBlockQ query rows; or, for a few query tokens of
+// grouped heads, a group's heads stacked: fused_stacks_heads):
 //   Q block, read in place (rows copied only if D is strided)  [br, D]
 //   for each key block of k_keys keys (128; up to 256 when that is all of them) that the
 //   visibility rule does not hide entirely:
