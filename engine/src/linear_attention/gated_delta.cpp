@@ -46,7 +46,7 @@ using Sizes = detail::GdrSizes;
 constexpr std::int64_t kChunk = 32;
 
 // Lines of the next work item's rows the chunk on the pair kernels prefetches after each of its
-// products (prefetch_lines): a work item of two value heads reads and writes 768 lines a chunk
+// products (NextRows::prefetch_now: the pair kernels do not prefetch as the f32 ones do): a work item of two value heads reads and writes 768 lines a chunk
 // (bf16 q, k, v and out rows of 32 tokens), over 2 x 3 such calls.
 constexpr std::int64_t kPrefetchLines = 128;
 
@@ -59,18 +59,6 @@ void product(std::int64_t M, std::int64_t N, std::int64_t Kd, const float* A, st
   args.M = M, args.N = N, args.K = Kd, args.A = A, args.lda = lda, args.packed_b = B, args.b_col = b_col;
   args.beta = accumulate, args.C = C, args.ldc = ldc, args.next = next;
   detail::gemm(args, 1);
-}
-
-// Up to `lines` of `next`'s cache lines prefetched now, in bursts of 8: the pair kernels do not
-// prefetch as the f32 ones do (GemmArgs::next), so the chunk on them calls this between its
-// products.
-void prefetch_lines(detail::NextRows* next, std::int64_t lines) {
-  for (std::int64_t left = lines; next != nullptr && left > 0;) {
-    const detail::NextRows::Run r = next->take(4 * std::min<std::int64_t>(left, 8));
-    if (r.lines == 0) return;
-    for (std::int64_t l = 0; l < r.lines; ++l) __builtin_prefetch(static_cast<const char*>(r.at) + 64 * l);
-    left -= r.lines;
-  }
 }
 
 // One (batch, value head): its query and key rows (normalized, q scaled), values, decays and betas
@@ -136,7 +124,7 @@ struct HeadRun {
     // [K; Q] (Q right after K's n rows) times S: KS then QS
     if (b16 != nullptr) {
       detail::gdr_product16(2 * n, Dv, Dk, b16->KQ.data(), Dk, b16->KQp, Sb, 0, KS, Dv, 0.0f);
-      prefetch_lines(next, kPrefetchLines);
+      if (next != nullptr) next->prefetch_now(kPrefetchLines);
     } else {
       product(2 * n, Dv, Dk, K, Dk, &S, 0, KS, Dv, 0.0f, next);
     }
@@ -165,7 +153,7 @@ struct HeadRun {
           detail::gdr_product16(std::min<std::int64_t>(S.kc, Dk - p), std::min(nr, Dv - j), n, b16->Kt.data() + p * ldkt, ldkt, b16->Ktp,
                     &b16->U, j, const_cast<float*>(S.panel(j, p)), nr, eg[n - 1]);
           if (Dk <= S.kc) detail::gdr_narrow_to_pairs(S, *Sb, Dk, j, std::min(j + nr, Dv));
-          prefetch_lines(next, kPrefetchLines);
+          if (next != nullptr) next->prefetch_now(kPrefetchLines);
         }
       if (Dk > S.kc) detail::gdr_narrow_to_pairs(S, *Sb, Dk, 0, Dv);
       return;

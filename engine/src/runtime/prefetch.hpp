@@ -44,13 +44,17 @@ class NextRows {
         const std::int64_t n = std::min(avail, lines);
         const Run r{line_at(line_), n};
         line_ += n;
-        if (n == avail) prefetch_rows_after(kStridedShare * lines - n);
+        if (n == avail) issue<2>(kStridedShare * lines - n, true);
         return r;
       }
       next_row();
     }
     return {};
   }
+  // Up to `lines` lines from the cursor prefetched now (into L1), across rows and streams: for
+  // products that do not prefetch (the gated delta rule's chunk on the bf16 pair kernels calls it
+  // between them).
+  void prefetch_now(std::int64_t lines) { issue<3>(lines, false); }
   void clear() { n_ = cur_ = 0, row_ = line_ = 0; }
 
  private:
@@ -64,17 +68,13 @@ class NextRows {
     std::uintptr_t base;
     std::int64_t stride, bytes, rows;
   };
-  // The current row's first line, its lines, line i of it.
-  std::uintptr_t row_first() const {
-    const Stream& st = s_[cur_];
-    return (st.base + static_cast<std::uintptr_t>(row_ * st.stride)) >> 6;
-  }
+  // The current row's address, its lines, line i of it.
+  std::uintptr_t row_at() const { return s_[cur_].base + static_cast<std::uintptr_t>(row_ * s_[cur_].stride); }
   std::int64_t row_lines() const {
-    const Stream& st = s_[cur_];
-    const std::uintptr_t row = st.base + static_cast<std::uintptr_t>(row_ * st.stride);
-    return static_cast<std::int64_t>(((row + static_cast<std::uintptr_t>(st.bytes) - 1) >> 6) - (row >> 6) + 1);
+    const std::uintptr_t row = row_at();
+    return static_cast<std::int64_t>(((row + static_cast<std::uintptr_t>(s_[cur_].bytes) - 1) >> 6) - (row >> 6) + 1);
   }
-  const void* line_at(std::int64_t i) const { return reinterpret_cast<const void*>((row_first() + static_cast<std::uintptr_t>(i)) << 6); }
+  const void* line_at(std::int64_t i) const { return reinterpret_cast<const void*>(((row_at() >> 6) + static_cast<std::uintptr_t>(i)) << 6); }
   void next_row() {
     line_ = 0;
     if (++row_ == s_[cur_].rows) {
@@ -82,15 +82,20 @@ class NextRows {
       ++cur_;
     }
   }
-  // Up to `budget` lines of the current stream's rows after the current one (whose lines are all
-  // handed out), prefetched now; the cursor moves past them.
-  void prefetch_rows_after(std::int64_t budget) {
-    while (budget > 0 && row_ + 1 < s_[cur_].rows) {
-      next_row();
-      const std::int64_t n = std::min(row_lines(), budget);
-      for (std::int64_t i = 0; i < n; ++i) __builtin_prefetch(line_at(i), 0, 2);
-      line_ = n;
-      budget -= n;
+  // Up to `lines` lines from the cursor prefetched at once (kLocality: __builtin_prefetch's), the
+  // cursor moved past them; within the current stream's rows only when one_stream.
+  template <int kLocality>
+  void issue(std::int64_t lines, bool one_stream) {
+    while (lines > 0 && cur_ < n_) {
+      const std::int64_t n = std::min(row_lines() - line_, lines);
+      if (n <= 0) {
+        if (one_stream && row_ + 1 == s_[cur_].rows) return;
+        next_row();
+        continue;
+      }
+      for (std::int64_t i = 0; i < n; ++i) __builtin_prefetch(line_at(line_ + i), 0, kLocality);
+      line_ += n;
+      lines -= n;
     }
   }
   std::array<Stream, kStreams> s_{};

@@ -49,14 +49,17 @@ void fused(const Problem& p) {
   const FusedPlan<T, S> plan(p, simd::kernels(), stacked ? RowLayout::stacked : RowLayout::one_head);
   WorkPlan& work = WorkPlan::of_this_thread();
   const std::int64_t group = p.H / p.Hkv;
-  if (stacked) add_stacked_units(p, plan.q_rows, work);
-  for (std::int64_t b = 0; b < p.B && !stacked; ++b) {
-    const std::int64_t ql = p.query_len(b);
-    for (std::int64_t h = 0; h < p.H; ++h)
-      for (std::int64_t i0 = 0; i0 < ql; i0 += plan.q_rows) {
-        const std::int64_t i1 = std::min(ql, i0 + plan.q_rows);
-        work.add(RowBlock{b, h / group, h, i0, 1, i1 - i0}, unit_keys(p, b, i0, i1));
-      }
+  if (stacked) {
+    add_stacked_units(p, plan.q_rows, work);
+  } else {
+    for (std::int64_t b = 0; b < p.B; ++b) {
+      const std::int64_t ql = p.query_len(b);
+      for (std::int64_t h = 0; h < p.H; ++h)
+        for (std::int64_t i0 = 0; i0 < ql; i0 += plan.q_rows) {
+          const std::int64_t i1 = std::min(ql, i0 + plan.q_rows);
+          work.add(RowBlock{b, h / group, h, i0, 1, i1 - i0}, unit_keys(p, b, i0, i1));
+        }
+    }
   }
   work.cut(work.split_keys(plan.k_keys), p.Dv);
   // An item's cost in key blocks (plus one: packing Q and writing O), so that causal work

@@ -31,7 +31,7 @@ constexpr std::int64_t kMaxBlockK = 256;
 // RowBlock): up to 128 rows a block, MLA's 128 heads of one token in one block (S 128 x 128
 // keys is 64 KiB, in L2 beside the packed block).
 constexpr std::int64_t kBlockRowsStacked = 128;
-// The fused path stacks a group's heads too (fused.cpp, stacks_heads) up to this many query tokens
+// The fused path stacks a group's heads too (fused_stacks_heads) up to this many query tokens
 // a sequence (a speculative step's tree, a cascade's forks over their prefix): a group's rows read
 // each packed key block once, from L2, where one head's few rows read the blocks kept for the
 // group's other heads (2 MiB for 2048 f32 keys of D 128) from beyond it, and their short tiles
