@@ -352,7 +352,8 @@ LayerPlan llama_like(const FamilyContext& x, const std::string& family) {
   return p;
 }
 
-// gpt-oss (transformers' GptOssAttention): grouped-query heads of head_dim (default 64), biased
+// gpt-oss (transformers' GptOssAttention): grouped-query heads (num_key_value_heads, default 8)
+// of head_dim (default 64; null: hidden_size / heads), biased
 // projections (attention_bias, default true), one learned sink logit per head (self_attn.sinks)
 // in the softmax's denominator, the sliding window (sliding_window, default 128) on the layers
 // layer_types calls sliding_attention (default: the even ones), YaRN RoPE in rotate_half pairs
@@ -364,9 +365,12 @@ LayerPlan gpt_oss(const FamilyContext& x) {
   const ConfigJson& c = x.c;
   p.cfg.d_model = c.integer("hidden_size");
   p.cfg.heads = c.integer("num_attention_heads");
-  p.cfg.kv_heads = c.integer_or("num_key_value_heads", p.cfg.heads);
+  // GptOssConfig: absent, its field defaults (8 kv heads, head_dim 64); null, __post_init__'s
+  // (as many kv heads as heads, hidden_size / heads)
+  p.cfg.kv_heads = c.present("num_key_value_heads") ? c.integer_or("num_key_value_heads", p.cfg.heads) : 8;
   c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
-  p.cfg.head_dim = c.integer_or("head_dim", 64);
+  p.cfg.head_dim = c.present("head_dim") ? c.integer_or("head_dim", p.cfg.d_model / p.cfg.heads) : 64;
+  if (p.cfg.head_dim == 0) throw Error(c.path(), "\"head_dim\" null needs \"hidden_size\" >= \"num_attention_heads\"");
   check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
   p.cfg.causal = true;
   RopeConfig r = rope_of(c, p.cfg.head_dim, 131072, 150000.0);
@@ -417,7 +421,9 @@ LayerPlan deepseek(const FamilyContext& x, const std::string& family) {
   p.cfg.mla = m;
   p.cfg.causal = true;
   RopeConfig r = rope_of(c, m.qk_rope_head_dim, family == "deepseek_v2" ? 2048 : 4096, 10000.0);
-  r.style = family == "deepseek_v3" && !c.boolean_or("rope_interleave", true) ? RopeStyle::half : RopeStyle::interleaved;
+  // (absent: the configuration's True; null is falsy where DeepseekV3Attention tests it)
+  const bool interleave = c.present("rope_interleave") ? c.boolean_or("rope_interleave", false) : true;
+  r.style = family == "deepseek_v3" && !interleave ? RopeStyle::half : RopeStyle::interleaved;
   p.cfg.rope = r;
   double scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));
   const char* key = c.has("rope_parameters") ? "rope_parameters" : "rope_scaling";

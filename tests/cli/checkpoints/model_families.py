@@ -94,6 +94,9 @@ def dims(cfg):
     """(d_model, heads, kv_heads, head_dim) as the family's config gives them."""
     d = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
     H = heads_of(cfg)
+    if cfg.get("model_type") == "gpt_oss":  # GptOssConfig: absent, 8 and 64; null, H and d // H
+        Hkv, hd = cfg.get("num_key_value_heads", 8), cfg.get("head_dim", 64)
+        return d, H, H if Hkv is None else Hkv, d // H if hd is None else hd
     Hkv = cfg.get("num_key_value_heads", H)
     hd = cfg.get("head_dim", cfg.get("d_kv", d // H))
     return d, H, Hkv, hd
@@ -109,11 +112,11 @@ def stored(a, dtype):
     return v, v.astype(np.float64)
 
 
-def family_tensors(family, rng, weight_scale=1.0):
+def family_tensors(family, rng, weight_scale=1.0, cfg=None):
     """{name: float64 array} of the family's attention tensors (and a few neighbours a loader must
-    skip), every layer, names as published (without the prefix)."""
-    spec = FAMILIES[family]
-    cfg = spec["config"]
+    skip), every layer, names as published (without the prefix); cfg: the config they are for
+    (default the family's)."""
+    cfg = cfg or FAMILIES[family]["config"]
     d, H, Hkv, hd = dims(cfg)
     layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
     g = lambda *shape, s=None: rng.normal(0, (s or 1.0 / np.sqrt(shape[-1])) * weight_scale, shape)  # noqa: E731
@@ -185,9 +188,10 @@ def family_tensors(family, rng, weight_scale=1.0):
     return t
 
 
-def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None):
+def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None, shapes_follow_edit=False):
     """config.json and the weights (single file or shards with their index) under out_dir, as the
-    family's publisher lays them out. Returns {published name without prefix: float64 value as
+    family's publisher lays them out; the weights' shapes those of the family's config, or of the
+    edited one with shapes_follow_edit. Returns {published name without prefix: float64 value as
     stored}."""
     spec = FAMILIES[family]
     os.makedirs(out_dir, exist_ok=True)
@@ -197,7 +201,7 @@ def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None):
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     values, entries = {}, {}
-    for name, a in family_tensors(family, rng, weight_scale).items():
+    for name, a in family_tensors(family, rng, weight_scale, cfg if shapes_follow_edit else None).items():
         entries[spec["prefix"] + name], values[name] = stored(a, spec["dtype"])
     if family == "gpt2":  # the causal-mask buffers the published file carries, which a loader skips
         for n in range(cfg["n_layer"]):

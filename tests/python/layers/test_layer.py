@@ -146,6 +146,25 @@ def test_from_pretrained_matches_the_family_definition(tmp_path, family, layer):
     assert np.abs(got - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
 
 
+@pytest.mark.parametrize("family,edit", [
+    ("gpt_oss", lambda c: (c.pop("num_key_value_heads"), c.update(num_attention_heads=16))),  # absent: 8
+    ("gpt_oss", lambda c: c.update(num_key_value_heads=None)),  # null: as many as heads
+    ("gpt_oss", lambda c: c.pop("head_dim")),  # absent: 64
+    ("gpt_oss", lambda c: c.update(head_dim=None)),  # null: hidden_size / heads
+    ("deepseek_v3", lambda c: c.update(rope_interleave=None)),  # null is falsy where the class tests it
+    ("deepseek_v3", lambda c: c.update(rope_interleave=False))])
+def test_from_pretrained_absent_and_null_keys_as_transformers_reads_them(tmp_path, family, edit):
+    rng = np.random.default_rng(3)
+    W = model_families.write_checkpoint(str(tmp_path), family, rng, config_edit=edit, shapes_follow_edit=True)
+    cfg = dict(model_families.FAMILIES[family]["config"])
+    edit(cfg)
+    m = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), 1, dtype="f64")
+    x = rng.standard_normal((1, 6, 32))
+    want = model_families.reference(family, cfg, W, 1, x)
+    got = m.forward(x)
+    assert np.abs(got - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
+
+
 def test_from_pretrained_errors_name_the_file(tmp_path):
     model_families.write_checkpoint(str(tmp_path), "qwen2", np.random.default_rng(1))
     os.remove(os.path.join(str(tmp_path), "model.safetensors"))
