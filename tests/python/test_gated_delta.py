@@ -59,6 +59,21 @@ def test_matches_the_recurrence(T, l2):
     assert np.abs(fin - want_s).max() <= 1e-4 * max(1.0, np.abs(want_s).max())
 
 
+@pytest.mark.parametrize("strong", [200.0, 1e6, 3e38])
+def test_strong_decays_then_weak_ones_match_the_recurrence(strong):
+    # A chunk's decays summed in f32 would leave the weak ones after a strong one a few bits (4e-4
+    # off at 200), and overflow to -inf at 3e38 (NaN from their differences).
+    rng = np.random.default_rng(int(strong) % 1000)
+    q, k, v, g, beta = inputs(rng, 1, 70, 1, 2, 16, 8)
+    g[:, :10] = -strong
+    g[:, 10:] = -0.05
+    g[:, 40] = -strong
+    out, fin = simdattn.gated_delta_rule(q, k, v, g, beta, output_final_state=True, use_qk_l2norm=True)
+    want, want_s = oracle(q, k, v, g, beta, None, None, True)
+    assert np.abs(out - want).max() <= 1e-5 * max(1.0, np.abs(want).max())
+    assert np.abs(fin - want_s).max() <= 1e-5 * max(1.0, np.abs(want_s).max())
+
+
 def test_value_heads_grouped_or_split_over_the_threads_bitwise():
     # one key head of six value heads: items of 3 heads at 1 thread, of one head at 2 and 3
     rng = np.random.default_rng(8)

@@ -45,6 +45,13 @@ using Sizes = detail::GdrSizes;
 // (docs/linear-attention.md).
 constexpr std::int64_t kChunk = 32;
 
+// The chunk's cumulative log decays are summed in double from each step's log decay raised to at
+// least -kDecayFloor: every weight e^(gamma_t - gamma_s) or e^gamma_t whose span holds such a step
+// is 0 in f32 either way (exp underflows below -150), and the sums stay small enough (32 x 1024)
+// that each difference keeps a double's precision (in f32, a decay of -200 would leave the weak
+// ones after it a few bits; one of -3e38 overflows the sum).
+constexpr double kDecayFloor = 1024.0;
+
 // Lines of the next work item's rows the chunk on the pair kernels prefetches after each of its
 // products (NextRows::prefetch_now: the pair kernels do not prefetch as the f32 ones do): a work item of two value heads reads and writes 768 lines a chunk
 // (bf16 q, k, v and out rows of 32 tokens), over 2 x 3 such calls.
@@ -110,7 +117,7 @@ struct HeadRun {
   // the keys). V's rows ldv apart, O's ldo apart (the call's own arrays where they are f32 rows).
   // work: 2 n Dv + 2 n^2 + 2 n floats. The products prefetch `next`'s lines as they go.
   void chunk(std::int64_t n, const float* K, const float* KKQK, const float* Kt, std::int64_t ldkt, const float* V,
-             std::int64_t ldv, const float* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
+             std::int64_t ldv, const double* gam, const float* bet, detail::PackedB<float>& S, detail::PackedB<float>& U,
              float* O, std::int64_t ldo, float* work, detail::NextRows* next, detail::GdrPairs* b16, detail::Packed16* Sb) const {
     const std::int64_t Dk = z.Dk, Dv = z.Dv, nr = U.nr;
     const simd::DeltaKernels& del = simd::kernels().delta;
@@ -193,7 +200,9 @@ struct HeadRun {
 
   // A thread's buffers for run(), sized once for its whole range of (batch, key head) groups.
   struct Buffers {
-    std::vector<float> K, KKQK, V, O, gam, bet, tmp, work;  // K: a chunk's keys, then its queries
+    std::vector<float> K, KKQK, V, O;  // K: a chunk's keys, then its queries
+    std::vector<double> gam;           // the cumulative log decays (chunk_weights)
+    std::vector<float> bet, tmp, work;
     std::vector<float> Kw;      // K^T row-major, where Kt's panels are not (run())
     detail::PackedB<float> U;   // a chunk's U (chunk())
     detail::PackedB<float> Kt;  // K^T, the B of [K; Q] K^T
@@ -249,11 +258,11 @@ struct HeadRun {
     const bool out_rows = out.dtype == DType::f32 && out.strides[3] == 1 && n > 1;
     for (std::int64_t j = 0; j < jn; ++j) {
       const std::int64_t h = hk * r + j0 + j;
-      float acc = 0.0f;
+      double acc = 0.0;  // (kDecayFloor)
       for (std::int64_t i = 0; i < n; ++i) {
         const std::int64_t t = c0 + i;
         if (!v_rows) row(v, b, t, h, Dv, buf.V.data() + (j * kChunk + i) * Dv, false, 1.0f);
-        acc += detail::gdr_at(g, b, t, h, 0);
+        acc += std::max<double>(detail::gdr_at(g, b, t, h, 0), -kDecayFloor);
         buf.gam[static_cast<std::size_t>(j * kChunk + i)] = acc;
         buf.bet[static_cast<std::size_t>(j * kChunk + i)] = detail::gdr_at(beta, b, t, h, 0);
       }
@@ -285,11 +294,11 @@ struct HeadRun {
       const float* V = v_rows ? static_cast<const float*>(v.data) + b * v.strides[0] + c0 * v.strides[1] + h * v.strides[2]
                               : buf.V.data() + j * kChunk * Dv;
       float* const Oh = out_rows ? static_cast<float*>(out.data) + b * out.strides[0] + c0 * out.strides[1] + h * out.strides[2] : O;
-      const float* gam = buf.gam.data() + j * kChunk;
+      const double* gam = buf.gam.data() + j * kChunk;
       const float* bet = buf.bet.data() + j * kChunk;
       if (n == 1) {
         float* t = buf.tmp.data();
-        token(Kp, Qp, V, gam[0], bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
+        token(Kp, Qp, V, static_cast<float>(gam[0]), bet[0], Sj, O, t, t + Dv, t + 2 * Dv);
       } else {
         chunk(n, Kp, buf.KKQK.data(), Kt, ldkt, V, ldv, gam, bet, Sj, buf.U, Oh, ldo, buf.work.data(), next,
               pairs ? &*buf.b16 : nullptr, pairs ? Sb + j : nullptr);

@@ -131,19 +131,22 @@ void delta_forward_substitute(float* U, std::int64_t ldu, std::int64_t n, std::i
 }
 
 // The chunk form's weights from its cumulative log decays (DeltaKernels::chunk_weights): row i's
-// e^(gamma_i - gamma_s) a vector of s at a time (lanes s > i computed, then dropped).
+// e^(gamma_i - gamma_s) a vector of s at a time (lanes s > i computed, then dropped), each
+// exponent the double difference rounded to f32.
 template <class Arch>
-void delta_chunk_weights(std::int64_t n, const float* gam, const float* beta, const float* KK, std::int64_t ldk,
+void delta_chunk_weights(std::int64_t n, const double* gam, const float* beta, const float* KK, std::int64_t ldk,
                          const float* QK, std::int64_t ldq, float* A, std::int64_t lda, float* QKm, std::int64_t ldm,
                          float* eg, float* last) {
   using B = batch<float, Arch>;
   constexpr std::int64_t W = B::size;
+  alignas(64) float x[W];
   for (std::int64_t s0 = 0; s0 < n; s0 += W) {
     const std::int64_t w = std::min(W, n - s0);
-    store_tail<Arch, float>(eg + s0, w, exp_batch<Arch, float>(load_tail<Arch, float>(gam + s0, w, 0.0f)));
+    for (std::int64_t l = 0; l < w; ++l) x[l] = static_cast<float>(gam[s0 + l]);
+    store_tail<Arch, float>(eg + s0, w, exp_batch<Arch, float>(load_tail<Arch, float>(x, w, 0.0f)));
   }
   for (std::int64_t i = 0; i < n; ++i) {
-    const B gi(gam[i]), bi(beta[i]);
+    const B bi(beta[i]);
     for (std::int64_t s0 = 0; s0 < n; s0 += W) {
       const std::int64_t w = std::min(W, n - s0);
       float* qm = QKm + i * ldm + s0;
@@ -151,7 +154,8 @@ void delta_chunk_weights(std::int64_t n, const float* gam, const float* beta, co
         store_tail<Arch, float>(qm, w, B(0.0f));
         continue;
       }
-      const B e = exp_batch<Arch, float>(gi - load_tail<Arch, float>(gam + s0, w, 0.0f));
+      for (std::int64_t l = 0; l < w; ++l) x[l] = static_cast<float>(gam[i] - gam[s0 + l]);
+      const B e = exp_batch<Arch, float>(load_tail<Arch, float>(x, w, 0.0f));
       if (const std::int64_t na = std::min(w, i - s0); na > 0)
         store_tail<Arch, float>(A + i * lda + s0, na, (bi * e) * load_tail<Arch, float>(KK + i * ldk + s0, na, 0.0f));
       store_tail<Arch, float>(qm, w, blend_tail<Arch, float>(load_tail<Arch, float>(QK + i * ldq + s0, w, 0.0f) * e, std::min(w, i - s0 + 1), 0.0f));

@@ -219,11 +219,12 @@ struct DeltaKernels {
   // y[i] = x[i] * f, i < n, with f = mult / sqrt(sum_i x[i]^2 + eps) (norm) or mult (the rule's
   // L2 norm of a query or key row, and its scale); y may be x.
   void (*scale_row)(const float* x, float* y, std::int64_t n, float mult, float eps, bool norm);
-  // The chunk form's weights from gam[0:n], its cumulative log decays, with E[i, s] = exp(gam[i] -
-  // gam[s]) (VectorKernels::exp's, bit for bit): eg[i] = exp(gam[i]); A[i, s] = (beta[i] E[i, s])
+  // The chunk form's weights from gam[0:n], its cumulative log decays (double: a strong decay's
+  // sum would swallow the small ones after it in f32), with E[i, s] = exp(float(gam[i] - gam[s]))
+  // (VectorKernels::exp's, bit for bit): eg[i] = exp(float(gam[i])); A[i, s] = (beta[i] E[i, s])
   // KK[i, s] for s < i (A[i, s >= i] not written); QKm[i, s] = QK[i, s] E[i, s] for s <= i, 0 for
   // i < s < n (QKm may be QK); last[s] = E[n - 1, s]. Rows ldk, ldq, lda, ldm apart.
-  void (*chunk_weights)(std::int64_t n, const float* gam, const float* beta, const float* KK, std::int64_t ldk,
+  void (*chunk_weights)(std::int64_t n, const double* gam, const float* beta, const float* KK, std::int64_t ldk,
                         const float* QK, std::int64_t ldq, float* A, std::int64_t lda, float* QKm, std::int64_t ldm,
                         float* eg, float* last);
   // y[r, :cols] = f[r] x[r, :cols] for r < rows (rows ldx, ldy apart; y may be x).
