@@ -257,6 +257,11 @@ def test_merge_edges_dtypes_and_errors():
         assert np.all(out[0, 0] == 0) and lse[0, 0] == -np.inf
         assert np.array_equal(out[1, 1], b[1, 1]) and lse[1, 1] == lb[1, 1]
         assert np.array_equal(out[2, 2], a[2, 2])
+    # states far from 0: the weights stay each one's share (equal states average, at any size)
+    big = np.array([[1e10], [1e16], [-1e30], [3e38]], np.float32)
+    ones = np.ones((4, 1, 8), np.float32)
+    out, lse = simdattn.merge_attention_states(ones, big, 3 * ones, big)
+    assert np.all(out == 2.0) and np.array_equal(lse, big + np.float32(np.log(2.0)))
     a, b = oa.astype(np.float32), ob.astype(np.float32)
     bad = [
         ("out_b", (a, la, b[:4], lb), {}),

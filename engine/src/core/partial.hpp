@@ -71,11 +71,13 @@ inline StateWeights merge_states(double& sa, double sb) {
     sa = sb;
     return {0.0, 1.0};
   }
+  // the weights relative to the larger state, then their share of the sum (the weights as
+  // exp(s - merged) lose log(sum) to rounding where |m| is large: equal states of 1e16 weighed 1
+  // and 1)
   const double m = std::max(sa, sb);
-  const double merged = m + std::log(std::exp(sa - m) + std::exp(sb - m));
-  const StateWeights w{std::exp(sa - merged), std::exp(sb - merged)};
-  sa = merged;
-  return w;
+  const double wa = std::exp(sa - m), wb = std::exp(sb - m), sum = wa + wb;
+  sa = m + std::log(sum);
+  return {wa / sum, wb / sum};
 }
 
 // The end of row i of head (b, h) whose keys left the sum l of exp(s - m) (m the reference it
