@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "array.hpp"
@@ -73,9 +74,17 @@ inline Causal causal_of(const py::object& c) {
   throw Error("causal", "expected None, a bool, 'none', 'top_left' or 'bottom_right', got '" + s + "'");
 }
 
+// A 1-D sequence (array, tensor, list) of T; for integral T, of integers (or bools) only: floats
+// refused, not truncated (an empty sequence has no entries to be anything).
 template <class T>
 std::vector<T> vector_of(const py::object& o, const std::string& name) {
   if (o.is_none()) return {};
+  if constexpr (std::is_integral_v<T>) {
+    const py::array raw = py::array::ensure(o);
+    const char kind = raw ? raw.dtype().kind() : 'i';
+    if (raw && raw.size() > 0 && kind != 'i' && kind != 'u' && kind != 'b')
+      throw Error(name, "expected integers, got dtype " + raw.dtype().attr("name").cast<std::string>());
+  }
   try {
     const py::array_t<T, py::array::c_style | py::array::forcecast> a(o);
     if (a.ndim() != 1) throw Error(name, "expected a sequence (1-D), got " + std::to_string(a.ndim()) + "-D");

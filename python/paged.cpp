@@ -41,16 +41,6 @@ std::vector<std::int32_t> table_of(const py::object& o, std::int64_t& rows, std:
   return out;
 }
 
-// int32 or int64 integers of a 1-D array.
-std::vector<std::int64_t> ints_of(const py::object& o, const std::string& name) {
-  if (py::isinstance<py::array>(o)) {
-    const py::array a = o.cast<py::array>();
-    const char kind = a.dtype().kind();
-    if (kind != 'i' && kind != 'u') throw Error(name, "expected integers, got dtype " + a.dtype().attr("name").cast<std::string>());
-  }
-  return vector_of<std::int64_t>(o, name);
-}
-
 // A bool or uint8 mask (a tree mask) as row-major bytes, nonzero: sees. `shape`: the dimensions
 // it must have, -1 for any length.
 std::vector<std::uint8_t> mask_bytes(const py::handle& o, const std::string& name, const std::vector<std::int64_t>& shape) {
@@ -101,12 +91,12 @@ py::object attention_paged_py(const py::object& q_in, const py::object& k_in, co
                               const py::object& dtype, const py::object& k_scale, const py::object& v_scale,
                               const py::object& kv_dtype) {
   PagedAttentionOptions o;
-  std::vector<std::int64_t> starts, lens = ints_of(seq_lens, "seq_lens");
-  if (!query_start.is_none()) starts = ints_of(query_start, "query_start"), o.query_start = starts;
+  std::vector<std::int64_t> starts, lens = vector_of<std::int64_t>(seq_lens, "seq_lens");
+  if (!query_start.is_none()) starts = vector_of<std::int64_t>(query_start, "query_start"), o.query_start = starts;
   std::vector<std::uint8_t> tree;
   std::vector<std::int64_t> tree_starts;
   if (!tree_mask.is_none()) tree = mask_bytes(tree_mask, "tree_mask", {-1}), o.tree_mask = given_span(tree);
-  if (!tree_mask_start.is_none()) tree_starts = ints_of(tree_mask_start, "tree_mask_start"), o.tree_mask_start = tree_starts;
+  if (!tree_mask_start.is_none()) tree_starts = vector_of<std::int64_t>(tree_mask_start, "tree_mask_start"), o.tree_mask_start = tree_starts;
   if (causal.is_none()) o.causal = Causal::none;
   else if (py::isinstance<py::bool_>(causal)) o.causal = causal.cast<bool>() ? Causal::bottom_right : Causal::none;
   else o.causal = causal_of(causal);
@@ -224,7 +214,7 @@ py::list forward_pool_py(const MultiHeadAttention& layer, const std::vector<KvPo
     SeqView ov;
     ov.data = outs.back().view.data, ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
     if (!positions.is_none() && !py::object(positions[py::int_(i)]).is_none())
-      pos[i] = ints_of(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
+      pos[i] = vector_of<std::int64_t>(py::array(positions[py::int_(i)]).attr("reshape")(-1), "positions");
     steps[i] = {in.back().view, sequences[i], ov, pos[i]};
     if (!tree_masks.is_none() && !py::object(tree_masks[py::int_(i)]).is_none()) {
       trees[i] = mask_bytes(tree_masks[py::int_(i)], "tree_masks[" + std::to_string(i) + "]", {T, T});
@@ -255,7 +245,7 @@ py::object scheduler_step_py(PoolScheduler& sched, const MultiHeadAttention& lay
   SeqView ov;
   ov.data = out.view.data, ov.dtype = t, ov.B = 1, ov.S = T, ov.E = d;
   std::vector<std::int64_t> pos;
-  if (!positions.is_none()) pos = ints_of(py::array(positions).attr("reshape")(-1), "positions");
+  if (!positions.is_none()) pos = vector_of<std::int64_t>(py::array(positions).attr("reshape")(-1), "positions");
   PoolStep step{in.view, seq, ov, pos};
   std::vector<std::uint8_t> tree;
   if (!tree_mask.is_none()) tree = mask_bytes(tree_mask, "tree_mask", {T, T}), step.tree_mask = given_span(tree);
@@ -328,7 +318,7 @@ out_a / lse_a themselves (in place). Returns (out, lse).)doc");
       .def("fork", &KvPool::fork, py::arg("parent"), "A new sequence sharing every block of `parent`.")
       .def("truncate", &KvPool::truncate, py::arg("sequence"), py::arg("length"))
       .def("accept", [](KvPool& p, KvPool::Sequence seq, std::int64_t first, const py::object& kept) {
-             const std::vector<std::int64_t> k = ints_of(kept, "kept");
+             const std::vector<std::int64_t> k = vector_of<std::int64_t>(kept, "kept");
              p.accept(seq, first, k);
            }, py::arg("seq"), py::arg("first"), py::arg("kept"),
            R"doc(Keeps, of sequence seq's tokens at positions first .. length - 1 (a verification step's
@@ -399,7 +389,7 @@ budget) and decode steps run as batched forward_pool calls on the scheduler's ow
            R"doc(Runs query [T, d_model] (a prompt or a decode step) in batches with other threads' steps; returns its output.
 tree_mask: a [T, T] bool draft tree (as forward_pool's tree_masks[i]), run whole in one batch.)doc")
       .def("accept", [](PyPoolScheduler& s, KvPool::Sequence seq, std::int64_t first, const py::object& kept) {
-             const std::vector<std::int64_t> k = ints_of(kept, "kept");
+             const std::vector<std::int64_t> k = vector_of<std::int64_t>(kept, "kept");
              s.sched.accept(seq, first, k);
            }, py::arg("seq"), py::arg("first"), py::arg("kept"), "KvPool.accept on the scheduler's pool, between the sequence's steps.")
       .def("length", [](const PyPoolScheduler& s, KvPool::Sequence q) { return s.sched.length(q); }, py::arg("sequence"))

@@ -162,6 +162,7 @@ def test_tree_mask_start_places_each_matrix_and_bad_ones_are_named():
         ("tree_mask_start", dict(tree_mask=flat(masks), tree_mask_start=[0, 8, 24])),    # 3^2 apart
         ("tree_mask_start", dict(tree_mask=flat(masks), tree_mask_start=[1, 10, 26])),   # past the end
         ("tree_mask_start", dict(tree_mask_start=[0, 9, 25])),                           # without a mask
+        ("tree_mask_start", dict(tree_mask=flat(masks), tree_mask_start=[0.5, 9.5, 25.5])),  # not integers
         ("lse", dict(lse=np.zeros((7, 3), np.float32))),
         ("lse", dict(lse=np.zeros((7, 4), np.float64))),
     ]
@@ -306,7 +307,8 @@ def test_accept_keeps_the_kept_drafts_in_every_layer_and_never_changes_a_fork(dt
     table_before = list(pool.block_table(seq))
     free_before = pool.free_blocks
     bad = [("seq", (child + 7, 5, [0])), ("first", (seq, 12, [])), ("first", (seq, -1, [])),
-           ("kept", (seq, 5, [1, 1])), ("kept", (seq, 5, [2, 0])), ("kept", (seq, 5, [6])), ("kept", (seq, 5, [-1]))]
+           ("kept", (seq, 5, [1, 1])), ("kept", (seq, 5, [2, 0])), ("kept", (seq, 5, [6])), ("kept", (seq, 5, [-1])),
+           ("kept", (seq, 5, [0.5, 2.7]))]  # floats refused, not truncated
     for name, args in bad:
         with pytest.raises(simdattn.Error) as e:
             pool.accept(*args)
