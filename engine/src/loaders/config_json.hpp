@@ -68,6 +68,9 @@ class ConfigJson {
     if (!v.is_boolean()) throw Error(path_, "\"" + key + "\" must be true or false, got " + v.brief());
     return v.boolean();
   }
+  // A flag the family's code tests for truth: absent, `fallback` (its configuration's default);
+  // null, false.
+  bool truthy_or(const std::string& key, bool fallback) const { return present(key) ? boolean_or(key, false) : fallback; }
   // The first of `keys` present (legacy names), else an error naming the first.
   std::int64_t integer_of(std::initializer_list<const char*> keys) const {
     for (const char* k : keys)

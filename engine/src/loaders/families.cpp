@@ -57,7 +57,7 @@ LayerPlan encoder_layer(const FamilyContext& x, const char* family, const char* 
   p.cfg.d_model = x.c.integer("hidden_size");
   p.cfg.heads = x.c.integer("num_attention_heads");
   x.c.divides("hidden_size", p.cfg.d_model, "num_attention_heads", p.cfg.heads);
-  check_layer(x.c, "num_hidden_layers", x.c.integer("num_hidden_layers"), x.layer);
+  check_layer(x.c, "num_hidden_layers", x.c.integer_or("num_hidden_layers", 12), x.layer);  // (absent: the classes' 12)
   // BERT's relative_key(_query) position scores are not this layer's; a decoder BERT is causal
   if (x.c.has("position_embedding_type")) {
     const JsonValue& t = x.c.at("position_embedding_type");
@@ -71,8 +71,9 @@ LayerPlan encoder_layer(const FamilyContext& x, const char* family, const char* 
   const std::string s = pre + inner + ".";
   p.wq = whole(s + "query.weight"), p.wk = whole(s + "key.weight"), p.wv = whole(s + "value.weight");
   p.wo = whole(pre + "output.dense.weight");
-  // ViT's qkv_bias (default true) may drop the input biases; the output's is always there
-  const bool qkv_bias = x.c.boolean_or("qkv_bias", true);
+  // ViT's qkv_bias (default true; null: none, as nn.Linear's bias=None) may drop the input
+  // biases; the output's is always there
+  const bool qkv_bias = x.c.truthy_or("qkv_bias", true);
   if (qkv_bias) p.bq = whole(s + "query.bias"), p.bk = whole(s + "key.bias"), p.bv = whole(s + "value.bias");
   p.bo = whole(pre + "output.dense.bias");
   return p;
@@ -86,12 +87,13 @@ LayerPlan vit(const FamilyContext& x) { return encoder_layer(x, "vit", "attentio
 LayerPlan gpt2(const FamilyContext& x) {
   only_self(x, "gpt2");
   LayerPlan p;
-  p.cfg.d_model = x.c.integer("n_embd");
-  p.cfg.heads = x.c.integer("n_head");
-  check_layer(x.c, "n_layer", x.c.integer("n_layer"), x.layer);
+  // (hidden_size, num_attention_heads, num_hidden_layers: GPT2Config's attribute_map names)
+  p.cfg.d_model = x.c.integer_of({"n_embd", "hidden_size"});
+  p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
+  check_layer(x.c, "n_layer", x.c.has("n_layer") ? x.c.integer("n_layer") : x.c.integer_or("num_hidden_layers", 12), x.layer);
   p.cfg.causal = true;
   x.c.divides("n_embd", p.cfg.d_model, "n_head", p.cfg.heads);
-  double scale = x.c.boolean_or("scale_attn_weights", true)
+  double scale = x.c.truthy_or("scale_attn_weights", true)  // (null: GPT2Attention's test is false)
                      ? 1.0 / std::sqrt(static_cast<double>(p.cfg.d_model / p.cfg.heads))
                      : 1.0;
   if (x.c.boolean_or("scale_attn_by_inverse_layer_idx", false)) scale /= static_cast<double>(x.layer + 1);
@@ -119,10 +121,11 @@ LayerPlan t5(const FamilyContext& x) {
   if (!x.opt.attention.empty() && x.opt.attention != "self" && !cross)
     throw Error("attention", "expected self or cross, got '" + x.opt.attention + "'");
   if (cross && !decoder) throw Error("attention", "t5's cross-attention is in the decoder stack (stack decoder)");
-  p.cfg.d_model = x.c.integer("d_model");
-  p.cfg.heads = x.c.integer("num_heads");
-  p.cfg.head_dim = x.c.integer("d_kv");
-  const std::int64_t layers = x.c.integer("num_layers");
+  // (hidden_size, num_attention_heads, num_hidden_layers: T5Config's attribute_map names)
+  p.cfg.d_model = x.c.integer_of({"d_model", "hidden_size"});
+  p.cfg.heads = x.c.integer_of({"num_heads", "num_attention_heads"});
+  p.cfg.head_dim = x.c.integer_or("d_kv", 64);  // (absent: T5Config's 64)
+  const std::int64_t layers = x.c.has("num_layers") ? x.c.integer("num_layers") : x.c.integer_or("num_hidden_layers", 6);
   if (decoder) check_layer(x.c, "num_decoder_layers", x.c.integer_or("num_decoder_layers", layers), x.layer);
   else check_layer(x.c, "num_layers", layers, x.layer);
   p.cfg.scale = 1.0;
@@ -151,7 +154,7 @@ LayerPlan bloom(const FamilyContext& x) {
   p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
   x.c.divides(x.c.has("hidden_size") ? "hidden_size" : "n_embed", p.cfg.d_model,
               x.c.has("n_head") ? "n_head" : "num_attention_heads", p.cfg.heads);
-  check_layer(x.c, "n_layer", x.c.integer_of({"n_layer", "num_hidden_layers"}), x.layer);
+  check_layer(x.c, "n_layer", x.c.has("n_layer") ? x.c.integer("n_layer") : x.c.integer_or("num_hidden_layers", 2), x.layer);
   p.cfg.causal = true;
   p.cfg.alibi_slopes = standard_alibi_slopes(p.cfg.heads);
   const std::string base = "h." + std::to_string(x.layer) + ".self_attention.";
@@ -193,7 +196,8 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_
   r.theta = params && s != nullptr && s->find("rope_theta") != nullptr ? num("rope_theta", "any") : c.number_or("rope_theta", theta);
   const double partial = params && s != nullptr && s->find("partial_rotary_factor") != nullptr
                              ? num("partial_rotary_factor", "any")
-                             : c.number_or("partial_rotary_factor", partial_rotary_factor);
+                             : c.present("partial_rotary_factor") ? c.number_or("partial_rotary_factor", 1.0)  // null: whole
+                                                                  : partial_rotary_factor;
   if (!(partial > 0.0 && partial <= 1.0))
     throw Error(c.path(), "\"partial_rotary_factor\" must be in (0, 1], got " + std::to_string(partial));
   if (!(r.theta > 0.0)) throw Error(c.path(), "\"rope_theta\" must be > 0, got " + std::to_string(r.theta));
@@ -307,12 +311,19 @@ LayerPlan llama_like(const FamilyContext& x, const std::string& family) {
   const ConfigJson& c = x.c;
   p.cfg.d_model = c.integer("hidden_size");
   p.cfg.heads = c.integer("num_attention_heads");
-  p.cfg.kv_heads = c.integer_or("num_key_value_heads", p.cfg.heads);
+  // num_key_value_heads absent: the configuration class's default (Mistral 8, Qwen2 and Qwen3 32,
+  // Gemma 2 4, Llama none: as many as heads); null: as many as heads
+  const std::int64_t kv_default = family == "mistral" ? 8
+                                  : family == "gemma2"  ? 4
+                                  : family == "qwen2" || family == "qwen3" ? 32
+                                                                           : p.cfg.heads;
+  p.cfg.kv_heads = c.present("num_key_value_heads") ? c.integer_or("num_key_value_heads", p.cfg.heads) : kv_default;
   c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
-  // head_dim: the config's; else Gemma 2's default 256, the others' hidden_size / heads
-  if (!c.has("head_dim") && family != "gemma2") c.divides("hidden_size", p.cfg.d_model, "num_attention_heads", p.cfg.heads);
-  p.cfg.head_dim = c.integer_or("head_dim", family == "gemma2" ? 256 : p.cfg.d_model / p.cfg.heads);
-  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  // head_dim: the config's; absent, Gemma 2's default 256, Qwen3's 128, the others' hidden_size / heads
+  const bool fixed_head_dim = !c.present("head_dim") && (family == "gemma2" || family == "qwen3");
+  if (!c.has("head_dim") && !fixed_head_dim) c.divides("hidden_size", p.cfg.d_model, "num_attention_heads", p.cfg.heads);
+  p.cfg.head_dim = c.integer_or("head_dim", !fixed_head_dim ? p.cfg.d_model / p.cfg.heads : family == "gemma2" ? 256 : 128);
+  check_layer(c, "num_hidden_layers", c.integer_or("num_hidden_layers", family == "gemma2" ? 26 : 32), x.layer);
   p.cfg.causal = true;
   p.cfg.rope = rope_of(c, p.cfg.head_dim);
   const std::string base = "layers." + std::to_string(x.layer) + ".self_attn.";
@@ -371,7 +382,7 @@ LayerPlan gpt_oss(const FamilyContext& x) {
   c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
   p.cfg.head_dim = c.present("head_dim") ? c.integer_or("head_dim", p.cfg.d_model / p.cfg.heads) : 64;
   if (p.cfg.head_dim == 0) throw Error(c.path(), "\"head_dim\" null needs \"hidden_size\" >= \"num_attention_heads\"");
-  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  check_layer(c, "num_hidden_layers", c.integer_or("num_hidden_layers", 36), x.layer);
   p.cfg.causal = true;
   RopeConfig r = rope_of(c, p.cfg.head_dim, 131072, 150000.0);
   if (!c.has("rope_scaling") && !c.has("rope_parameters")) {  // GptOssConfig's default rope_parameters
@@ -385,7 +396,7 @@ LayerPlan gpt_oss(const FamilyContext& x) {
   const std::string s = find_prefix(x.ck, x.dir, base + "q_proj.weight") + base;
   p.wq = whole(s + "q_proj.weight"), p.wk = whole(s + "k_proj.weight"), p.wv = whole(s + "v_proj.weight");
   p.wo = whole(s + "o_proj.weight");
-  if (c.boolean_or("attention_bias", true)) {
+  if (c.truthy_or("attention_bias", true)) {
     p.bq = whole(s + "q_proj.bias"), p.bk = whole(s + "k_proj.bias"), p.bv = whole(s + "v_proj.bias");
     p.bo = whole(s + "o_proj.bias");
   }
@@ -407,7 +418,7 @@ LayerPlan deepseek(const FamilyContext& x, const std::string& family) {
   const ConfigJson& c = x.c;
   p.cfg.d_model = c.integer("hidden_size");
   p.cfg.heads = c.integer("num_attention_heads");
-  check_layer(c, "num_hidden_layers", c.integer("num_hidden_layers"), x.layer);
+  check_layer(c, "num_hidden_layers", c.integer_or("num_hidden_layers", family == "deepseek_v2" ? 30 : 61), x.layer);
   MlaConfig m;
   for (const char* key : {"q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim"})
     if (!c.present(key)) p.mla.defaulted += std::string(p.mla.defaulted.empty() ? "" : ", ") + "\"" + key + "\"";
@@ -422,7 +433,7 @@ LayerPlan deepseek(const FamilyContext& x, const std::string& family) {
   p.cfg.causal = true;
   RopeConfig r = rope_of(c, m.qk_rope_head_dim, family == "deepseek_v2" ? 2048 : 4096, 10000.0);
   // (absent: the configuration's True; null is falsy where DeepseekV3Attention tests it)
-  const bool interleave = c.present("rope_interleave") ? c.boolean_or("rope_interleave", false) : true;
+  const bool interleave = c.truthy_or("rope_interleave", true);
   r.style = family == "deepseek_v3" && !interleave ? RopeStyle::half : RopeStyle::interleaved;
   p.cfg.rope = r;
   double scale = 1.0 / std::sqrt(static_cast<double>(m.qk_nope_head_dim + m.qk_rope_head_dim));

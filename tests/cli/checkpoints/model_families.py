@@ -87,19 +87,18 @@ DIFFUSERS_PREFIX = "down_blocks.0.attentions.0.transformer_blocks.0."
 
 
 def heads_of(cfg):
-    return cfg.get("num_attention_heads", cfg.get("n_head", cfg.get("num_heads")))
+    return cfg.get("n_head", cfg.get("num_heads", cfg.get("num_attention_heads")))
 
 
 def dims(cfg):
     """(d_model, heads, kv_heads, head_dim) as the family's config gives them."""
-    d = cfg.get("hidden_size", cfg.get("n_embd", cfg.get("d_model")))
+    d = cfg.get("n_embd", cfg.get("d_model", cfg.get("hidden_size")))
     H = heads_of(cfg)
-    if cfg.get("model_type") == "gpt_oss":  # GptOssConfig: absent, 8 and 64; null, H and d // H
-        Hkv, hd = cfg.get("num_key_value_heads", 8), cfg.get("head_dim", 64)
-        return d, H, H if Hkv is None else Hkv, d // H if hd is None else hd
-    Hkv = cfg.get("num_key_value_heads", H)
-    hd = cfg.get("head_dim", cfg.get("d_kv", d // H))
-    return d, H, Hkv, hd
+    family = cfg.get("model_type")
+    # the configuration classes' defaults when absent; null: as many kv heads as heads, d // H
+    Hkv = cfg.get("num_key_value_heads", {"gpt_oss": 8, "mistral": 8, "qwen2": 32, "qwen3": 32, "gemma2": 4}.get(family, H))
+    hd = cfg.get("head_dim", cfg.get("d_kv", {"gpt_oss": 64, "qwen3": 128, "gemma2": 256}.get(family, d // H)))
+    return d, H, H if Hkv is None else Hkv, d // H if hd is None else hd
 
 
 def stored(a, dtype):
@@ -118,7 +117,7 @@ def family_tensors(family, rng, weight_scale=1.0, cfg=None):
     (default the family's)."""
     cfg = cfg or FAMILIES[family]["config"]
     d, H, Hkv, hd = dims(cfg)
-    layers = cfg.get("num_hidden_layers", cfg.get("n_layer", cfg.get("num_layers")))
+    layers = cfg.get("n_layer", cfg.get("num_layers", cfg.get("num_hidden_layers", 2)))
     g = lambda *shape, s=None: rng.normal(0, (s or 1.0 / np.sqrt(shape[-1])) * weight_scale, shape)  # noqa: E731
     b = lambda n: rng.normal(0, 0.1, n)  # noqa: E731
     t = {}
@@ -204,7 +203,7 @@ def write_checkpoint(out_dir, family, rng, weight_scale=1.0, config_edit=None, s
     for name, a in family_tensors(family, rng, weight_scale, cfg if shapes_follow_edit else None).items():
         entries[spec["prefix"] + name], values[name] = stored(a, spec["dtype"])
     if family == "gpt2":  # the causal-mask buffers the published file carries, which a loader skips
-        for n in range(cfg["n_layer"]):
+        for n in range(cfg.get("n_layer", cfg.get("num_hidden_layers", 12))):
             entries[f"h.{n}.attn.bias"] = ("BOOL", np.tril(np.ones((1, 1, 8, 8), np.uint8)))
     shards = spec.get("shards", 1)
     if shards == 1:
@@ -376,13 +375,17 @@ def reference(family, cfg, W, layer, x, enc=None, pad=None, positions=None, stac
     if family in ("bert", "roberta", "vit", "deit"):
         inner = "self" if family in ("bert", "roberta") else "attention"
         a = f"encoder.layer.{layer}.attention."
-        q, k, v = (rnd(lin(x, W[a + f"{inner}.{p}.weight"], W[a + f"{inner}.{p}.bias"])) for p in ("query", "key", "value"))
+        qkv_bias = cfg.get("qkv_bias", True)  # (ViT's nn.Linear(.., bias=config.qkv_bias): null is none)
+        q, k, v = (rnd(lin(x, W[a + f"{inner}.{p}.weight"], W[a + f"{inner}.{p}.bias"] if qkv_bias else None))
+                   for p in ("query", "key", "value"))
         wo, bo = W[a + "output.dense.weight"], W[a + "output.dense.bias"]
     elif family == "gpt2":  # Conv1D: x W + b, c_attn's columns q | k | v
         a = f"h.{layer}.attn."
         qkv = rnd(x @ W[a + "c_attn.weight"] + W[a + "c_attn.bias"])
         q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
         wo, bo = W[a + "c_proj.weight"].T, W[a + "c_proj.bias"]
+        if not cfg.get("scale_attn_weights", True):  # (GPT2Attention tests it for truth)
+            scale = 1.0
         if cfg.get("scale_attn_by_inverse_layer_idx"):
             scale /= layer + 1
         visible &= j <= i

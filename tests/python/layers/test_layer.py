@@ -152,7 +152,16 @@ def test_from_pretrained_matches_the_family_definition(tmp_path, family, layer):
     ("gpt_oss", lambda c: c.pop("head_dim")),  # absent: 64
     ("gpt_oss", lambda c: c.update(head_dim=None)),  # null: hidden_size / heads
     ("deepseek_v3", lambda c: c.update(rope_interleave=None)),  # null is falsy where the class tests it
-    ("deepseek_v3", lambda c: c.update(rope_interleave=False))])
+    ("deepseek_v3", lambda c: c.update(rope_interleave=False)),
+    ("mistral", lambda c: (c.pop("num_key_value_heads"), c.update(num_attention_heads=16, head_dim=4))),  # 8
+    ("qwen2", lambda c: (c.pop("num_key_value_heads"), c.update(num_attention_heads=64, head_dim=2))),  # 32
+    ("gemma2", lambda c: (c.pop("num_key_value_heads"), c.update(num_attention_heads=8))),  # 4
+    ("qwen3", lambda c: c.pop("head_dim")),  # 128
+    ("llama", lambda c: (c.pop("num_key_value_heads"), c.pop("num_hidden_layers"))),  # heads; 32 layers
+    ("vit", lambda c: c.update(qkv_bias=None)),  # nn.Linear's bias=None: none
+    ("gpt2", lambda c: c.update(scale_attn_weights=None)),  # tested for truth: unscaled
+    ("gpt2", lambda c: c.update(hidden_size=c.pop("n_embd"), num_attention_heads=c.pop("n_head"),
+                                num_hidden_layers=c.pop("n_layer")))])  # GPT2Config's attribute_map
 def test_from_pretrained_absent_and_null_keys_as_transformers_reads_them(tmp_path, family, edit):
     rng = np.random.default_rng(3)
     W = model_families.write_checkpoint(str(tmp_path), family, rng, config_edit=edit, shapes_follow_edit=True)
