@@ -132,8 +132,12 @@ def test_bad_arguments_are_named():
         simdattn.gated_delta_rule(q, k, v, g, beta, initial_state=np.zeros((1, 2, 8, 7), np.float32))
     assert e.value.argument == "initial_state"
     with pytest.raises(simdattn.Error) as e:
-        simdattn.gated_delta_rule(q, k, v, g, beta, scale=-1.0)
+        simdattn.gated_delta_rule(q, k, v, g, beta, scale=float("nan"))
     assert e.value.argument == "scale"
+    for scale in (-0.5, 0.0):  # any finite scale, as flash-linear-attention takes it
+        got = simdattn.gated_delta_rule(q, k, v, g, beta, scale=scale)
+        want = oracle(q, k, v, g, beta, scale)[0]
+        assert np.abs(got - want).max() <= 1e-4 * max(1.0, np.abs(want).max())
     out = np.full((1, 4, 2, 8), 7.0, np.float32)
     with pytest.raises(simdattn.Error):
         simdattn.gated_delta_rule(q, k, v, bad_g, beta, out=out)

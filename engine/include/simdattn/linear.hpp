@@ -92,7 +92,7 @@ class SIMDATTN_API LinearAttentionState {
 // shape, a dtype, a g > 0, a non-finite input) before writing anything; the states may not overlap
 // the outputs.
 struct GatedDeltaRuleOptions {
-  std::optional<double> scale = {};  // finite, > 0
+  std::optional<double> scale = {};  // finite (any sign, as flash-linear-attention takes it)
   ConstTensorView initial_state = {};
   TensorView final_state = {};
   bool use_qk_l2norm = false;

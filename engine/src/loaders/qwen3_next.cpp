@@ -29,8 +29,9 @@ bool qwen3_next_full_layer(const ConfigJson& c, std::int64_t layer) {
   if (!t.is_array() || static_cast<std::int64_t>(t.size()) <= layer || !t[static_cast<std::size_t>(layer)].is_string())
     throw Error(c.path(), "\"layer_types\" must list a string for layer " + std::to_string(layer));
   const std::string kind = t[static_cast<std::size_t>(layer)].string();
-  if (kind == "full_attention") return true;
-  if (kind == "linear_attention") return false;
+  // (and the legacy names transformers' configurations remap: attention, mamba)
+  if (kind == "full_attention" || kind == "attention") return true;
+  if (kind == "linear_attention" || kind == "mamba") return false;
   throw Error(c.path(), "\"layer_types\"[" + std::to_string(layer) + "] is '" + kind.substr(0, 100) +
                             "' (expected full_attention or linear_attention)");
 }

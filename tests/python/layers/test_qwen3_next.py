@@ -7,6 +7,7 @@ arguments named.
 
 Run:  PYTHONPATH=build/python /usr/bin/python3 -m pytest -q tests/python/layers/test_qwen3_next.py
 """
+import json
 import os
 import sys
 
@@ -139,6 +140,20 @@ def test_full_attention_with_biases_and_default_layer_types(tmp_path):
     assert rel_err(mha.forward(x), q3n.attention_reference(cfg, values, 3, x)) < 1e-7
     gdn = simdattn.GatedDeltaNet.from_pretrained(str(tmp_path), 2)
     assert gdn.hidden_size == 32
+
+
+def test_legacy_layer_type_names(tmp_path):
+    # transformers' configurations remap "attention" and "mamba" (remap_legacy_layer_types)
+    cfg, values = q3n.write_checkpoint(str(tmp_path), np.random.default_rng(10))
+    legacy = dict(cfg, layer_types=["attention" if t == "full_attention" else "mamba" for t in cfg["layer_types"]])
+    with open(os.path.join(str(tmp_path), "config.json"), "w") as f:
+        json.dump(legacy, f)
+    full = cfg["layer_types"].index("full_attention")
+    mha = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), full, dtype="f64")
+    x = np.random.default_rng(11).standard_normal((1, 5, 32))
+    assert rel_err(mha.forward(x), q3n.attention_reference(cfg, values, full, x)) < 1e-7
+    simdattn.GatedDeltaNet.from_pretrained(str(tmp_path), cfg["layer_types"].index("linear_attention"))
+    expect_error("layer", simdattn.GatedDeltaNet.from_pretrained, str(tmp_path), full)
 
 
 def test_errors(model):
