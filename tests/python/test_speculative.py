@@ -147,6 +147,9 @@ def test_tree_mask_start_places_each_matrix_and_bad_ones_are_named():
         got = simdattn.attention_paged(q, k, v, table, lens, query_start=qs, tree_mask=spread.astype(np.uint8),
                                        tree_mask_start=starts)
         assert np.array_equal(got, plain)
+    for causal in ("top_left", "none", True):  # ignored with a tree mask (top_left refused without one)
+        assert np.array_equal(simdattn.attention_paged(q, k, v, table, lens, query_start=qs, tree_mask=flat(masks),
+                                                       causal=causal), plain)
     # a mask that shows every new token its predecessors and itself is bottom-right causal
     causal = [np.tril(np.ones((n, n), bool)) for n in (3, 4)]
     assert np.array_equal(simdattn.attention_paged(q, k, v, table, lens, query_start=qs, tree_mask=flat(causal)),
@@ -386,6 +389,12 @@ def test_a_windowed_layer_takes_no_tree():
     with pytest.raises(simdattn.Error) as e:
         layer.forward_pool([s], [w(3, 32)], pool, tree_masks=[np.tril(np.ones((3, 3), bool))])
     assert e.value.argument == "steps[0].tree_mask"
+    assert pool.length(s) == 0 and pool.free_blocks == 8
+    # a layer without RoPE ignores positions, but not a wrong count or a negative one
+    for bad in (np.arange(2), np.array([0, -1, 2])):
+        with pytest.raises(simdattn.Error) as e:
+            layer.forward_pool([s], [w(3, 32)], pool, positions=[bad])
+        assert "positions" in e.value.argument
     assert pool.length(s) == 0 and pool.free_blocks == 8
 
 

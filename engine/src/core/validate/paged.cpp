@@ -220,7 +220,8 @@ void set_lse(Problem& p, std::int64_t total_q, const PagedAttentionOptions& opt,
 }
 
 void set_options(Problem& p, const PagedAttentionOptions& opt, const Span& so) {
-  if (opt.causal != Causal::bottom_right && opt.causal != Causal::none)
+  const bool tree = opt.tree_mask.data() != nullptr || !opt.tree_mask.empty();  // (causal ignored)
+  if (!tree && opt.causal != Causal::bottom_right && opt.causal != Causal::none)
     throw Error("options.causal", "must be bottom_right or none (each sequence's new tokens are its last), got " +
                                       std::string(causal_name(opt.causal)));
   p.causal = opt.causal;

@@ -37,7 +37,7 @@ void check_step_rows(const LayerStorage<T>& layer, const ConstSeqView& query, co
   check_seq("query", query, dtype_of<T>(), B, c.d_model);
   check_rows("query", query, std::max({c.d_model, layer.n_in, layer.nq}), sizeof(T));
   check_out(out, dtype_of<T>(), query.B, query.S, c.d_model);
-  if (c.rope || !c.q_norm.empty()) check_positions(positions, query.B, query.S);
+  check_positions(positions, query.B, query.S);  // (a layer without RoPE ignores them, but not their shape)
 }
 
 void check_cached_options(const MhaOptions& opt, const char* what) {
