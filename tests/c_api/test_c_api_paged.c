@@ -253,7 +253,7 @@ static void test_codes(void) {
   for (i = 0; i < H * SQ * D; ++i) CHECK(out[i] == want[i]);
   v1.struct_size = offsetof(simdattn_attention_options, k_scale) - 8;
   CHECK(simdattn_attention(&tq, &tkh, &tvh, &to, &v1) == SIMDATTN_ERROR_VERSION);
-  CHECK(simdattn_c_api_version() == 6);
+  CHECK(simdattn_c_api_version() == 7);
 }
 
 /* C API 4: tree masks, lse and merge_attention_states. A tree mask showing each new token its
@@ -415,6 +415,7 @@ static void test_gated_delta(void) {
   simdattn_gated_delta_options o;
   simdattn_gated_delta_options_init(&o);
   o.final_state = simdattn_tensor_contiguous(fin, SIMDATTN_F32, 1, GH, GD, GV);
+  o.has_scale = 1;
   o.scale = 0.5;
   CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to, &o) == SIMDATTN_OK);
   double err = 0;
@@ -442,6 +443,25 @@ static void test_gated_delta(void) {
       for (int j = 0; j < GV; ++j) err = fmax(err, fabs(S[d][j] - fin[(h * GD + d) * GV + j]));
   }
   CHECK(err <= 1e-4);
+  /* C API 7: has_scale takes any finite scale, 0 included (the output 0); a struct of C API 5's
+   * size (without has_scale) reads scale 0 as the default Dk^-1/2 = 0.5 (the output above) */
+  static float out0[GT * GH * GV], out5[GT * GH * GV];
+  simdattn_gated_delta_options z = o;
+  z.final_state.data = NULL;
+  z.scale = 0.0;
+  const simdattn_tensor to0 = simdattn_tensor_contiguous(out0, SIMDATTN_F32, 1, GT, GH, GV);
+  const simdattn_tensor to5 = simdattn_tensor_contiguous(out5, SIMDATTN_F32, 1, GT, GH, GV);
+  for (int i = 0; i < GT * GH * GV; ++i) out0[i] = 1.0f;
+  CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to0, &z) == SIMDATTN_OK);
+  z.struct_size = offsetof(simdattn_gated_delta_options, has_scale);
+  CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to5, &z) == SIMDATTN_OK);
+  int zeros = 1, same = 1;
+  for (int i = 0; i < GT * GH * GV; ++i) zeros &= out0[i] == 0.0f, same &= out5[i] == out[i];
+  CHECK(zeros && same);
+  z.struct_size = sizeof z;
+  z.threads = -1;
+  CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to0, &z) == SIMDATTN_ERROR_INVALID_ARGUMENT);
+  CHECK(strcmp(simdattn_last_error_argument(), "options.threads") == 0);
   g[5] = 0.25f;
   CHECK(simdattn_gated_delta_rule(&tq, &tk, &tv, &tg, &tb, &to, NULL) == SIMDATTN_ERROR_INVALID_ARGUMENT);
   CHECK(strcmp(simdattn_last_error_argument(), "g") == 0);

@@ -134,6 +134,9 @@ def test_bad_arguments_are_named():
     with pytest.raises(simdattn.Error) as e:
         simdattn.gated_delta_rule(q, k, v, g, beta, scale=float("nan"))
     assert e.value.argument == "scale"
+    with pytest.raises(simdattn.Error) as e:
+        simdattn.gated_delta_rule(q, k, v, g, beta, threads=-1)
+    assert e.value.argument == "threads"
     for scale in (-0.5, 0.0):  # any finite scale, as flash-linear-attention takes it
         got = simdattn.gated_delta_rule(q, k, v, g, beta, scale=scale)
         want = oracle(q, k, v, g, beta, scale)[0]

@@ -9,11 +9,14 @@
  *     next failing call. A failed call has written none of its outputs;
  *   - no exception crosses the boundary and nothing aborts: an invalid argument, an unreadable
  *     file, an allocation failure or a bug each come back as a status;
- *   - layers (simdattn_mha) and KV caches (simdattn_kv_cache) are opaque handles, freed with
- *     their _free function (NULL is accepted and ignored);
+ *   - layers (simdattn_mha, simdattn_gdn), KV caches (simdattn_kv_cache), KV pools
+ *     (simdattn_kv_pool), pool schedulers (simdattn_pool_scheduler) and Gated DeltaNet states
+ *     (simdattn_gdn_state) are opaque handles, freed with their _free function (NULL is accepted
+ *     and ignored);
  *   - every struct the caller fills starts with `size_t struct_size`: set it with the struct's
  *     _init function (which also sets every default), or to sizeof the struct. A smaller size
- *     than this version's is refused; a larger one (a caller built against a newer header) is
+ *     than this version's is refused, except an older version's size of a struct a later one
+ *     extended (docs/bindings.md, "Struct versions"); a larger one (a caller built against a newer header) is
  *     accepted when every byte past the fields this library knows is zero, and refused (status
  *     SIMDATTN_ERROR_VERSION, naming the struct) when a newer field is set.
  *
@@ -41,7 +44,7 @@ extern "C" {
 
 /* The version of this header's structs and functions; simdattn_c_api_version() gives the
  * library's. A library accepts callers built against its version or an older one. */
-#define SIMDATTN_C_API_VERSION 6
+#define SIMDATTN_C_API_VERSION 7
 
 typedef enum simdattn_status {
   SIMDATTN_OK = 0,
@@ -205,8 +208,9 @@ SIMDATTN_C_API simdattn_status simdattn_linear_attention(const simdattn_tensor* 
                                                          const simdattn_tensor* v, const simdattn_tensor* out,
                                                          const simdattn_linear_options* options);
 
-/* GatedDeltaRuleOptions (C API 5): scale 0 = Dk^-1/2; initial_state and final_state f32 [B, Hv,
- * Dk, Dv] (data NULL: absent). */
+/* GatedDeltaRuleOptions (C API 5; has_scale C API 7): scale given where has_scale (any finite
+ * value), else Dk^-1/2 (a struct of C API 5's size, without has_scale: scale 0 = Dk^-1/2);
+ * initial_state and final_state f32 [B, Hv, Dk, Dv] (data NULL: absent). */
 typedef struct simdattn_gated_delta_options {
   size_t struct_size;
   double scale;
@@ -214,6 +218,7 @@ typedef struct simdattn_gated_delta_options {
   simdattn_tensor final_state;
   int use_qk_l2norm;
   int threads;
+  int has_scale;
 } simdattn_gated_delta_options;
 
 SIMDATTN_C_API void simdattn_gated_delta_options_init(simdattn_gated_delta_options* options);
@@ -373,7 +378,7 @@ SIMDATTN_C_API simdattn_status simdattn_mha_forward_cached(const simdattn_mha* l
 /* A cache of `capacity` tokens for `batch` sequences, in the layer's dtype. */
 SIMDATTN_C_API simdattn_status simdattn_kv_cache_create(const simdattn_mha* layer, int64_t batch, int64_t capacity,
                                                         simdattn_kv_cache** cache);
-/* The same in a dtype of its own (f32, f64, bf16 or f16). */
+/* The same in a dtype of its own (f32, f64, bf16, f16, or the 8-bit int8, fp8_e4m3, fp8_e5m2). */
 SIMDATTN_C_API simdattn_status simdattn_kv_cache_create_with_dtype(const simdattn_mha* layer, int64_t batch,
                                                                    int64_t capacity, simdattn_dtype dtype,
                                                                    simdattn_kv_cache** cache);
@@ -471,7 +476,7 @@ SIMDATTN_C_API simdattn_status simdattn_merge_attention_states(const simdattn_te
 typedef struct simdattn_kv_pool simdattn_kv_pool;
 
 /* A pool of num_blocks blocks of block_size tokens (0: kDefaultBlockSize) for `layers` layers like
- * `layer`, in `dtype` (f32, bf16 or f16). */
+ * `layer`, in `dtype` (f32, bf16, f16, or the 8-bit int8, fp8_e4m3, fp8_e5m2). */
 SIMDATTN_C_API simdattn_status simdattn_kv_pool_create(const simdattn_mha* layer, int64_t num_blocks,
                                                        int64_t block_size, int64_t layers, simdattn_dtype dtype,
                                                        simdattn_kv_pool** pool);

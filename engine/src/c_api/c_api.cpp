@@ -164,8 +164,14 @@ simdattn_status simdattn_gated_delta_rule(const simdattn_tensor* q, const simdat
   return guarded([&] {
     GatedDeltaRuleOptions o;
     if (options != nullptr) {
-      const simdattn_gated_delta_options& s = checked(options, "options");
-      if (s.scale != 0.0) o.scale = s.scale;
+      // C API 5's struct ends before has_scale: its scale 0 is the default
+      constexpr std::size_t kV5 = offsetof(simdattn_gated_delta_options, has_scale);
+      const simdattn_gated_delta_options s = checked_options(options, "options", {kV5});
+      if (options->struct_size == kV5) {
+        if (s.scale != 0.0) o.scale = s.scale;
+      } else {
+        o.scale = optional_double(s.has_scale, s.scale);
+      }
       o.initial_state = optional_view<ConstTensorView>(s.initial_state, "options.initial_state");
       o.final_state = optional_view<TensorView>(s.final_state, "options.final_state");
       o.use_qk_l2norm = s.use_qk_l2norm != 0;

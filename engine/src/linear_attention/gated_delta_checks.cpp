@@ -90,6 +90,7 @@ GdrSizes check_gated_delta(const ConstTensorView& q, const ConstTensorView& k, c
   const Shape4 os{z.B, z.T, z.Hv, z.Dv};
   if (out.dtype != q.dtype) throw Error("out", "dtype must be q's " + std::string(dtype_name(q.dtype)));
   if (out.shape != os) throw Error("out", "expected [B, T, Hv, Dv] = " + shape_str(os) + ", got " + shape_str(out.shape));
+  if (o.threads < 0) throw Error("options.threads", "must be >= 0, got " + std::to_string(o.threads));
   if (o.scale && !std::isfinite(*o.scale))  // (any finite scale, as flash-linear-attention takes it)
     throw Error("options.scale", "must be finite, got " + std::to_string(*o.scale));
   const Shape4 ss{z.B, z.Hv, z.Dk, z.Dv};
