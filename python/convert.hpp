@@ -74,6 +74,17 @@ inline Causal causal_of(const py::object& c) {
   throw Error("causal", "expected None, a bool, 'none', 'top_left' or 'bottom_right', got '" + s + "'");
 }
 
+// A file or directory path: a str, bytes or os.PathLike (pathlib.Path), as os.fsdecode reads it.
+inline std::string path_arg(const py::object& o, const char* name) {
+  if (py::isinstance<py::str>(o)) return o.cast<std::string>();
+  try {
+    return py::module_::import("os").attr("fsdecode")(o).cast<std::string>();
+  } catch (const py::error_already_set&) {
+    throw Error(name, "expected a path (str, bytes or os.PathLike), got " +
+                          py::str(py::type::handle_of(o).attr("__name__")).cast<std::string>());
+  }
+}
+
 // A 1-D sequence (array, tensor, list) of T; for integral T, of integers (or bools) only: floats
 // refused, not truncated (an empty sequence has no entries to be anything).
 template <class T>

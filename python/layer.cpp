@@ -209,36 +209,47 @@ attention_factor, truncate). q_norm/k_norm: [head_dim]
 RMSNorm weights. scale, softcap, window (left, right), alibi_slopes, sinks, T5's table
 [num_buckets, heads] as attention(). causal: a decoder's self-attention.)doc")
       .def_static("from_safetensors",
-                  [](const std::string& path, std::int64_t heads, std::int64_t kv_heads, const std::string& prefix,
+                  [](const py::object& path, std::int64_t heads, std::int64_t kv_heads, const std::string& prefix,
                      const std::string& dtype) {
-                    return MultiHeadAttention::from_safetensors(path, heads, kv_heads, prefix, dtype_named(dtype, "dtype"));
+                    return MultiHeadAttention::from_safetensors(path_arg(path, "path"), heads, kv_heads, prefix,
+                                                                dtype_named(dtype, "dtype"));
                   },
                   py::arg("path"), py::arg("heads"), py::arg("kv_heads") = 0, py::arg("prefix") = "",
                   py::arg("dtype") = "f32",
                   "A layer from a safetensors file: torch's in_proj_weight/out_proj names or Hugging Face's\n"
                   "q_proj/k_proj/v_proj/o_proj, looked up under `prefix`.")
       .def_static("from_pretrained",
-                  [](const std::string& dir, std::int64_t layer, const std::string& stack,
-                     const std::string& attention_kind, const py::object& dtype) {
-                    return MultiHeadAttention::from_pretrained(dir, layer, pretrained_options(stack, attention_kind, dtype));
+                  [](const py::object& model_dir, std::int64_t layer_index, const py::object& dtype, const std::string& stack,
+                     const std::string& attention_kind) {
+                    return MultiHeadAttention::from_pretrained(path_arg(model_dir, "model_dir"), layer_index,
+                                                               pretrained_options(stack, attention_kind, dtype));
                   },
-                  py::arg("dir"), py::arg("layer"), py::arg("stack") = "", py::arg("attention") = "self",
-                  py::arg("dtype") = py::none(),
+                  py::arg("model_dir"), py::arg("layer_index"), py::arg("dtype") = py::none(), py::kw_only(),
+                  py::arg("stack") = "", py::arg("attention") = "self",
                   "One attention sub-layer of a Hugging Face model directory (config.json + model.safetensors\n"
-                  "or its sharded index): bert, roberta, vit, deit, gpt2, t5 (stack 'encoder'/'decoder',\n"
-                  "attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2, gpt_oss, deepseek_v2, deepseek_v3 (docs/models.md).")
+                  "or its sharded index; a str or os.PathLike): bert, roberta, vit, deit, gpt2, t5 (stack\n"
+                  "'encoder'/'decoder', attention 'self'/'cross'), bloom, llama, mistral, qwen2, qwen3, gemma2,\n"
+                  "gpt_oss, deepseek_v2, deepseek_v3, qwen3_next (docs/models.md).")
+      .def_static("from_pretrained",  // (the earlier keyword names: dir, layer)
+                  [](const py::object& dir, std::int64_t layer, const std::string& stack, const std::string& attention_kind,
+                     const py::object& dtype) {
+                    return MultiHeadAttention::from_pretrained(path_arg(dir, "dir"), layer,
+                                                               pretrained_options(stack, attention_kind, dtype));
+                  },
+                  py::kw_only(), py::arg("dir"), py::arg("layer"), py::arg("stack") = "", py::arg("attention") = "self",
+                  py::arg("dtype") = py::none())
       .def_static("from_diffusers",
-                  [](const std::string& path, const std::string& prefix, std::int64_t heads,
+                  [](const py::object& path, const std::string& prefix, std::int64_t heads,
                      const std::string& attention_kind, const py::object& dtype) {
-                    return MultiHeadAttention::from_diffusers(path, prefix, heads,
+                    return MultiHeadAttention::from_diffusers(path_arg(path, "path"), prefix, heads,
                                                               pretrained_options("", attention_kind, dtype));
                   },
                   py::arg("path"), py::arg("prefix"), py::arg("heads"), py::arg("attention") = "",
                   py::arg("dtype") = py::none(),
                   "A diffusers transformer block's attn1 ('self') or attn2 ('cross') under `prefix`.")
       .def_static("from_gguf",
-                  [](const std::string& path, std::int64_t layer, const py::object& dtype) {
-                    return MultiHeadAttention::from_gguf(path, layer, optional_dtype(dtype, "dtype"));
+                  [](const py::object& path, std::int64_t layer, const py::object& dtype) {
+                    return MultiHeadAttention::from_gguf(path_arg(path, "path"), layer, optional_dtype(dtype, "dtype"));
                   },
                   py::arg("path"), py::arg("layer"), py::arg("dtype") = py::none(),
                   "One attention sub-layer of a llama.cpp GGUF file (llama, mistral, qwen2, qwen3; F32, F16,\n"

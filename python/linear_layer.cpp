@@ -59,12 +59,19 @@ void bind_linear_layer(py::module_& m) {
   y = (norm_weight * RMSNorm(o) * SiLU(z)) W_out^T
 Immutable; forward() may run from many threads at once (each with its own state).)doc")
       .def_static("from_pretrained",
-                  [](const std::string& dir, std::int64_t layer, const py::object& dtype) {
-                    return GatedDeltaNet::from_pretrained(dir, layer, optional_dtype(dtype, "dtype"));
+                  [](const py::object& model_dir, std::int64_t layer_index, const py::object& dtype) {
+                    return GatedDeltaNet::from_pretrained(path_arg(model_dir, "model_dir"), layer_index,
+                                                          optional_dtype(dtype, "dtype"));
                   },
-                  py::arg("dir"), py::arg("layer"), py::arg("dtype") = py::none(),
-                  "Linear-attention layer `layer` of a qwen3_next model directory (layer_types[layer] ==\n"
-                  "'linear_attention'). dtype: None (the checkpoint's; f64 taken as f32), 'f32', 'bf16' or 'f16'.")
+                  py::arg("model_dir"), py::arg("layer_index"), py::arg("dtype") = py::none(),
+                  "Linear-attention layer `layer_index` of a qwen3_next model directory (a str or os.PathLike;\n"
+                  "layer_types[layer_index] == 'linear_attention'). dtype: None (the checkpoint's; f64 taken as\n"
+                  "f32), 'f32', 'bf16' or 'f16'.")
+      .def_static("from_pretrained",  // (the earlier keyword names: dir, layer)
+                  [](const py::object& dir, std::int64_t layer, const py::object& dtype) {
+                    return GatedDeltaNet::from_pretrained(path_arg(dir, "dir"), layer, optional_dtype(dtype, "dtype"));
+                  },
+                  py::kw_only(), py::arg("dir"), py::arg("layer"), py::arg("dtype") = py::none())
       .def("forward", &gdn_forward_py, py::arg("x"), py::kw_only(), py::arg("state") = nullptr, py::arg("threads") = 0,
            py::arg("out") = py::none(),
            R"doc(The layer on x [B, S, hidden] (the layer's dtype; a bf16 layer takes float arrays and returns

@@ -174,6 +174,20 @@ def test_from_pretrained_absent_and_null_keys_as_transformers_reads_them(tmp_pat
     assert np.abs(got - want).max() <= 1e-10 * max(1.0, np.abs(want).max())
 
 
+def test_from_pretrained_arguments_as_the_contract_names_them(tmp_path):
+    # (model_dir, layer_index, dtype=None): a pathlib.Path, the contract's keywords, dtype third;
+    # the earlier keywords dir= and layer= still taken
+    rng = np.random.default_rng(5)
+    model_families.write_checkpoint(str(tmp_path), "gpt_oss", rng)
+    x = rng.standard_normal((1, 4, 32))
+    want = simdattn.MultiHeadAttention.from_pretrained(str(tmp_path), 1, dtype="f64").forward(x)
+    for m in (simdattn.MultiHeadAttention.from_pretrained(tmp_path, 1, "f64"),
+              simdattn.MultiHeadAttention.from_pretrained(model_dir=tmp_path, layer_index=1, dtype="f64"),
+              simdattn.MultiHeadAttention.from_pretrained(dir=str(tmp_path), layer=1, dtype="f64")):
+        assert m.dtype == "f64" and np.array_equal(m.forward(x), want)
+    expect_error("model_dir", simdattn.MultiHeadAttention.from_pretrained, 3, 1)
+
+
 def test_from_pretrained_errors_name_the_file(tmp_path):
     model_families.write_checkpoint(str(tmp_path), "qwen2", np.random.default_rng(1))
     os.remove(os.path.join(str(tmp_path), "model.safetensors"))

@@ -142,6 +142,18 @@ def test_full_attention_with_biases_and_default_layer_types(tmp_path):
     assert gdn.hidden_size == 32
 
 
+def test_from_pretrained_arguments_as_the_contract_names_them(model):
+    d, cfg, _ = model
+    import pathlib
+    layer = cfg["layer_types"].index("linear_attention")
+    x = np.random.default_rng(12).standard_normal((1, 5, 32)).astype(np.float32)
+    want = simdattn.GatedDeltaNet.from_pretrained(d, layer).forward(x)
+    for gdn in (simdattn.GatedDeltaNet.from_pretrained(pathlib.Path(d), layer, None),
+                simdattn.GatedDeltaNet.from_pretrained(model_dir=pathlib.Path(d), layer_index=layer),
+                simdattn.GatedDeltaNet.from_pretrained(dir=d, layer=layer)):
+        assert np.array_equal(gdn.forward(x), want)
+
+
 def test_legacy_layer_type_names(tmp_path):
     # transformers' configurations remap "attention" and "mamba" (remap_legacy_layer_types)
     cfg, values = q3n.write_checkpoint(str(tmp_path), np.random.default_rng(10))
