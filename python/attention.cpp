@@ -96,8 +96,12 @@ py::object attention_py(const py::object& q_in, const py::object& k_in, const py
   // dtype='bf16' computes in bf16 and returns float32 (NumPy has no bfloat16)
   const Output result = output_of(out, q, bf16 ? DType::f32 : qv.dtype, qv.dtype, {shape.begin(), shape.end()});
   py::object lse_array = lse;
-  if (lse.is_none() && return_lse) lse_array = new_array(q, DType::f32, {shape[0], shape[1], shape[2], 1});
-  if (!lse_array.is_none()) c.lse = array_of(lse_array, "lse"), o.lse = mutable_view(c.lse, "lse");
+  if (lse.is_none() && return_lse) lse_array = new_array(q, DType::f32, {shape[0], shape[1], shape[2]});
+  if (!lse_array.is_none()) {
+    c.lse = array_of(lse_array, "lse");
+    if (c.lse.ndim() == 3) c.lse.shape.push_back(1), c.lse.strides.push_back(1);  // [B, H, Sq] as [B, H, Sq, 1]
+    o.lse = mutable_view(c.lse, "lse");
+  }
   {
     py::gil_scoped_release release;
     attention(qv, kv, vv, result.view, o);
@@ -278,7 +282,7 @@ Keyword arguments:
                 relative_bias_max_distance as T5's.
   sinks         H floats: one sink logit per head in the softmax's denominator.
   query_offsets B ints: query i of batch b sits at position i + offset.
-  lse           float32 array [B, H, Sq, 1] to receive each row's log-sum-exp;
+  lse           float32 array [B, H, Sq] (or [B, H, Sq, 1]) to receive each row's log-sum-exp;
   return_lse    True: return (out, lse), lse allocated when not given.
   scores        array [B, H, Sq, Sk] to receive the scores at scores_stage
                 ('scaled', 'capped', 'biased' or 'softmax').

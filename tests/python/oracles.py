@@ -50,7 +50,7 @@ def torch_oracle(q, k, v, *, mask=None, causal=None, scale=None, window=None, ke
                  relative_bias_max_distance=128, sinks=None, query_offsets=None):
     """Attention in float64 with torch ops, following attention.hpp's header.
 
-    Returns a dict: out [B,H,Sq,Dv], lse [B,H,Sq,1], and the score stages scaled, capped,
+    Returns a dict: out [B,H,Sq,Dv], lse [B,H,Sq], and the score stages scaled, capped,
     biased (-inf at hidden keys) and softmax (the weights; the sink's share left out).
     """
     q = torch.from_numpy(np.array(q, dtype=np.float64))  # copies (inputs may be read-only views)
@@ -113,7 +113,7 @@ def torch_oracle(q, k, v, *, mask=None, causal=None, scale=None, window=None, ke
     empty = torch.isneginf(lse)
     w = torch.where(empty, torch.zeros_like(biased), torch.exp(biased - torch.where(empty, 0.0, lse)))
     out = torch.matmul(w, v)
-    return {"out": out.numpy(), "lse": lse.numpy(), "scaled": scaled.numpy(), "capped": capped.numpy(),
+    return {"out": out.numpy(), "lse": lse[..., 0].numpy(), "scaled": scaled.numpy(), "capped": capped.numpy(),
             "biased": biased.numpy(), "softmax": w.numpy()}
 
 

@@ -101,7 +101,7 @@ def test_fully_masked_rows_are_zero():
         sinks = np.array([0.5, -1.0], np.float32)
         out, lse = simdattn.attention(q, k, v, key_lengths=[4, 0], sinks=sinks, backend=backend, return_lse=True)
         assert np.all(out[1] == 0) and np.all(np.abs(out[0]) > 0)
-        np.testing.assert_allclose(lse[1, :, :, 0], np.broadcast_to(sinks[:, None], (2, 6)), rtol=1e-6)
+        np.testing.assert_allclose(lse[1], np.broadcast_to(sinks[:, None], (2, 6)), rtol=1e-6)
         # an additive mask of -inf everywhere
         out = simdattn.attention(q, k, v, mask=np.full((6, 4), -np.inf, np.float32), backend=backend)
         assert np.all(out == 0)
@@ -161,17 +161,19 @@ def test_lse_return_and_given(dtype, backend):
     v, _ = as_dtype(v64, dtype)
     B, H, Sq, _ = q.shape
     buf = np.full((B, Sq, H, 3), 7.0, np.float32)
-    lse = buf[..., 1:2].transpose(0, 2, 1, 3)
+    lse = buf[..., 1].transpose(0, 2, 1)  # [B, H, Sq], as the contract has it
     res = simdattn.attention(q, k, v, backend=backend, lse=lse, **kw, **call_kwargs(dtype))
     assert isinstance(res, np.ndarray)
     tol = max(TOL[dtype][0], 2e-6)
     np.testing.assert_allclose(lse.astype(np.float64), want["lse"], rtol=tol, atol=tol)
     assert np.all(buf[..., 0] == 7.0) and np.all(buf[..., 2] == 7.0)
-    # lse= and return_lse=True: the given array comes back
-    lse2 = np.zeros((B, H, Sq, 1), np.float32)
-    out2, got = simdattn.attention(q, k, v, backend=backend, lse=lse2, return_lse=True, **kw, **call_kwargs(dtype))
-    assert got is lse2
-    np.testing.assert_array_equal(lse2, lse)
+    # lse= and return_lse=True: the given array comes back ([B, H, Sq, 1], the C++ view's shape, too)
+    for lse2 in (np.zeros((B, H, Sq), np.float32), np.zeros((B, H, Sq, 1), np.float32)):
+        out2, got = simdattn.attention(q, k, v, backend=backend, lse=lse2, return_lse=True, **kw,
+                                       **call_kwargs(dtype))
+        assert got is lse2
+        np.testing.assert_array_equal(lse2.reshape(B, H, Sq), lse)
+    assert simdattn.attention(q, k, v, backend=backend, return_lse=True, **kw, **call_kwargs(dtype))[1].shape == (B, H, Sq)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
