@@ -11,3 +11,12 @@ argument at fault.
 """
 from ._simdattn import *  # noqa: F401,F403  (the compiled functions and classes)
 from ._simdattn import Error, __version__, _array_view, _time_attention_cpp  # noqa: F401
+
+import enum as _enum
+
+
+class ThreadRuntime(str, _enum.Enum):
+    """C++'s ThreadRuntime for set_thread_runtime: each member equals its name as a string, which
+    set_thread_runtime takes too and thread_runtime() returns."""
+    team = "team"
+    openmp = "openmp"

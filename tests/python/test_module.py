@@ -111,6 +111,9 @@ def test_set_thread_runtime():
             simdattn.set_thread_runtime(runtime)
             assert simdattn.thread_runtime() == runtime and simdattn.info()["thread_runtime"] == runtime
             outs[runtime] = simdattn.attention(q, q, q, causal=True, threads=2)
+        for member in (simdattn.ThreadRuntime.openmp, simdattn.ThreadRuntime.team):  # C++'s enum's names
+            simdattn.set_thread_runtime(member)
+            assert simdattn.thread_runtime() == member and simdattn.thread_runtime() == member.value
         with pytest.raises(simdattn.Error) as e:
             simdattn.set_thread_runtime("tbb")
         assert e.value.argument == "runtime" and simdattn.thread_runtime() == "team"
