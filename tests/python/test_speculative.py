@@ -311,7 +311,8 @@ def test_accept_keeps_the_kept_drafts_in_every_layer_and_never_changes_a_fork(dt
     free_before = pool.free_blocks
     bad = [("seq", (child + 7, 5, [0])), ("first", (seq, 12, [])), ("first", (seq, -1, [])),
            ("kept", (seq, 5, [1, 1])), ("kept", (seq, 5, [2, 0])), ("kept", (seq, 5, [6])), ("kept", (seq, 5, [-1])),
-           ("kept", (seq, 5, [0.5, 2.7]))]  # floats refused, not truncated
+           ("kept", (seq, 5, [0.5, 2.7])),  # floats refused, not truncated
+           ("kept", (seq, 5, list(range(7))))]  # more entries than the 6 drafts
     for name, args in bad:
         with pytest.raises(simdattn.Error) as e:
             pool.accept(*args)

@@ -272,6 +272,9 @@ void KvPool::accept(Sequence seq, std::int64_t first, std::span<const std::int64
   if (first < 0 || first > cur)
     throw Error("first", "expected 0 <= first <= " + detail::num(cur) + " (the sequence's length), got " + detail::num(first));
   const auto n = static_cast<std::int64_t>(kept.size());
+  if (n > cur - first)  // (before reading any: a C caller's count past its array reads nothing)
+    throw Error("kept", "has " + detail::num(n) + " entries, more than the " + detail::num(cur - first) +
+                            " tokens from first = " + detail::num(first) + " on");
   for (std::int64_t i = 0; i < n; ++i) {
     const std::int64_t r = kept[static_cast<std::size_t>(i)];
     if (r < 0 || r >= cur - first || (i > 0 && r <= kept[static_cast<std::size_t>(i - 1)]))
