@@ -213,6 +213,23 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_
     throw Error(c.path(), "\"" + std::string(key) + "\" needs a string \"rope_type\"");
   const std::string type = type_value->string();
   if (type == "default") return r;
+  const double max_pos =
+      static_cast<double>(c.integer_or("max_position_embeddings", max_positions, 1, std::int64_t{1} << 40));
+  auto given = [&](const char* name) {
+    const JsonValue* v = s->find(name);
+    return v != nullptr && !v->is_null();
+  };
+  // llama3's and yarn's original_max_position_embeddings: the config's own key where it has one
+  // (transformers' standardize_rope_params puts it over the scaling's), else the scaling's, else
+  // max_position_embeddings
+  auto original_max = [&]() {
+    const double omp = c.has("original_max_position_embeddings") ? c.number("original_max_position_embeddings")
+                       : given("original_max_position_embeddings") ? num("original_max_position_embeddings", type)
+                                                                  : max_pos;
+    if (!(omp >= 1.0 && omp <= 1e12))
+      throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
+    return omp;
+  };
   if (type == "linear") {
     r.scaling = RopeScaling::linear;
     r.factor = num("factor", type);
@@ -221,25 +238,14 @@ RopeConfig rope_of(const ConfigJson& c, std::int64_t head_dim, std::int64_t max_
     r.factor = num("factor", type);
     r.low_freq_factor = num("low_freq_factor", type);
     r.high_freq_factor = num("high_freq_factor", type);
-    const double omp = num("original_max_position_embeddings", type);
-    if (!(omp >= 1.0 && omp <= 1e12))
-      throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
-    r.original_max_positions = static_cast<std::int64_t>(omp);
+    r.original_max_positions = static_cast<std::int64_t>(original_max());
   } else if (type == "yarn") {
     // as Hugging Face's _compute_yarn_parameters reads them: beta_fast / beta_slow 32 / 1 when
     // absent or zero; factor absent: max_position_embeddings / original_max_position_embeddings;
     // attention_factor absent: the mscale ratio when mscale and mscale_all_dim are both nonzero,
     // else get_mscale(factor)
     r.scaling = RopeScaling::yarn;
-    const double max_pos =
-        static_cast<double>(c.integer_or("max_position_embeddings", max_positions, 1, std::int64_t{1} << 40));
-    auto given = [&](const char* name) {
-      const JsonValue* v = s->find(name);
-      return v != nullptr && !v->is_null();
-    };
-    const double omp = given("original_max_position_embeddings") ? num("original_max_position_embeddings", type) : max_pos;
-    if (!(omp >= 1.0 && omp <= 1e12))
-      throw Error(c.path(), "\"original_max_position_embeddings\" must be in [1, 1e12], got " + std::to_string(omp));
+    const double omp = original_max();
     r.original_max_positions = static_cast<std::int64_t>(omp);
     r.factor = given("factor") ? num("factor", type) : max_pos / omp;
     auto or_default = [&](const char* name, double fallback) {
@@ -325,7 +331,13 @@ LayerPlan llama_like(const FamilyContext& x, const std::string& family) {
   p.cfg.head_dim = c.integer_or("head_dim", !fixed_head_dim ? p.cfg.d_model / p.cfg.heads : family == "gemma2" ? 256 : 128);
   check_layer(c, "num_hidden_layers", c.integer_or("num_hidden_layers", family == "gemma2" ? 26 : 32), x.layer);
   p.cfg.causal = true;
-  p.cfg.rope = rope_of(c, p.cfg.head_dim);
+  // (max_position_embeddings' defaults: LlamaConfig's 2048, Mistral's 131072, Qwen2's and Qwen3's
+  // 32768, Gemma 2's 8192)
+  const std::int64_t max_positions = family == "mistral" ? 131072
+                                     : family == "gemma2" ? 8192
+                                     : family == "qwen2" || family == "qwen3" ? 32768
+                                                                              : 2048;
+  p.cfg.rope = rope_of(c, p.cfg.head_dim, max_positions);
   const std::string base = "layers." + std::to_string(x.layer) + ".self_attn.";
   const std::string s = find_prefix(x.ck, x.dir, base + "q_proj.weight") + base;
   p.wq = whole(s + "q_proj.weight"), p.wk = whole(s + "k_proj.weight"), p.wv = whole(s + "v_proj.weight");

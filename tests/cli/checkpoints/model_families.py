@@ -328,6 +328,11 @@ def rms_norm(x, w, eps):
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
+# max_position_embeddings' defaults in the configuration classes
+MAX_POSITIONS = {"llama": 2048, "mistral": 131072, "qwen2": 32768, "qwen3": 32768, "gemma2": 8192, "gpt_oss": 131072,
+                 "deepseek_v2": 2048, "deepseek_v3": 4096}
+
+
 def rope_of_config(cfg, hd):
     """rope_reference's keywords from a config (rope_theta / rope_scaling, or rope_parameters)."""
     p = cfg.get("rope_parameters")
@@ -335,13 +340,16 @@ def rope_of_config(cfg, hd):
     kw = dict(theta=(p or {}).get("rope_theta", cfg.get("rope_theta", 10000.0)))
     if s:
         kind = s.get("rope_type", s.get("type"))
+        # llama3's and yarn's: the config's own original_max_position_embeddings over the scaling's
+        # (standardize_rope_params), else max_position_embeddings (the classes' defaults)
+        max_pos = cfg.get("max_position_embeddings", MAX_POSITIONS.get(cfg.get("model_type"), 2048))
+        original = cfg.get("original_max_position_embeddings") or s.get("original_max_position_embeddings") or max_pos
         if kind == "linear":
             kw.update(scaling="linear", factor=s["factor"])
         elif kind == "llama3":
             kw.update(scaling="llama3", factor=s["factor"], low=s["low_freq_factor"], high=s["high_freq_factor"],
-                      original=s["original_max_position_embeddings"])
+                      original=original)
         elif kind == "yarn":  # Hugging Face's reading of the keys (defaults, the mscale ratio)
-            original = s.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
             factor = s.get("factor") or cfg["max_position_embeddings"] / original
             mscale = lambda f, m=1.0: 1.0 if f <= 1 else 0.1 * m * np.log(f) + 1.0  # noqa: E731
             att = s.get("attention_factor")

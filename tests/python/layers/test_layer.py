@@ -160,6 +160,10 @@ def test_from_pretrained_matches_the_family_definition(tmp_path, family, layer):
     ("llama", lambda c: (c.pop("num_key_value_heads"), c.pop("num_hidden_layers"))),  # heads; 32 layers
     ("vit", lambda c: c.update(qkv_bias=None)),  # nn.Linear's bias=None: none
     ("gpt2", lambda c: c.update(scale_attn_weights=None)),  # tested for truth: unscaled
+    ("llama", lambda c: c.update(original_max_position_embeddings=32)),  # over rope_scaling's (16)
+    ("llama", lambda c: c.update(rope_scaling={k: v for k, v in c["rope_scaling"].items()  # max_position_embeddings'
+                                               if k != "original_max_position_embeddings"})),  # 2048
+    ("mistral", lambda c: c.update(rope_scaling={"rope_type": "yarn", "factor": 4.0})),  # Mistral's 131072 positions
     ("gpt2", lambda c: c.update(hidden_size=c.pop("n_embd"), num_attention_heads=c.pop("n_head"),
                                 num_hidden_layers=c.pop("n_layer")))])  # GPT2Config's attribute_map
 def test_from_pretrained_absent_and_null_keys_as_transformers_reads_them(tmp_path, family, edit):
