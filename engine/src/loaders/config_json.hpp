@@ -71,6 +71,17 @@ class ConfigJson {
   // A flag the family's code tests for truth: absent, `fallback` (its configuration's default);
   // null, false.
   bool truthy_or(const std::string& key, bool fallback) const { return present(key) ? boolean_or(key, false) : fallback; }
+  // A size the family's configuration class fills in: absent, `if_absent` (its field's default);
+  // null, `if_null` (its __post_init__'s).
+  std::int64_t integer_or_null(const std::string& key, std::int64_t if_absent, std::int64_t if_null) const {
+    return present(key) ? integer_or(key, if_null, 1, kMax) : if_absent;
+  }
+  // The first of `keys` present (aliases), else `fallback`.
+  std::int64_t integer_of_or(std::initializer_list<const char*> keys, std::int64_t fallback) const {
+    for (const char* k : keys)
+      if (has(k)) return integer(k);
+    return fallback;
+  }
   // The first of `keys` present (legacy names), else an error naming the first.
   std::int64_t integer_of(std::initializer_list<const char*> keys) const {
     for (const char* k : keys)

@@ -90,7 +90,7 @@ LayerPlan gpt2(const FamilyContext& x) {
   // (hidden_size, num_attention_heads, num_hidden_layers: GPT2Config's attribute_map names)
   p.cfg.d_model = x.c.integer_of({"n_embd", "hidden_size"});
   p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
-  check_layer(x.c, "n_layer", x.c.has("n_layer") ? x.c.integer("n_layer") : x.c.integer_or("num_hidden_layers", 12), x.layer);
+  check_layer(x.c, "n_layer", x.c.integer_of_or({"n_layer", "num_hidden_layers"}, 12), x.layer);
   p.cfg.causal = true;
   x.c.divides("n_embd", p.cfg.d_model, "n_head", p.cfg.heads);
   double scale = x.c.truthy_or("scale_attn_weights", true)  // (null: GPT2Attention's test is false)
@@ -125,7 +125,7 @@ LayerPlan t5(const FamilyContext& x) {
   p.cfg.d_model = x.c.integer_of({"d_model", "hidden_size"});
   p.cfg.heads = x.c.integer_of({"num_heads", "num_attention_heads"});
   p.cfg.head_dim = x.c.integer_or("d_kv", 64);  // (absent: T5Config's 64)
-  const std::int64_t layers = x.c.has("num_layers") ? x.c.integer("num_layers") : x.c.integer_or("num_hidden_layers", 6);
+  const std::int64_t layers = x.c.integer_of_or({"num_layers", "num_hidden_layers"}, 6);
   if (decoder) check_layer(x.c, "num_decoder_layers", x.c.integer_or("num_decoder_layers", layers), x.layer);
   else check_layer(x.c, "num_layers", layers, x.layer);
   p.cfg.scale = 1.0;
@@ -154,7 +154,7 @@ LayerPlan bloom(const FamilyContext& x) {
   p.cfg.heads = x.c.integer_of({"n_head", "num_attention_heads"});
   x.c.divides(x.c.has("hidden_size") ? "hidden_size" : "n_embed", p.cfg.d_model,
               x.c.has("n_head") ? "n_head" : "num_attention_heads", p.cfg.heads);
-  check_layer(x.c, "n_layer", x.c.has("n_layer") ? x.c.integer("n_layer") : x.c.integer_or("num_hidden_layers", 2), x.layer);
+  check_layer(x.c, "n_layer", x.c.integer_of_or({"n_layer", "num_hidden_layers"}, 2), x.layer);
   p.cfg.causal = true;
   p.cfg.alibi_slopes = standard_alibi_slopes(p.cfg.heads);
   const std::string base = "h." + std::to_string(x.layer) + ".self_attention.";
@@ -323,7 +323,7 @@ LayerPlan llama_like(const FamilyContext& x, const std::string& family) {
                                   : family == "gemma2"  ? 4
                                   : family == "qwen2" || family == "qwen3" ? 32
                                                                            : p.cfg.heads;
-  p.cfg.kv_heads = c.present("num_key_value_heads") ? c.integer_or("num_key_value_heads", p.cfg.heads) : kv_default;
+  p.cfg.kv_heads = c.integer_or_null("num_key_value_heads", kv_default, p.cfg.heads);
   c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
   // head_dim: the config's; absent, Gemma 2's default 256, Qwen3's 128, the others' hidden_size / heads
   const bool fixed_head_dim = !c.present("head_dim") && (family == "gemma2" || family == "qwen3");
@@ -390,9 +390,9 @@ LayerPlan gpt_oss(const FamilyContext& x) {
   p.cfg.heads = c.integer("num_attention_heads");
   // GptOssConfig: absent, its field defaults (8 kv heads, head_dim 64); null, __post_init__'s
   // (as many kv heads as heads, hidden_size / heads)
-  p.cfg.kv_heads = c.present("num_key_value_heads") ? c.integer_or("num_key_value_heads", p.cfg.heads) : 8;
+  p.cfg.kv_heads = c.integer_or_null("num_key_value_heads", 8, p.cfg.heads);
   c.divides("num_attention_heads", p.cfg.heads, "num_key_value_heads", p.cfg.kv_heads);
-  p.cfg.head_dim = c.present("head_dim") ? c.integer_or("head_dim", p.cfg.d_model / p.cfg.heads) : 64;
+  p.cfg.head_dim = c.integer_or_null("head_dim", 64, p.cfg.d_model / p.cfg.heads);
   if (p.cfg.head_dim == 0) throw Error(c.path(), "\"head_dim\" null needs \"hidden_size\" >= \"num_attention_heads\"");
   check_layer(c, "num_hidden_layers", c.integer_or("num_hidden_layers", 36), x.layer);
   p.cfg.causal = true;
