@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "impl/products/tile_pairs.hpp"
 #include "impl/softmax/softmax_tiles.hpp"
 #include "impl/tables.hpp"
 
@@ -115,19 +116,6 @@ void amx_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std
   }
 }
 
-// A[0:m, 0:kb] as amx_block's packed tiles (Gemm16Kernels::amx_pack_a): each row's steps of 32
-// one masked 64-byte load and an aligned store.
-void pack_a(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) {
-  for (int r = 0; r < m; ++r) {
-    const std::uint16_t* a = A + r * lda;
-    for (std::int64_t s = 0; s < kb; s += 32) {
-      const std::int64_t n = std::min<std::int64_t>(32, kb - s);
-      const auto k = static_cast<__mmask32>(n == 32 ? 0xffffffffu : (1u << n) - 1u);
-      _mm512_store_si512(ap + s * 32 + r * 32, _mm512_maskz_loadu_epi16(k, a + s));
-    }
-  }
-}
-
 // `iterations` rounds of four independent tdpbf16ps (16 x 32 by 32 x 16 into four C tiles) on
 // tiles loaded once: the tile peak (perf's peak/amx-bf16). Returns a value of the results so the
 // work cannot be dropped.
@@ -170,9 +158,12 @@ KernelTable make_table_amx() {
   t.gemm_bf16.k_align = 32;
   t.gemm_bf16.amx_block = &amx_block;
   t.gemm_bf16.amx_done = &release;
-  t.gemm_bf16.amx_pack_a = &pack_a;
+  t.gemm_bf16.amx_pack_a = &impl::pack_a_tiles;
   t.probe.amx_peak = &amx_peak;
-  t.amx_attention.softmax_rows = &impl::softmax_rows_to_tiles;
+  t.tile_attention = {.softmax_rows = &impl::softmax_rows_to_tiles,
+                      .block = &amx_block,
+                      .pack_a = &impl::pack_a_tiles,
+                      .done = &release};
   return t;
 }
 

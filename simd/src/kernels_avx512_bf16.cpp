@@ -10,6 +10,8 @@
 
 #include <algorithm>
 
+#include "impl/products/tile_pairs.hpp"
+#include "impl/softmax/softmax_tiles.hpp"
 #include "impl/tables.hpp"
 #include "simdattn/simd/isa.hpp"
 
@@ -163,6 +165,14 @@ KernelTable make_table_avx512_bf16() {
   // The engine's bf16 GEMM (the layer's projections): vdpbf16ps where it is the faster of the
   // two (bf16_pairs_preferred, isa.hpp), else AVX-512's widening kernels.
   if (bf16_pairs_preferred()) t.gemm_bf16 = t.gemm_bf16_pairs;
+  // The fused attention path's bf16 steps in the tiles' layouts, on vdpbf16ps: where it runs at
+  // the FMA rate (twice the multiply-adds of the widened f32 products), else null (the path
+  // widens to f32).
+  t.tile_attention_pairs = {.softmax_rows = &impl::softmax_rows_to_tiles,
+                            .block = &impl::pairs_block,
+                            .pack_a = &impl::pack_a_tiles,
+                            .done = &impl::pairs_done};
+  if (bf16_pairs_preferred()) t.tile_attention = t.tile_attention_pairs;
   return t;
 }
 

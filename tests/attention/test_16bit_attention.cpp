@@ -2,7 +2,7 @@
 // masks of another float dtype (the reference's result the rounding of the f64 reference on the
 // widened inputs), views whose innermost stride is not 1 on the decode, short-key and fused
 // paths, a NaN in Q and fully masked rows on every backend and native path, and bf16 at the tile
-// edges (AMX where the CPU has it) at 1 and 2 threads. (oneDNN's bf16 with sliding windows:
+// edges (AMX, or vdpbf16ps on AMD, where the CPU has it) at 1 and 2 threads. (oneDNN's bf16 with sliding windows:
 // attention/onednn/test_onednn.cpp.)
 #include <doctest/doctest.h>
 
@@ -172,7 +172,7 @@ TEST_CASE("bf16 and f16: a NaN in Q poisons exactly its own row, fully masked ro
   }
 }
 
-TEST_CASE("bf16 attention at the tile edges (AMX where the CPU has it): D = 40, 64, 80, 128, 256, Sk = 1, 77 and "
+TEST_CASE("bf16 attention at the tile edges (AMX or vdpbf16ps where the CPU has them): D = 40, 64, 80, 128, 256, Sk = 1, 77 and "
           "past the key blocks, causal, masks, grouped heads, any thread count gives the same bits" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;

@@ -227,14 +227,14 @@ TEST_CASE("attention over 8-bit K/V codes: the native path of each shape") {
   CHECK(path(1, kc) == "decode8");
   CHECK(path(1, kp) == "decode8");  // padded rows: the row stride is free
   CHECK(path(64, kc) == "fused");
-  {  // bf16 q: the block's codes dequantized into the tiles' bf16 pairs where the CPU has AMX
+  {  // bf16 q: the block's codes dequantized into the tiles' bf16 pairs where the table has tile kernels
     const Buffer<bfloat16> q = rounded<bfloat16>(random_q<float>(rng, {1, 4, 64, 64}));
     Buffer<bfloat16> out({1, 4, 64, 64});
     AttentionOptions o;
     o.k_scale = kc.scales.cview(), o.v_scale = vc.scales.cview();
     const detail::Problem p = detail::make_problem(q.cview(), kc.view(), vc.view(), out.view(), o);
     const simd::KernelTable& kt = simd::kernels();
-    const bool tiles = kt.gemm_bf16.amx_block != nullptr && kt.amx_attention.softmax_rows != nullptr;
+    const bool tiles = kt.tile_attention.block != nullptr && kt.tile_attention.softmax_rows != nullptr;
     CHECK(std::string(detail::choose_native_path(p).path->name) == (tiles ? "fused.tiles" : "fused"));
   }
   AttentionOptions sinks;

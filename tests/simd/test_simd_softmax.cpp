@@ -279,18 +279,21 @@ TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weigh
   }
 }
 
-// The AMX tables' softmax step into bf16 P tiles (AmxAttentionKernels::softmax_rows), against a
+// The tile attention tables' softmax step into bf16 P tiles (TileAttentionKernels::softmax_rows), against a
 // scalar twin: m and alpha exactly as softmax_rows', each weight within bf16's rounding (2^-8
 // relative: a half ulp plus the kernel's 4e-6) of exp(s - m_new), exact zeros outside the
 // visible keys and around them in the tile, rows past `rows` untouched, l within 1e-5 of the
 // prior l plus the weights; scores at -1e30 and a large row max (the exact form of the argument).
-TEST_CASE("the AMX softmax step into bf16 tiles: max, alpha, weights, zeros, l (AMX tables)") {
+TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l (AMX and vdpbf16ps tables)") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 48);
   std::normal_distribution<double> nd(0.0, 4.0);
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   int tables = 0;
   for (const KernelTable* kt : kernel_tables()) {
-    if (kt->amx_attention.softmax_rows == nullptr) continue;
+    // (AMX's, or the vdpbf16ps tables': the same step, run where the table has either)
+    const auto softmax_rows =
+        kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention.softmax_rows : kt->tile_attention_pairs.softmax_rows;
+    if (softmax_rows == nullptr) continue;
     ++tables;
     CAPTURE(isa_name(kt->isa));
     for (std::int64_t rows : {1, 4, 5, 32})
@@ -326,8 +329,8 @@ TEST_CASE("the AMX softmax step into bf16 tiles: max, alpha, weights, zeros, l (
             std::vector<std::uint16_t> buf(static_cast<std::size_t>(cols / 32 * 1024 + 32), 0xABCD);
             std::uint16_t* p = buf.data();
             while (reinterpret_cast<std::uintptr_t>(p) % 64 != 0) ++p;
-            kt->amx_attention.softmax_rows(x.data(), ld, rows, n, scale, kind == 1 ? lo.data() : nullptr,
-                                           kind == 1 ? hi.data() : nullptr, m.data(), l.data(), alpha.data(), p, lead);
+            softmax_rows(x.data(), ld, rows, n, scale, kind == 1 ? lo.data() : nullptr, kind == 1 ? hi.data() : nullptr,
+                         m.data(), l.data(), alpha.data(), p, lead);
             for (std::int64_t r = 0; r < 32; ++r) {
               CAPTURE(r);
               auto at = [&](std::int64_t c) { return p[(c / 32) * 1024 + r * 32 + c % 32]; };
@@ -361,7 +364,7 @@ TEST_CASE("the AMX softmax step into bf16 tiles: max, alpha, weights, zeros, l (
             }
           }
   }
-  if (tables == 0) MESSAGE("no AMX table on this CPU: the tile softmax step was not run");
+  if (tables == 0) MESSAGE("no table with the tile softmax step on this CPU: it was not run");
 }
 
 TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, nothing past n, rows packed in place") {

@@ -58,7 +58,7 @@ Workload workload(const char* name) {
 
 bool has_tiles() {
   const simd::KernelTable& kt = simd::kernels();
-  return kt.gemm_bf16.amx_block != nullptr && kt.amx_attention.softmax_rows != nullptr;
+  return kt.tile_attention.block != nullptr && kt.tile_attention.softmax_rows != nullptr;
 }
 
 TEST_CASE("the native path table lists every path once, the fused path last" * doctest::test_suite(test::every_isa)) {

@@ -329,9 +329,11 @@ struct Quant8Kernels {
   RowsKernels<float> rows;  // B of codes
 };
 
-// AMX tables only (else null): the fused attention path's softmax step, written straight into
-// the bf16 P tiles of its PV tile product (engine/src/attention/native/fused/tile_steps.hpp).
-struct AmxAttentionKernels {
+// The fused attention path's bf16 kernels over tile layouts (engine/src/attention/native/fused/
+// tile_steps.hpp): AMX tables, their products on tiles; AVX512-BF16 tables where vdpbf16ps runs
+// at the FMA rate (bf16_pairs_preferred, isa.hpp: AMD's cores), the same layouts and contracts on
+// vdpbf16ps. Elsewhere null.
+struct TileAttentionKernels {
   // The online-softmax step of VectorKernels::softmax_rows (the same m, l, alpha and lo / hi
   // contract) on rows r < rows <= 32 of f32 scores x (ld apart, keys 0 .. n - 1), except that x
   // is only read and each row's weights are rounded to bf16 (nearest even) into row r of a group
@@ -342,6 +344,13 @@ struct AmxAttentionKernels {
   void (*softmax_rows)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                        const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                        std::uint16_t* p, std::int64_t lead) = nullptr;
+  // Gemm16AmxBlock's contract (A as tiles or in place, Bp pair panels of 32 columns), bf16
+  // products summed in f32 (on AMX: Gemm16Kernels::amx_block itself).
+  Gemm16AmxBlock block = nullptr;
+  // Gemm16Kernels::amx_pack_a's contract.
+  void (*pack_a)(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) = nullptr;
+  // The end of a thread's blocks (AMX: releases its tiles; vdpbf16ps: nothing).
+  void (*done)() = nullptr;
 };
 
 struct KernelTable {
@@ -365,7 +374,10 @@ struct KernelTable {
   Convert16Kernels convert_f16;
   // by simdattn::simd::Code8: int8, e4m3, e5m2
   std::array<Quant8Kernels, 3> quant8;
-  AmxAttentionKernels amx_attention;
+  TileAttentionKernels tile_attention;
+  // The vdpbf16ps ones (AVX512-BF16 tables, whichever tile_attention is; elsewhere null): tested
+  // in any case.
+  TileAttentionKernels tile_attention_pairs;
   DeltaKernels delta;
   StateKernels states;
 

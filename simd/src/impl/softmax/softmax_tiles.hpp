@@ -1,7 +1,7 @@
-// The AMX attention path's online-softmax step (AmxAttentionKernels::softmax_rows): the step of
+// The tile attention path's online-softmax step (TileAttentionKernels::softmax_rows): the step of
 // VectorKernels::softmax_rows on f32 scores, its weights rounded to bf16 (vcvtne2ps2bf16) and
 // stored straight into the 32 x 32 tiles of P the PV tile product loads. AVX512-BF16 intrinsics:
-// included by the AMX table's translation unit only.
+// included by the AVX512-BF16 and AMX tables' translation units only.
 //
 // Per weight: the scaled score minus the reference (rounded as softmax_rows' max is, so the row
 // max gives exactly 0 whatever its size: -1e30 masks included), times log2(e), a rounding to the
@@ -68,7 +68,7 @@ inline void reduce_rows(const __m512* v, float* out) {
   }
 }
 
-// The most columns of a step (AmxAttentionKernels::softmax_rows' lead + n, rounded up to 32).
+// The most columns of a step (TileAttentionKernels::softmax_rows' lead + n, rounded up to 32).
 inline constexpr std::int64_t kTileStepCols = 512;
 
 // Which lanes of each vector of columns [0, cols) fall inside [lo, hi): whole vectors without
@@ -143,7 +143,7 @@ inline void tile_row_group(const float* x, std::int64_t ld, std::int64_t cols, c
   for (int q = 0; q < R; ++q) l[q] += total[q];
 }
 
-// See AmxAttentionKernels::softmax_rows (kernels.hpp).
+// See TileAttentionKernels::softmax_rows (kernels.hpp).
 inline void softmax_rows_to_tiles(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                                   const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                                   std::uint16_t* p, std::int64_t lead) {

@@ -108,7 +108,7 @@ inline void FusedWorker<T, S>::prepare_q_amx(std::int64_t b, std::int64_t h, std
   const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
   if (prob_.q_strides[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
     for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-      amx().amx_pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.q_strides[2]), prob_.q_strides[2],
+      tiles().pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.q_strides[2]), prob_.q_strides[2],
                        static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
     return;
   }
@@ -126,16 +126,16 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
     auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
     for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-      amx().amx_block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
+      tiles().block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                       static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
-      plan_.kt.amx_attention.softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
+      tiles().softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
                                           alpha_ + r0, p16_ + r0 * kk + a32 * 32, a - a32);
     }
     if (!first) rescale_out(0, br);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-      amx().amx_block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
+      tiles().block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
                       kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first);
   }
 }

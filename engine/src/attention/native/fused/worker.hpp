@@ -44,7 +44,7 @@ class FusedWorker {
   }
   void finish(const WorkUnit& u, std::span<const PartRows<T>> parts);
   void end() const {
-    if (plan_.amx) plan_.kt.gemm_bf16.amx_done();
+    if (plan_.amx) tiles().done();
   }
 
  private:
@@ -147,7 +147,7 @@ class FusedWorker {
     std::memcpy(&u, p, 2);
     return u;
   }
-  const simd::Gemm16Kernels& amx() const { return plan_.kt.gemm_bf16; }
+  const simd::TileAttentionKernels& tiles() const { return plan_.kt.tile_attention; }
   std::uint16_t* k16_panel(std::int64_t jb, std::int64_t c) const {
     return k16_ + (slot(jb) * (plan_.k_keys / 32) + c) * plan_.dp * 32;
   }

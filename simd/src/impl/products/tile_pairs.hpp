@@ -1,0 +1,115 @@
+// The fused attention path's tile-layout products (TileAttentionKernels, kernels.hpp) on
+// vdpbf16ps, and the packing of A as tiles that AMX shares. AVX512-BF16 intrinsics: included by
+// the AVX512-BF16 and AMX tables' translation units only.
+//
+// pairs_block keeps Gemm16AmxBlock's contract (A as 32 x 32 bf16 tiles or read in place, B as
+// panels of 32 columns of bf16 pairs) with the products on the vector unit: per pair of k, one
+// or two 64-byte loads of B's pairs (16 columns each), a row's pair broadcast from A (the
+// instruction's own broadcast operand) and one vdpbf16ps per 16 columns. Rows go in groups of up
+// to 8 within a 16-row half of the tiles: 16 accumulators, more than the instruction's latency
+// times its rate on the cores that take this table (6 x 1 on Zen 4), the B vectors loaded once
+// per group from L1. Packed A (the attention path's only layout) has its row and step strides
+// as constants, so a row's pair is one displacement from the group's pointer.
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <utility>
+
+namespace simdattn::simd::impl {
+
+// A[0:m, 0:kb] as the tiles' packed A (Gemm16Kernels::amx_pack_a): each row's steps of 32 one
+// masked 64-byte load and an aligned store.
+inline void pack_a_tiles(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) {
+  for (int r = 0; r < m; ++r) {
+    const std::uint16_t* a = A + r * lda;
+    for (std::int64_t s = 0; s < kb; s += 32) {
+      const std::int64_t n = std::min<std::int64_t>(32, kb - s);
+      const auto k = static_cast<__mmask32>(n == 32 ? 0xffffffffu : (1u << n) - 1u);
+      _mm512_store_si512(ap + s * 32 + r * 32, _mm512_maskz_loadu_epi16(k, a + s));
+    }
+  }
+}
+
+// C[0:R, 0:16 NV] (+)= the group's rows of A times one panel of B over `steps` steps of 32 k;
+// the last C vector's lanes in `last`. A: the group's first row at step 0, rows a_rs elements
+// apart, steps a_step apart (kPacked: 32 and 1024).
+template <int R, int NV, bool kPacked>
+inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_rs,
+                        const std::uint16_t* Bp, float* C, std::int64_t ldc, __mmask16 last, bool accumulate) {
+  const std::int64_t rs = kPacked ? 32 : a_rs, ss = kPacked ? 1024 : a_step;
+  __m512 acc[R][NV];
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j) {
+      const __mmask16 k = j == NV - 1 ? last : __mmask16{0xFFFF};
+      acc[q][j] = accumulate ? _mm512_maskz_loadu_ps(k, C + q * ldc + 16 * j) : _mm512_setzero_ps();
+    }
+  for (std::int64_t t = 0; t < steps; ++t) {
+    const std::uint16_t* a = A + t * ss;
+    const std::uint16_t* b = Bp + t * 16 * 64;
+#pragma GCC unroll 16
+    for (int s = 0; s < 16; ++s) {
+      __m512bh bv[NV];
+#pragma GCC unroll 2
+      for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + s * 64 + 32 * j);
+#pragma GCC unroll 8
+      for (int q = 0; q < R; ++q) {
+        std::uint32_t pair;
+        std::memcpy(&pair, a + q * rs + 2 * s, 4);
+        const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 2
+        for (int j = 0; j < NV; ++j) acc[q][j] = _mm512_dpbf16_ps(acc[q][j], av, bv[j]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int q = 0; q < R; ++q)
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j)
+      _mm512_mask_storeu_ps(C + q * ldc + 16 * j, j == NV - 1 ? last : __mmask16{0xFFFF}, acc[q][j]);
+}
+
+using PairsGroup = void (*)(std::int64_t, const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, float*,
+                            std::int64_t, __mmask16, bool);
+
+// pairs_group by [kPacked][NV - 1][R - 1].
+template <bool kPacked, int NV, std::size_t... I>
+constexpr std::array<PairsGroup, sizeof...(I)> pairs_groups(std::index_sequence<I...>) {
+  return {&pairs_group<static_cast<int>(I) + 1, NV, kPacked>...};
+}
+inline constexpr int kPairsGroupRows = 8;
+inline constexpr std::array<std::array<std::array<PairsGroup, kPairsGroupRows>, 2>, 2> kPairsGroups = {
+    {{pairs_groups<false, 1>(std::make_index_sequence<kPairsGroupRows>()),
+      pairs_groups<false, 2>(std::make_index_sequence<kPairsGroupRows>())},
+     {pairs_groups<true, 1>(std::make_index_sequence<kPairsGroupRows>()),
+      pairs_groups<true, 2>(std::make_index_sequence<kPairsGroupRows>())}}};
+
+// Gemm16AmxBlock on vdpbf16ps (TileAttentionKernels::block): panels of 32 columns, each the rows
+// of its two 16-row halves in groups of up to kPairsGroupRows. Steps of 32 k up to kb rounded up
+// (packed A and B are zero there; A read in place has kb a multiple of 32).
+inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
+                        std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C,
+                        std::int64_t ldc, bool accumulate) {
+  const bool packed = a_step == 1024 && a_half == 512 && a_stride == 64;
+  const std::int64_t steps = (kb + 31) / 32, a_rs = a_stride / 2;
+  for (int j = 0; j < n; j += 32, Bp += b_stride, C += 32) {
+    const int nj = std::min(32, n - j), nv = nj > 16 ? 2 : 1;
+    const int tail = nj - 16 * (nv - 1);
+    const auto last = static_cast<__mmask16>(tail == 16 ? 0xFFFFu : (1u << tail) - 1u);
+    for (int r0 = 0; r0 < m; r0 += kPairsGroupRows) {  // (groups of 8 never cross a half)
+      const int half = r0 / 16, rows = std::min(kPairsGroupRows, m - r0);
+      const std::uint16_t* a = A + half * a_half + (r0 % 16) * a_rs;
+      kPairsGroups[packed][nv - 1][rows - 1](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate);
+    }
+  }
+}
+
+inline void pairs_done() {}
+
+}  // namespace simdattn::simd::impl
