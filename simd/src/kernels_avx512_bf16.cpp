@@ -9,6 +9,8 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <limits>
 
 #include "impl/products/tile_pairs.hpp"
 #include "impl/softmax/softmax_tiles.hpp"
@@ -171,7 +173,8 @@ KernelTable make_table_avx512_bf16() {
   t.tile_attention_pairs = {.softmax_rows = &impl::softmax_rows_to_tiles,
                             .block = &impl::pairs_block,
                             .pack_a = &impl::pack_a_tiles,
-                            .done = &impl::pairs_done};
+                            .done = &impl::pairs_done,
+                            .max_depth = std::numeric_limits<std::int64_t>::max()};
   if (bf16_pairs_preferred()) t.tile_attention = t.tile_attention_pairs;
   return t;
 }

@@ -203,3 +203,34 @@ TEST_CASE("bf16 attention at the tile edges (AMX or vdpbf16ps where the CPU has 
       ++n;
     }
 }
+
+TEST_CASE("bf16 decode steps with many rows per kv head (MQA's 32 heads, MLA's latent D = 576, Dv = 512) on the tile "
+          "path's layouts where the CPU has them: against the reference, split keys, any thread count gives the same bits" *
+          doctest::test_suite(simdattn::test::every_isa)) {
+  using namespace simdattn;
+  std::mt19937_64 rng(test::base_seed() + 62);
+  struct Case {
+    std::int64_t H, Hkv, Sq, Sk, D, Dv;
+    Causal causal;
+  };
+  for (const Case& c : {Case{32, 1, 1, 300, 128, 128, Causal::none}, Case{16, 2, 3, 77, 64, 64, Causal::bottom_right},
+                        Case{16, 1, 1, 1, 576, 512, Causal::none}, Case{24, 1, 2, 700, 576, 512, Causal::bottom_right},
+                        Case{32, 1, 1, 4100, 128, 128, Causal::none}}) {
+    CAPTURE_VALUE(c.H);
+    CAPTURE_VALUE(c.Sq);
+    CAPTURE_VALUE(c.Sk);
+    CAPTURE_VALUE(c.D);
+    auto t = test::random_qkv<bfloat16>(rng, 1, c.H, c.Hkv, c.Sq, c.Sk, c.D, c.Dv);
+    AttentionOptions opt;
+    opt.causal = c.causal;
+    const test::Buffer<bfloat16> ref = test::run_attention(Backend::reference, t.q, t.k, t.v, opt);
+    opt.threads = 1;
+    const test::Buffer<bfloat16> one = test::run_attention(Backend::native, t.q, t.k, t.v, opt);
+    opt.threads = 3;
+    const test::Buffer<bfloat16> three = test::run_attention(Backend::native, t.q, t.k, t.v, opt);
+    CHECK(test::max_abs_diff(one, ref) <= test::tolerance<bfloat16>(test::max_abs(t.v)));
+    bool same = true;
+    for (std::size_t i = 0; i < one.data.size(); ++i) same = same && one.data[i].bits == three.data[i].bits;
+    CHECK(same);
+  }
+}

@@ -10,7 +10,10 @@
 //   more rows      (MQA's 32 heads, MLA's 16-128) the fused path's worker over stacked rows
 //                  (fused/worker.hpp): each key block packed once (widened, or dequantized from
 //                  codes) and S = Qg K^T, the online softmax and O += P V on the in-place-A
-//                  micro-kernel: grouped heads make such a step compute-bound
+//                  micro-kernel: grouped heads make such a step compute-bound. bf16 q on a
+//                  table with tile kernels (fused_on_tiles): the block packed as the tiles' bf16
+//                  pairs and both products on AMX tiles or vdpbf16ps (tile_steps.hpp), Q's
+//                  stacked rows gathered into tiles
 // A sequence's keys are split when the (sequence, kv head) units are few (work.hpp): a long
 // sequence's step spreads over every thread and its parts merge in key order. Keys come from the
 // key source (dense, or a paged cache's blocks) run by run.

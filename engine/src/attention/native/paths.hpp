@@ -9,10 +9,11 @@
 //   decode          a few query tokens a sequence: K and V streamed once (decode.cpp)
 //   decode8         a few query tokens a sequence, 8-bit K and V codes read as they are
 //                   (decode.cpp)
-//   fused.tiles     flash attention in the tiles' bf16 layouts (bf16, D <= 256; fused/): on
-//                   AMX tiles, or on vdpbf16ps where it runs at the FMA rate (AMD's cores); it
-//                   also takes the problems the short-key path would (their few keys are one
-//                   tile block)
+//   fused.tiles     flash attention in the tiles' bf16 layouts (bf16; D <= 256 on AMX; fused/):
+//                   on AMX tiles, or on vdpbf16ps where it runs at the FMA rate (AMD's cores);
+//                   it also takes the problems the short-key path would (their few keys are one
+//                   tile block). The decode paths' stacked rows of bf16 q (more than 8 a kv
+//                   head) run its steps too
 //   short_keys      up to 96 keys, no mask: queries on the vector lanes (short_keys.cpp), bf16
 //                   and f16 widened as K and V^T are packed and Q panels transposed
 //   fused           everything else: flash attention on key blocks (fused/; a few tokens of

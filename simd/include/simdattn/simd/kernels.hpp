@@ -351,6 +351,9 @@ struct TileAttentionKernels {
   void (*pack_a)(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) = nullptr;
   // The end of a thread's blocks (AMX: releases its tiles; vdpbf16ps: nothing).
   void (*done)() = nullptr;
+  // The largest head dimension D the path gives `block` as a depth (AMX: 256, its depth block;
+  // vdpbf16ps: any, MLA's 576 included).
+  std::int64_t max_depth = 0;
 };
 
 struct KernelTable {

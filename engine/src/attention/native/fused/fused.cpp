@@ -89,7 +89,7 @@ Refusal fused_tiles_why_not(const Problem& p) {
   if (p.dtype != DType::bf16) return {"dtype {w} (bf16 only)", dtype_name(p.dtype)};
   if (table.tile_attention.block == nullptr || table.tile_attention.softmax_rows == nullptr)
     return {"ISA {w} has no AMX tiles, nor vdpbf16ps at the FMA rate", simd::isa_name(table.isa)};
-  if (p.D > 256) return {"D = {} > 256", p.D};
+  if (p.D > table.tile_attention.max_depth) return {"D = {} > {}", p.D, table.tile_attention.max_depth};
   return {};
 }
 

@@ -79,9 +79,10 @@ struct FusedPlan {
   std::int64_t k_size, v_size, q_size, s_size, o_size, row_size, flag_size;
   std::int64_t conv_size;  // 16-bit storage or 8-bit codes: a panel of K rows, or a block of V rows, widened
   std::int64_t t5_reach = 0, t5_size = 0;  // T5's bias by relative position in [-reach, reach]
-  // AMX (bf16 on a table with tile kernels, D <= 256): both products on tiles. K packed as pairs
-  // along D per panel of 32 keys, V as pairs along the keys per panel of 32 columns, the Q block
-  // and the probabilities P as tiles of 32 x 32 bf16 (elements of uint16 held in T's scratch).
+  // Tiles (bf16 on a table with tile kernels, fused_on_tiles: AMX, or vdpbf16ps over the same
+  // layouts; one head's rows or stacked rows): both products on them. K packed as pairs along D
+  // per panel of 32 keys, V as pairs along the keys per panel of 32 columns, the Q block and the
+  // probabilities P as tiles of 32 x 32 bf16 (elements of uint16 held in T's scratch).
   bool amx = false;
   std::int64_t max_rows;  // the most rows of a query block: kBlockQ, or kBlockQTiles on tiles
   std::int64_t dp = 0;  // D rounded up to 32
@@ -95,7 +96,7 @@ struct FusedPlan {
     lanes = gk.blocking_a_in_place.lanes;
     dv_computed = round_up(p.Dv, lanes);
     if (tile_cols > kMaxTile || kBlockK % tile_cols != 0) std::abort();  // ISA table invariant
-    amx = layout == RowLayout::one_head && fused_on_tiles(p);
+    amx = fused_on_tiles(p);
     max_rows = amx ? kBlockQTiles : layout == RowLayout::stacked ? kBlockRowsStacked : kBlockQ;
     const std::int64_t row_unit = amx ? 16 : tile_rows;
     if (amx) k_keys = std::min(kMaxBlockK, round_up(std::max<std::int64_t>(p.Sk, 1), 32));  // Sk = 0: one empty block

@@ -103,19 +103,29 @@ inline void FusedWorker<T, S>::pack_block_amx_rows(std::int64_t jb, const S* kb,
 }
 
 template <class T, class S>
-inline void FusedWorker<T, S>::prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br) {
-  const S* q = static_cast<const S*>(prob_.q) + prob_.q_offset(b, h, i0);
-  const std::int64_t dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
-  if (prob_.q_strides[3] == 1) {  // rows past br are never read by a tile (its rows are configured to br's)
+inline void FusedWorker<T, S>::prepare_q_amx(const RowBlock& rb, std::int64_t br) {
+  const std::int64_t b = rb.b, dp = plan_.dp, groups = (br + 31) / 32, D = prob_.D;
+  const S* q = static_cast<const S*>(prob_.q);
+  // rows past br are never read by a tile (its rows are configured to br's; the vdpbf16ps
+  // products read br rows)
+  if (prob_.q_strides[3] == 1 && rb.heads == 1) {  // one head's rows, q_strides[2] apart
+    const S* q0 = q + prob_.q_offset(b, rb.h0, rb.i0);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32)
-      tiles().pack_a(reinterpret_cast<const std::uint16_t*>(q + r0 * prob_.q_strides[2]), prob_.q_strides[2],
-                       static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
+      tiles().pack_a(reinterpret_cast<const std::uint16_t*>(q0 + r0 * prob_.q_strides[2]), prob_.q_strides[2],
+                     static_cast<int>(std::min<std::int64_t>(32, br - r0)), D, q16_ + r0 * dp);
+    return;
+  }
+  if (prob_.q_strides[3] == 1) {  // stacked heads: row by row, each into its place in its group
+    for (std::int64_t r = 0; r < br; ++r)
+      tiles().pack_a(reinterpret_cast<const std::uint16_t*>(q + prob_.q_offset(b, rb.head(r), rb.token(r))), 0, 1, D,
+                     q16_ + (r / 32) * 32 * dp + (r % 32) * 32);
     return;
   }
   std::fill(q16_, q16_ + groups * 32 * dp, std::uint16_t{0});
   for (std::int64_t r = 0; r < br; ++r) {
     std::uint16_t* g = q16_ + (r / 32) * 32 * dp + (r % 32) * 32;
-    for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(q + r * prob_.q_strides[2] + d * prob_.q_strides[3]);
+    const S* row = q + prob_.q_offset(b, rb.head(r), rb.token(r));
+    for (std::int64_t d = 0; d < D; ++d) g[(d / 32) * 1024 + d % 32] = bits_at(row + d * prob_.q_strides[3]);
   }
 }
 

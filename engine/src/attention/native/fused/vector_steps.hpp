@@ -108,7 +108,7 @@ template <class T, class S>
 inline void FusedWorker<T, S>::prepare_q(const RowBlock& rb, std::int64_t br) {
   const std::int64_t b = rb.b, D = prob_.D;
   if (plan_.amx) {
-    prepare_q_amx(b, rb.h0, rb.i0, br);
+    prepare_q_amx(rb, br);
     return;
   }
   if (rb.heads > 1) {  // stacked heads: each row gathered (widened) from where it lies

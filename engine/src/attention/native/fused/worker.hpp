@@ -161,8 +161,9 @@ class FusedWorker {
   // pack_block_amx from the block's K rows kb (krs apart, elements kcs apart) and V rows vb.
   void pack_block_amx_rows(std::int64_t jb, const S* kb, std::int64_t krs, std::int64_t kcs, const S* vb, std::int64_t vrs,
                            std::int64_t vcs);
-  // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16.
-  void prepare_q_amx(std::int64_t b, std::int64_t h, std::int64_t i0, std::int64_t br);
+  // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16 (one
+  // head's rows, or stacked heads' rows each gathered from where it lies).
+  void prepare_q_amx(const RowBlock& rb, std::int64_t br);
   // One step (keys a .. a + n - 1 of key block jb) on tiles, in three phases over the block's
   // groups of 32 query rows: S = Q K^T over the panels of 32 keys covering the keys (unscaled);
   // the softmax step writing P as bf16 tiles over those panels (zeros outside the keys), and O's
