@@ -163,6 +163,7 @@ KernelTable make_table_amx() {
   t.tile_attention = {.softmax_rows = &impl::softmax_rows_to_tiles,
                       .block = &amx_block,
                       .pack_a = &impl::pack_a_tiles,
+                      .pair_rows = &impl::pair_rows_tiles,
                       .done = &release,
                       .max_depth = kKc};
   return t;

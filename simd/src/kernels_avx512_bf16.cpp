@@ -173,6 +173,7 @@ KernelTable make_table_avx512_bf16() {
   t.tile_attention_pairs = {.softmax_rows = &impl::softmax_rows_to_tiles,
                             .block = &impl::pairs_block,
                             .pack_a = &impl::pack_a_tiles,
+                            .pair_rows = &impl::pair_rows_tiles,
                             .done = &impl::pairs_done,
                             .max_depth = std::numeric_limits<std::int64_t>::max()};
   if (bf16_pairs_preferred()) t.tile_attention = t.tile_attention_pairs;

@@ -79,3 +79,31 @@ TEST_CASE("tile-layout products (TileAttentionKernels::block): packed and in-pla
     }
   if (tables == 0) MESSAGE("no table with tile attention kernels on this CPU: the products were not run");
 }
+
+TEST_CASE("pairing two 16-bit rows into 32-bit words (TileAttentionKernels::pair_rows): every length to 70, a null "
+          "second row, nothing written past n") {
+  using namespace simdattn;
+  int tables = 0;
+  for (const simd::KernelTable* kt : test::kernel_tables())
+    for (const simd::TileAttentionKernels* tkp : {&kt->tile_attention, &kt->tile_attention_pairs}) {
+      if (tkp->pair_rows == nullptr) continue;
+      ++tables;
+      CAPTURE(simd::isa_name(kt->isa));
+      for (std::int64_t n = 0; n <= 70; ++n)
+        for (bool second : {true, false}) {
+          CAPTURE(n);
+          CAPTURE(second);
+          std::vector<std::uint16_t> r0(static_cast<std::size_t>(n) + 1), r1(r0.size());
+          for (std::int64_t c = 0; c < n; ++c)
+            r0[c] = static_cast<std::uint16_t>(0x1000 + c * 7), r1[c] = static_cast<std::uint16_t>(0xF000 - c * 3);
+          std::vector<std::uint32_t> dst(static_cast<std::size_t>(n) + 20, 0xDEADBEEFu);
+          tkp->pair_rows(r0.data(), second ? r1.data() : nullptr, n, dst.data());
+          std::size_t wrong = 0;
+          for (std::int64_t c = 0; c < n; ++c)
+            wrong += dst[c] != (std::uint32_t{r0[c]} | (second ? std::uint32_t{r1[c]} << 16 : 0u));
+          for (std::size_t c = static_cast<std::size_t>(n); c < dst.size(); ++c) wrong += dst[c] != 0xDEADBEEFu;
+          CHECK(wrong == 0);
+        }
+    }
+  if (tables == 0) MESSAGE("no table with tile attention kernels on this CPU: pair_rows was not run");
+}

@@ -349,6 +349,9 @@ struct TileAttentionKernels {
   Gemm16AmxBlock block = nullptr;
   // Gemm16Kernels::amx_pack_a's contract.
   void (*pack_a)(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) = nullptr;
+  // Two rows of 16-bit values as one row of 32-bit pairs (V's pair-rows): dst[c] = r0[c] |
+  // r1[c] << 16 for c < n (r1 null: zero high halves); nothing at or past n written.
+  void (*pair_rows)(const std::uint16_t* r0, const std::uint16_t* r1, std::int64_t n, std::uint32_t* dst) = nullptr;
   // The end of a thread's blocks (AMX: releases its tiles; vdpbf16ps: nothing).
   void (*done)() = nullptr;
   // The largest head dimension D the path gives `block` as a depth (AMX: 256, its depth block;

@@ -112,4 +112,26 @@ inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_
 
 inline void pairs_done() {}
 
+// TileAttentionKernels::pair_rows: 32 columns of both rows a step, interleaved into two vectors
+// of pairs by vpermt2w; the last step's columns through masked loads and stores.
+inline void pair_rows_tiles(const std::uint16_t* r0, const std::uint16_t* r1, std::int64_t n, std::uint32_t* dst) {
+  alignas(64) static constexpr std::uint16_t kLow[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                                         8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr std::uint16_t kHigh[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                                          24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  const __m512i low = _mm512_load_si512(kLow), high = _mm512_load_si512(kHigh);
+  for (std::int64_t c = 0; c < n; c += 32) {
+    const std::int64_t k = std::min<std::int64_t>(32, n - c);
+    const auto m = static_cast<__mmask32>(k == 32 ? 0xffffffffu : (1u << k) - 1u);
+    const __m512i a = _mm512_maskz_loadu_epi16(m, r0 + c);
+    const __m512i b = r1 != nullptr ? _mm512_maskz_loadu_epi16(m, r1 + c) : _mm512_setzero_si512();
+    const auto m0 = static_cast<__mmask16>(k >= 16 ? 0xffffu : (1u << k) - 1u);
+    _mm512_mask_storeu_epi32(dst + c, m0, _mm512_permutex2var_epi16(a, low, b));
+    if (k > 16) {
+      const auto m1 = static_cast<__mmask16>(k == 32 ? 0xffffu : (1u << (k - 16)) - 1u);
+      _mm512_mask_storeu_epi32(dst + c + 16, m1, _mm512_permutex2var_epi16(a, high, b));
+    }
+  }
+}
+
 }  // namespace simdattn::simd::impl

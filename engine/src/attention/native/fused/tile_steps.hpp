@@ -19,85 +19,96 @@ inline void FusedWorker<T, S>::pack_block_amx(std::int64_t jb) {
   const std::int64_t kk = plan_.k_keys, j00 = jb * kk;
   const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
   const std::int64_t D = prob_.D, Dv = prob_.Dv;
-  if (!prob_.kv_codes() && !prob_.paged()) {
-    const KeyRun all = prob_.key_run(packed_b_, j00, j00 + rows);
-    pack_block_amx_rows(jb, k_rows(all), prob_.k_strides[2], prob_.k_strides[3], v_rows(all), prob_.v_strides[2],
-                        prob_.v_strides[3]);
-    return;
-  }
-  if (!prob_.kv_codes()) {
-    // keys in blocks: the block's rows gathered run by run into stage16_ (K's rows then V's, dense)
-    auto* kd = reinterpret_cast<S*>(stage16_);
-    S* vd = kd + kk * D;
-    for_runs(j00, rows, [&](std::int64_t off, const KeyRun& r) {
-      const S* k = k_rows(r);
-      const S* v = v_rows(r);
-      for (std::int64_t q = 0; q < r.n; ++q) {
-        for (std::int64_t d = 0; d < D; ++d) kd[(off + q) * D + d] = k[q * prob_.k_strides[2] + d * prob_.k_strides[3]];
-        for (std::int64_t d = 0; d < Dv; ++d) vd[(off + q) * Dv + d] = v[q * prob_.v_strides[2] + d * prob_.v_strides[3]];
-      }
+  if (!prob_.kv_codes()) {  // the key source's runs (one, when dense), packed where they lie
+    pack_block_amx_runs(jb, [&](auto&& f) {
+      for_runs(j00, rows, [&](std::int64_t off, const KeyRun& r) {
+        f(off, r.n, k_rows(r), prob_.k_strides[2], prob_.k_strides[3], v_rows(r), prob_.v_strides[2], prob_.v_strides[3]);
+      });
     });
-    pack_block_amx_rows(jb, kd, D, 1, vd, Dv, 1);
     return;
   }
   // 8-bit codes: the block's rows dequantized (f32, in conv_) and rounded to bf16 (in stage16_),
-  // K's rows then V's, packed from there
+  // K's rows then V's, packed from there as one run
   for (int kv = 0; kv < 2; ++kv) {
     const std::int64_t width = kv == 0 ? D : Dv;
     auto* f = reinterpret_cast<float*>(conv_);
     dequantize_keys(kv, j00, rows, f, width);
     plan_.kt.convert_bf16.narrow(f, stage16_ + (kv == 0 ? 0 : kk * D), rows * width);
   }
-  pack_block_amx_rows(jb, reinterpret_cast<const S*>(stage16_), D, 1, reinterpret_cast<const S*>(stage16_ + kk * D), Dv, 1);
+  const auto* kd = reinterpret_cast<const S*>(stage16_);
+  const auto* vd = reinterpret_cast<const S*>(stage16_ + kk * D);
+  pack_block_amx_runs(jb, [&](auto&& f) {
+    if (rows > 0) f(std::int64_t{0}, rows, kd, D, std::int64_t{1}, vd, Dv, std::int64_t{1});
+  });
 }
 
 template <class T, class S>
-inline void FusedWorker<T, S>::pack_block_amx_rows(std::int64_t jb, const S* kb, std::int64_t krs, std::int64_t kcs,
-                                                   const S* vb, std::int64_t vrs, std::int64_t vcs) {
+template <class Runs>
+inline void FusedWorker<T, S>::pack_block_amx_runs(std::int64_t jb, Runs&& runs) {
   const std::int64_t D = prob_.D, dp = plan_.dp, kk = plan_.k_keys, j00 = jb * kk;
   const std::int64_t rows = std::clamp<std::int64_t>(key_len_ - j00, 0, kk);
-  // Pairs of D are 32-bit words: K's rows (as words) transposed by the f32 transposing pack
-  // when they are (even D, unit inner stride, even row stride, 4-byte aligned).
-  const bool words = D % 2 == 0 && kcs == 1 && krs % 2 == 0 && reinterpret_cast<std::uintptr_t>(kb) % 4 == 0;
-  for (std::int64_t c = 0; c < kk / 32; ++c) {
-    std::uint16_t* dst = k16_panel(jb, c);
-    const std::int64_t n = std::clamp<std::int64_t>(rows - c * 32, 0, 32);
-    if (words) {
-      // rows past n are zero; words past D / 2 (up to dp / 2) are zeroed after
-      plan_.vk.pack_transpose(reinterpret_cast<const T*>(kb + c * 32 * krs), krs / 2, n, D / 2, reinterpret_cast<T*>(dst), 32, 32);
-      std::fill(dst + (D / 2) * 64, dst + dp * 32, std::uint16_t{0});
-      continue;
+  const simd::TileAttentionKernels& tk = tiles();
+  // K: panel c's pair-row d / 2 holds its 32 keys' (K[j, d], K[j, d + 1]). Runs whose rows are
+  // 32-bit words (even D, unit inner stride, even row stride, 4-byte aligned) go through the f32
+  // transposing pack, segment by panel, each segment into its columns; the segment that ends a
+  // panel's keys zero-fills the panel's columns past them. Else value by value over zeros.
+  const std::int64_t panels = kk / 32;
+  bool words = D % 2 == 0;
+  runs([&](std::int64_t, std::int64_t, const S* k, std::int64_t krs, std::int64_t kcs, const S*, std::int64_t, std::int64_t) {
+    words = words && kcs == 1 && krs % 2 == 0 && reinterpret_cast<std::uintptr_t>(k) % 4 == 0;
+  });
+  std::int64_t filled = 0;  // panels whose K columns are all written
+  if (!words) std::fill(k16_panel(jb, 0), k16_panel(jb, 0) + panels * dp * 32, std::uint16_t{0});
+  runs([&](std::int64_t off, std::int64_t n, const S* k, std::int64_t krs, std::int64_t kcs, const S*, std::int64_t,
+           std::int64_t) {
+    if (!words) {
+      for (std::int64_t q = 0; q < n; ++q) {
+        const std::int64_t j = off + q;
+        std::uint16_t* dst = k16_panel(jb, j / 32);
+        for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * (j % 32) + (d & 1)] = bits_at(k + q * krs + d * kcs);
+      }
+      return;
     }
-    std::fill(dst, dst + dp * 32, std::uint16_t{0});
-    for (std::int64_t q = 0; q < n; ++q) {
-      const S* src = kb + (c * 32 + q) * krs;
-      for (std::int64_t d = 0; d < D; ++d) dst[(d / 2) * 64 + 2 * q + (d & 1)] = bits_at(src + d * kcs);
+    for (std::int64_t q = 0; q < n;) {
+      const std::int64_t j = off + q, col = j % 32, seg = std::min(n - q, 32 - col);
+      const bool ends = j + seg == rows || col + seg == 32;  // the panel's last keys
+      std::uint16_t* panel = k16_panel(jb, j / 32);
+      plan_.vk.pack_transpose(reinterpret_cast<const T*>(k + q * krs), krs / 2, seg, D / 2, reinterpret_cast<T*>(panel) + col, 32,
+                              ends ? 32 - col : seg);
+      if (ends) {
+        std::fill(panel + (D / 2) * 64, panel + dp * 32, std::uint16_t{0});
+        filled = j / 32 + 1;
+      }
+      q += seg;
     }
-  }
+  });
+  if (words)  // panels past the keys: zeros
+    std::fill(k16_panel(jb, filled), k16_panel(jb, 0) + panels * dp * 32, std::uint16_t{0});
+  // V: panel c's pair-row r / 2 holds (V[r, c'], V[r + 1, c']) of its 32 columns: rows paired
+  // through their pointers (a pair may straddle two runs), zeros past the keys and Dv.
   const std::int64_t vpanels = round_up(prob_.Dv, 32) / 32;
+  std::int64_t vcs = 1;
+  runs([&](std::int64_t off, std::int64_t n, const S*, std::int64_t, std::int64_t, const S* v, std::int64_t rs,
+           std::int64_t cs) {
+    for (std::int64_t q = 0; q < n; ++q) v_row_[static_cast<std::size_t>(off + q)] = v + q * rs;
+    vcs = cs;  // (a key source's runs share their strides)
+  });
   for (std::int64_t c = 0; c < vpanels; ++c) {
     std::uint16_t* dst = v16_panel(jb, c);
-    std::fill(dst, dst + kk * 32, std::uint16_t{0});
     const std::int64_t nc = std::min<std::int64_t>(32, prob_.Dv - c * 32);
-    if (vcs == 1) {  // two rows into one row of 32-bit pairs (a loop the compiler vectorises)
-      for (std::int64_t r = 0; r < rows; r += 2) {
-        const auto* s0 = reinterpret_cast<const std::uint16_t*>(vb + r * vrs + c * 32);
-        const auto* s1 = r + 1 < rows ? s0 + vrs : nullptr;
-        auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
-        if (s1 != nullptr)
-          for (std::int64_t x = 0; x < nc; ++x) out[x] = std::uint32_t{s0[x]} | std::uint32_t{s1[x]} << 16;
-        else
-          for (std::int64_t x = 0; x < nc; ++x) out[x] = s0[x];
-      }
-      continue;
-    }
-    for (std::int64_t r = 0; r < rows; r += 2) {  // two rows into one row of 32-bit pairs
-      const S* s0 = vb + r * vrs + c * 32 * vcs;
-      const S* s1 = r + 1 < rows ? s0 + vrs : nullptr;
+    for (std::int64_t r = 0; r < rows; r += 2) {
+      const S* s0 = v_row_[static_cast<std::size_t>(r)] + c * 32 * vcs;
+      const S* s1 = r + 1 < rows ? v_row_[static_cast<std::size_t>(r + 1)] + c * 32 * vcs : nullptr;
       auto* out = reinterpret_cast<std::uint32_t*>(dst + (r / 2) * 64);
-      for (std::int64_t x = 0; x < nc; ++x)
-        out[x] = bits_at(s0 + x * vcs) | (s1 ? std::uint32_t{bits_at(s1 + x * vcs)} << 16 : 0u);
+      if (vcs == 1) {
+        tk.pair_rows(reinterpret_cast<const std::uint16_t*>(s0), reinterpret_cast<const std::uint16_t*>(s1), nc, out);
+      } else {
+        for (std::int64_t x = 0; x < nc; ++x)
+          out[x] = bits_at(s0 + x * vcs) | (s1 != nullptr ? std::uint32_t{bits_at(s1 + x * vcs)} << 16 : 0u);
+      }
+      std::fill(out + nc, out + 32, 0u);
     }
+    std::fill(dst + (rows + 1) / 2 * 64, dst + kk * 32, std::uint16_t{0});
   }
   packed_[slot(jb)] = T(jb + 1);
 }

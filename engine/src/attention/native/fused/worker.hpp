@@ -158,9 +158,11 @@ class FusedWorker {
   // V: per panel of 32 columns, pair-row r holds (V[2r, c], V[2r + 1, c]) of its 32 columns. Zero
   // past the key length, D and Dv.
   void pack_block_amx(std::int64_t jb);
-  // pack_block_amx from the block's K rows kb (krs apart, elements kcs apart) and V rows vb.
-  void pack_block_amx_rows(std::int64_t jb, const S* kb, std::int64_t krs, std::int64_t kcs, const S* vb, std::int64_t vrs,
-                           std::int64_t vcs);
+  // pack_block_amx from the block's runs of rows: runs(f) calls f(offset in the block, rows, K's
+  // first row, its row and element strides, V's first row, its strides) for each run, in key
+  // order.
+  template <class Runs>
+  void pack_block_amx_runs(std::int64_t jb, Runs&& runs);
   // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16 (one
   // head's rows, or stacked heads' rows each gathered from where it lies).
   void prepare_q_amx(const RowBlock& rb, std::int64_t br);
@@ -210,7 +212,8 @@ class FusedWorker {
   T* packed_;  // packed_[slot] = jb + 1: key block jb of the current kv head is packed there
   T* conv_;    // 16-bit storage: widened K rows of one panel
   std::uint16_t *k16_ = nullptr, *v16_ = nullptr, *q16_ = nullptr, *p16_ = nullptr;  // AMX (FusedPlan::amx)
-  std::uint16_t* stage16_ = nullptr;  // AMX over 8-bit codes or blocks: a block's K then V rows in bf16
+  std::uint16_t* stage16_ = nullptr;  // tiles over 8-bit codes: a block's K then V rows in bf16
+  std::array<const S*, kMaxBlockK> v_row_{};  // tiles: the block's V rows, where they lie
   std::int64_t key_len_ = 0;
   NextRows next_;
   std::array<std::int64_t, kMaxBlockQ> lo_{}, hi_{};  // visible key intervals of a block's rows
