@@ -116,6 +116,19 @@ void amx_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std
   }
 }
 
+// TileAttentionKernels::block on tiles: amx_block's panels, the prefetch lines shared out evenly
+// over them (into L2, before each panel's block).
+void attention_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
+                     std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C,
+                     std::int64_t ldc, bool accumulate, const void* pf, std::int64_t pf_lines) {
+  const std::int64_t panels = (n + kNr - 1) / kNr, share = (pf_lines + panels - 1) / panels;
+  const char* next = static_cast<const char*>(pf);
+  for (int j = 0; j < n; j += kNr, Bp += b_stride, C += kNr) {
+    for (std::int64_t i = 0; i < share && pf_lines > 0; ++i, --pf_lines, next += 64) _mm_prefetch(next, _MM_HINT_T1);
+    amx_block(kb, A, a_step, a_half, a_stride, m, Bp, b_stride, std::min(kNr, n - j), C, ldc, accumulate);
+  }
+}
+
 // `iterations` rounds of four independent tdpbf16ps (16 x 32 by 32 x 16 into four C tiles) on
 // tiles loaded once: the tile peak (perf's peak/amx-bf16). Returns a value of the results so the
 // work cannot be dropped.
@@ -161,7 +174,7 @@ KernelTable make_table_amx() {
   t.gemm_bf16.amx_pack_a = &impl::pack_a_tiles;
   t.probe.amx_peak = &amx_peak;
   t.tile_attention = {.softmax_rows = &impl::softmax_rows_to_tiles,
-                      .block = &amx_block,
+                      .block = &attention_block,
                       .pack_a = &impl::pack_a_tiles,
                       .pair_rows = &impl::pair_rows_tiles,
                       .done = &release,

@@ -69,8 +69,11 @@ TEST_CASE("tile-layout products (TileAttentionKernels::block): packed and in-pla
                   for (std::int64_t k = 0; k < kb; ++k) s += double(a[r * kb + k]) * double(b[k * n + j]);
                   want[r * ldc + j] = s;
                 }
-              if (in_place) tk.block(kb, arow.data(), 32, 16 * lda, 2 * lda, m, bp, b_stride, n, c.data(), ldc, accumulate);
-              else tk.block(kb, ap, 1024, 512, 64, m, bp, b_stride, n, c.data(), ldc, accumulate);
+              // (prefetching the next block's lines, here a's own, changes nothing)
+              const auto pf_lines = static_cast<std::int64_t>(arow.size() * 2 / 64);
+              if (in_place)
+                tk.block(kb, arow.data(), 32, 16 * lda, 2 * lda, m, bp, b_stride, n, c.data(), ldc, accumulate, arow.data(), pf_lines);
+              else tk.block(kb, ap, 1024, 512, 64, m, bp, b_stride, n, c.data(), ldc, accumulate, arow.data(), pf_lines);
               std::size_t wrong = 0;
               for (std::size_t i = 0; i < c.size(); ++i) wrong += double(c[i]) != want[i];
               CHECK(wrong == 0);

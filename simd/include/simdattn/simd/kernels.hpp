@@ -345,8 +345,11 @@ struct TileAttentionKernels {
                        const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                        std::uint16_t* p, std::int64_t lead) = nullptr;
   // Gemm16AmxBlock's contract (A as tiles or in place, Bp pair panels of 32 columns), bf16
-  // products summed in f32 (on AMX: Gemm16Kernels::amx_block itself).
-  Gemm16AmxBlock block = nullptr;
+  // products summed in f32 (on AMX: Gemm16Kernels::amx_block's tiles), and pf_lines cache lines
+  // from pf on (the next key block's rows) prefetched into L2, spread over the products.
+  void (*block)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride,
+                int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C, std::int64_t ldc, bool accumulate,
+                const void* pf, std::int64_t pf_lines) = nullptr;
   // Gemm16Kernels::amx_pack_a's contract.
   void (*pack_a)(const std::uint16_t* A, std::int64_t lda, int m, std::int64_t kb, std::uint16_t* ap) = nullptr;
   // Two rows of 16-bit values as one row of 32-bit pairs (V's pair-rows): dst[c] = r0[c] |

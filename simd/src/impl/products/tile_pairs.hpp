@@ -38,9 +38,11 @@ inline void pack_a_tiles(const std::uint16_t* A, std::int64_t lda, int m, std::i
 // C[0:R, 0:16 NV] (+)= the group's rows of A times one panel of B over `steps` steps of 32 k;
 // the last C vector's lanes in `last`. A: the group's first row at step 0, rows a_rs elements
 // apart, steps a_step apart (kPacked: 32 and 1024).
+// pf_lines lines from pf prefetched into L2, one a pair step from the first on.
 template <int R, int NV, bool kPacked>
 inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_rs,
-                        const std::uint16_t* Bp, float* C, std::int64_t ldc, __mmask16 last, bool accumulate) {
+                        const std::uint16_t* Bp, float* C, std::int64_t ldc, __mmask16 last, bool accumulate, const char* pf,
+                        std::int64_t pf_lines) {
   const std::int64_t rs = kPacked ? 32 : a_rs, ss = kPacked ? 1024 : a_step;
   __m512 acc[R][NV];
 #pragma GCC unroll 8
@@ -55,6 +57,11 @@ inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t
     const std::uint16_t* b = Bp + t * 16 * 64;
 #pragma GCC unroll 16
     for (int s = 0; s < 16; ++s) {
+      if (pf_lines > 0) {
+        _mm_prefetch(pf, _MM_HINT_T1);
+        pf += 64;
+        --pf_lines;
+      }
       __m512bh bv[NV];
 #pragma GCC unroll 2
       for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + s * 64 + 32 * j);
@@ -76,7 +83,7 @@ inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t
 }
 
 using PairsGroup = void (*)(std::int64_t, const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, float*,
-                            std::int64_t, __mmask16, bool);
+                            std::int64_t, __mmask16, bool, const char*, std::int64_t);
 
 // pairs_group by [kPacked][NV - 1][R - 1].
 template <bool kPacked, int NV, std::size_t... I>
@@ -90,14 +97,18 @@ inline constexpr std::array<std::array<std::array<PairsGroup, kPairsGroupRows>, 
      {pairs_groups<true, 1>(std::make_index_sequence<kPairsGroupRows>()),
       pairs_groups<true, 2>(std::make_index_sequence<kPairsGroupRows>())}}};
 
-// Gemm16AmxBlock on vdpbf16ps (TileAttentionKernels::block): panels of 32 columns, each the rows
-// of its two 16-row halves in groups of up to kPairsGroupRows. Steps of 32 k up to kb rounded up
-// (packed A and B are zero there; A read in place has kb a multiple of 32).
+// TileAttentionKernels::block on vdpbf16ps: panels of 32 columns, each the rows of its two
+// 16-row halves in groups of up to kPairsGroupRows; the prefetch lines shared out evenly over
+// the groups. Steps of 32 k up to kb rounded up (packed A and B are zero there; A read in place
+// has kb a multiple of 32).
 inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
                         std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C,
-                        std::int64_t ldc, bool accumulate) {
+                        std::int64_t ldc, bool accumulate, const void* pf, std::int64_t pf_lines) {
   const bool packed = a_step == 1024 && a_half == 512 && a_stride == 64;
   const std::int64_t steps = (kb + 31) / 32, a_rs = a_stride / 2;
+  const std::int64_t groups = std::int64_t{(n + 31) / 32} * ((m + kPairsGroupRows - 1) / kPairsGroupRows);
+  const std::int64_t share = (pf_lines + groups - 1) / groups;
+  const char* next = static_cast<const char*>(pf);
   for (int j = 0; j < n; j += 32, Bp += b_stride, C += 32) {
     const int nj = std::min(32, n - j), nv = nj > 16 ? 2 : 1;
     const int tail = nj - 16 * (nv - 1);
@@ -105,7 +116,10 @@ inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_
     for (int r0 = 0; r0 < m; r0 += kPairsGroupRows) {  // (groups of 8 never cross a half)
       const int half = r0 / 16, rows = std::min(kPairsGroupRows, m - r0);
       const std::uint16_t* a = A + half * a_half + (r0 % 16) * a_rs;
-      kPairsGroups[packed][nv - 1][rows - 1](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate);
+      const std::int64_t lines = std::min(share, pf_lines);
+      kPairsGroups[packed][nv - 1][rows - 1](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate, next, lines);
+      next += 64 * lines;
+      pf_lines -= lines;
     }
   }
 }

@@ -88,6 +88,7 @@ struct FusedPlan {
   std::int64_t dp = 0;  // D rounded up to 32
   std::int64_t k16_size = 0, v16_size = 0, q16_size = 0, p16_size = 0;
   std::int64_t stage16_size = 0;  // tiles over 8-bit codes: a block's K and V rows in bf16 (in T elements)
+  std::int64_t block_lines = 0;   // tiles: the cache lines of a key block's K and V rows (prefetched)
 
   FusedPlan(const Problem& prob, const simd::KernelTable& table, RowLayout rows = RowLayout::one_head)
       : p(prob), kt(table), gk(table.gemm<T>()), vk(table.vec<T>()), layout(rows) {
@@ -142,6 +143,8 @@ struct FusedPlan {
         p16_size = round_up(groups * 32 * k_keys / 2, a);
         k_size = v_size = conv_size = 0;  // the f32 panels and the widening buffer are not used
         if (p.kv_codes()) conv_size = round_up(k_keys * std::max(p.D, p.Dv), a);  // dequantized (f32)
+        const std::int64_t element = p.kv_codes() ? 1 : 2;
+        block_lines = (k_keys * (p.D + p.Dv) * element + 63) / 64;
         // 8-bit codes (rounded to bf16): a block's K and V rows
         if (p.kv_codes()) stage16_size = round_up((k_keys * (p.D + p.Dv) + 1) / 2, a);
       }

@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <xmmintrin.h>
+
 #include "attention/native/fused/worker.hpp"
 
 namespace simdattn::detail {
@@ -146,18 +148,36 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
   if constexpr (std::is_same_v<T, float>) {
     const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
     auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
-    for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+    // The next key block's rows (prefetch_block), if it is still to be packed, prefetched into
+    // L2 by the products, a share each: its K and V lines over the step's 2 x groups calls.
+    const std::int64_t groups = (br + 31) / 32;
+    const std::int64_t share = (plan_.block_lines + 2 * groups - 1) / (2 * groups);
+    // A call's run; a stream's last few lines (K's one line past its rows when they start
+    // mid-line) prefetched now and the next run taken, so that V's lines are not left out.
+    auto next_lines = [&] {
+      NextRows::Run r = next_.take(4 * share);
+      if (r.lines > 0 && r.lines < share / 4) {
+        for (std::int64_t i = 0; i < r.lines; ++i) _mm_prefetch(static_cast<const char*>(r.at) + 64 * i, _MM_HINT_T1);
+        r = next_.take(4 * share);
+      }
+      return r;
+    };
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+      const NextRows::Run pf = next_lines();
       tiles().block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
-                      static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false);
+                    static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false, pf.at, pf.lines);
+    }
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
-      tiles().softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0,
-                                          alpha_ + r0, p16_ + r0 * kk + a32 * 32, a - a32);
+      tiles().softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0, alpha_ + r0,
+                           p16_ + r0 * kk + a32 * 32, a - a32);
     }
     if (!first) rescale_out(0, br);
-    for (std::int64_t r0 = 0; r0 < br; r0 += 32)
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+      const NextRows::Run pf = next_lines();
       tiles().block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
-                      kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first);
+                    kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first, pf.at, pf.lines);
+    }
   }
 }
 
