@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <tuple>
 #include <cstdint>
 #include <type_traits>
@@ -146,7 +147,7 @@ template <class T, class S>
 inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std::int64_t jb, std::int64_t a, std::int64_t n,
                                         Cover cover, bool first) {
   if constexpr (std::is_same_v<T, float>) {
-    const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32, e32 = round_up(a + n, 32);
+    const std::int64_t dp = plan_.dp, kk = plan_.k_keys, a32 = a / 32 * 32;
     auto rows_of = [&](std::int64_t r0) { return static_cast<int>(std::min<std::int64_t>(32, br - r0)); };
     // The next key block's rows (prefetch_block), if it is still to be packed, prefetched into
     // L2 by the products, a share each: its K and V lines over the step's 2 x groups calls.
@@ -162,10 +163,25 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
       }
       return r;
     };
+    // Each group's keys end where its rows' visible keys do (causal and window edges, key lengths:
+    // a diagonal block's first groups skip the panels past their rows), at least one panel (its
+    // products write O when first); masks, sparse patterns and modifiers read every key's score.
+    const bool extents = cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none && !prob_.scores_modified();
+    std::array<std::int64_t, (kMaxBlockQ + 31) / 32> end{};
+    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+      std::int64_t hi = n;
+      if (extents) {
+        hi = 0;
+        for (std::int64_t r = r0; r < r0 + rows_of(r0); ++r)
+          hi = std::max(hi, row_keys_in(prob_, rb.b, rb.token(r), jb * kk + a, n).hi);
+      }
+      end[static_cast<std::size_t>(r0 / 32)] = std::max(a32 + 32, round_up(a + hi, 32));
+    }
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const NextRows::Run pf = next_lines();
       tiles().block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
-                    static_cast<int>(e32 - a32), sb_ + r0 * kk + a32, kk, false, pf.at, pf.lines);
+                    static_cast<int>(end[static_cast<std::size_t>(r0 / 32)] - a32), sb_ + r0 * kk + a32, kk, false, pf.at,
+                    pf.lines);
     }
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
@@ -175,7 +191,8 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     if (!first) rescale_out(0, br);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const NextRows::Run pf = next_lines();
-      tiles().block(e32 - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0), v16_panel(jb, 0) + (a32 / 2) * 64,
+      tiles().block(end[static_cast<std::size_t>(r0 / 32)] - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0),
+                    v16_panel(jb, 0) + (a32 / 2) * 64,
                     kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first, pf.at, pf.lines);
     }
   }
