@@ -2,6 +2,9 @@
 //   peak/fma/t<N>        FP32 FMA throughput of the dispatched ISA (independent FMA chains)
 //   peak/amx-bf16/t<N>   AMX tile throughput (four independent tdpbf16ps on resident tiles), on
 //                        CPUs with AMX (registered only where the dispatched table has it)
+//   peak/vdpbf16ps/t<N>  vdpbf16ps throughput (16 independent chains), on CPUs with AVX512-BF16
+//                        (registered where the dispatched table has it; the bf16 attention's
+//                        products run on it on AMD's cores)
 //   bandwidth/read/t<N>  streaming read of a 1 GiB buffer
 #include <benchmark/benchmark.h>
 #include <omp.h>
@@ -39,6 +42,18 @@ void peak_amx(benchmark::State& state, int threads) {
   benchmark::DoNotOptimize(sink);
 }
 
+void peak_pairs(benchmark::State& state, int threads) {
+  const auto& probe = simdattn::simd::kernels().probe;
+  constexpr std::int64_t kIters = 1 << 20;
+  constexpr double kFlopsPerIter = 16.0 * 64;  // 16 chains, 64 FLOPs a vdpbf16ps
+  float sink = 0.f;
+  simdattn::perf::timed_loop(state, double(kIters) * kFlopsPerIter * threads, "GFLOP/s", [&] {
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += probe.pairs_peak(kIters);
+  });
+  benchmark::DoNotOptimize(sink);
+}
+
 void bandwidth_read(benchmark::State& state, int threads) {
   constexpr std::int64_t kBytes = std::int64_t{1} << 30;
   constexpr std::int64_t n = kBytes / sizeof(float);
@@ -66,6 +81,9 @@ int register_all() {
         ->Unit(benchmark::kMillisecond);
     if (simdattn::simd::kernels().probe.amx_peak != nullptr)
       benchmark::RegisterBenchmark(("peak/amx-bf16/t" + std::to_string(t)).c_str(), peak_amx, t)
+          ->Unit(benchmark::kMillisecond);
+    if (simdattn::simd::kernels().probe.pairs_peak != nullptr)
+      benchmark::RegisterBenchmark(("peak/vdpbf16ps/t" + std::to_string(t)).c_str(), peak_pairs, t)
           ->Unit(benchmark::kMillisecond);
   }
   return 0;

@@ -149,6 +149,24 @@ void narrow_bf16_pairs(const float* src, std::int64_t ld, std::int64_t rows, std
   }
 }
 
+// `iterations` steps of kFmaChains independent vdpbf16ps chains (ProbeKernels::pairs_peak, the
+// perf suite's peak/vdpbf16ps): pairs of 2^-7, so the sums stay small. Returns a value of every
+// chain so the work cannot be dropped.
+float pairs_peak(std::int64_t iterations) {
+  constexpr int kChains = impl::kFmaChains;
+  __m512 acc[kChains];
+#pragma GCC unroll 16
+  for (int i = 0; i < kChains; ++i) acc[i] = _mm512_set1_ps(static_cast<float>(i));  // distinct: not merged
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3c003c00), b = (__m512bh)_mm512_set1_epi32(0x3c003c00);
+  for (std::int64_t it = 0; it < iterations; ++it) {
+#pragma GCC unroll 16
+    for (int i = 0; i < kChains; ++i) acc[i] = _mm512_dpbf16_ps(acc[i], a, b);
+  }
+  __m512 s = acc[0];
+  for (int i = 1; i < kChains; ++i) s = _mm512_add_ps(s, acc[i]);
+  return _mm512_reduce_add_ps(s);
+}
+
 }  // namespace
 
 KernelTable make_table_avx512_bf16() {
@@ -177,6 +195,7 @@ KernelTable make_table_avx512_bf16() {
                             .done = &impl::pairs_done,
                             .max_depth = std::numeric_limits<std::int64_t>::max()};
   if (bf16_pairs_preferred()) t.tile_attention = t.tile_attention_pairs;
+  t.probe.pairs_peak = &pairs_peak;
   return t;
 }
 

@@ -1,7 +1,8 @@
 // `simdattn compare`: every backend of the build on the same random inputs (docs/cli.md's
 // command-line contract). For each backend: median wall time of repeated calls after a warm-up,
 // GFLOP/s (causal counts visible pairs), % of the peak that applies to the dtype here (measured in
-// the same run, measure_peak: the AMX tile peak for bf16 on AMX, half the f32 FMA peak for f64,
+// the same run, measure_peak: the AMX tile peak for bf16 on AMX, vdpbf16ps's for bf16 where the
+// attention's products run on it (AMD), half the f32 FMA peak for f64,
 // else the f32 FMA peak; the table's header names it), and max |O - O_ref| against the reference
 // backend. When the reference would take too long
 // (more than kReferenceFullFlops per call), it is not timed and the errors are taken on a sample
@@ -213,6 +214,7 @@ void reference_on_rows(Bench& b) {
 // What a peak's name means, for the table's header line.
 const char* peak_meaning(std::string_view name) {
   if (name == "amx-bf16") return "AMX tile products, tdpbf16ps: bf16 runs on tiles here";
+  if (name == "vdpbf16ps-bf16") return "vdpbf16ps pair products: bf16 attention runs on them here";
   if (name == "fma-f64") return "f64 FMAs, half the f32 FMA peak";
   return "f32 FMAs of the ISA in use";
 }

@@ -38,10 +38,12 @@ SIMDATTN_API double measure_fma_peak(int threads, double seconds = 0.2);
 //   "amx-bf16"  bf16 when the kernels in use have AMX tiles: tdpbf16ps's throughput (four
 //               independent tile products on resident tiles, as peak/amx-bf16/t<N>), which the
 //               native backend's bf16 products run on (and oneDNN's bf16 matmuls);
+//   "vdpbf16ps-bf16"  bf16 when the kernels in use run the attention's bf16 products on vdpbf16ps
+//               (AVX512-BF16 on AMD's cores, the fused.tiles path): its throughput (independent
+//               chains, as peak/vdpbf16ps/t<N>);
 //   "fma-f64"   f64: half the f32 FMA peak (a vector holds half the lanes);
-//   "fma-f32"   every other case: f32, f16, and bf16 without AMX, whose products the native
-//               backend computes in f32 FMAs (K, V and Q widened as they are packed; AVX512-BF16's
-//               vdpbf16ps serves the layer's 16-bit GEMM, not attention).
+//   "fma-f32"   every other case: f32, f16, and bf16 on neither, whose products the native
+//               backend computes in f32 FMAs (K, V and Q widened as they are packed).
 struct Peak {
   std::string_view name;
   double gflops = 0.0;

@@ -79,6 +79,14 @@ double measure_amx_peak(int threads, double seconds) {
   return best_rate(threads, seconds, double(kIters) * kFlopsPerIter, [&](int) { return probe.amx_peak(kIters); });
 }
 
+// vdpbf16ps's throughput on `threads` threads (the probe of peak/vdpbf16ps/t<N>).
+double measure_pairs_peak(int threads, double seconds) {
+  const auto& probe = simd::kernels().probe;
+  constexpr std::int64_t kIters = std::int64_t{1} << 18;  // ~1.1 ms per run at one instruction a cycle
+  constexpr double kFlopsPerIter = 16.0 * 64;              // 16 chains, 64 FLOPs an instruction
+  return best_rate(threads, seconds, double(kIters) * kFlopsPerIter, [&](int) { return probe.pairs_peak(kIters); });
+}
+
 }  // namespace
 
 double measure_fma_peak(int threads, double seconds) {
@@ -93,8 +101,10 @@ double measure_fma_peak(int threads, double seconds) {
 Peak measure_peak(DType dtype, int threads, double seconds) {
   if (threads < 1) throw Error("threads", "expected >= 1, got " + std::to_string(threads));
   detail::check_isa();
-  if (dtype == DType::bf16 && simd::kernels().probe.amx_peak != nullptr)
-    return {"amx-bf16", measure_amx_peak(threads, seconds)};
+  const simd::KernelTable& kt = simd::kernels();
+  if (dtype == DType::bf16 && kt.probe.amx_peak != nullptr) return {"amx-bf16", measure_amx_peak(threads, seconds)};
+  if (dtype == DType::bf16 && kt.tile_attention.block != nullptr && kt.probe.pairs_peak != nullptr)
+    return {"vdpbf16ps-bf16", measure_pairs_peak(threads, seconds)};
   const double fma = measure_fma_peak(threads, seconds);
   if (dtype == DType::f64) return {"fma-f64", fma / 2};
   return {"fma-f32", fma};

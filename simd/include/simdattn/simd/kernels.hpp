@@ -253,6 +253,9 @@ struct ProbeKernels {
   // AMX only (else null): `iters` rounds of four independent tdpbf16ps on resident tiles, each
   // 2 * 16 * 16 * 32 FLOPs; releases the tiles after.
   float (*amx_peak)(std::int64_t iters) = nullptr;
+  // AVX512-BF16 tables (else null): `iters` steps of kFmaChains independent vdpbf16ps chains on
+  // 16-lane vectors, each instruction 64 FLOPs (16 lanes, two products and their sums a lane).
+  float (*pairs_peak)(std::int64_t iters) = nullptr;
 };
 
 // GEMM with B in 16-bit floats (bf16 or f16 bits) and f32 accumulation, for weights packed
