@@ -51,6 +51,18 @@ class NextRows {
     }
     return {};
   }
+  // Up to `lines` lines from the cursor as one run, for products that spread them themselves (the
+  // tile path's, TileAttentionKernels::block): a run's last few lines (fewer than lines / 4: a
+  // stream's one line past its rows when they start mid-line) prefetched now (into L2) and the
+  // next run taken instead, so that a stream's stray line does not use a product's share.
+  Run take_run(std::int64_t lines) {
+    Run r = take(4 * lines);
+    if (r.lines > 0 && r.lines < lines / 4) {
+      for (std::int64_t i = 0; i < r.lines; ++i) __builtin_prefetch(static_cast<const char*>(r.at) + 64 * i, 0, 2);
+      r = take(4 * lines);
+    }
+    return r;
+  }
   // Up to `lines` lines from the cursor prefetched now (into L1), across rows and streams: for
   // products that do not prefetch (the gated delta rule's chunk on the bf16 pair kernels calls it
   // between them).

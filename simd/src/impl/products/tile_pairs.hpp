@@ -18,7 +18,8 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
-#include <utility>
+
+#include "impl/tables.hpp"
 
 namespace simdattn::simd::impl {
 
@@ -85,17 +86,14 @@ inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t
 using PairsGroup = void (*)(std::int64_t, const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, float*,
                             std::int64_t, __mmask16, bool, const char*, std::int64_t);
 
-// pairs_group by [kPacked][NV - 1][R - 1].
-template <bool kPacked, int NV, std::size_t... I>
-constexpr std::array<PairsGroup, sizeof...(I)> pairs_groups(std::index_sequence<I...>) {
-  return {&pairs_group<static_cast<int>(I) + 1, NV, kPacked>...};
-}
+// pairs_group by [kPacked][NV - 1][R] (rows_table: entry 0 null).
 inline constexpr int kPairsGroupRows = 8;
-inline constexpr std::array<std::array<std::array<PairsGroup, kPairsGroupRows>, 2>, 2> kPairsGroups = {
-    {{pairs_groups<false, 1>(std::make_index_sequence<kPairsGroupRows>()),
-      pairs_groups<false, 2>(std::make_index_sequence<kPairsGroupRows>())},
-     {pairs_groups<true, 1>(std::make_index_sequence<kPairsGroupRows>()),
-      pairs_groups<true, 2>(std::make_index_sequence<kPairsGroupRows>())}}};
+template <bool kPacked, int NV>
+constexpr auto pairs_groups() {
+  return rows_table<PairsGroup, kPairsGroupRows>([](auto r) { return &pairs_group<decltype(r)::value, NV, kPacked>; });
+}
+inline constexpr std::array<std::array<std::array<PairsGroup, kMaxMr + 1>, 2>, 2> kPairsGroups = {
+    {{pairs_groups<false, 1>(), pairs_groups<false, 2>()}, {pairs_groups<true, 1>(), pairs_groups<true, 2>()}}};
 
 // TileAttentionKernels::block on vdpbf16ps: panels of 32 columns, each the rows of its two
 // 16-row halves in groups of up to kPairsGroupRows; the prefetch lines shared out evenly over
@@ -117,7 +115,7 @@ inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_
       const int half = r0 / 16, rows = std::min(kPairsGroupRows, m - r0);
       const std::uint16_t* a = A + half * a_half + (r0 % 16) * a_rs;
       const std::int64_t lines = std::min(share, pf_lines);
-      kPairsGroups[packed][nv - 1][rows - 1](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate, next, lines);
+      kPairsGroups[packed][nv - 1][rows](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate, next, lines);
       next += 64 * lines;
       pf_lines -= lines;
     }

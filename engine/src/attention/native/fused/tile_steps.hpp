@@ -9,8 +9,6 @@
 #include <cstdint>
 #include <type_traits>
 
-#include <xmmintrin.h>
-
 #include "attention/native/fused/worker.hpp"
 
 namespace simdattn::detail {
@@ -152,17 +150,8 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     // The next key block's rows (prefetch_block), if it is still to be packed, prefetched into
     // L2 by the products, a share each: its K and V lines over the step's 2 x groups calls.
     const std::int64_t groups = (br + 31) / 32;
+    // (NextRows::take_run: K's stray last line does not take the call that V's lines need)
     const std::int64_t share = (plan_.block_lines + 2 * groups - 1) / (2 * groups);
-    // A call's run; a stream's last few lines (K's one line past its rows when they start
-    // mid-line) prefetched now and the next run taken, so that V's lines are not left out.
-    auto next_lines = [&] {
-      NextRows::Run r = next_.take(4 * share);
-      if (r.lines > 0 && r.lines < share / 4) {
-        for (std::int64_t i = 0; i < r.lines; ++i) _mm_prefetch(static_cast<const char*>(r.at) + 64 * i, _MM_HINT_T1);
-        r = next_.take(4 * share);
-      }
-      return r;
-    };
     // Each group's keys end where its rows' visible keys do (causal and window edges, key lengths:
     // a diagonal block's first groups skip the panels past their rows), at least one panel (its
     // products write O when first); masks, sparse patterns and modifiers read every key's score.
@@ -178,7 +167,7 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
       end[static_cast<std::size_t>(r0 / 32)] = std::max(a32 + 32, round_up(a + hi, 32));
     }
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
-      const NextRows::Run pf = next_lines();
+      const NextRows::Run pf = next_.take_run(share);
       tiles().block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                     static_cast<int>(end[static_cast<std::size_t>(r0 / 32)] - a32), sb_ + r0 * kk + a32, kk, false, pf.at,
                     pf.lines);
@@ -190,7 +179,7 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     }
     if (!first) rescale_out(0, br);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
-      const NextRows::Run pf = next_lines();
+      const NextRows::Run pf = next_.take_run(share);
       tiles().block(end[static_cast<std::size_t>(r0 / 32)] - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0),
                     v16_panel(jb, 0) + (a32 / 2) * 64,
                     kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first, pf.at, pf.lines);
