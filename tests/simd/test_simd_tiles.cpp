@@ -32,7 +32,7 @@ TEST_CASE("tile-layout products (TileAttentionKernels::block): packed and in-pla
       CAPTURE(tkp == &kt->tile_attention_pairs);
       for (int m : {1, 5, 8, 9, 16, 17, 24, 31, 32})
         for (int n : {1, 15, 16, 17, 32, 33, 40, 64, 70})
-          for (std::int64_t kb : {1, 31, 32, 64, 100, 128})
+          for (std::int64_t kb : {1, 31, 32, 40, 64, 77, 100, 128})
             for (int mode = 0; mode < 4; ++mode) {  // bit 0: accumulate; bit 1: A read in place
               const bool accumulate = (mode & 1) != 0, in_place = (mode & 2) != 0;
               if (in_place && kb % 32 != 0) continue;  // the contract: in place, whole steps only

@@ -36,12 +36,13 @@ inline void pack_a_tiles(const std::uint16_t* A, std::int64_t lda, int m, std::i
   }
 }
 
-// C[0:R, 0:16 NV] (+)= the group's rows of A times one panel of B over `steps` steps of 32 k;
-// the last C vector's lanes in `last`. A: the group's first row at step 0, rows a_rs elements
-// apart, steps a_step apart (kPacked: 32 and 1024).
-// pf_lines lines from pf prefetched into L2, one a pair step from the first on.
+// C[0:R, 0:16 NV] (+)= the group's rows of A times one panel of B over `steps` steps of 32 k
+// and `pairs` pairs of k after them (a last step's part that holds any: the zero pairs past
+// kb are not multiplied); the last C vector's lanes in `last`. A: the group's first row at step
+// 0, rows a_rs elements apart, steps a_step apart (kPacked: 32 and 1024).
+// pf_lines lines from pf prefetched into L2, one a pair step from the first on (any left at the end).
 template <int R, int NV, bool kPacked>
-inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_rs,
+inline void pairs_group(std::int64_t steps, int pairs, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_rs,
                         const std::uint16_t* Bp, float* C, std::int64_t ldc, __mmask16 last, bool accumulate, const char* pf,
                         std::int64_t pf_lines) {
   const std::int64_t rs = kPacked ? 32 : a_rs, ss = kPacked ? 1024 : a_step;
@@ -53,29 +54,33 @@ inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t
       const __mmask16 k = j == NV - 1 ? last : __mmask16{0xFFFF};
       acc[q][j] = accumulate ? _mm512_maskz_loadu_ps(k, C + q * ldc + 16 * j) : _mm512_setzero_ps();
     }
+  // pair s of a step: B's pairs at b, A's step at a
+  auto pair_step = [&](const std::uint16_t* a, const std::uint16_t* b, int s) __attribute__((always_inline)) {
+    if (pf_lines > 0) {
+      _mm_prefetch(pf, _MM_HINT_T1);
+      pf += 64;
+      --pf_lines;
+    }
+    __m512bh bv[NV];
+#pragma GCC unroll 2
+    for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + s * 64 + 32 * j);
+#pragma GCC unroll 8
+    for (int q = 0; q < R; ++q) {
+      std::uint32_t pair;
+      std::memcpy(&pair, a + q * rs + 2 * s, 4);
+      const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
+#pragma GCC unroll 2
+      for (int j = 0; j < NV; ++j) acc[q][j] = _mm512_dpbf16_ps(acc[q][j], av, bv[j]);
+    }
+  };
   for (std::int64_t t = 0; t < steps; ++t) {
     const std::uint16_t* a = A + t * ss;
     const std::uint16_t* b = Bp + t * 16 * 64;
 #pragma GCC unroll 16
-    for (int s = 0; s < 16; ++s) {
-      if (pf_lines > 0) {
-        _mm_prefetch(pf, _MM_HINT_T1);
-        pf += 64;
-        --pf_lines;
-      }
-      __m512bh bv[NV];
-#pragma GCC unroll 2
-      for (int j = 0; j < NV; ++j) bv[j] = (__m512bh)_mm512_loadu_si512(b + s * 64 + 32 * j);
-#pragma GCC unroll 8
-      for (int q = 0; q < R; ++q) {
-        std::uint32_t pair;
-        std::memcpy(&pair, a + q * rs + 2 * s, 4);
-        const __m512bh av = (__m512bh)_mm512_set1_epi32(static_cast<int>(pair));
-#pragma GCC unroll 2
-        for (int j = 0; j < NV; ++j) acc[q][j] = _mm512_dpbf16_ps(acc[q][j], av, bv[j]);
-      }
-    }
+    for (int s = 0; s < 16; ++s) pair_step(a, b, s);
   }
+  for (int s = 0; s < pairs; ++s) pair_step(A + steps * ss, Bp + steps * 16 * 64, s);
+  for (; pf_lines > 0; --pf_lines, pf += 64) _mm_prefetch(pf, _MM_HINT_T1);  // (more lines than pair steps)
 #pragma GCC unroll 8
   for (int q = 0; q < R; ++q)
 #pragma GCC unroll 2
@@ -83,7 +88,7 @@ inline void pairs_group(std::int64_t steps, const std::uint16_t* A, std::int64_t
       _mm512_mask_storeu_ps(C + q * ldc + 16 * j, j == NV - 1 ? last : __mmask16{0xFFFF}, acc[q][j]);
 }
 
-using PairsGroup = void (*)(std::int64_t, const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, float*,
+using PairsGroup = void (*)(std::int64_t, int, const std::uint16_t*, std::int64_t, std::int64_t, const std::uint16_t*, float*,
                             std::int64_t, __mmask16, bool, const char*, std::int64_t);
 
 // pairs_group by [kPacked][NV - 1][R] (rows_table: entry 0 null).
@@ -97,13 +102,15 @@ inline constexpr std::array<std::array<std::array<PairsGroup, kMaxMr + 1>, 2>, 2
 
 // TileAttentionKernels::block on vdpbf16ps: panels of 32 columns, each the rows of its two
 // 16-row halves in groups of up to kPairsGroupRows; the prefetch lines shared out evenly over
-// the groups. Steps of 32 k up to kb rounded up (packed A and B are zero there; A read in place
-// has kb a multiple of 32).
+// the groups. The pairs of k up to kb rounded up to even (packed A and B are zero past kb; A
+// read in place has kb a multiple of 32): a depth of 40 (sdcross) is 20 pairs, not the 32 of
+// two tile steps.
 inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
                         std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C,
                         std::int64_t ldc, bool accumulate, const void* pf, std::int64_t pf_lines) {
   const bool packed = a_step == 1024 && a_half == 512 && a_stride == 64;
-  const std::int64_t steps = (kb + 31) / 32, a_rs = a_stride / 2;
+  const std::int64_t steps = kb / 32, a_rs = a_stride / 2;
+  const int pairs = static_cast<int>((kb % 32 + 1) / 2);
   const std::int64_t groups = std::int64_t{(n + 31) / 32} * ((m + kPairsGroupRows - 1) / kPairsGroupRows);
   const std::int64_t share = (pf_lines + groups - 1) / groups;
   const char* next = static_cast<const char*>(pf);
@@ -115,7 +122,7 @@ inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_
       const int half = r0 / 16, rows = std::min(kPairsGroupRows, m - r0);
       const std::uint16_t* a = A + half * a_half + (r0 % 16) * a_rs;
       const std::int64_t lines = std::min(share, pf_lines);
-      kPairsGroups[packed][nv - 1][rows](steps, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate, next, lines);
+      kPairsGroups[packed][nv - 1][rows](steps, pairs, a, a_step, a_rs, Bp, C + r0 * ldc, ldc, last, accumulate, next, lines);
       next += 64 * lines;
       pf_lines -= lines;
     }

@@ -156,7 +156,9 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     // a diagonal block's first groups skip the panels past their rows), at least one panel (its
     // products write O when first); masks, sparse patterns and modifiers read every key's score.
     const bool extents = cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none && !prob_.scores_modified();
-    std::array<std::int64_t, (kMaxBlockQ + 31) / 32> end{};
+    // end: the group's S columns (whole panels); depth: its PV products' keys (the pair kernels
+    // stop there: P is zero past them, on the tiles a step of 32 is whole anyway)
+    std::array<std::int64_t, (kMaxBlockQ + 31) / 32> end{}, depth{};
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       std::int64_t hi = n;
       if (extents) {
@@ -165,10 +167,11 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
           hi = std::max(hi, row_keys_in(prob_, rb.b, rb.token(r), jb * kk + a, n).hi);
       }
       end[static_cast<std::size_t>(r0 / 32)] = std::max(a32 + 32, round_up(a + hi, 32));
+      depth[static_cast<std::size_t>(r0 / 32)] = std::max(a + hi, a32 + 1) - a32;
     }
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const NextRows::Run pf = next_.take_run(share);
-      tiles().block(dp, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
+      tiles().block(prob_.D, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                     static_cast<int>(end[static_cast<std::size_t>(r0 / 32)] - a32), sb_ + r0 * kk + a32, kk, false, pf.at,
                     pf.lines);
     }
@@ -180,7 +183,7 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     if (!first) rescale_out(0, br);
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       const NextRows::Run pf = next_.take_run(share);
-      tiles().block(end[static_cast<std::size_t>(r0 / 32)] - a32, p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0),
+      tiles().block(depth[static_cast<std::size_t>(r0 / 32)], p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0),
                     v16_panel(jb, 0) + (a32 / 2) * 64,
                     kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first, pf.at, pf.lines);
     }
