@@ -169,24 +169,35 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
       end[static_cast<std::size_t>(r0 / 32)] = std::max(a32 + 32, round_up(a + hi, 32));
       depth[static_cast<std::size_t>(r0 / 32)] = std::max(a + hi, a32 + 1) - a32;
     }
-    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+    auto scores = [&](std::int64_t r0) {  // S = Q K^T, unscaled
       const NextRows::Run pf = next_.take_run(share);
       tiles().block(prob_.D, q16_ + r0 * dp, 1024, 512, 64, rows_of(r0), k16_panel(jb, a32 / 32), dp * 32,
                     static_cast<int>(end[static_cast<std::size_t>(r0 / 32)] - a32), sb_ + r0 * kk + a32, kk, false, pf.at,
                     pf.lines);
-    }
-    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+    };
+    auto weights = [&](std::int64_t r0) {  // P's tiles, and O's rows rescaled where the reference moved
       const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
       tiles().softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0, alpha_ + r0,
                            p16_ + r0 * kk + a32 * 32, a - a32);
-    }
-    if (!first) rescale_out(0, br);
-    for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
+      if (!first) rescale_out(r0, rows_of(r0));
+    };
+    auto values = [&](std::int64_t r0) {  // O (+)= P V
       const NextRows::Run pf = next_.take_run(share);
       tiles().block(depth[static_cast<std::size_t>(r0 / 32)], p16_ + r0 * kk + a32 * 32, 1024, 512, 64, rows_of(r0),
-                    v16_panel(jb, 0) + (a32 / 2) * 64,
-                    kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded, plan_.dv_padded, !first, pf.at, pf.lines);
+                    v16_panel(jb, 0) + (a32 / 2) * 64, kk * 32, static_cast<int>(prob_.Dv), ob_ + r0 * plan_.dv_padded,
+                    plan_.dv_padded, !first, pf.at, pf.lines);
+    };
+    // Software-pipelined over the groups: group g's weights between group g + 1's S products
+    // and group g - 1's PV products, so that each buffer is read a group after the other unit
+    // wrote it (S's tile stores, P's and O's vector stores drained by then) and the vector
+    // unit's softmax has tile products on either side to run beside.
+    scores(0);
+    for (std::int64_t g = 0; g < groups; ++g) {
+      if (g + 1 < groups) scores(32 * (g + 1));
+      weights(32 * g);
+      if (g > 0) values(32 * (g - 1));
     }
+    values(32 * (groups - 1));
   }
 }
 
