@@ -173,7 +173,8 @@ KernelTable make_table_amx() {
   t.gemm_bf16.amx_done = &release;
   t.gemm_bf16.amx_pack_a = &impl::pack_a_tiles;
   t.probe.amx_peak = &amx_peak;
-  t.tile_attention = {.softmax_rows = &impl::softmax_rows_to_tiles,
+  t.tile_attention = {.softmax_rows = &impl::softmax_rows_to_tiles<false>,
+                      .softmax_rows_lse = &impl::softmax_rows_to_tiles<true>,
                       .block = &attention_block,
                       .pack_a = &impl::pack_a_tiles,
                       .pair_rows = &impl::pair_rows_tiles,

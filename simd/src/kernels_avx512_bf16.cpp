@@ -188,7 +188,8 @@ KernelTable make_table_avx512_bf16() {
   // The fused attention path's bf16 steps in the tiles' layouts, on vdpbf16ps: where it runs at
   // the FMA rate (twice the multiply-adds of the widened f32 products), else null (the path
   // widens to f32).
-  t.tile_attention_pairs = {.softmax_rows = &impl::softmax_rows_to_tiles,
+  t.tile_attention_pairs = {.softmax_rows = &impl::softmax_rows_to_tiles<false>,
+                            .softmax_rows_lse = &impl::softmax_rows_to_tiles<true>,
                             .block = &impl::pairs_block,
                             .pack_a = &impl::pack_a_tiles,
                             .pair_rows = &impl::pair_rows_tiles,

@@ -17,6 +17,8 @@
 
 using namespace simdattn::simd;
 using simdattn::test::kernel_tables;
+using simdattn::test::expected_l;
+using simdattn::test::expected_max_alpha;
 using simdattn::test::ulp_error;
 
 namespace {
@@ -72,22 +74,6 @@ TEST_CASE("max, sum and the fused softmax passes against scalar twins, all lengt
     CHECK(kt->vec_f64.exp_sub_max_sum(row.data(), 19, -INFINITY) == 0.0);
     for (double v : row) CHECK(v == 0.0);
   }
-}
-
-// What one online-softmax step should leave, from the block's max bm and the prior reference m0:
-// the reference max (it moves when bm passes m0 by more than 8, or m0 is -inf) and alpha.
-template <class T>
-std::pair<T, T> expected_max_alpha(T bm, T m0) {
-  const T inf = std::numeric_limits<T>::infinity();
-  const T mn = bm > m0 && (m0 == -inf || bm > m0 + T(8)) ? bm : m0;
-  const T alpha = (mn != m0 && m0 != -inf) ? std::exp(m0 - mn) : (m0 == -inf && mn != -inf) ? T(-1) : T(1);
-  return {mn, alpha};
-}
-
-// l after the step: the prior l rescaled when the max moved from a finite value, plus the weights.
-template <class T>
-long double expected_l(T l0, T alpha, long double sum) {
-  return static_cast<long double>(alpha >= T(0) && alpha != T(1) ? l0 * alpha : l0) + sum;  // (-1: l0 is 0)
 }
 
 // One online-softmax step (VectorKernels::softmax_rows) against a scalar twin: the row max of
@@ -277,94 +263,6 @@ TEST_CASE("the online-softmax step over a block of rows on every ISA: max, weigh
     check_softmax_rows_capped<float>(kt->vec_f32, rng);
     check_softmax_rows_capped<double>(kt->vec_f64, rng);
   }
-}
-
-// The tile attention tables' softmax step into bf16 P tiles (TileAttentionKernels::softmax_rows), against a
-// scalar twin: m and alpha exactly as softmax_rows', each weight within bf16's rounding (2^-8
-// relative: a half ulp plus the kernel's 4e-6) of exp(s - m_new), exact zeros outside the
-// visible keys and around them in the tile, rows past `rows` untouched, l within 1e-5 of the
-// prior l plus the weights; scores at -1e30 and a large row max (the exact form of the argument).
-TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l (AMX and vdpbf16ps tables)") {
-  std::mt19937_64 rng(simdattn::test::base_seed() + 48);
-  std::normal_distribution<double> nd(0.0, 4.0);
-  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  int tables = 0;
-  for (const KernelTable* kt : kernel_tables()) {
-    // (AMX's, or the vdpbf16ps tables': the same step, run where the table has either)
-    const auto softmax_rows =
-        kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention.softmax_rows : kt->tile_attention_pairs.softmax_rows;
-    if (softmax_rows == nullptr) continue;
-    ++tables;
-    CAPTURE(isa_name(kt->isa));
-    for (std::int64_t rows : {1, 4, 5, 32})
-      for (std::int64_t n : {1, 16, 17, 40, 77, 128, 256})
-        for (std::int64_t lead : {0, 16})
-          for (int kind = 0; kind < 4; ++kind) {  // 0 plain, 1 intervals, 2 scale -0.5, 3 large scores
-            if (lead + n > 256) continue;
-            CAPTURE(rows);
-            CAPTURE(n);
-            CAPTURE(lead);
-            CAPTURE(kind);
-            const float scale = kind == 2 ? -0.5f : 0.125f;
-            const std::int64_t ld = n + 5, cols = (lead + n + 31) / 32 * 32;
-            std::vector<float> x(static_cast<std::size_t>(rows * ld), nan);  // past n: never read
-            for (std::int64_t r = 0; r < rows; ++r)
-              for (std::int64_t j = 0; j < n; ++j)
-                x[r * ld + j] = static_cast<float>(nd(rng)) + (kind == 3 ? 4e6f : 0.f);
-            if (rows > 2)
-              for (std::int64_t j = 0; j < n; ++j) x[2 * ld + j] = j % 3 == 0 ? -1e30f : x[2 * ld + j];
-            if (rows > 3)
-              for (std::int64_t j = 0; j < n; ++j) x[3 * ld + j] = -inf / scale;  // every s is -inf
-            std::vector<std::int64_t> lo(static_cast<std::size_t>(rows)), hi(lo.size());
-            for (std::int64_t r = 0; r < rows; ++r) {
-              lo[r] = kind == 1 ? (r * 7) % (n + 1) : 0;
-              hi[r] = kind == 1 ? std::min<std::int64_t>(n, lo[r] + (r * 13) % (n + 1)) : n;
-              if (kind == 1)
-                for (std::int64_t j = 0; j < n; ++j)
-                  if (j < lo[r] || j >= hi[r]) x[r * ld + j] = nan;  // hidden: not read
-            }
-            std::vector<float> m(static_cast<std::size_t>(rows)), l(m.size()), alpha(m.size(), 7.f);
-            for (std::int64_t r = 0; r < rows; ++r) m[r] = r % 3 == 0 ? -inf : (kind == 3 ? 4e5f : 0.5f), l[r] = float(r % 3);
-            const std::vector<float> m0 = m, l0 = l;
-            std::vector<std::uint16_t> buf(static_cast<std::size_t>(cols / 32 * 1024 + 32), 0xABCD);
-            std::uint16_t* p = buf.data();
-            while (reinterpret_cast<std::uintptr_t>(p) % 64 != 0) ++p;
-            softmax_rows(x.data(), ld, rows, n, scale, kind == 1 ? lo.data() : nullptr, kind == 1 ? hi.data() : nullptr,
-                         m.data(), l.data(), alpha.data(), p, lead);
-            for (std::int64_t r = 0; r < 32; ++r) {
-              CAPTURE(r);
-              auto at = [&](std::int64_t c) { return p[(c / 32) * 1024 + r * 32 + c % 32]; };
-              if (r >= rows) {
-                for (std::int64_t c = 0; c < cols; ++c) CHECK(at(c) == 0xABCD);
-                continue;
-              }
-              float bm = -inf;
-              for (std::int64_t j = lo[r]; j < hi[r]; ++j) bm = std::max(bm, x[r * ld + j] * scale);
-              const auto [mn, want_alpha] = expected_max_alpha(bm, m0[r]);
-              CHECK(m[r] == mn);
-              CHECK(alpha[r] == doctest::Approx(want_alpha).epsilon(1e-6));
-              long double sum = 0;
-              for (std::int64_t c = 0; c < cols; ++c) {
-                const std::int64_t j = c - lead;
-                const std::uint32_t bits = std::uint32_t{at(c)} << 16;
-                float got;
-                std::memcpy(&got, &bits, 4);
-                if (j < lo[r] || j >= hi[r] || j >= n) {
-                  CHECK(at(c) == 0);
-                  continue;
-                }
-                const long double want =
-                    mn == -inf ? 0.0L : std::exp(static_cast<long double>(x[r * ld + j] * scale) - static_cast<long double>(mn));
-                if (want < 0x1p-125L) CHECK(got <= 0x1p-125f);
-                else CHECK(std::fabs(got - want) <= 0x1p-8L * want);
-                sum += want;
-              }
-              const long double l_want = expected_l(l0[r], want_alpha, sum);
-              CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= 1e-5L * (1 + l_want));
-            }
-          }
-  }
-  if (tables == 0) MESSAGE("no table with the tile softmax step on this CPU: it was not run");
 }
 
 TEST_CASE("normalize_rows on every ISA: x / l per row, zero rows where l == 0, nothing past n, rows packed in place") {

@@ -1,10 +1,12 @@
 // Helpers for the tests of the SIMD layer and the GEMM: the kernel table of every ISA this CPU
-// supports, and an error measure in units in the last place.
+// supports, an error measure in units in the last place, and what an online-softmax step should
+// leave (the reference max, alpha, l).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "simdattn/simd/kernels.hpp"
@@ -31,6 +33,22 @@ double ulp_error(T got, long double want) {
   const int min_exp = std::numeric_limits<T>::min_exponent;  // e of the smallest normal
   const long double ulp = std::ldexp(1.0L, std::max(e, min_exp) - digits);
   return static_cast<double>(std::fabs(static_cast<long double>(got) - want) / ulp);
+}
+
+// What one online-softmax step should leave, from the block's max bm and the prior reference m0:
+// the reference max (it moves when bm passes m0 by more than 8, or m0 is -inf) and alpha.
+template <class T>
+inline std::pair<T, T> expected_max_alpha(T bm, T m0) {
+  const T inf = std::numeric_limits<T>::infinity();
+  const T mn = bm > m0 && (m0 == -inf || bm > m0 + T(8)) ? bm : m0;
+  const T alpha = (mn != m0 && m0 != -inf) ? std::exp(m0 - mn) : (m0 == -inf && mn != -inf) ? T(-1) : T(1);
+  return {mn, alpha};
+}
+
+// l after the step: the prior l rescaled when the max moved from a finite value, plus the weights.
+template <class T>
+inline long double expected_l(T l0, T alpha, long double sum) {
+  return static_cast<long double>(alpha >= T(0) && alpha != T(1) ? l0 * alpha : l0) + sum;  // (-1: l0 is 0)
 }
 
 }  // namespace simdattn::test

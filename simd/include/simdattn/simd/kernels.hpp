@@ -342,11 +342,17 @@ struct TileAttentionKernels {
   // is only read and each row's weights are rounded to bf16 (nearest even) into row r of a group
   // of 32 x 32 tiles: key j at column c = lead + j, column c at p[(c / 32) * 1024 + r * 32 + c %
   // 32], zeros in columns [0, lead) and [lead + n, next multiple of 32), none of x read there.
-  // lead + n <= 512; p 64-byte aligned. The weights before rounding are within 4e-6 (relative) of exp(s - m_new)
-  // and 0 below 2^-126; l[r] adds their unrounded sum.
+  // lead + n <= 512; p 64-byte aligned. The weights before rounding are within 1e-4 (relative)
+  // of exp(s - m_new) (P's bf16 rounding adds up to 2^-8), and 0 below 2^-126; l[r] adds their
+  // unrounded sum, so it is within 1e-4 of the exact sum and within 2^-8 + 1e-4 of the sum of P.
   void (*softmax_rows)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                        const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                        std::uint16_t* p, std::int64_t lead) = nullptr;
+  // softmax_rows with the weights before rounding within 4e-6 of exp(s - m_new) (l too): for
+  // calls whose lse is an output.
+  void (*softmax_rows_lse)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
+                           const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
+                           std::uint16_t* p, std::int64_t lead) = nullptr;
   // Gemm16AmxBlock's contract (A as tiles or in place, Bp pair panels of 32 columns), bf16
   // products summed in f32 (on AMX: Gemm16Kernels::amx_block's tiles), and pf_lines cache lines
   // from pf on (the next key block's rows) prefetched into L2, spread over the products.

@@ -87,7 +87,8 @@ bool fused_stacks_heads(const Problem& p) {
 Refusal fused_tiles_why_not(const Problem& p) {
   const simd::KernelTable& table = simd::kernels();
   if (p.dtype != DType::bf16) return {"dtype {w} (bf16 only)", dtype_name(p.dtype)};
-  if (table.tile_attention.block == nullptr || table.tile_attention.softmax_rows == nullptr)
+  if (table.tile_attention.block == nullptr || table.tile_attention.softmax_rows == nullptr ||
+      table.tile_attention.softmax_rows_lse == nullptr)
     return {"ISA {w} has no AMX tiles, nor vdpbf16ps at the FMA rate", simd::isa_name(table.isa)};
   if (p.D > table.tile_attention.max_depth) return {"D = {} > {}", p.D, table.tile_attention.max_depth};
   return {};

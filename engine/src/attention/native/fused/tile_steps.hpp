@@ -175,10 +175,12 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
                     static_cast<int>(end[static_cast<std::size_t>(r0 / 32)] - a32), sb_ + r0 * kk + a32, kk, false, pf.at,
                     pf.lines);
     };
+    // (the weights to f32's accuracy where l gives the lse too, else to what P's bf16 needs)
+    const auto softmax_rows = prob_.lse != nullptr ? tiles().softmax_rows_lse : tiles().softmax_rows;
     auto weights = [&](std::int64_t r0) {  // P's tiles, and O's rows rescaled where the reference moved
       const StepRows sr = step_rows(rb, r0, rows_of(r0), jb * kk + a, a, n, cover, false);
-      tiles().softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0, alpha_ + r0,
-                           p16_ + r0 * kk + a32 * 32, a - a32);
+      softmax_rows(sb_ + r0 * kk + a, kk, rows_of(r0), n, sr.scale, sr.lo, sr.hi, m_ + r0, l_ + r0, alpha_ + r0,
+                   p16_ + r0 * kk + a32 * 32, a - a32);
       if (!first) rescale_out(r0, rows_of(r0));
     };
     auto values = [&](std::int64_t r0) {  // O (+)= P V
