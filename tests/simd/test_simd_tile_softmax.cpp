@@ -23,8 +23,9 @@ using simdattn::test::kernel_tables;
 // within bf16's rounding (2^-8 relative: a half ulp) plus the kernel's error (1e-4; _lse 4e-6)
 // of exp(s - m_new), exact zeros outside the visible keys and around them in the tile, rows past
 // `rows` untouched, l within that error of the prior l plus the weights; scores at -1e30 and a
-// large row max (the exact form of the argument); references held (one sweep), moved after the
-// attempt (a second sweep) and absent (-inf: the max first), in groups of four rows and alone.
+// large row max (the exact form of the argument); a NaN among a row's visible scores (its weight
+// and l NaN, the max the other scores'); references held (one sweep), moved after the attempt (a
+// second sweep) and absent (-inf: the max first), mixed within groups of four rows and alone.
 TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l (AMX and vdpbf16ps tables)") {
   std::mt19937_64 rng(simdattn::test::base_seed() + 48);
   std::normal_distribution<double> nd(0.0, 4.0);
@@ -55,7 +56,7 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
               std::vector<float> x(static_cast<std::size_t>(rows * ld), nan);  // past n: never read
               for (std::int64_t r = 0; r < rows; ++r)
                 for (std::int64_t j = 0; j < n; ++j)
-                  x[r * ld + j] = static_cast<float>(nd(rng)) + (kind == 3 ? 4e6f : 0.f);
+                  x[r * ld + j] = static_cast<float>(nd(rng)) + (kind == 3 && r % 2 == 0 ? 4e6f : 0.f);
               if (rows > 2)
                 for (std::int64_t j = 0; j < n; ++j) x[2 * ld + j] = j % 3 == 0 ? -1e30f : x[2 * ld + j];
               if (rows > 3)
@@ -68,9 +69,10 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
                   for (std::int64_t j = 0; j < n; ++j)
                     if (j < lo[r] || j >= hi[r]) x[r * ld + j] = nan;  // hidden: not read
               }
+              if (rows > 6 && hi[6] > lo[6]) x[6 * ld + (lo[6] + hi[6]) / 2] = nan;  // a NaN among visible scores
               std::vector<float> m(static_cast<std::size_t>(rows)), l(m.size()), alpha(m.size(), 7.f);
               for (std::int64_t r = 0; r < rows; ++r)
-                m[r] = r % 5 == 0 ? -inf : (kind == 3 ? 4e5f : 0.5f), l[r] = float(r % 3);
+                m[r] = r % 8 == 1 || r == 4 ? -inf : (kind == 3 ? 4e5f : 0.5f), l[r] = float(r % 3);
               const std::vector<float> m0 = m, l0 = l;
               std::vector<std::uint16_t> buf(static_cast<std::size_t>(cols / 32 * 1024 + 32), 0xABCD);
               std::uint16_t* p = buf.data();
@@ -84,12 +86,13 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
                   for (std::int64_t c = 0; c < cols; ++c) CHECK(at(c) == 0xABCD);
                   continue;
                 }
-                float bm = -inf;
+                float bm = -inf;  // (std::max keeps bm where the score is NaN: NaN does not enter the max)
                 for (std::int64_t j = lo[r]; j < hi[r]; ++j) bm = std::max(bm, x[r * ld + j] * scale);
                 const auto [mn, want_alpha] = expected_max_alpha(bm, m0[r]);
                 CHECK(m[r] == mn);
                 CHECK(alpha[r] == doctest::Approx(want_alpha).epsilon(1e-6));
                 long double sum = 0;
+                bool nan_seen = false;
                 for (std::int64_t c = 0; c < cols; ++c) {
                   const std::int64_t j = c - lead;
                   const std::uint32_t bits = std::uint32_t{at(c)} << 16;
@@ -97,6 +100,11 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
                   std::memcpy(&got, &bits, 4);
                   if (j < lo[r] || j >= hi[r] || j >= n) {
                     CHECK(at(c) == 0);
+                    continue;
+                  }
+                  if (std::isnan(x[r * ld + j])) {  // its weight NaN, and so l
+                    CHECK(std::isnan(got));
+                    nan_seen = true;
                     continue;
                   }
                   const long double want =
@@ -110,7 +118,10 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
                   sum += want;
                 }
                 const long double l_want = expected_l(l0[r], want_alpha, sum);
-                CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= (err + 1e-6L) * (1 + l_want));
+                if (nan_seen)
+                  CHECK(std::isnan(l[r]));
+                else
+                  CHECK(std::fabs(static_cast<long double>(l[r]) - l_want) <= (err + 1e-6L) * (1 + l_want));
               }
             }
     }
@@ -128,14 +139,15 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
 // bound: the polynomial's (8.6e-5; _lse 2.9e-6) plus the f32 argument's rounding, 1.2e-7 times
 // (|s - m| + |m|) for the one-FMA form, |s| for the other. P is exactly l's weight rounded to
 // nearest even bf16: the weights that reach the PV product are the ones l sums, rounded once.
-TEST_CASE("the tile softmax step's exponential against long double: every input class, both accuracies, P is l's weight rounded") {
+TEST_CASE("the tile softmax exponential against long double: every input class, P is the weight l sums, rounded") {
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  std::vector<double> offsets{0.0, -1e-30, -1e-7, 1e-7, -0.5, 0.5, 1.0, 7.99, -1.0, -2.0, -87.0, -87.3, -87.6, -88.0, -100.0,
-                              -1e30};
+  std::vector<double> offsets{0.0,  -1e-30, -1e-7, 1e-7,  -0.5,  0.5,   1.0,    7.99,
+                              -1.0, -2.0,   -87.0, -87.3, -87.6, -88.0, -100.0, -1e30};
   for (double t = -87.4; t < 8.0; t += 0.0173) offsets.push_back(t);
   int tables = 0;
   for (const KernelTable* kt : kernel_tables()) {
-    const TileAttentionKernels& tk = kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention : kt->tile_attention_pairs;
+    const TileAttentionKernels& tk =
+        kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention : kt->tile_attention_pairs;
     if (tk.softmax_rows == nullptr) continue;
     ++tables;
     CAPTURE(isa_name(kt->isa));
@@ -176,8 +188,9 @@ TEST_CASE("the tile softmax step's exponential against long double: every input 
                   CHECK(w <= 0x1p-125f);  // (at the flush threshold either side)
                   if (want < 0x1p-127L) CHECK(w == 0.0f);
                 } else {
-                  const long double arg =
-                      std::fabs(m0) <= 256.0f ? std::fabs(static_cast<long double>(s) - m0) + std::fabs(m0) : std::fabs(s);
+                  const long double arg = std::fabs(m0) <= 256.0f
+                                              ? std::fabs(static_cast<long double>(s) - m0) + std::fabs(m0)
+                                              : std::fabs(s);
                   CHECK(std::fabs(w - want) <= (poly + 1.2e-7L * arg + 1e-7L) * want);
                 }
                 // P: the weight l summed, rounded to nearest even (every column of a whole row)

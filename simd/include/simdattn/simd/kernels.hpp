@@ -281,7 +281,9 @@ using Gemm16Ukernel = void (*)(std::int64_t kc, const void* Ap, const std::uint1
 // a_half 512, a_stride 64, zeros past kb) or read in place (a_step 32, a_half 16 * lda, a_stride
 // 2 * lda; kb a multiple of 32, as nothing past it may be read); Bp the packed B panels of that
 // block, columns 32 j .. 32 j + 31 in the panel at Bp + j * b_stride (pairs of 32 columns, its
-// rows rounded up to 32 with zeros: Packed16::panel in engine/src/linalg/gemm16.hpp). accumulate:
+// rows rounded up to 32 with zeros: Packed16::panel in engine/src/linalg/gemm16.hpp; B's rows past
+// kb may hold any finite values where packed A is zero there: they meet only A's zeros, or are
+// not read at all where the products stop at kb's last pair). accumulate:
 // C's values are added to, else overwritten (never read). The calling thread's tiles stay
 // configured until amx_done.
 using Gemm16AmxBlock = void (*)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
@@ -342,14 +344,16 @@ struct TileAttentionKernels {
   // is only read and each row's weights are rounded to bf16 (nearest even) into row r of a group
   // of 32 x 32 tiles: key j at column c = lead + j, column c at p[(c / 32) * 1024 + r * 32 + c %
   // 32], zeros in columns [0, lead) and [lead + n, next multiple of 32), none of x read there.
-  // lead + n <= 512; p 64-byte aligned. The weights before rounding are within 1e-4 (relative)
-  // of exp(s - m_new) (P's bf16 rounding adds up to 2^-8), and 0 below 2^-126; l[r] adds their
-  // unrounded sum, so it is within 1e-4 of the exact sum and within 2^-8 + 1e-4 of the sum of P.
+  // lead + n <= 512; p 64-byte aligned. The weights before rounding are within 8.6e-5 (relative)
+  // of exp(s - m_new) plus the f32 argument's rounding, 1.2e-7 (|s - m_new| + |m_new|) where
+  // |m_new| <= 256, else 1.2e-7 |s|, and 0 below 2^-126; P rounds them to nearest even bf16 (up to
+  // 2^-8 more). l[r] adds their unrounded sum: within those bounds of the exact sum, and within
+  // 2^-8 of the sum of P. A NaN score does not enter the block max; its weight is NaN.
   void (*softmax_rows)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                        const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                        std::uint16_t* p, std::int64_t lead) = nullptr;
-  // softmax_rows with the weights before rounding within 4e-6 of exp(s - m_new) (l too): for
-  // calls whose lse is an output.
+  // softmax_rows with the weights before rounding within 2.9e-6 of exp(s - m_new) plus the same
+  // argument's rounding (l too): for calls whose lse is an output.
   void (*softmax_rows_lse)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                            const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                            std::uint16_t* p, std::int64_t lead) = nullptr;

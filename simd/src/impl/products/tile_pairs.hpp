@@ -102,9 +102,9 @@ inline constexpr std::array<std::array<std::array<PairsGroup, kMaxMr + 1>, 2>, 2
 
 // TileAttentionKernels::block on vdpbf16ps: panels of 32 columns, each the rows of its two
 // 16-row halves in groups of up to kPairsGroupRows; the prefetch lines shared out evenly over
-// the groups. The pairs of k up to kb rounded up to even (packed A and B are zero past kb; A
-// read in place has kb a multiple of 32): a depth of 40 (sdcross) is 20 pairs, not the 32 of
-// two tile steps.
+// the groups. The pairs of k up to kb rounded up to even (packed A is zero past kb, B's rows
+// there are multiplied by those zeros or not read; A read in place has kb a multiple of 32): a
+// depth of 40 (sdcross) is 20 pairs, not the 32 of two tile steps.
 inline void pairs_block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half,
                         std::int64_t a_stride, int m, const std::uint16_t* Bp, std::int64_t b_stride, int n, float* C,
                         std::int64_t ldc, bool accumulate, const void* pf, std::int64_t pf_lines) {

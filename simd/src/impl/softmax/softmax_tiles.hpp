@@ -114,9 +114,10 @@ inline void tile_row_group(const float* x, std::int64_t ld, std::int64_t cols, c
   const bool positive = scale > 0.0f;
   __m512 mx[R];
   for (int q = 0; q < R; ++q) mx[q] = ninf;
-  // (as softmax_rows': a NaN lane gives way to later values)
+  // (v first: vmaxps gives its second operand where either is NaN, so a NaN score never enters
+  // the max, and the reference follows the row's other scores; the NaN's weight stays NaN)
   auto max_of = [&](int q, __mmask16 k, __m512 v) {
-    mx[q] = _mm512_mask_max_ps(mx[q], k, mx[q], positive ? v : _mm512_mul_ps(v, s));
+    mx[q] = _mm512_mask_max_ps(mx[q], k, positive ? v : _mm512_mul_ps(v, s), mx[q]);
   };
   constexpr float kLog2e = 1.44269504088896341f;
   float ref[R];

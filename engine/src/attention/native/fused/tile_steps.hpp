@@ -1,6 +1,6 @@
 // The fused path's steps on AMX tiles (FusedWorker, worker.hpp; FusedPlan::amx, S is
 // bfloat16): K and V packed as bf16 pairs, the Q block as tiles, and a step's S products,
-// softmax and PV products phase by phase.
+// softmax and PV products, software-pipelined over the block's groups of 32 rows.
 #pragma once
 
 #include <algorithm>
@@ -150,6 +150,7 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     // The next key block's rows (prefetch_block), if it is still to be packed, prefetched into
     // L2 by the products, a share each: its K and V lines over the step's 2 x groups calls.
     const std::int64_t groups = (br + 31) / 32;
+    if (groups == 0) return;
     // (NextRows::take_run: K's stray last line does not take the call that V's lines need)
     const std::int64_t share = (plan_.block_lines + 2 * groups - 1) / (2 * groups);
     // Each group's keys end where its rows' visible keys do (causal and window edges, key lengths:

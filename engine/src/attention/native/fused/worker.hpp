@@ -166,12 +166,12 @@ class FusedWorker {
   // The Q block as tiles: per group of 32 rows and step of 32 of D, 32 rows of 32 bf16 (one
   // head's rows, or stacked heads' rows each gathered from where it lies).
   void prepare_q_amx(const RowBlock& rb, std::int64_t br);
-  // One step (keys a .. a + n - 1 of key block jb) on tiles, in three phases over the block's
+  // One step (keys a .. a + n - 1 of key block jb) on tiles, three phases for each of the block's
   // groups of 32 query rows: S = Q K^T over the panels of 32 keys covering the keys (unscaled);
   // the softmax step writing P as bf16 tiles over those panels (zeros outside the keys), and O's
-  // rows rescaled; O (+)= P V. Phase by phase rather than group by group: the tile stores of S
-  // and the vector stores of P have drained by the time the other unit reads them (guarded by
-  // attention/native/sdcross.bf16 and vit.bf16).
+  // rows rescaled; O (+)= P V. Software-pipelined over the groups (group g's softmax between group
+  // g + 1's S products and group g - 1's PV products): each buffer is read a group after the other
+  // unit wrote it (docs/matrix-kernels.md).
   void step_amx(const RowBlock& rb, std::int64_t br, std::int64_t jb, std::int64_t a, std::int64_t n, Cover cover,
                 bool first);
 
