@@ -6,6 +6,8 @@
 //   tiles/scores/<shape>   S = Q K^T, a block call per group
 //   tiles/softmax/<shape>  the softmax step of those scores into P's tiles, the rows' references
 //                          held (a long row's later key blocks: no reference moves)
+//   tiles/softmax-lse/<shape> the same with the exponential a call with an lse output takes
+//                          (softmax_rows_lse)
 //   tiles/values/<shape>   O += P V, a block call per group
 //   tiles/phased/<shape>   the three, all groups' S products, then all softmax steps, then all PV
 //   tiles/pipelined/<shape> the three as step_amx runs them: group g's softmax between group
@@ -98,8 +100,8 @@ struct Step {
     tk.block(D, q.data() + r0 * dp, 1024, 512, 64, kGroup, k.data(), dp * 32, static_cast<int>(kk), s.data() + r0 * kk, kk,
              false, nullptr, 0);
   }
-  void weights(std::int64_t r0) {
-    tk.softmax_rows(s.data() + r0 * kk, kk, kGroup, keys, scale(), nullptr, nullptr, m.data() + r0, l.data() + r0,
+  void weights(std::int64_t r0, bool lse = false) {
+    (lse ? tk.softmax_rows_lse : tk.softmax_rows)(s.data() + r0 * kk, kk, kGroup, keys, scale(), nullptr, nullptr, m.data() + r0, l.data() + r0,
                     alpha.data() + r0, p.data() + r0 * kk, 0);
   }
   void values(std::int64_t r0) {
@@ -112,7 +114,7 @@ struct Step {
   }
 };
 
-enum class Part { scores, softmax, values, phased, pipelined };
+enum class Part { scores, softmax, softmax_lse, values, phased, pipelined };
 
 void tiles_part(benchmark::State& state, Shape shape, Part part) {
   const TileAttentionKernels& tk = simdattn::simd::kernels().tile_attention;
@@ -126,6 +128,9 @@ void tiles_part(benchmark::State& state, Shape shape, Part part) {
         break;
       case Part::softmax:
         for (std::int64_t g = 0; g < groups; ++g) st.weights(g * kGroup);
+        break;
+      case Part::softmax_lse:
+        for (std::int64_t g = 0; g < groups; ++g) st.weights(g * kGroup, true);
         break;
       case Part::values:
         for (std::int64_t g = 0; g < groups; ++g) st.values(g * kGroup);
@@ -151,10 +156,10 @@ void tiles_part(benchmark::State& state, Shape shape, Part part) {
 
 int register_all() {
   const TileAttentionKernels& tk = simdattn::simd::kernels().tile_attention;
-  if (tk.block == nullptr || tk.softmax_rows == nullptr) return 0;
-  const std::pair<const char*, Part> parts[] = {{"scores", Part::scores},   {"softmax", Part::softmax},
-                                                {"values", Part::values},   {"phased", Part::phased},
-                                                {"pipelined", Part::pipelined}};
+  if (tk.block == nullptr || tk.softmax_rows == nullptr || tk.softmax_rows_lse == nullptr) return 0;
+  const std::pair<const char*, Part> parts[] = {{"scores", Part::scores},       {"softmax", Part::softmax},
+                                                {"softmax-lse", Part::softmax_lse}, {"values", Part::values},
+                                                {"phased", Part::phased},           {"pipelined", Part::pipelined}};
   for (const Shape& shape : kShapes)
     for (const auto& [name, part] : parts)
       benchmark::RegisterBenchmark((std::string("tiles/") + name + "/" + shape.name + "/t1").c_str(), tiles_part, shape,
