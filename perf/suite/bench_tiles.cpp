@@ -22,13 +22,13 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "linalg/gemm.hpp"
 #include "perf_util.hpp"
+#include "simdattn/half.hpp"
 #include "simdattn/simd/kernels.hpp"
 
 namespace {
@@ -59,25 +59,23 @@ struct Step {
       : tk(kernels), D(shape.D), dp(up32(shape.D)), keys(shape.keys), kk(up32(shape.keys)), dvp(up32(shape.D)) {
     std::mt19937 rng(7);
     std::normal_distribution<float> nd(0.f, 1.f);
-    auto bf16 = [&] {
-      const float f = nd(rng);
-      std::uint32_t u;
-      std::memcpy(&u, &f, 4);
-      return static_cast<std::uint16_t>(u >> 16);
-    };
+    auto bf16 = [&] { return simdattn::to_bfloat16(nd(rng)).bits; };
     // Q: 32 x 32 tiles per group and step of 32 along D (TileAttentionKernels::pack_a)
     std::vector<std::uint16_t> rows(static_cast<std::size_t>(kRows * D));
     for (auto& x : rows) x = bf16();
     q.assign(static_cast<std::size_t>(kRows * dp), 0);
-    for (std::int64_t r0 = 0; r0 < kRows; r0 += kGroup) tk.pack_a(rows.data() + r0 * D, D, kGroup, D, q.data() + r0 * dp);
+    for (std::int64_t r0 = 0; r0 < kRows; r0 += kGroup)
+      tk.pack_a(rows.data() + r0 * D, D, kGroup, D, q.data() + r0 * dp);
     // K: panels of 32 keys, pairs along D, zeros past D and past the keys
     k.assign(static_cast<std::size_t>(kk * dp), 0);
     for (std::int64_t j = 0; j < keys; ++j)
-      for (std::int64_t d = 0; d < D; ++d) k[static_cast<std::size_t>((j / 32) * dp * 32 + (d / 2) * 64 + (j % 32) * 2 + d % 2)] = bf16();
+      for (std::int64_t d = 0; d < D; ++d)
+        k[static_cast<std::size_t>((j / 32) * dp * 32 + (d / 2) * 64 + (j % 32) * 2 + d % 2)] = bf16();
     // V: panels of 32 columns, pairs along the keys, zeros past the keys
     v.assign(static_cast<std::size_t>(dvp / 32 * kk * 32), 0);
     for (std::int64_t j = 0; j < keys; ++j)
-      for (std::int64_t c = 0; c < D; ++c) v[static_cast<std::size_t>((c / 32) * kk * 32 + (j / 2) * 64 + (c % 32) * 2 + j % 2)] = bf16();
+      for (std::int64_t c = 0; c < D; ++c)
+        v[static_cast<std::size_t>((c / 32) * kk * 32 + (j / 2) * 64 + (c % 32) * 2 + j % 2)] = bf16();
     p.assign(static_cast<std::size_t>(kRows * kk), 0);
     s.assign(static_cast<std::size_t>(kRows * kk), 0.f);
     o.assign(static_cast<std::size_t>(kRows * dvp), 0.f);
@@ -97,16 +95,17 @@ struct Step {
   double flops() const { return 2.0 * double(kRows) * double(keys) * double(2 * D); }
 
   void scores(std::int64_t r0) {
-    tk.block(D, q.data() + r0 * dp, 1024, 512, 64, kGroup, k.data(), dp * 32, static_cast<int>(kk), s.data() + r0 * kk, kk,
-             false, nullptr, 0);
+    tk.block(D, q.data() + r0 * dp, 1024, 512, 64, kGroup, k.data(), dp * 32, static_cast<int>(kk), s.data() + r0 * kk,
+             kk, false, nullptr, 0);
   }
   void weights(std::int64_t r0, bool lse = false) {
-    (lse ? tk.softmax_rows_lse : tk.softmax_rows)(s.data() + r0 * kk, kk, kGroup, keys, scale(), nullptr, nullptr, m.data() + r0, l.data() + r0,
-                    alpha.data() + r0, p.data() + r0 * kk, 0);
+    (lse ? tk.softmax_rows_lse : tk.softmax_rows)(s.data() + r0 * kk, kk, kGroup, keys, scale(), nullptr, nullptr,
+                                                  m.data() + r0, l.data() + r0, alpha.data() + r0, p.data() + r0 * kk,
+                                                  0);
   }
   void values(std::int64_t r0) {
-    tk.block(keys, p.data() + r0 * kk, 1024, 512, 64, kGroup, v.data(), kk * 32, static_cast<int>(D), o.data() + r0 * dvp,
-             dvp, true, nullptr, 0);
+    tk.block(keys, p.data() + r0 * kk, 1024, 512, 64, kGroup, v.data(), kk * 32, static_cast<int>(D),
+             o.data() + r0 * dvp, dvp, true, nullptr, 0);
   }
   void hold() {  // the references back where a later block finds them, l from 0
     std::copy(m_held.begin(), m_held.end(), m.begin());
@@ -157,7 +156,7 @@ void tiles_part(benchmark::State& state, Shape shape, Part part) {
 int register_all() {
   const TileAttentionKernels& tk = simdattn::simd::kernels().tile_attention;
   if (tk.block == nullptr || tk.softmax_rows == nullptr || tk.softmax_rows_lse == nullptr) return 0;
-  const std::pair<const char*, Part> parts[] = {{"scores", Part::scores},       {"softmax", Part::softmax},
+  const std::pair<const char*, Part> parts[] = {{"scores", Part::scores},           {"softmax", Part::softmax},
                                                 {"softmax-lse", Part::softmax_lse}, {"values", Part::values},
                                                 {"phased", Part::phased},           {"pipelined", Part::pipelined}};
   for (const Shape& shape : kShapes)

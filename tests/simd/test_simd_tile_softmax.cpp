@@ -10,6 +10,7 @@
 #include <random>
 #include <vector>
 
+#include "simdattn/half.hpp"
 #include "support/simd_test_util.hpp"
 #include "support/test_util.hpp"
 
@@ -17,6 +18,18 @@ using namespace simdattn::simd;
 using simdattn::test::expected_l;
 using simdattn::test::expected_max_alpha;
 using simdattn::test::kernel_tables;
+
+namespace {
+
+// The table's tile softmax steps: AMX's, or the vdpbf16ps tables' (the same step, run where the
+// table has either); nullptr where it has neither.
+const TileAttentionKernels* tile_softmax_of(const KernelTable& kt) {
+  if (kt.tile_attention.softmax_rows != nullptr) return &kt.tile_attention;
+  if (kt.tile_attention_pairs.softmax_rows != nullptr) return &kt.tile_attention_pairs;
+  return nullptr;
+}
+
+}  // namespace
 
 // The tile attention tables' softmax step into bf16 P tiles (TileAttentionKernels::softmax_rows
 // and softmax_rows_lse), against a scalar twin: m and alpha exactly as softmax_rows', each weight
@@ -32,10 +45,9 @@ TEST_CASE("the tile softmax step into bf16 tiles: max, alpha, weights, zeros, l 
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
   int tables = 0;
   for (const KernelTable* kt : kernel_tables()) {
-    // (AMX's, or the vdpbf16ps tables': the same step, run where the table has either)
-    const TileAttentionKernels& tk =
-        kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention : kt->tile_attention_pairs;
-    if (tk.softmax_rows == nullptr) continue;
+    const TileAttentionKernels* tiles = tile_softmax_of(*kt);
+    if (tiles == nullptr) continue;
+    const TileAttentionKernels& tk = *tiles;
     ++tables;
     CAPTURE(isa_name(kt->isa));
     for (const bool exact : {false, true}) {
@@ -146,9 +158,9 @@ TEST_CASE("the tile softmax exponential against long double: every input class, 
   for (double t = -87.4; t < 8.0; t += 0.0173) offsets.push_back(t);
   int tables = 0;
   for (const KernelTable* kt : kernel_tables()) {
-    const TileAttentionKernels& tk =
-        kt->tile_attention.softmax_rows != nullptr ? kt->tile_attention : kt->tile_attention_pairs;
-    if (tk.softmax_rows == nullptr) continue;
+    const TileAttentionKernels* tiles = tile_softmax_of(*kt);
+    if (tiles == nullptr) continue;
+    const TileAttentionKernels& tk = *tiles;
     ++tables;
     CAPTURE(isa_name(kt->isa));
     alignas(64) static std::uint16_t p[32 * 32];
@@ -194,9 +206,7 @@ TEST_CASE("the tile softmax exponential against long double: every input class, 
                   CHECK(std::fabs(w - want) <= (poly + 1.2e-7L * arg + 1e-7L) * want);
                 }
                 // P: the weight l summed, rounded to nearest even (every column of a whole row)
-                std::uint32_t bits;
-                std::memcpy(&bits, &w, 4);
-                const std::uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+                const std::uint16_t rounded = simdattn::to_bfloat16(w).bits;
                 for (std::int64_t c = 0; c < n; ++c) CHECK(p[(c / 32) * 1024 + r * 32 + c % 32] == rounded);
               }
             }
