@@ -6,21 +6,11 @@
 #include <cstdint>
 #include <vector>
 
+#include "fuzz_input.hpp"
 #include "simdattn/attention.hpp"
 #include "simdattn/error.hpp"
 
 namespace {
-
-// The input as a stream of small numbers; zeros once it is used up.
-struct Bytes {
-  const std::uint8_t* p;
-  std::size_t n;
-  unsigned next(unsigned mod) {
-    if (n == 0) return 0;
-    --n;
-    return *p++ % mod;
-  }
-};
 
 constexpr std::size_t kElems = 4096;  // every buffer, in elements of the largest dtype (8 bytes)
 
@@ -28,14 +18,7 @@ constexpr std::size_t kElems = 4096;  // every buffer, in elements of the larges
 // the buffer.
 template <class View, class Ptr>
 View view(Bytes& in, Ptr buf, simdattn::DType t, const simdattn::Shape4& shape) {
-  simdattn::Shape4 strides = simdattn::contiguous_strides(shape);
-  if (in.next(4) == 0)  // sometimes strides of the input's choosing (0 = broadcast)
-    for (auto& s : strides) s = in.next(40);
-  std::size_t reach = 1;
-  for (int i = 0; i < 4; ++i)
-    if (shape[i] > 0) reach += static_cast<std::size_t>((shape[i] - 1) * strides[i]);
-  if (reach * simdattn::dtype_size(t) > kElems * 8) return View{};
-  return View(buf, t, shape, strides);
+  return fuzz_view<View>(in, buf, kElems, t, shape);
 }
 
 }  // namespace
