@@ -206,6 +206,20 @@ TEST_CASE("gated_delta_rule: bad arguments are named and nothing is written") {
   o.final_state = TensorView(out.data(), {B, Hv, Dk, Dv});
   check_error([&] { gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o); }, "options.final_state");
   CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.f; }));
+  // the final state over the initial one: its own view updates in place; a view one head on, or
+  // the same heads transposed, would read states already written: refused, the state unchanged
+  std::vector<float> big(static_cast<std::size_t>((B * Hv + 1) * Dk * Dv), 0.25f);
+  o.initial_state = ConstTensorView(big.data(), {B, Hv, Dk, Dv});
+  o.final_state = TensorView(big.data() + Dk * Dv, {B, Hv, Dk, Dv});
+  check_error([&] { gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o); }, "options.final_state");
+  o.final_state = TensorView(big.data(), {B, Hv, Dk, Dv}, {Hv * Dk * Dv, Dk * Dv, 1, Dk});  // each head column-major
+  check_error([&] { gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o); }, "options.final_state");
+  CHECK(std::all_of(big.begin(), big.end(), [](float x) { return x == 0.25f; }));
+  CHECK(std::all_of(out.begin(), out.end(), [](float x) { return x == 7.f; }));
+  o.final_state = TensorView(big.data(), {B, Hv, Dk, Dv});
+  gated_delta_rule(in.qv(), in.kv(), in.vv(), in.gv(), in.bv(), ov, o);  // in place
+  CHECK(std::any_of(big.begin(), big.end(), [](float x) { return x != 0.25f; }));
+  o = {};
   // bf16 rows: an Inf or a NaN named, in contiguous heads and in heads 3 values apart
   std::vector<bfloat16> q16 = rounded(in.q), k16 = rounded(in.k), v16 = rounded(in.v);
   std::vector<bfloat16> out16(out.size());

@@ -90,7 +90,8 @@ class SIMDATTN_API LinearAttentionState {
 // recurrence within f32 rounding. Each (batch, key head) group of value heads (or a part of one)
 // is one thread's work: bitwise the same at any thread count. Throws Error naming the argument (a
 // shape, a dtype, a g > 0, a non-finite input) before writing anything; the states may not overlap
-// the outputs.
+// out, and final_state overlaps initial_state only as the same view (the same data and strides: the
+// state updated in place).
 struct GatedDeltaRuleOptions {
   std::optional<double> scale = {};  // finite (any sign, as flash-linear-attention takes it)
   ConstTensorView initial_state = {};

@@ -120,9 +120,17 @@ GdrSizes check_gated_delta(const ConstTensorView& q, const ConstTensorView& k, c
     const Span sf = byte_span("options.final_state", f.data, f.dtype, f.shape, f.strides);
     check_no_self_overlap("options.final_state", f.shape, f.strides);
     if (overlaps(sf, so)) throw Error("options.final_state", "memory overlaps out");
-    for (const auto& [name, span] : inputs)
-      if (std::string(name) != "options.initial_state" && overlaps(sf, span))
-        throw Error("options.final_state", std::string("memory overlaps ") + name);
+    for (const auto& [name, span] : inputs) {
+      // in place: the initial state's own view (each head's state read before it is written);
+      // any other overlap would read a state another head, or the same head, had already written
+      const bool in_place = std::string(name) == "options.initial_state" && f.data == o.initial_state.data &&
+                            f.strides == o.initial_state.strides;
+      if (!in_place && overlaps(sf, span))
+        throw Error("options.final_state", std::string("memory overlaps ") + name +
+                                               (std::string(name) == "options.initial_state"
+                                                    ? " other than as the same view (in place: the same data and strides)"
+                                                    : ""));
+    }
   }
   // values: finite inputs, g <= 0
   const int th = o.threads;
