@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The libFuzzer targets of tests/fuzz (the .npy parser, the safetensors and GGUF readers, attention()'s
-# validation and kernels, attention_paged() and merge_attention_states(), a KvPool's operations, the model-directory loader, the command line), built with clang, AddressSanitizer and UBSan in build-fuzz/, each run
+# validation and kernels, attention_paged() and merge_attention_states(), a KvPool's operations, gated_delta_rule(), the model-directory loader, the command line), built with clang, AddressSanitizer and UBSan in build-fuzz/, each run
 # from its committed seed corpus (tests/fuzz/corpus/<target>/; new inputs go to
 # build-fuzz/corpus/<target>/, not into the repository). Needs Debian's clang and
 # libfuzzer-14-dev. A crash leaves its input in build-fuzz/ and the script fails; every crash
@@ -16,11 +16,11 @@ set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 BUILD="${SIMDATTN_FUZZ_BUILD:-$ROOT/build-fuzz}"
 RUNS="${SIMDATTN_FUZZ_RUNS:-}"
-TARGETS="${SIMDATTN_FUZZ_TARGETS:-npy safetensors gguf attention paged pool model_dir cli}"
+TARGETS="${SIMDATTN_FUZZ_TARGETS:-npy safetensors gguf attention paged pool linear model_dir cli}"
 # The bounded run's executions per target (the slower targets, which write files or build a
 # layer per input, fewer).
 declare -A kBounded=([npy]=100000 [safetensors]=100000 [gguf]=100000 [attention]=100000 [paged]=100000 [pool]=10000
-                      [model_dir]=10000 [cli]=10000)
+                      [linear]=10000 [model_dir]=10000 [cli]=10000)
 SECONDS_EACH="${SIMDATTN_FUZZ_SECONDS:-0}"
 command -v clang++ >/dev/null || { echo "fuzz.sh: needs clang (apt-get install clang libfuzzer-14-dev)" >&2; exit 2; }
 
