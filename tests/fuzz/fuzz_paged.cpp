@@ -3,10 +3,12 @@
 // seq_lens and query_start of any values, tree masks of any size with or without their starts,
 // 8-bit caches with or without scales, lse outputs that overlap others, every option, over small
 // real buffers (views that would reach past a buffer are not made: the library cannot know a
-// caller's buffer sizes). Each call must compute or throw simdattn::Error, and never read or write
-// outside the buffers (AddressSanitizer).
+// caller's buffer sizes). Each call must compute or throw simdattn::Error (writing nothing then),
+// and never read or write outside the buffers (AddressSanitizer).
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <vector>
@@ -23,6 +25,11 @@ constexpr std::size_t kElems = 8192;  // every buffer, in elements of 8 bytes
 template <class View, class Ptr>
 View view(Bytes& in, Ptr buf, simdattn::DType t, const simdattn::Shape4& shape, std::size_t offset = 0) {
   return fuzz_view<View>(in, buf, kElems, t, shape, offset, 6);
+}
+
+[[noreturn]] void fail(const char* what) {
+  std::fprintf(stderr, "fuzz_paged: %s\n", what);
+  std::abort();
 }
 
 // f32 values the library must refuse (scales) or carry through (states), written over a buffer of
@@ -124,9 +131,11 @@ void fuzz_paged(Bytes& in) {
   const bool out_on_q = in.next(16) == 0;  // out overlapping an input: an Error
   const auto ov = view<simdattn::TensorView>(in, out_on_q ? q.data() : out.data(), t, {1, total_q, H, Dv});
   if ((qv.empty() && total_q * H * D != 0) || ov.empty()) return;
+  const std::vector<double> q0 = q, out0 = out, lse0 = lse;
   try {
     simdattn::attention_paged(qv, kv, vv, bt, seq_lens, ov, o);
   } catch (const simdattn::Error&) {
+    if (q != q0 || out != out0 || lse != lse0) fail("attention_paged: an Error, and an output written");
   }
   if (out_on_q) q.assign(kElems, 0.5);
   scales.assign(kElems, 0.03125);
@@ -155,9 +164,12 @@ void fuzz_merge(Bytes& in) {
   const auto ov = view<simdattn::TensorView>(in, obuf, t, shape(Dv), off);
   const auto lv = view<simdattn::TensorView>(in, lbuf, DType::f32, shape(1), in.next(8) == 0 ? in.next(3) + 1 : 0);
   if (in.next(6) == 0) put_f32(la, in.next(64), kBadF32[in.next(4)]);  // -inf, inf or NaN states
+  const std::vector<double> a0 = a, b0 = b, la0 = la, lb0 = lb, o0 = o, lo0 = lo;
   try {
     simdattn::merge_attention_states(ova, lva, ovb, lvb, ov, lv);
   } catch (const simdattn::Error&) {
+    if (a != a0 || b != b0 || la != la0 || lb != lb0 || o != o0 || lo != lo0)
+      fail("merge_attention_states: an Error, and an output written");
   }
   a.assign(kElems, 0.5);
   b.assign(kElems, -1.0);
