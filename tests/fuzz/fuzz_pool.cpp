@@ -1,13 +1,14 @@
 // libFuzzer target: a KvPool driven by a sequence of operations taken from the input (add, fork,
-// truncate, accept, release and forward_pool steps, some with a tree mask), their arguments
-// mostly valid and sometimes not (handles that do not exist, lengths and kept lists out of range,
-// a layer past the pool's, more tokens than free blocks), on pools of every dtype, block size and
-// layer count. After every operation the pool is checked against a model of it kept here: every
-// live sequence's rows in every layer (K, V and an 8-bit pool's scales, byte for byte: a fork's
-// write never changes its parent, accept moves exactly the kept rows), each block table as long
-// as its sequence needs, and the free blocks exactly those no sequence holds. A call that throws
-// simdattn::Error must leave the pool as it was; any other outcome (a crash, a read or write out
-// of bounds under AddressSanitizer, a model that disagrees) aborts.
+// truncate, accept, release and forward_pool steps, some with a tree mask), their arguments mostly
+// valid and sometimes not (handles that do not exist, lengths and kept lists out of range, a layer
+// past the pool's, more tokens than free blocks), on pools of every dtype, block size and layer
+// count, for an ordinary layer and a Multi-head Latent Attention one (its latent rows). After every
+// operation the pool is checked against a model of it kept here: every live sequence's rows in
+// every layer (K, V and an 8-bit pool's scales, byte for byte: a fork's write never changes its
+// parent, accept moves exactly the kept rows), each block table as long as its sequence needs, and
+// the free blocks exactly those no sequence holds. A call that throws simdattn::Error must leave
+// the pool as it was; any other outcome (a crash, a read or write out of bounds under
+// AddressSanitizer, a model that disagrees) aborts.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -18,6 +19,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fuzz_input.hpp"
@@ -31,21 +33,42 @@ using namespace simdattn;
 
 constexpr std::int64_t kD = 8, kHeads = 2, kKvHeads = 1, kHd = 4;
 
-const MultiHeadAttention& layer() {
-  static const MultiHeadAttention l = [] {
-    auto w = [](std::int64_t n, float s) {
-      std::vector<float> x(static_cast<std::size_t>(n));
-      for (std::size_t i = 0; i < x.size(); ++i) x[i] = s * static_cast<float>((i * 7 + 3) % 11) - 5.0f * s;
-      return x;
-    };
+std::vector<float> weights(std::int64_t n, float s) {
+  std::vector<float> x(static_cast<std::size_t>(n));
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = s * static_cast<float>((i * 7 + 3) % 11) - 5.0f * s;
+  return x;
+}
+
+// The layers the pools serve: an ordinary one (2 heads over 1 kv head, RoPE) and a Multi-head
+// Latent Attention one (2 heads over one latent row of kv_lora_rank 6 + rope 4 a token).
+const MultiHeadAttention& layer(bool mla) {
+  static const MultiHeadAttention plain = [] {
     MhaConfig c{.d_model = kD, .heads = kHeads, .kv_heads = kKvHeads, .head_dim = kHd};
     c.rope = RopeConfig{.theta = 10000.0};
     const std::int64_t nkv = kKvHeads * kHd;
-    return MultiHeadAttention(
-        c, MhaWeights<float>{
-               w(kD * kD, 0.05f), w(nkv * kD, 0.07f), w(nkv * kD, 0.03f), w(kD * kD, 0.05f), {}, {}, {}, {}});
+    return MultiHeadAttention(c, MhaWeights<float>{weights(kD * kD, 0.05f),
+                                                   weights(nkv * kD, 0.07f),
+                                                   weights(nkv * kD, 0.03f),
+                                                   weights(kD * kD, 0.05f),
+                                                   {},
+                                                   {},
+                                                   {},
+                                                   {}});
   }();
-  return l;
+  static const MultiHeadAttention latent = [] {
+    constexpr std::int64_t nope = 2, rope = 4, rank = 6, vd = 3;
+    MhaConfig c{.d_model = kD, .heads = kHeads};
+    c.rope = RopeConfig{.theta = 10000.0};
+    c.mla = MlaConfig{.kv_lora_rank = rank, .qk_nope_head_dim = nope, .qk_rope_head_dim = rope, .v_head_dim = vd};
+    MlaWeights<float> w;
+    w.wq = weights(kHeads * (nope + rope) * kD, 0.05f);
+    w.wkv_a = weights((rank + rope) * kD, 0.07f);
+    w.kv_a_norm.assign(rank, 1.0f);
+    w.wkv_b = weights(kHeads * (nope + vd) * rank, 0.03f);
+    w.wo = weights(kD * kHeads * vd, 0.05f);
+    return MultiHeadAttention(c, std::move(w));
+  }();
+  return mla ? latent : plain;
 }
 
 [[noreturn]] void fail(const std::string& what) {
@@ -125,7 +148,8 @@ KvPool::Sequence pick(Bytes& in, const Model& model) {
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   Bytes in{data, size};
   const DType dtypes[] = {DType::f32, DType::bf16, DType::f16, DType::int8, DType::fp8_e4m3, DType::fp8_e5m2};
-  KvPool pool(layer(), in.in(1, 12), in.in(1, 5), in.in(1, 2), dtypes[in.next(6)]);
+  const MultiHeadAttention& attn = layer(in.next(3) == 0);
+  KvPool pool(attn, in.in(1, 12), in.in(1, 5), in.in(1, 2), dtypes[in.next(6)]);
   Model model;
   for (int op = 0; op < 48 && in.n > 0; ++op) {
     const unsigned kind = in.next(6);
@@ -198,7 +222,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
           }
           steps.push_back(step);
         }
-        layer().forward_pool(steps, pool, layer_index);
+        attn.forward_pool(steps, pool, layer_index);
         for (const auto& step : steps) {  // the appended rows, read back; the others are checked below
           auto& rows = model.at(step.sequence)[static_cast<std::size_t>(layer_index)];
           const auto now = read_sequence(pool, step.sequence)[static_cast<std::size_t>(layer_index)];
