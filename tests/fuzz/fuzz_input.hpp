@@ -1,9 +1,12 @@
-// A fuzzer's input read as a stream of small numbers (fuzz_attention, fuzz_paged, fuzz_pool), and
-// tensor views over a fuzzer's fixed buffers with shapes and strides the input chooses.
+// A fuzzer's input read as a stream of small numbers (fuzz_attention, fuzz_paged, fuzz_pool,
+// fuzz_linear), tensor views over a fuzzer's fixed buffers with shapes and strides the input
+// chooses, and the buffers compared byte for byte.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <vector>
 
 #include "simdattn/tensor.hpp"
 
@@ -39,4 +42,10 @@ View fuzz_view(Bytes& in, T* buf, std::size_t elems, simdattn::DType t, const si
   }
   if (offset > elems || reach * simdattn::dtype_size(t) > (elems - offset) * 8) return View{};
   return View(buf + offset, t, shape, strides);
+}
+
+// Whether two of a fuzzer's buffers hold the same bytes (its doubles may hold any bits: NaN ones
+// would compare unequal to themselves).
+inline bool same_bytes(const std::vector<double>& a, const std::vector<double>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(double)) == 0;
 }

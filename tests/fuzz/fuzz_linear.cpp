@@ -91,7 +91,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   try {
     simdattn::gated_delta_rule(qv, kv, vv, gv, bv, ov, o);
   } catch (const simdattn::Error&) {
-    if (out != out0 || state != state0 || g != g0) fail("an Error, and an output written");
+    if (!same_bytes(out, out0) || !same_bytes(state, state0) || !same_bytes(g, g0))
+      fail("an Error, and an output written");
     return 0;
   }
   // the same call on one thread over copies of the buffers, the initial state in a copy of its own
@@ -102,7 +103,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto moved = [&](const auto& view, std::vector<double>* into = nullptr) {
     using View = std::remove_cvref_t<decltype(view)>;
     for (int i = 0; i < 7; ++i) {
-      const auto at = static_cast<const char*>(view.data) - reinterpret_cast<const char*>(bufs[i]->data());
+      const auto at = static_cast<std::ptrdiff_t>(reinterpret_cast<std::uintptr_t>(view.data) -
+                                                  reinterpret_cast<std::uintptr_t>(bufs[i]->data()));
       if (at >= 0 && static_cast<std::size_t>(at) < kElems * 8)
         return View(reinterpret_cast<char*>((into != nullptr ? into : &copies[i])->data()) + at, view.dtype, view.shape,
                     view.strides);
@@ -115,6 +117,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   if (!o.final_state.empty()) o1.final_state = moved(o.final_state);
   simdattn::gated_delta_rule(moved(qv), moved(kv), moved(vv), moved(gv), moved(bv), moved(ov), o1);
   for (int i = 0; i < 7; ++i)
-    if (*bufs[i] != copies[i]) fail("a result differs from one thread's over buffers that overlap nothing");
+    if (!same_bytes(*bufs[i], copies[i])) fail("a result differs from one thread's over buffers that overlap nothing");
   return 0;
 }
