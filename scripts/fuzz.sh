@@ -36,7 +36,7 @@ for target in $TARGETS; do
   mkdir -p "$BUILD/corpus/$target"
   echo "=== fuzz_$target"
   dict=()
-  [[ -f "$ROOT/tests/fuzz/$target.dict" ]] && dict=(-dict="$ROOT/tests/fuzz/$target.dict")
+  [[ -f "$ROOT/tests/fuzz/dict/$target.dict" ]] && dict=(-dict="$ROOT/tests/fuzz/dict/$target.dict")
   status=0
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "$BUILD/tests/fuzz/fuzz_$target" "${limit[@]}" "${dict[@]}" -timeout=1 -rss_limit_mb=2048 \
