@@ -65,7 +65,9 @@ void release() {
   current_shape = 0;
 }
 
-// C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp (m, n <= 32; kb <= kKc), Bp one packed panel of a depth block.
+// C[0:m, 0:n] (+)= A[0:m, 0:kb] Bp (m, n <= 32), Bp one packed panel: the GEMM's depth blocks
+// (kb <= kKc), the attention's K panels of any depth (D / 2 pair rows back to back) and V panels.
+// Nothing here depends on kb beyond the step count.
 template <bool kM1, bool kN1>
 void block(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride, int m,
            const std::uint16_t* Bp, int n, float* C, std::int64_t ldc, bool accumulate) {
@@ -178,8 +180,7 @@ KernelTable make_table_amx() {
                       .block = &attention_block,
                       .pack_a = &impl::pack_a_tiles,
                       .pair_rows = &impl::pair_rows_tiles,
-                      .done = &release,
-                      .max_depth = kKc};
+                      .done = &release};
   return t;
 }
 

@@ -10,7 +10,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 #include "impl/products/tile_pairs.hpp"
 #include "impl/softmax/softmax_tiles.hpp"
@@ -193,8 +192,7 @@ KernelTable make_table_avx512_bf16() {
                             .block = &impl::pairs_block,
                             .pack_a = &impl::pack_a_tiles,
                             .pair_rows = &impl::pair_rows_tiles,
-                            .done = &impl::pairs_done,
-                            .max_depth = std::numeric_limits<std::int64_t>::max()};
+                            .done = &impl::pairs_done};
   if (bf16_pairs_preferred()) t.tile_attention = t.tile_attention_pairs;
   t.probe.pairs_peak = &pairs_peak;
   return t;

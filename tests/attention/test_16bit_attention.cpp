@@ -172,13 +172,15 @@ TEST_CASE("bf16 and f16: a NaN in Q poisons exactly its own row, fully masked ro
   }
 }
 
-TEST_CASE("bf16 attention at the tile edges (AMX or vdpbf16ps where the CPU has them): D = 40, 64, 80, 128, 256, Sk = 1, 77 and "
+TEST_CASE("bf16 attention at the tile edges (AMX or vdpbf16ps where the CPU has them): D = 40, 64, 80, 128, 256, 576, Sk = 1, "
+          "77 and "
           "past the key blocks, causal, masks, grouped heads, any thread count gives the same bits" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
   std::mt19937_64 rng(test::base_seed() + 46);
   int n = 0;
-  for (std::int64_t D : {40, 64, 80, 128, 256})
+  // (576: MLA's latent width, past one depth block of the tile GEMM: the S products' depth is D whole)
+  for (std::int64_t D : {40, 64, 80, 128, 256, 576})
     for (auto [Sq, Sk] : {std::pair<std::int64_t, std::int64_t>{33, 1}, {100, 77}, {17, 129}, {130, 300}}) {
       const std::int64_t Hkv = 1 + n % 2, H = Hkv * (1 + n % 3), B = 1 + (n / 3) % 2;
       auto t = test::random_qkv<bfloat16>(rng, B, H, Hkv, Sq, Sk, D, n % 4 == 3 ? 48 : D);

@@ -28,7 +28,7 @@ constexpr std::array<NativePath, 7> kPaths{{
      &decode_why_not, &decode_attention},
     {"decode8", "up to 16 query tokens (a decode step), dense or paged: a kv head's query rows as one matrix, 8-bit K and V codes read once (scales per key)",
      &decode8_why_not, &decode8_attention},
-    {"fused.tiles", "flash attention on AMX tiles, or their layouts on vdpbf16ps (bf16; D <= 256 on AMX), dense or paged", &fused_tiles_why_not, &fused_attention},
+    {"fused.tiles", "flash attention on AMX tiles, or their layouts on vdpbf16ps (bf16), dense or paged", &fused_tiles_why_not, &fused_attention},
     {"short_keys", "up to 96 dense keys, no mask or causal: queries on the vector lanes", &short_keys_why_not,
      &short_keys_attention},
     {"fused", "flash attention over key blocks, dense or paged: every other problem", &takes_all, &fused_attention},

@@ -9,7 +9,7 @@
 //   decode          a few query tokens a sequence: K and V streamed once (decode.cpp)
 //   decode8         a few query tokens a sequence, 8-bit K and V codes read as they are
 //                   (decode.cpp)
-//   fused.tiles     flash attention in the tiles' bf16 layouts (bf16; D <= 256 on AMX; fused/):
+//   fused.tiles     flash attention in the tiles' bf16 layouts (bf16, any D; fused/):
 //                   on AMX tiles, or on vdpbf16ps where it runs at the FMA rate (AMD's cores);
 //                   it also takes the problems the short-key path would (their few keys are one
 //                   tile block). The decode paths' stacked rows of bf16 q (more than 8 a kv

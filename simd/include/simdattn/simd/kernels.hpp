@@ -357,7 +357,8 @@ struct TileAttentionKernels {
   void (*softmax_rows_lse)(const float* x, std::int64_t ld, std::int64_t rows, std::int64_t n, float scale,
                            const std::int64_t* lo, const std::int64_t* hi, float* m, float* l, float* alpha,
                            std::uint16_t* p, std::int64_t lead) = nullptr;
-  // Gemm16AmxBlock's contract (A as tiles or in place, Bp pair panels of 32 columns), bf16
+  // Gemm16AmxBlock's contract (A as tiles or in place, Bp pair panels of 32 columns) at any depth
+  // kb (the S products' is D, MLA's 576 included: the K panels' pair rows lie back to back), bf16
   // products summed in f32 (on AMX: Gemm16Kernels::amx_block's tiles), and pf_lines cache lines
   // from pf on (the next key block's rows) prefetched into L2, spread over the products.
   void (*block)(std::int64_t kb, const std::uint16_t* A, std::int64_t a_step, std::int64_t a_half, std::int64_t a_stride,
@@ -370,9 +371,6 @@ struct TileAttentionKernels {
   void (*pair_rows)(const std::uint16_t* r0, const std::uint16_t* r1, std::int64_t n, std::uint32_t* dst) = nullptr;
   // The end of a thread's blocks (AMX: releases its tiles; vdpbf16ps: nothing).
   void (*done)() = nullptr;
-  // The largest head dimension D the path gives `block` as a depth (AMX: 256, its depth block;
-  // vdpbf16ps: any, MLA's 576 included).
-  std::int64_t max_depth = 0;
 };
 
 struct KernelTable {

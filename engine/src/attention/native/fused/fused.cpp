@@ -90,7 +90,6 @@ Refusal fused_tiles_why_not(const Problem& p) {
   if (table.tile_attention.block == nullptr || table.tile_attention.softmax_rows == nullptr ||
       table.tile_attention.softmax_rows_lse == nullptr)
     return {"ISA {w} has no AMX tiles, nor vdpbf16ps at the FMA rate", simd::isa_name(table.isa)};
-  if (p.D > table.tile_attention.max_depth) return {"D = {} > {}", p.D, table.tile_attention.max_depth};
   return {};
 }
 

@@ -158,7 +158,8 @@ inline void FusedWorker<T, S>::step_amx(const RowBlock& rb, std::int64_t br, std
     // products write O when first); masks, sparse patterns and modifiers read every key's score.
     const bool extents = cover != Cover::full && !prob_.sparse() && prob_.mask_kind == MaskKind::none && !prob_.scores_modified();
     // end: the group's S columns (whole panels); depth: its PV products' keys (the pair kernels
-    // stop there: P is zero past them, on the tiles a step of 32 is whole anyway)
+    // stop at its last pair: P is zero past them; on the tiles a step of 32 is whole anyway, the
+    // V rows of hidden keys up to its end met by P's zeros: an Inf there gives NaN, docs/design.md)
     std::array<std::int64_t, (kMaxBlockQ + 31) / 32> end{}, depth{};
     for (std::int64_t r0 = 0; r0 < br; r0 += 32) {
       std::int64_t hi = n;
