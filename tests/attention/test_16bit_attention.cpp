@@ -173,8 +173,7 @@ TEST_CASE("bf16 and f16: a NaN in Q poisons exactly its own row, fully masked ro
 }
 
 TEST_CASE("bf16 attention at the tile edges (AMX or vdpbf16ps where the CPU has them): D = 40, 64, 80, 128, 256, 576, Sk = 1, "
-          "77 and "
-          "past the key blocks, causal, masks, grouped heads, any thread count gives the same bits" *
+          "77 and past the key blocks, causal, masks, grouped heads, any thread count gives the same bits" *
           doctest::test_suite(simdattn::test::every_isa)) {
   using namespace simdattn;
   std::mt19937_64 rng(test::base_seed() + 46);
